@@ -1,0 +1,64 @@
+"""The bundle manifest: incomplete until finished, checksums, clear errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracekit.bundle import (
+    BundleWriter,
+    Manifest,
+    RunRecord,
+    read_manifest,
+    verify_files,
+)
+from tracekit.errors import TracekitError
+
+
+def test_bundle_is_incomplete_until_finished(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "b", Manifest(options={"runs": 2}))
+    run = writer.start_run(RunRecord("before-quiet-0", "before", "quiet", 0, start_ns=5))
+    writer.path("runs/before-quiet-0/cyclictest.txt").write_text("T: 0 ...\n")
+    assert read_manifest(tmp_path / "b").complete is False
+    writer.end_run(run)
+    writer.finish()
+    manifest = read_manifest(tmp_path / "b")
+    assert manifest.complete
+    assert manifest.runs[0].status == "ok"
+    assert "runs/before-quiet-0/cyclictest.txt" in manifest.files
+    assert verify_files(tmp_path / "b", manifest) == []
+
+
+def test_interrupted_bundle_says_so(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "b", Manifest())
+    writer.start_run(RunRecord("after-traced-0", "after", "traced", 0))
+    writer.mark_incomplete("interrupted by SIGINT")
+    manifest = read_manifest(tmp_path / "b")
+    assert not manifest.complete
+    assert manifest.incomplete_reason == "interrupted by SIGINT"
+    assert manifest.runs[0].status == "interrupted"
+
+
+def test_changed_file_is_detected(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "b", Manifest())
+    writer.path("x.txt").write_text("one")
+    writer.finish()
+    (tmp_path / "b" / "x.txt").write_text("two")
+    assert verify_files(tmp_path / "b", read_manifest(tmp_path / "b")) == [
+        "x.txt: changed since collection"
+    ]
+
+
+def test_refuses_non_empty_directory(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "other").write_text("")
+    with pytest.raises(TracekitError, match="not empty"):
+        BundleWriter.create(tmp_path / "b", Manifest())
+
+
+def test_not_a_bundle(tmp_path: Path) -> None:
+    with pytest.raises(TracekitError, match=r"no manifest\.json"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(TracekitError, match="not a tracekit bundle manifest"):
+        read_manifest(tmp_path)
