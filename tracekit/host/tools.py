@@ -1,0 +1,178 @@
+"""The programs a collection runs, as argv lists (never a shell), and where to find them.
+
+cyclictest and stress-ng follow the report's protocol (../shared/BRIEF.md): cyclictest
+SCHED_FIFO 99 with memory locked on the isolated CPU, one stress-ng --tlb-shootdown
+worker per stress CPU. The reproducer's VMM and probe come from reproducer/build/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracekit.cpus import format_cpu_list
+from tracekit.errors import TracekitError
+
+REPRODUCER_BUILD = Path(__file__).resolve().parents[2] / "reproducer" / "build"
+
+
+@dataclass(frozen=True)
+class ToolPaths:
+    """Absolute paths of every program a collection may start."""
+
+    cyclictest: str
+    stress_ng: str
+    vmm: str
+    probe: str
+    perf: str | None  # only needed with --perf-counters
+
+
+def _which(name: str, package: str) -> str:
+    """Find a program on PATH, or fail naming the Debian package that provides it."""
+    path = shutil.which(name)
+    if path is None:
+        raise TracekitError(f"{name} not found on PATH; install Debian's {package} package")
+    return path
+
+
+def _reproducer(name: str, given: str | None) -> str:
+    """Find a reproducer binary: the given path, else reproducer/build/, else PATH."""
+    candidates = [given] if given else [str(REPRODUCER_BUILD / name), shutil.which(name)]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return str(Path(candidate).resolve())
+    raise TracekitError(
+        f"the reproducer's {name} was not found; build it with `make -C reproducer` "
+        f"(on arm64) or pass its path with --{name}"
+    )
+
+
+def find_tools(vmm: str | None = None, probe: str | None = None, perf: bool = False) -> ToolPaths:
+    """Locate every program up front, so nothing on the host changes before a failure."""
+    return ToolPaths(
+        cyclictest=_which("cyclictest", "rt-tests"),
+        stress_ng=_which("stress-ng", "stress-ng"),
+        vmm=_reproducer("vmm", vmm),
+        probe=_reproducer("tlbiprobe", probe),
+        perf=_which("perf", "linux-perf") if perf else None,
+    )
+
+
+def tool_version(argv: list[str]) -> str:
+    """First line a program prints for its version query, or why it printed none."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"unknown ({err})"
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[0] if lines else "unknown"
+
+
+def cyclictest_argv(
+    tools: ToolPaths, rt_cpu: int, interval_us: int, duration_s: int, json_path: Path
+) -> list[str]:
+    """cyclictest as in the report: FIFO 99, mlockall, one thread on the rt CPU.
+
+    -v prints every sample (n:count:latency), -N in ns; the main thread is kept off the
+    rt CPU so only the measurement thread runs there.
+    """
+    return [
+        tools.cyclictest,
+        "--mlockall",
+        "--priority=99",
+        "--policy=fifo",
+        "--threads=1",
+        f"--affinity={rt_cpu}",
+        f"--interval={interval_us}",
+        f"--duration={duration_s}",
+        "--nsecs",
+        "--verbose",
+        "--quiet",
+        f"--json={json_path}",
+    ]
+
+
+def stress_argv(tools: ToolPaths, stress_cpus: list[int], duration_s: int, yaml: Path) -> list[str]:
+    """stress-ng --tlb-shootdown, one worker per stress CPU, with its YAML metrics."""
+    return [
+        tools.stress_ng,
+        "--tlb-shootdown",
+        str(len(stress_cpus)),
+        "--taskset",
+        format_cpu_list(stress_cpus),
+        "--timeout",
+        f"{duration_s}s",
+        "--metrics-brief",
+        "--yaml",
+        str(yaml),
+    ]
+
+
+def vmm_argv(
+    tools: ToolPaths,
+    guest: Path,
+    guest_cpus: list[int],
+    trace_marker: Path | None,
+    repeat: int = 1,
+    extra: list[str] | None = None,
+) -> list[str]:
+    """The reproducer's VMM: one guest (or --repeat N) pinned to the guest CPUs."""
+    argv = [
+        tools.vmm,
+        "--guest",
+        str(guest),
+        "--cpus",
+        format_cpu_list(guest_cpus),
+        "--vcpus",
+        str(len(guest_cpus)),
+        "--clock",
+        "boottime",
+    ]
+    if repeat != 1:
+        argv += ["--repeat", str(repeat)]
+    if trace_marker is not None:
+        argv += ["--trace-marker", str(trace_marker)]
+    return argv + (extra or [])
+
+
+def probe_argv(
+    tools: ToolPaths,
+    cpu: int,
+    helpers: list[int],
+    mode: str,
+    duration_s: int,
+    out: Path,
+    trace_marker: Path | None,
+) -> list[str]:
+    """The broadcast-TLBI probe on one CPU, its helper threads on others."""
+    argv = [tools.probe, "--cpu", str(cpu), "--mode", mode, "--duration", str(duration_s)]
+    if helpers:
+        argv += ["--helpers", format_cpu_list(helpers)]
+    argv += ["--out", str(out)]
+    if trace_marker is not None:
+        argv += ["--trace-marker", str(trace_marker)]
+    return argv
+
+
+def perf_stat_argv(
+    tools: ToolPaths, cpus: list[int], events: list[str], interval_ms: int, out: Path
+) -> list[str]:
+    """perf stat per CPU (-A) in CSV (-x,) with interval prints, until it is stopped."""
+    if tools.perf is None:
+        raise TracekitError("perf is needed for --perf-counters; install linux-perf")
+    return [
+        tools.perf,
+        "stat",
+        "-x,",
+        "-A",
+        "-C",
+        format_cpu_list(cpus),
+        "-I",
+        str(interval_ms),
+        "-e",
+        ",".join(events),
+        "-o",
+        str(out),
+    ]
