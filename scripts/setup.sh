@@ -11,6 +11,7 @@ APT_PACKAGES=(
     gcc-aarch64-linux-gnu      # cross-compiles the reproducer (static)
     libc6-dev-arm64-cross
     make
+    qemu-user                  # qemu-aarch64: runs the reproducer's arm64 binaries in tests
     debian-archive-keyring     # verifies the arm64 packages fetched for the emulated host
     trace-cmd                  # ground truth for the ingest tests
     python3-venv

@@ -121,8 +121,6 @@ def vmm_argv(
     """The reproducer's VMM: one guest (or --repeat N) pinned to the guest CPUs."""
     argv = [
         tools.vmm,
-        "--guest",
-        str(guest),
         "--cpus",
         format_cpu_list(guest_cpus),
         "--vcpus",
@@ -134,7 +132,7 @@ def vmm_argv(
         argv += ["--repeat", str(repeat)]
     if trace_marker is not None:
         argv += ["--trace-marker", str(trace_marker)]
-    return argv + (extra or [])
+    return [*argv, *(extra or []), str(guest)]
 
 
 def probe_argv(

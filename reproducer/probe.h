@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/* tlbiprobe's sample file format and summary statistics (reproducer/README.md). */
+#ifndef TRACEKIT_PROBE_H
+#define TRACEKIT_PROBE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define PROBE_MAGIC		"TKPROBE\0"
+#define PROBE_VERSION		1
+#define PROBE_HEADER_SIZE	64
+
+/* What each timed call does. */
+enum probe_mode {
+	MODE_PAGE = 1,		/* mprotect of a one-page mapping */
+	MODE_RANGE = 2,		/* mprotect of an N-page mapping */
+	MODE_MUNMAP = 3,	/* munmap of a freshly touched N-page mapping */
+};
+
+/* One timed call: when it started (CLOCK_BOOTTIME) and how long it took. */
+struct probe_sample {
+	uint64_t timestamp_ns;
+	uint64_t duration_ns;
+};
+
+/* The 64-byte little-endian file header; samples follow it. */
+struct probe_header {
+	char magic[8];
+	uint32_t version;
+	uint32_t header_size;
+	uint32_t record_size;
+	uint32_t cpu;
+	uint32_t mode;
+	uint32_t pages;
+	uint64_t counter_hz;
+	uint64_t count;
+	uint32_t clock_id;
+	uint32_t helpers;
+	uint64_t reserved;
+};
+
+_Static_assert(sizeof(struct probe_header) == PROBE_HEADER_SIZE, "header layout");
+
+/* The name of a mode as the command line and the summary spell it. */
+const char *probe_mode_name(enum probe_mode mode);
+
+/* Write the header and every sample to PATH; dies on failure. */
+void probe_write_file(const char *path, const struct probe_header *header,
+		      const struct probe_sample *samples);
+
+/* Print the one-line JSON summary and log2 histogram of the durations. */
+void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
+			 const struct probe_sample *samples);
+
+#endif /* TRACEKIT_PROBE_H */

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * tracekit-vmm: a minimal KVM VMM for arm64. It loads one guest variant (an ELF with a
+ * tracekit note), runs it on one or more vCPUs until PSCI SYSTEM_OFF, checks the
+ * markers the vCPUs wrote, and prints key=value lines (reproducer/README.md).
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmm.h"
+
+static const char usage_text[] =
+	"usage: vmm [options] GUEST.elf\n"
+	"  --vcpus N            vCPUs (default 1)\n"
+	"  --cpus LIST          pin vCPU i to the i-th CPU of LIST (cycled), e.g. 0-2,5\n"
+	"  --ram-mb N           guest RAM at IPA 0x40000000 (default 16)\n"
+	"  --ipa-bits LIST      requested IPA sizes, cycled over the VMs, e.g. 40,48\n"
+	"  --tlbi-count N       x1: TLBIs for the tlbi-loop guest (default 0)\n"
+	"  --spin-us N          x2: spin on CNTVCT before the marker (default 0)\n"
+	"  --touch-kb N         x3: KiB each vCPU touches (cache-toggle; default 0)\n"
+	"  --repeat N           create, run and tear down N VMs in turn (default 1)\n"
+	"  --timeout S          watchdog for each run phase, 0 = none (default 60)\n"
+	"  --clock NAME         boottime (default) or monotonic\n"
+	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n";
+
+/* Empty handler: SIGUSR1 only exists to make KVM_RUN return with EINTR. */
+static void on_kick(int sig)
+{
+	(void)sig;
+}
+
+/* Parse --ipa-bits "40,48" into OPTS (range checked later against the host). */
+static void parse_ipa_list(const char *text, struct vmm_options *opts)
+{
+	char *copy = strdup(text), *save = NULL;
+
+	opts->ipa_count = 0;
+	for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (opts->ipa_count == MAX_IPA_LIST)
+			die(EXIT_USAGE, "--ipa-bits: at most %d sizes", MAX_IPA_LIST);
+		opts->ipa_bits[opts->ipa_count++] = parse_u64("--ipa-bits", tok, 32, 52);
+	}
+	if (!opts->ipa_count)
+		die(EXIT_USAGE, "--ipa-bits '%s': give sizes in bits, e.g. 40 or 40,48", text);
+	free(copy);
+}
+
+/* Parse the command line into OPTS; dies with EXIT_USAGE on mistakes. */
+static void parse_options(int argc, char **argv, struct vmm_options *opts)
+{
+	static const struct option longopts[] = {
+		{ "vcpus", required_argument, NULL, 'v' },
+		{ "cpus", required_argument, NULL, 'c' },
+		{ "ram-mb", required_argument, NULL, 'r' },
+		{ "ipa-bits", required_argument, NULL, 'i' },
+		{ "tlbi-count", required_argument, NULL, 'n' },
+		{ "spin-us", required_argument, NULL, 's' },
+		{ "touch-kb", required_argument, NULL, 'k' },
+		{ "repeat", required_argument, NULL, 'R' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "clock", required_argument, NULL, 'C' },
+		{ "trace-marker", required_argument, NULL, 'm' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *marker_path = NULL;
+	int opt;
+
+	*opts = (struct vmm_options){ .ram_bytes = 16ull << 20, .vcpus = 1, .repeat = 1,
+				      .timeout_s = 60, .clock = CLOCK_BOOTTIME, .trace_fd = -1 };
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (opt) {
+		case 'v': opts->vcpus = parse_u64("--vcpus", optarg, 1, MAX_VCPUS); break;
+		case 'c': parse_cpu_list(optarg, &opts->cpus); break;
+		case 'r': opts->ram_bytes = parse_u64("--ram-mb", optarg, 4, 1 << 20) << 20; break;
+		case 'i': parse_ipa_list(optarg, opts); break;
+		case 'n': opts->tlbi_count = parse_u64("--tlbi-count", optarg, 0, UINT32_MAX); break;
+		case 's': opts->spin_us = parse_u64("--spin-us", optarg, 0, 3600000000ull); break;
+		case 'k': opts->touch_bytes = parse_u64("--touch-kb", optarg, 0, 1 << 30) << 10;
+			break;
+		case 'R': opts->repeat = parse_u64("--repeat", optarg, 1, 100000000); break;
+		case 't': opts->timeout_s = parse_u64("--timeout", optarg, 0, 86400); break;
+		case 'C': opts->clock = parse_clock(optarg); break;
+		case 'm': marker_path = optarg; break;
+		case 'h': fputs(usage_text, stdout); exit(EXIT_OK);
+		default:
+			die(EXIT_USAGE, "unknown or incomplete option '%s' (see --help)",
+			    argv[optind - 1]);
+		}
+	}
+	if (optind != argc - 1)
+		die(EXIT_USAGE, "give exactly one guest ELF, e.g. build/guests/mmu-on.elf "
+		    "(see --help)");
+	opts->guest_path = argv[optind];
+	opts->trace_fd = trace_marker_open(marker_path);
+}
+
+/* Check the options against the guest RAM layout and the host's KVM limits. */
+static void check_options(const struct vmm_options *opts, const struct kvm_host *host)
+{
+	uint64_t marker_end = MARKER_OFFSET + 8ull * opts->vcpus;
+	uint64_t touch_end = TOUCH_OFFSET + opts->touch_bytes * opts->vcpus;
+
+	if (marker_end > opts->ram_bytes || touch_end > opts->ram_bytes)
+		die(EXIT_USAGE, "--ram-mb %llu is too small: %d vCPUs touching %llu KiB each need "
+		    "%llu KiB of RAM (markers at +1 MiB, slices at +2 MiB)",
+		    (unsigned long long)(opts->ram_bytes >> 20), opts->vcpus,
+		    (unsigned long long)(opts->touch_bytes >> 10),
+		    (unsigned long long)((touch_end > marker_end ? touch_end : marker_end) >> 10));
+	if (opts->vcpus > host->max_vcpus)
+		die(EXIT_USAGE, "--vcpus %d: this host's KVM allows at most %d", opts->vcpus,
+		    host->max_vcpus);
+	if (!opts->ipa_count && RAM_BASE + opts->ram_bytes > 1ull << 40)
+		die(EXIT_USAGE, "--ram-mb %llu does not fit in the default 40-bit IPA space",
+		    (unsigned long long)(opts->ram_bytes >> 20));
+	for (int i = 0; i < opts->ipa_count; i++) {
+		int bits = opts->ipa_bits[i];
+
+		if (bits != 40 && bits > host->max_ipa_bits)
+			die(EXIT_IPA_SIZE, "--ipa-bits %d: this host's KVM supports at most %d bits "
+			    "(KVM_CAP_ARM_VM_IPA_SIZE)", bits,
+			    host->max_ipa_bits ? host->max_ipa_bits : 40);
+		if (RAM_BASE + opts->ram_bytes > 1ull << bits)
+			die(EXIT_USAGE, "--ipa-bits %d is too small for RAM ending at 0x%llx", bits,
+			    (unsigned long long)(RAM_BASE + opts->ram_bytes));
+	}
+}
+
+/* Print a value with whitespace and '%' escaped (%XX) so key=value lines stay parseable. */
+static void print_escaped(const char *text)
+{
+	for (const char *p = text; *p; p++) {
+		if (*p == '%' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '=')
+			printf("%%%02X", (unsigned char)*p);
+		else
+			putchar(*p);
+	}
+}
+
+/* The first output line: what ran and with which parameters and clock. */
+static void print_run_line(const struct vmm_options *opts, const struct guest_image *image,
+			   uint64_t cntfrq)
+{
+	char cpus[256] = "none";
+
+	if (opts->cpus.count)
+		format_cpu_list(&opts->cpus, cpus, sizeof(cpus));
+	printf("record=run format=1 guest=");
+	print_escaped(image->path);
+	printf(" variant=");
+	print_escaped(image->variant);
+	printf(" marker=0x%016llx vcpus=%d cpus=%s ram_mb=%llu ipa_bits=",
+	       (unsigned long long)image->marker, opts->vcpus, cpus,
+	       (unsigned long long)(opts->ram_bytes >> 20));
+	if (!opts->ipa_count)
+		printf("40");
+	for (int i = 0; i < opts->ipa_count; i++)
+		printf("%s%d", i ? "," : "", opts->ipa_bits[i]);
+	printf(" tlbi_count=%llu spin_us=%llu spin_ticks=%llu touch_kb=%llu repeat=%llu "
+	       "timeout_s=%llu clock=%s cntfrq_hz=%llu\n",
+	       (unsigned long long)opts->tlbi_count, (unsigned long long)opts->spin_us,
+	       (unsigned long long)opts->spin_ticks,
+	       (unsigned long long)(opts->touch_bytes >> 10), (unsigned long long)opts->repeat,
+	       (unsigned long long)opts->timeout_s, clock_name(opts->clock),
+	       (unsigned long long)cntfrq);
+	fflush(stdout);
+}
+
+/* Summary statistics of one duration over all VMs. */
+static void print_stat(const char *name, const uint64_t *values, uint64_t count)
+{
+	uint64_t min = UINT64_MAX, max = 0;
+	long double sum = 0;
+
+	for (uint64_t i = 0; i < count; i++) {
+		min = values[i] < min ? values[i] : min;
+		max = values[i] > max ? values[i] : max;
+		sum += values[i];
+	}
+	printf(" %s_min=%llu %s_mean=%llu %s_max=%llu", name, (unsigned long long)min, name,
+	       (unsigned long long)(sum / count), name, (unsigned long long)max);
+}
+
+/* Durations of every VM of a --repeat run, for the summary line. */
+struct vm_series {
+	uint64_t *create;
+	uint64_t *run;
+	uint64_t *teardown;
+	uint64_t done;
+};
+
+/* One record=vm line, printed (and flushed) as soon as the VM is gone. */
+static void print_vm_line(uint64_t index, int bits, const struct vm_timing *t, bool ok)
+{
+	printf("record=vm vm=%llu ipa_bits=%d create_start_ns=%llu create_ns=%llu run_ns=%llu "
+	       "teardown_ns=%llu teardown_end_ns=%llu result=%s\n",
+	       (unsigned long long)index, bits ? bits : 40, (unsigned long long)t->create_start,
+	       (unsigned long long)t->create_ns, (unsigned long long)t->run_ns,
+	       (unsigned long long)t->teardown_ns, (unsigned long long)t->teardown_end,
+	       ok ? "ok" : "error");
+	fflush(stdout);
+}
+
+/* Run opts->repeat VMs in turn, stopping at the first failure; return how it ended. */
+static struct vm_result run_series(const struct kvm_host *host, const struct vmm_options *opts,
+				   const struct guest_image *image, struct vm_series *series)
+{
+	struct vm_result result = { 0 };
+
+	series->create = calloc(opts->repeat, sizeof(uint64_t));
+	series->run = calloc(opts->repeat, sizeof(uint64_t));
+	series->teardown = calloc(opts->repeat, sizeof(uint64_t));
+	if (!series->create || !series->run || !series->teardown)
+		die(EXIT_SYSTEM, "out of memory for %llu VM timings",
+		    (unsigned long long)opts->repeat);
+	for (uint64_t i = 0; i < opts->repeat && !result.code; i++) {
+		int bits = opts->ipa_count ? opts->ipa_bits[i % opts->ipa_count] : 0;
+		struct vm_timing t = { 0 };
+
+		result = vm_run_one(host, opts, image, (int)i, bits, &t);
+		print_vm_line(i, bits, &t, !result.code);
+		series->create[i] = t.create_ns;
+		series->run[i] = t.run_ns;
+		series->teardown[i] = t.teardown_ns;
+		series->done++;
+	}
+	return result;
+}
+
+/* The record=summary line: VMs done, VMs that succeeded, min/mean/max per phase. */
+static void print_summary(const struct vm_series *series, bool failed)
+{
+	printf("record=summary vms=%llu ok=%llu", (unsigned long long)series->done,
+	       (unsigned long long)(failed ? series->done - 1 : series->done));
+	print_stat("create_ns", series->create, series->done);
+	print_stat("run_ns", series->run, series->done);
+	print_stat("teardown_ns", series->teardown, series->done);
+	printf("\n");
+	fflush(stdout);
+}
+
+/* Check everything that can be checked before the first VM, then run the series. */
+int main(int argc, char **argv)
+{
+	struct vmm_options opts;
+	struct kvm_host host;
+	struct guest_image image;
+	struct vm_series series = { 0 };
+	struct sigaction kick = { .sa_handler = on_kick };	/* no SA_RESTART */
+	struct vm_result result;
+	uint64_t cntfrq;
+
+	set_program_name("tracekit-vmm");
+	parse_options(argc, argv, &opts);
+	guest_load_file(opts.guest_path, opts.ram_bytes, &image);
+	kvm_host_open(&host);
+	check_options(&opts, &host);
+	if (opts.cpus.count && pin_to_cpu(opts.cpus.cpus[0]))
+		die(EXIT_USAGE, "cannot pin to CPU %d (is it online and allowed?)",
+		    opts.cpus.cpus[0]);
+	sigaction(SIGUSR1, &kick, NULL);
+	cntfrq = read_cntfrq();
+	opts.spin_ticks = (uint64_t)((unsigned __int128)opts.spin_us * cntfrq / 1000000);
+
+	print_run_line(&opts, &image, cntfrq);
+	result = run_series(&host, &opts, &image, &series);
+	print_summary(&series, result.code != 0);
+	if (result.code)
+		die(result.code, "%s", result.message);
+	return EXIT_OK;
+}
