@@ -41,7 +41,8 @@ TRACED_EVENTS: tuple[str, ...] = (
 )
 
 # Host functions around TLB-related hypervisor calls and VMID assignment; the collector
-# probes those the running kernel offers (names differ between kernel versions).
+# probes those the running kernel offers (names differ between kernel versions). Those
+# with a tracepoint of their own (kvm_toggle_cache, kvm_set_way_flush) are not probed.
 KPROBE_CANDIDATES: tuple[str, ...] = (
     "kvm_arm_vmid_update",
     "kvm_init_stage2_mmu",
@@ -49,8 +50,6 @@ KPROBE_CANDIDATES: tuple[str, ...] = (
     "kvm_uninit_stage2_mmu",
     "kvm_arch_flush_shadow_all",
     "kvm_arch_destroy_vm",
-    "kvm_set_way_flush",
-    "kvm_toggle_cache",
     "__kvm_tlb_flush_vmid",
     "__kvm_flush_vm_context",
 )

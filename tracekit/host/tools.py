@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +106,9 @@ def stress_argv(tools: ToolPaths, stress_cpus: list[int], duration_s: int, yaml:
         "--timeout",
         f"{duration_s}s",
         "--metrics-brief",
+        # Its temporary files must be on a local filesystem (the bundle may be on 9p/NFS).
+        "--temp-path",
+        tempfile.gettempdir(),
         "--yaml",
         str(yaml),
     ]
