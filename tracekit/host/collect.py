@@ -24,6 +24,7 @@ from tracekit.guests import GuestVariant, read_variant
 from tracekit.host import tools as toolbox
 from tracekit.host.cleanup import CleanupStack, Interrupted
 from tracekit.host.instance import Instance
+from tracekit.host.preflight import read_host_facts
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
 from tracekit.host.protocol import SCENARIOS, PlannedRun, Roles, Scenario, plan_runs
 from tracekit.host.rawcapture import RawCapture
@@ -125,8 +126,11 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
             echo(f"removed a leftover of a killed run: {leftover}")
+        facts = host_facts(tools, options.rt_cpu)
+        for line in describe_host(facts):
+            echo(line)
         manifest = Manifest(
-            host=host_facts(tools),
+            host=facts,
             options=_jsonable(asdict(options)),
             scenario={**_jsonable(asdict(scenario)), "guest": str(guest_path)},
         )
@@ -149,27 +153,36 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     return options.output
 
 
-def host_facts(tools: toolbox.ToolPaths) -> dict[str, Any]:
-    """The minimum every bundle records about its host (preflight adds the rest)."""
+def host_facts(tools: toolbox.ToolPaths, rt_cpu: int) -> dict[str, Any]:
+    """Preflight facts (kernel, KVM mode, cores, isolation, emulation) and tool versions."""
+    facts = _jsonable(asdict(read_host_facts([rt_cpu])))
     uname = os.uname()
-    versions = {
+    facts["kernel_release"] = uname.release
+    facts["machine"] = uname.machine
+    facts["online_cpus"] = format_cpu_list(online_cpus())
+    facts["emulated"] = facts["emulation"]["emulated"]
+    facts["tools"] = {
         "cyclictest": toolbox.tool_version([tools.cyclictest, "--help"]),
         "stress-ng": toolbox.tool_version([tools.stress_ng, "--version"]),
     }
-    return {
-        "kernel_release": uname.release,
-        "kernel_version": uname.version,
-        "machine": uname.machine,
-        "online_cpus": format_cpu_list(online_cpus()),
-        "emulated": _is_emulated(),
-        "tools": versions,
-    }
+    return facts
 
 
-def _is_emulated() -> bool:
-    """QEMU's virt machine names itself in the device tree."""
-    compatible = Path("/proc/device-tree/compatible")
-    return compatible.exists() and b"linux,dummy-virt" in compatible.read_bytes()
+def describe_host(facts: dict[str, Any]) -> list[str]:
+    """The preflight lines printed before a collection starts."""
+    cores = sorted({core["name"] for core in facts["cpus"]})
+    isolation = facts["isolation"][0]
+    isolated = [k for k in ("isolcpus", "nohz_full", "rcu_nocbs") if isolation.get(k)]
+    lines = [
+        f"host: {facts['kernel_release']} ({facts['machine']}), cores: {', '.join(cores)}",
+        f"host: KVM mode {facts['kvm']['mode']} ({facts['kvm']['evidence']})",
+        f"host: rt CPU {isolation['cpu']} isolation: {', '.join(isolated) or 'NONE'}",
+    ]
+    if facts["emulated"]:
+        lines.append(
+            f"host: EMULATED ({facts['emulation']['kind']}): timings are not hardware timings"
+        )
+    return lines
 
 
 def _jsonable(value: Any) -> Any:
@@ -215,11 +228,11 @@ class Session:
         instance.set_buffer_size_kb(self.options.buffer_kb)
         instance.record_task_names()
         probes = self._kprobe_definitions()
-        define_kprobes(self.tracefs, probes)
+        defined = define_kprobes(self.tracefs, probes).defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
         events += self.options.events
-        events += [f"tracekit/{line.split(':', 1)[1].split()[0].split('/')[-1]}" for line in probes]
+        events += [probe.group_event for probe in defined]
         instance.enable_events(events)
         self.instance = instance
         writer.manifest.scenario["events_enabled"] = list(instance.events)

@@ -1,0 +1,255 @@
+"""The host side's undo stack: order, failures, signals and child process groups.
+
+Signals are tested on real child Python processes: the child says when it is ready (or
+unwinding) on a pipe, so nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import TracekitError
+from tracekit.host.cleanup import CleanupStack, Interrupted, group_members, stop_process_group
+
+
+def test_undo_runs_newest_first_on_success() -> None:
+    done: list[str] = []
+    with CleanupStack() as stack:
+        stack.push("first", lambda: done.append("first"))
+        stack.push("second", lambda: done.append("second"))
+        assert done == []
+    assert done == ["second", "first"]
+
+
+def test_undo_runs_on_error_and_the_error_propagates() -> None:
+    done: list[str] = []
+    with pytest.raises(ValueError, match="boom"), CleanupStack() as stack:
+        stack.push("undo", lambda: done.append("undo"))
+        raise ValueError("boom")
+    assert done == ["undo"]
+
+
+def test_failed_undo_does_not_stop_the_others_and_is_reported(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    done: list[str] = []
+
+    def broken() -> None:
+        raise OSError("device busy")
+
+    expected = "NOT fully restored: could not put X back"
+    with pytest.raises(TracekitError, match=expected), CleanupStack() as stack:
+        stack.push("remove Y", lambda: done.append("Y"))
+        stack.push("put X back", broken)
+        stack.push("remove Z", lambda: done.append("Z"))
+    assert done == ["Z", "Y"]
+    assert "tracekit: warning: could not put X back: device busy" in capsys.readouterr().err
+
+
+def test_failed_undo_under_another_error_keeps_that_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def broken() -> None:
+        raise OSError("device busy")
+
+    with pytest.raises(ValueError, match="original"), CleanupStack() as stack:
+        stack.push("put X back", broken)
+        raise ValueError("original")
+    assert "could not put X back" in capsys.readouterr().err
+
+
+def test_close_is_idempotent() -> None:
+    done: list[str] = []
+    stack = CleanupStack()
+    stack.push("once", lambda: done.append("once"))
+    stack.close()
+    stack.close()
+    assert done == ["once"]
+
+
+def test_signal_handlers_are_given_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with CleanupStack():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# A child that pushes an undo writing a file, says READY, then waits for a signal.
+CHILD_WAITS_FOR_SIGNAL = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from tracekit.host.cleanup import CleanupStack, Interrupted
+    out = Path(sys.argv[1])
+    try:
+        with CleanupStack() as stack:
+            stack.push("write the file", lambda: out.write_text("restored"))
+            print("READY", flush=True)
+            while True:
+                time.sleep(3600)
+    except Interrupted as stop:
+        print(f"interrupted {stop.signum}", flush=True)
+        sys.exit(stop.exit_code)
+    """
+)
+
+
+def _child(script: str, *args: str) -> subprocess.Popen[str]:
+    """Start a Python child running `script`, with pipes for its standard streams."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_unwinds_the_stack(tmp_path: Path, signum: int) -> None:
+    out = tmp_path / "undone"
+    child = _child(CHILD_WAITS_FOR_SIGNAL, str(out))
+    assert child.stdout is not None
+    assert child.stdout.readline() == "READY\n"
+    child.send_signal(signum)
+    stdout, stderr = child.communicate(timeout=60)
+    assert stdout == f"interrupted {signum}\n", stderr
+    assert child.returncode == 128 + signum
+    assert out.read_text() == "restored"
+
+
+# A child whose undo action waits for the parent, so a second signal lands mid-unwind.
+CHILD_SLOW_UNDO = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from tracekit.host.cleanup import CleanupStack, Interrupted
+    out = Path(sys.argv[1])
+
+    def slow_undo():
+        print("UNDOING", flush=True)
+        sys.stdin.readline()
+        out.write_text("restored")
+
+    try:
+        with CleanupStack() as stack:
+            stack.push("second undo", lambda: out.with_suffix(".2").write_text("ok"))
+            stack.push("slow undo", slow_undo)
+            print("READY", flush=True)
+            while True:
+                time.sleep(3600)
+    except Interrupted:
+        sys.exit(130)
+    """
+)
+
+
+def test_second_signal_during_unwinding_does_not_cut_it_short(tmp_path: Path) -> None:
+    out = tmp_path / "undone"
+    child = _child(CHILD_SLOW_UNDO, str(out))
+    assert child.stdout is not None and child.stderr is not None and child.stdin is not None
+    assert child.stdout.readline() == "READY\n"
+    child.send_signal(signal.SIGINT)
+    assert child.stdout.readline() == "UNDOING\n"
+    child.send_signal(signal.SIGINT)
+    assert "SIGINT received while restoring the host" in child.stderr.readline()
+    child.stdin.write("go on\n")
+    child.stdin.flush()
+    child.communicate(timeout=60)
+    assert child.returncode == 130
+    assert out.read_text() == "restored"
+    assert out.with_suffix(".2").read_text() == "ok"
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any live process of the group is left (zombies are dead, awaiting reaping)."""
+    return bool(group_members(pgid))
+
+
+def test_spawned_process_group_is_stopped_with_its_children() -> None:
+    with CleanupStack() as stack:
+        # The shell starts a grandchild in the same group; both must go.
+        proc = stack.spawn(["sh", "-c", "sleep 1000 & echo started; wait"], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        assert os.getpgid(proc.pid) == proc.pid
+    proc.stdout.close()
+    assert proc.returncode is not None
+    assert not _group_exists(proc.pid)
+
+
+def test_a_child_ignoring_sigterm_is_killed() -> None:
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo started; sleep 1000"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"started\n"
+    proc.stdout.close()
+    stop_process_group(proc, grace=0.2)
+    assert proc.returncode == -signal.SIGKILL
+    assert not _group_exists(proc.pid)
+
+
+def test_spawn_of_a_missing_tool_is_one_clear_line() -> None:
+    expected = "cannot start no-such-tool-xyz"
+    with pytest.raises(TracekitError, match=expected) as err, CleanupStack() as stack:
+        stack.spawn(["no-such-tool-xyz"])
+    assert "\n" not in str(err.value)
+
+
+def test_interrupted_is_a_keyboard_interrupt_with_the_shell_exit_code() -> None:
+    stop = Interrupted(signal.SIGTERM)
+    assert isinstance(stop, KeyboardInterrupt)
+    assert stop.exit_code == 143
+
+
+def test_the_host_side_never_imports_polars() -> None:
+    modules = "cleanup, tracefs, instance, probes, rawcapture"
+    script = f"import sys; from tracekit.host import {modules}; print('polars' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.stdout == "False\n", result.stderr
+
+
+# A child that finishes its work, then gets SIGTERM while its undo action runs.
+CHILD_STOPPED_WHILE_RESTORING = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tracekit.host.cleanup import CleanupStack, Interrupted
+    out = Path(sys.argv[1])
+
+    def slow_undo():
+        print("UNDOING", flush=True)
+        sys.stdin.readline()
+        out.write_text("restored")
+
+    try:
+        with CleanupStack() as stack:
+            stack.push("slow undo", slow_undo)
+    except Interrupted as stop:
+        sys.exit(stop.exit_code)
+    """
+)
+
+
+def test_signal_while_restoring_after_success_still_ends_as_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "undone"
+    child = _child(CHILD_STOPPED_WHILE_RESTORING, str(out))
+    assert child.stdout is not None and child.stderr is not None and child.stdin is not None
+    assert child.stdout.readline() == "UNDOING\n"
+    child.send_signal(signal.SIGTERM)
+    assert "SIGTERM received while restoring the host" in child.stderr.readline()
+    child.stdin.write("go on\n")
+    child.stdin.flush()
+    child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM
+    assert out.read_text() == "restored"

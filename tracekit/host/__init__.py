@@ -1,0 +1,20 @@
+"""The host side: runs as root on the arm64 host, with only stdlib, click and pyelftools.
+
+Nothing here may import polars or perfetto. The layers, bottom up:
+
+- cleanup.py: the undo stack; every change to the host is pushed on it as it is made.
+- tracefs.py: find or mount tracefs, restorable writes, instances, `snapshot()`.
+- instance.py: tracekit's own instance (buffers, clock, events, filters, markers).
+- probes.py: kprobes/uprobes in the `tracekit` group, and leftovers of killed runs.
+- rawcapture.py: per-CPU ring-buffer pages into a raw capture directory.
+- preflight.py: read-only facts (kernel, cores, KVM mode, isolation, emulated or not).
+
+A run looks like::
+
+    with CleanupStack() as stack:
+        tracefs = Tracefs.open(stack)
+        remove_leftovers(tracefs)
+        define_kprobes(tracefs, ["p:tracekit/free kvm_free_stage2_pgd"])
+        instance = Instance.create(tracefs)
+        ...  # buffer size, clock, events, capture.start(), instance.start()
+"""

@@ -1,0 +1,228 @@
+"""The host side's undo stack: whatever tracekit changes on a host is put back, in reverse.
+
+Every change (a tracefs setting, a kprobe, an instance, a mount, a sysctl, a child
+process) pushes its undo action here the moment it is made. The stack unwinds on
+success, on error, on Ctrl-C (SIGINT), on SIGTERM and on SIGHUP (a board's ssh session
+going away). A failing undo action does not stop the others, and is never silent: each
+failure is printed, and if nothing else went wrong the unwinding ends in a TracekitError
+naming what is left to fix by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from tracekit.errors import TracekitError
+
+# The signals that end a run early; each one unwinds the stack before the process exits.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# How long a child process group gets to exit after SIGTERM before it is killed.
+CHILD_GRACE_SECONDS = 5.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal; raised so that every undo action still runs.
+
+    It is a KeyboardInterrupt so that code which handles Ctrl-C handles SIGTERM too.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        # The shell's convention for "killed by signal N".
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class UndoAction:
+    """One thing to put back: what it is (for messages) and how."""
+
+    description: str
+    undo: Callable[[], None]
+
+
+class CleanupStack:
+    """Undo actions run last-in first-out, exactly once, whatever ends the run.
+
+    Use it as a context manager: `with CleanupStack() as stack: ...`. Inside, the stop
+    signals raise Interrupted; while the stack unwinds they are noted and otherwise
+    ignored, so a second Ctrl-C cannot leave the host half restored.
+    """
+
+    def __init__(self) -> None:
+        self._actions: list[UndoAction] = []
+        self._old_handlers: dict[int, Any] = {}
+        self._unwinding = False
+        self._late_signal: int | None = None
+        self.failures: list[str] = []
+
+    def push(self, description: str, undo: Callable[[], None]) -> None:
+        """Remember how to undo a change that was just made."""
+        self._actions.append(UndoAction(description, undo))
+
+    def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a child in its own process group; unwinding stops the whole group."""
+        try:
+            proc = subprocess.Popen(list(argv), start_new_session=True, **popen_kwargs)
+        except OSError as err:
+            raise TracekitError(
+                f"cannot start {argv[0]}: {err.strerror}; check that it is installed and executable"
+            ) from None
+        self.push(f"stop {argv[0]} (pid {proc.pid})", lambda: stop_process_group(proc))
+        return proc
+
+    def __enter__(self) -> CleanupStack:
+        """Start catching the stop signals (main thread only: Python's rule)."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._old_handlers[signum] = signal.signal(signum, self._on_stop_signal)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Unwind; a failed undo is an error only when nothing else already failed."""
+        self._unwinding = True  # first: from here on a signal must not cut the unwinding
+        if tb is not None:
+            # The frames the error left hold their locals (open files, descriptors on the
+            # tracefs instance) until the traceback dies; release them now, or rmdir of
+            # the instance fails with EBUSY.
+            traceback.clear_frames(tb)
+            gc.collect()
+        self.close(raise_on_failure=exc is None)
+
+    def close(self, raise_on_failure: bool = True) -> None:
+        """Run every pending undo action, newest first; safe to call more than once."""
+        self._unwinding = True
+        try:
+            while self._actions:
+                action = self._actions.pop()
+                self._run(action)
+        finally:
+            self._restore_signal_handlers()
+            self._unwinding = False
+        if self.failures and raise_on_failure:
+            raise TracekitError(
+                "the host was NOT fully restored: "
+                + "; ".join(self.failures)
+                + "; undo these by hand (see the lines above)"
+            )
+        if self._late_signal is not None and raise_on_failure:
+            # Asked to stop while restoring after a success: the run still ends as stopped.
+            signum, self._late_signal = self._late_signal, None
+            raise Interrupted(signum)
+
+    def _run(self, action: UndoAction) -> None:
+        """Run one undo action; a failure is reported and remembered, never raised."""
+        try:
+            action.undo()
+        except Exception as err:
+            message = f"could not {action.description}: {err}"
+            self.failures.append(message)
+            print(f"tracekit: warning: {message}", file=sys.stderr, flush=True)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Turn a stop signal into Interrupted, except while already unwinding."""
+        if self._unwinding:
+            self._late_signal = signum
+            name = signal.Signals(signum).name
+            print(
+                f"tracekit: {name} received while restoring the host; finishing first",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        raise Interrupted(signum)
+
+    def _restore_signal_handlers(self) -> None:
+        """Give the signals back to whoever handled them before the stack existed."""
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self._old_handlers.clear()
+
+
+@contextlib.contextmanager
+def open_fd(path: Path | str, flags: int) -> Iterator[int]:
+    """os.open a file whose descriptor a stop signal can never leak.
+
+    A signal's Python handler runs right after the system call it interrupted; if that
+    call was os.open, Interrupted would be raised before the descriptor is stored, and a
+    leaked descriptor on a tracefs file makes the instance impossible to remove (EBUSY).
+    So the stop signals are held back until the descriptor is safely owned here.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        fd = os.open(path, flags)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_SECONDS) -> None:
+    """Stop a child and everything it started: SIGTERM to its group, SIGKILL after `grace` s."""
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    # Grandchildren that ignore SIGTERM must not outlive the run either.
+    if not _wait_group_gone(pgid, grace):
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait()
+        if not _wait_group_gone(pgid, CHILD_GRACE_SECONDS):
+            raise OSError(f"processes {group_members(pgid)} of group {pgid} survive SIGKILL")
+    proc.wait()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group, found in /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """Wait up to `timeout` s for a group to have no live process; whether it has none."""
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    """Send a signal to a process group that may already be gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signum)
