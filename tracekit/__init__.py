@@ -5,4 +5,22 @@ Importing this package must stay cheap and must not import polars: the host side
 pyelftools.
 """
 
+from __future__ import annotations
+
+from os import PathLike
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracekit.ingest.trace import Trace
+
 __version__ = "0.1.0"
+
+
+def open(path: str | PathLike[str], *, salvage: bool = False, use_cache: bool = True) -> Trace:
+    """Open a trace (trace.dat, raw capture directory, text) as a tracekit Trace.
+
+    Imports the ingest package (and so polars) only when called.
+    """
+    from tracekit.ingest import open_trace
+
+    return open_trace(path, salvage=salvage, use_cache=use_cache)

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Ingest benchmark: trace-cmd report vs tracekit binary ingest vs tracekit text ingest.
+
+Records a large real trace on this machine's tracefs (an instance of its own with
+syscall, sched, timer and irq events and a big buffer, then `trace-cmd extract`; run
+as root), or uses the trace.dat given with --dat. Each contender runs in its own
+process so that its peak memory (ru_maxrss) is its own. Prints events/s, peak RSS and
+the ratio to trace-cmd.
+Data goes under $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
+
+    python3 benchmarks/ingest.py [--dat FILE] [--buffer-mb 96] [--seconds 2]
+
+--seconds is the workload size: millions of bytes copied by each of two 1-byte `dd`s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TRACEFS = Path("/sys/kernel/tracing")
+INSTANCE = "tk-ingest-bench"
+
+
+def cache_root() -> Path:
+    """Where big benchmark files go."""
+    base = os.environ.get("TRACEKIT_CACHE") or str(Path.home() / ".cache" / "tracekit")
+    out = Path(base) / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def record(out: Path, buffer_mb: int, seconds: float) -> None:
+    """Fill an instance's buffer with function-tracer events, then trace-cmd extract it."""
+    inst = TRACEFS / "instances" / INSTANCE
+    if inst.exists():
+        inst.rmdir()
+    inst.mkdir()
+    try:
+        (inst / "buffer_size_kb").write_text(str(buffer_mb * 1024))
+        (inst / "options" / "overwrite").write_text("0")  # stop when full: no overruns
+        for system in ("raw_syscalls", "sched", "timer", "irq"):
+            (inst / "events" / system / "enable").write_text("1")
+        (inst / "tracing_on").write_text("1")
+        # dd with 1-byte blocks: two syscalls (four events) per byte, on both CPUs.
+        dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", f"count={int(seconds * 1e6)}"]
+        procs = [subprocess.Popen(dd, stderr=subprocess.DEVNULL) for _ in range(2)]
+        for p in procs:
+            p.wait()
+        (inst / "tracing_on").write_text("0")
+        subprocess.run(["trace-cmd", "extract", "-B", INSTANCE, "-o", str(out)], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    finally:
+        if inst.exists():
+            (inst / "tracing_on").write_text("0")
+            inst.rmdir()
+
+
+def measure(argv: list[str], stdout: Path | None = None) -> tuple[float, float, int, str]:
+    """Run argv; return (wall seconds, CPU seconds, peak RSS in bytes, its stderr).
+
+    CPU time (user + system) is what the ratios use: this machine is shared, and wall
+    time moves with whatever else runs.
+    """
+    out = open(stdout, "w") if stdout else subprocess.DEVNULL  # noqa: SIM115
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    err = proc.stderr.read() if proc.stderr else ""
+    if stdout:
+        out.close()  # type: ignore[union-attr]
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"benchmark step failed: {' '.join(argv)}\n{err}")
+    return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, err
+
+
+TRACEKIT_CHILD = (
+    "import sys, tracekit; t = tracekit.open(sys.argv[1], use_cache=False); "
+    "print(t.events.height, t.meta.get('cpu_bytes', 0), file=sys.stderr)"
+)
+
+
+def main() -> None:
+    """Record (or take) a trace, run the three contenders, print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dat", type=Path, help="use this trace.dat instead of recording one")
+    ap.add_argument("--buffer-mb", type=int, default=96, help="per-CPU buffer when recording")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="workload size when recording (millions of dd bytes)",
+    )
+    args = ap.parse_args()
+    if shutil.which("trace-cmd") is None:
+        sys.exit("benchmarks/ingest.py needs trace-cmd (apt-get install trace-cmd)")
+    root = cache_root()
+    dat = args.dat or root / "bench.dat"
+    if args.dat is None:
+        record(dat, args.buffer_mb, args.seconds)
+    text = root / "bench.report.txt"
+    tc = measure(["trace-cmd", "report", str(dat)], stdout=text)
+    binary = measure([sys.executable, "-c", TRACEKIT_CHILD, str(dat)])
+    events, data_bytes = (int(x) for x in binary[3].split()[-2:])
+    txt = measure([sys.executable, "-c", TRACEKIT_CHILD, str(text)])
+    text_events = int(txt[3].split()[-2])
+    print(
+        f"trace: {dat} ({dat.stat().st_size / 1e6:.1f} MB file, "
+        f"{data_bytes / 1e6:.1f} MB ring-buffer data, {events} events)"
+    )
+    head = ("contender", "wall s", "CPU s", "events/CPU s", "peak RSS MB", "vs trace-cmd")
+    print(f"{head[0]:<26}{head[1]:>8}{head[2]:>8}{head[3]:>14}{head[4]:>13}{head[5]:>14}")
+    rows = [
+        ("trace-cmd report (text)", tc, events),
+        ("tracekit binary ingest", binary, events),
+        ("tracekit text ingest", txt, text_events),
+    ]
+    for name, (wall, cpu, mem, _), n in rows:
+        print(
+            f"{name:<26}{wall:>8.2f}{cpu:>8.2f}{n / cpu:>14,.0f}{mem / 1e6:>13.0f}"
+            f"{tc[1] / cpu:>13.1f}x"
+        )
+    m_bin = binary[2]
+    print(f"binary ingest peak RSS / ring-buffer data: {m_bin / max(data_bytes, 1):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""`tracekit ingest` and `tracekit events`: decode a trace, summarise it, print rows."""
+
+from __future__ import annotations
+
+import click
+
+TABLE_ROWS = 50
+
+
+@click.command("ingest")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option(
+    "--salvage", is_flag=True, help="Read up to damage in a corrupt file and say what was skipped."
+)
+@click.option("--no-cache", is_flag=True, help="Parse again and do not write the Parquet cache.")
+def ingest(path: str, salvage: bool, no_cache: bool) -> None:
+    """Decode PATH (trace.dat, raw capture directory or text trace), cache it as Parquet
+    and print a summary: events per type per CPU, time span, lost events."""
+    from tracekit.ingest import open_trace
+
+    trace = open_trace(path, salvage=salvage, use_cache=not no_cache)
+    click.echo(trace.summary())
+    if trace.meta.get("cache"):
+        click.echo(f"cache: {trace.meta['cache']}")
+
+
+@click.command("events")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--event", "-e", "event", help="Show this event's typed table (its fields).")
+@click.option("--cpu", type=int, help="Only this CPU.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--limit", type=int, help=f"At most this many rows (table default {TABLE_ROWS}).")
+@click.option("--salvage", is_flag=True, help="Read up to damage in a corrupt file.")
+def events(
+    path: str, event: str | None, cpu: int | None, fmt: str, limit: int | None, salvage: bool
+) -> None:
+    """Print the events of PATH (or one event type's fields) for a quick look."""
+    import polars as pl
+
+    from tracekit.ingest import open_trace
+
+    trace = open_trace(path, salvage=salvage)
+    df = trace.event(event) if event else trace.events
+    if cpu is not None:
+        df = df.filter(pl.col("cpu") == cpu)
+    if limit is None and fmt == "table":
+        limit = TABLE_ROWS
+    if limit is not None:
+        df = df.head(limit)
+    if fmt == "csv":
+        click.echo(_flat(df).write_csv(), nl=False)
+    elif fmt == "json":
+        click.echo(df.write_json())
+    else:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
+            click.echo(df)
+
+
+def _flat(df: "pl.DataFrame") -> "pl.DataFrame":  # noqa: F821, UP037
+    """CSV cannot hold lists: render list columns as space-separated values."""
+    import polars as pl
+
+    lists = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Array))]
+    return df.with_columns(pl.col(c).cast(pl.List(pl.String)).list.join(" ") for c in lists)
+
+
+def register(group: click.Group) -> None:
+    """Attach the ingest commands to the root group."""
+    group.add_command(ingest)
+    group.add_command(events)

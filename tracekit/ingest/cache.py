@@ -1,0 +1,132 @@
+"""Parquet cache of decoded tables, reused while the inputs are unchanged.
+
+Where: beside a bare trace file (`.<name>.tracekit/`), or inside a capture or bundle
+directory (`.tracekit-cache/`). Key: every input file's relative path, size and SHA-256,
+plus the tracekit version and salvage flag. A quick check on (size, mtime) avoids hashing
+when nothing was touched; if those differ the content hash decides, so a `touch` does not
+force a re-parse but any changed byte does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from tracekit import __version__
+from tracekit.ingest.tables import Tables
+
+CACHE_FORMAT = 2
+DIR_CACHE = ".tracekit-cache"
+
+
+def cache_dir(path: Path) -> Path:
+    """Where the cache of this input lives."""
+    if path.is_dir():
+        return path / DIR_CACHE
+    return path.parent / f".{path.name}.tracekit"
+
+
+def input_files(path: Path) -> list[Path]:
+    """The files whose content the tables depend on (a directory's files, minus caches)."""
+    if not path.is_dir():
+        return [path]
+    return sorted(
+        p for p in path.rglob("*") if p.is_file() and DIR_CACHE not in p.relative_to(path).parts
+    )
+
+
+def _stat(path: Path, files: list[Path]) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns]} of every input."""
+    root = path if path.is_dir() else path.parent
+    return {str(f.relative_to(root)): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+
+
+def _content_key(path: Path, files: list[Path], salvage: bool) -> str:
+    """SHA-256 over the inputs' names, sizes and contents, the version and salvage flag."""
+    root = path if path.is_dir() else path.parent
+    h = hashlib.sha256(f"{CACHE_FORMAT} {__version__} salvage={salvage}\n".encode())
+    for f in files:
+        h.update(f"{f.relative_to(root)} {f.stat().st_size}\n".encode())
+        with open(f, "rb") as src:
+            while block := src.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _table_file(name: str) -> str:
+    """A safe file name for a per-event table."""
+    return "event-" + "".join(c if c.isalnum() or c in "_-" else "_" for c in name) + ".parquet"
+
+
+def load(path: Path, salvage: bool) -> tuple[Tables, bool] | None:
+    """Cached tables (lazy scans inside eager frames' place) if still valid, else None."""
+    cdir = cache_dir(path)
+    try:
+        manifest = json.loads((cdir / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if manifest.get("format") != CACHE_FORMAT or manifest.get("tracekit") != __version__:
+        return None
+    if manifest.get("salvage") != salvage:
+        return None
+    files = input_files(path)
+    stat = _stat(path, files)
+    if stat != manifest.get("stat"):
+        if _content_key(path, files, salvage) != manifest.get("key"):
+            return None
+        manifest["stat"] = stat
+        _write_manifest(cdir, manifest)
+    return _read_tables(cdir, manifest), True
+
+
+def _read_tables(cdir: Path, manifest: dict[str, Any]) -> Tables:
+    """Read the Parquet files a manifest lists."""
+    by_event = {name: pl.read_parquet(cdir / fname) for name, fname in manifest["tables"].items()}
+    tools = {name: pl.read_parquet(cdir / fname) for name, fname in manifest["tools"].items()}
+    return Tables(
+        pl.read_parquet(cdir / "events.parquet"),
+        by_event,
+        pl.read_parquet(cdir / "lost.parquet"),
+        manifest["meta"],
+        tools,
+    )
+
+
+def _write_manifest(cdir: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest last-step atomically (a reader never sees half of it)."""
+    tmp = cdir / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, default=str))
+    tmp.replace(cdir / "manifest.json")
+
+
+def save(path: Path, tables: Tables, salvage: bool) -> Path | None:
+    """Store the tables; returns the cache directory, or None if it cannot be written."""
+    cdir = cache_dir(path)
+    files = input_files(path)
+    try:
+        if cdir.exists():
+            shutil.rmtree(cdir)
+        cdir.mkdir(parents=True)
+        tables.events.write_parquet(cdir / "events.parquet")
+        tables.lost.write_parquet(cdir / "lost.parquet")
+        names = {}
+        for name, df in tables.by_event.items():
+            names[name] = _table_file(name)
+            df.write_parquet(cdir / names[name])
+        tools = {name: f"tool-{_table_file(name)}" for name in tables.tools}
+        for name, df in tables.tools.items():
+            df.write_parquet(cdir / tools[name])
+        manifest = {
+            "format": CACHE_FORMAT, "tracekit": __version__, "salvage": salvage,
+            "stat": _stat(path, files), "key": _content_key(path, files, salvage),
+            "tables": names, "tools": tools, "meta": tables.meta,
+        }  # fmt: skip
+        _write_manifest(cdir, manifest)
+    except OSError:
+        return None  # read-only location: the trace still opens, just not cached
+    return cdir

@@ -1,0 +1,231 @@
+"""Event payloads -> typed polars columns, gathered with numpy fancy indexing.
+
+Given the payload offsets of all events of one type, each field is read for all of them
+at once: a (events x size) byte matrix is gathered and viewed as the field's integer
+type, or cut at its first NUL and viewed as fixed-width bytes for strings. There is no
+per-event Python code except for the rare string that is not valid UTF-8.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
+
+_INT_DTYPES: dict[tuple[int, bool], pl.DataType] = {
+    (1, True): pl.Int8(), (2, True): pl.Int16(), (4, True): pl.Int32(), (8, True): pl.Int64(),
+    (1, False): pl.UInt8(), (2, False): pl.UInt16(), (4, False): pl.UInt32(),
+    (8, False): pl.UInt64(),
+}  # fmt: skip
+
+
+def polars_dtype(spec: FieldSpec) -> pl.DataType:
+    """The column type a field becomes (documented in docs/tables.md)."""
+    if spec.kind in (Kind.CHARS, Kind.TAIL_STR, Kind.DYN_STR, Kind.CONST_STR):
+        return pl.String()
+    if spec.kind == Kind.BOOL:
+        return pl.Boolean()
+    if spec.kind == Kind.POINTER:
+        return pl.UInt64()
+    inner = _INT_DTYPES.get((spec.elem_size, spec.signed), pl.UInt8())
+    if spec.kind == Kind.INT_ARRAY and spec.elem_size and spec.size // spec.elem_size:
+        return pl.Array(inner, spec.size // spec.elem_size)  # fixed length: no offsets
+    if spec.kind in (Kind.INT_ARRAY, Kind.TAIL_ARRAY, Kind.DYN_ARRAY):
+        return pl.List(inner)
+    return _INT_DTYPES.get((spec.size, spec.signed), pl.UInt64())
+
+
+class Gatherer:
+    """Reads fields out of one buffer for a set of events (payload offsets and lengths)."""
+
+    def __init__(
+        self, buf: np.ndarray, payload: np.ndarray, length: np.ndarray, endian: str = "<"
+    ) -> None:
+        self.buf = buf
+        self.payload = payload
+        self.length = length
+        self.endian = endian
+
+    def _bytes(self, offset: np.ndarray, width: int) -> np.ndarray:
+        """An (events x width) matrix of the bytes at each absolute offset."""
+        idx = np.minimum(offset[:, None] + np.arange(width), len(self.buf) - 1)
+        return self.buf[idx]
+
+    def ints(self, rel: int, size: int, signed: bool) -> np.ndarray:
+        """An integer field at payload offset `rel` for every event."""
+        if size not in (1, 2, 4, 8):
+            raise ValueError(f"integer field of {size} bytes")
+        return self.read(self.payload + rel, size, signed)
+
+    def read(self, addr: np.ndarray, size: int, signed: bool) -> np.ndarray:
+        """An integer of `size` bytes at each absolute address."""
+        kind = "i" if signed else "u"
+        fast = self._from_words(addr, size)
+        if fast is not None:
+            return fast.view(np.dtype(f"{kind}{size}"))
+        raw = np.ascontiguousarray(self._bytes(addr, size))
+        return raw.view(np.dtype(f"{self.endian}{kind}{size}")).ravel()
+
+    def _word_matrix(self, addr: np.ndarray, nbytes: int) -> np.ndarray | None:
+        """(events x nbytes/4) 32-bit words at 4-aligned addresses, or None if not possible.
+
+        Payloads are 4-byte aligned, so fields of 4 and 8 bytes (and arrays of them) are
+        read a word at a time; little-endian words viewed in pairs are the u64 values.
+        """
+        if self.endian != "<" or len(self.buf) % 4 or nbytes % 4 or not len(addr):
+            return None
+        if (addr & 3).any() or int(addr.max()) + nbytes > len(self.buf):
+            return None
+        words = self.buf.view(np.uint32)
+        base = addr >> 2
+        if nbytes == 4:
+            return words[base][:, None]
+        # Each row of the sliding window is nbytes/4 consecutive words: one index per event.
+        return sliding_window_view(words, nbytes // 4)[base]
+
+    def _from_words(self, addr: np.ndarray, size: int) -> np.ndarray | None:
+        """Read little-endian fields through 32-bit words (no per-byte index matrix)."""
+        if size >= 4:
+            m = self._word_matrix(addr, size)
+            return None if m is None else m.view(np.dtype(f"u{size}")).ravel()
+        if self.endian != "<" or len(self.buf) % 4 or not len(addr):
+            return None
+        lane = addr & 3
+        if (lane + size > 4).any():
+            return None
+        shifted = self.buf.view(np.uint32)[addr >> 2] >> (lane * 8).astype(np.uint32)
+        return (shifted & np.uint32((1 << (8 * size)) - 1)).astype(np.dtype(f"u{size}"))
+
+    def strings(self, start: np.ndarray, count: np.ndarray) -> pl.Series:
+        """NUL-terminated strings of at most `count` bytes at each absolute offset."""
+        width = int(count.max()) if len(count) else 0
+        if width == 0:
+            return pl.Series([""] * len(start), dtype=pl.String)
+        raw = self._bytes(start, width).copy()
+        raw[np.arange(width)[None, :] >= count[:, None]] = 0
+        raw[np.cumsum(raw == 0, axis=1) > 0] = 0  # everything after the first NUL
+        fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
+        return _decode(pl.Series(fixed))
+
+    def arrays(self, start: np.ndarray, nbytes: np.ndarray, elem: int, signed: bool) -> pl.Series:
+        """Arrays of integers of `elem` bytes: `nbytes` bytes at each absolute offset."""
+        counts = np.maximum(nbytes, 0) // elem
+        if len(counts) and (counts == counts[0]).all() and counts[0] > 0 and elem in (4, 8):
+            m = self._word_matrix(start, int(counts[0]) * elem)
+            if m is not None:  # same length everywhere: one (events x count) matrix
+                kind = "i" if signed else "u"
+                return pl.Series(m.view(np.dtype(f"{kind}{elem}")))  # an Array column
+        total = int(counts.sum())
+        first = np.repeat(start, counts)
+        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        values = self.read(first + within * elem, elem, signed)
+        if len(counts) and (counts == counts[0]).all() and counts[0] > 0:
+            matrix = pl.Series(values.reshape(len(counts), int(counts[0])))
+            return matrix.cast(pl.List(matrix.dtype.inner))  # type: ignore[attr-defined]
+        return _to_lists(values, counts)
+
+
+def _decode(binary: pl.Series) -> pl.Series:
+    """Binary -> String; invalid UTF-8 (rare) is decoded with replacement, not dropped."""
+    try:
+        return binary.cast(pl.String)
+    except pl.exceptions.PolarsError:
+        return pl.Series([b.decode("utf-8", "replace") for b in binary.to_list()])
+
+
+def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
+    """Split a flat array into one list per event (empty lists kept)."""
+    n = len(counts)
+    rows = np.repeat(np.arange(n), counts)
+    grouped = (
+        pl.DataFrame({"row": rows, "v": values})
+        .group_by("row", maintain_order=True)
+        .agg(pl.col("v"))
+    )
+    full = pl.DataFrame({"row": np.arange(n)}).join(grouped, on="row", how="left")
+    dtype = pl.List(pl.Series(values[:0]).dtype)
+    return full["v"].fill_null(pl.Series([[]], dtype=dtype)).cast(dtype)
+
+
+def field_column(g: Gatherer, spec: FieldSpec, printk: dict[int, str], long_size: int) -> pl.Series:
+    """Decode one field of one event type into a named polars Series."""
+    col = _field_values(g, spec, printk, long_size)
+    return col.alias(spec.name).cast(polars_dtype(spec))
+
+
+def _field_values(
+    g: Gatherer, spec: FieldSpec, printk: dict[int, str], long_size: int
+) -> pl.Series:
+    """The values of one field (see polars_dtype for the resulting types)."""
+    k = spec.kind
+    if k in (Kind.INT, Kind.POINTER, Kind.BOOL):
+        values = g.ints(spec.offset, spec.size, spec.signed and k == Kind.INT)
+        return pl.Series(values != 0 if k == Kind.BOOL else values)
+    if k == Kind.CONST_STR:
+        return _resolve(g.ints(spec.offset, spec.size, False), printk)
+    if k == Kind.CHARS:
+        return g.strings(g.payload + spec.offset, np.full(len(g.payload), spec.size))
+    if k in (Kind.TAIL_STR, Kind.TAIL_ARRAY):
+        rest = np.maximum(g.length - spec.offset, 0)
+        if k == Kind.TAIL_STR:
+            return g.strings(g.payload + spec.offset, rest)
+        return g.arrays(g.payload + spec.offset, rest, spec.elem_size, spec.signed)
+    if k == Kind.INT_ARRAY:
+        nbytes = np.full(len(g.payload), spec.size)
+        return g.arrays(g.payload + spec.offset, nbytes, spec.elem_size, spec.signed)
+    loc = g.ints(spec.offset, 4, False).astype(np.int64)
+    start = g.payload + (loc & 0xFFFF) + (spec.offset + spec.size if spec.rel_loc else 0)
+    nbytes = np.minimum(loc >> 16, np.maximum(g.payload + g.length - start, 0))
+    if k == Kind.DYN_STR:
+        return g.strings(start, nbytes)
+    return g.arrays(start, nbytes, spec.elem_size, spec.signed)
+
+
+def _resolve(addr: np.ndarray, printk: dict[int, str]) -> pl.Series:
+    """`const char *` addresses -> the strings printk_formats maps them to (hex if unknown)."""
+    uniq, inverse = np.unique(addr, return_inverse=True)
+    names = [printk.get(int(a), f"0x{int(a):x}") for a in uniq]
+    return pl.Series(names, dtype=pl.String)[inverse.ravel()]
+
+
+def common_columns(g: Gatherer, fmt: EventFormat) -> dict[str, np.ndarray]:
+    """The common_* fields (flags, preempt count, pid, ...) as numpy arrays by name."""
+    out: dict[str, np.ndarray] = {}
+    for spec in fmt.common:
+        if spec.kind == Kind.INT and spec.size in (1, 2, 4, 8):
+            out[spec.name] = g.ints(spec.offset, spec.size, spec.signed)
+    return out
+
+
+STANDARD_COMMON = (
+    ("common_type", 0, 2),
+    ("common_flags", 2, 1),
+    ("common_preempt_count", 3, 1),
+    ("common_pid", 4, 4),
+)
+
+
+def has_standard_common(fmt: EventFormat) -> bool:
+    """True when the common fields are the usual 8-byte header (type, flags, preempt, pid)."""
+    layout = tuple((f.name, f.offset, f.size) for f in fmt.common)
+    return layout[:4] == STANDARD_COMMON
+
+
+def standard_header(g: Gatherer) -> dict[str, np.ndarray] | None:
+    """type, flags, preempt count and pid of every event from one 8-byte read each.
+
+    Only valid for little-endian traces whose formats use the standard common layout;
+    returns None otherwise (the caller reads the common fields per event type).
+    """
+    m = g._word_matrix(g.payload, 8)
+    if m is None:
+        return None
+    w0 = m[:, 0]
+    return {
+        "common_type": (w0 & 0xFFFF).astype(np.int64),
+        "common_flags": ((w0 >> 16) & 0xFF).astype(np.uint8),
+        "common_preempt_count": (w0 >> 24).astype(np.uint8),
+        "common_pid": m[:, 1].view(np.int32),
+    }

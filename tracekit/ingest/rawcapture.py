@@ -1,0 +1,115 @@
+"""The raw capture directory (docs/raw-capture.md) -> a BinaryTrace.
+
+`tracekit collect` copies one tracefs instance's per-CPU trace_pipe_raw pages and the
+files needed to decode them. Nothing here runs on the host; this only reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tracekit.errors import TracekitError
+from tracekit.ingest.formats import FormatSet, checked_format, parse_header_event, parse_header_page
+from tracekit.ingest.tables import (
+    BinaryTrace,
+    CpuData,
+    parse_cmdlines,
+    parse_printk,
+    parse_stats,
+    parse_tgids,
+)
+
+FORMAT_NAME = "tracekit-raw-capture"
+READER = "raw capture"
+
+
+def is_raw_capture(path: Path) -> bool:
+    """True when path is a directory holding a raw capture's capture.json."""
+    return path.is_dir() and (path / "capture.json").is_file()
+
+
+def _meta(path: Path) -> dict[str, object]:
+    """capture.json, checked for the format name and version."""
+    try:
+        meta = json.loads((path / "capture.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise TracekitError(f"{READER} reader: {path}/capture.json: {err}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise TracekitError(
+            f"{READER} reader: {path}/capture.json is not a {FORMAT_NAME} manifest "
+            "(see docs/raw-capture.md)"
+        )
+    if meta.get("version") != 1:
+        raise TracekitError(
+            f"{READER} reader: {path}: capture version {meta.get('version')!r} is newer "
+            "than this tracekit understands (1); upgrade tracekit"
+        )
+    return meta
+
+
+def _formats(path: Path, long_size_hint: int = 8) -> FormatSet:
+    """header_page, header_event and every events/<system>/<event>/format."""
+    fs = FormatSet()
+    try:
+        fs.header_page = parse_header_page((path / "header_page").read_text())
+        fs.header_event = parse_header_event((path / "header_event").read_text())
+    except (OSError, ValueError) as err:
+        raise TracekitError(f"{READER} reader: {path}: header_page/header_event: {err}") from None
+    long_size = fs.header_page.commit_size or long_size_hint
+    for fmt in sorted((path / "events").glob("*/*/format")):
+        system = fmt.parent.parent.name
+        fs.add(checked_format(fmt.read_text(), system, str(fmt), long_size))
+    return fs
+
+
+def _optional(path: Path) -> str:
+    """A file's text, or "" when the capture does not have it."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def read_raw_capture(path: Path, salvage: bool = False) -> BinaryTrace:
+    """Read a raw capture directory into a BinaryTrace."""
+    meta = _meta(path)
+    fs = _formats(path)
+    page_size = int(meta.get("page_size") or fs.header_page.page_size)  # type: ignore[arg-type]
+    cpus: list[CpuData] = []
+    stats: dict[int, dict[str, str]] = {}
+    skipped: list[str] = []
+    for cpu in meta.get("cpus", []):  # type: ignore[union-attr]
+        cdir = path / "per_cpu" / f"cpu{cpu}"
+        raw = cdir / "trace_pipe_raw"
+        if raw.exists():
+            data = np.fromfile(raw, dtype=np.uint8)
+            if len(data) % page_size:
+                if not salvage:
+                    raise TracekitError(
+                        f"{READER} reader: {raw}: byte offset {len(data) - len(data) % page_size}:"
+                        f" {len(data)} bytes is not a whole number of {page_size}-byte pages "
+                        "(truncated; use --salvage to read the whole pages)"
+                    )
+                skipped.append(f"CPU {cpu}: {len(data) % page_size} bytes of a partial last page")
+                data = data[: len(data) - len(data) % page_size]
+            cpus.append(CpuData(int(cpu), data, 0, str(raw)))
+        if (cdir / "stats").exists():
+            stats[int(cpu)] = parse_stats((cdir / "stats").read_text())
+    if meta.get("complete") is False:
+        skipped.append("capture.json says the capture is not complete")
+    return BinaryTrace(
+        path=str(path), reader=READER, formats=fs, cpus=cpus, page_size=page_size,
+        long_size=fs.header_page.commit_size,
+        cmdlines=parse_cmdlines(_optional(path / "saved_cmdlines")),
+        tgids=parse_tgids(_optional(path / "saved_tgids")),
+        printk=parse_printk(_optional(path / "printk_formats")),
+        kallsyms=_optional(path / "kallsyms"), stats=stats,
+        stats_origin="per_cpu/cpu<N>/stats", clock=str(meta.get("trace_clock", "")),
+        instance=str(meta.get("instance", "")),
+        meta={"format": FORMAT_NAME, "kernel_release": meta.get("kernel_release"),
+              "events_enabled": meta.get("events", [])},
+        skipped=skipped,
+    )  # fmt: skip

@@ -1,0 +1,92 @@
+"""The plain-text summary `tracekit ingest` prints: counts, span, losses, skipped data."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from tracekit.ingest.trace import Trace
+
+
+def _header(trace: Trace) -> list[str]:
+    """What was read and how."""
+    m = trace.meta
+    cpus = m.get("cpus") or []
+    where = f"instance {m['instance']!r}, " if m.get("instance") else ""
+    cached = " (from cache)" if trace.from_cache else ""
+    if trace.tools:
+        return [f"{m.get('reader')} output: {trace.path}{cached}"]
+    return [
+        f"trace: {trace.path}{cached}",
+        f"format: {m.get('reader', '?')}, {where}clock {m.get('clock') or '?'}, "
+        f"{len(cpus)} CPU(s) with data",
+    ]
+
+
+def _span(events: pl.DataFrame) -> list[str]:
+    """Event count and time span."""
+    if events.is_empty():
+        return ["events: 0"]
+    first, last = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
+    return [
+        f"events: {events.height} from {first / 1e9:.6f} s to {last / 1e9:.6f} s "
+        f"(span {(last - first) / 1e9:.6f} s)"
+    ]
+
+
+def _per_type(events: pl.DataFrame) -> list[str]:
+    """A table of event counts per type (rows) and CPU (columns)."""
+    if events.is_empty():
+        return []
+    counts = events.group_by(pl.col("event").cast(pl.String), "cpu").len()
+    cpus = sorted(counts["cpu"].unique().to_list())
+    wide = counts.pivot(on="cpu", index="event", values="len", sort_columns=True).fill_null(0)
+    wide = wide.with_columns(total=pl.sum_horizontal(pl.exclude("event"))).sort("event")
+    width = max(5, *(len(e) for e in wide["event"]))
+    head = f"  {'event':<{width}}" + "".join(f" {'cpu' + str(c):>8}" for c in cpus)
+    lines = ["per type and CPU:", head + f" {'total':>9}"]
+    for row in wide.iter_rows(named=True):
+        cells = "".join(f" {row[str(c)]:>8}" for c in cpus)
+        lines.append(f"  {row['event']:<{width}}{cells} {row['total']:>9}")
+    return lines
+
+
+def _lost(lost: pl.DataFrame) -> list[str]:
+    """Every lost-events report, grouped by CPU and source (never summed across sources)."""
+    if lost.is_empty():
+        return ["lost events: none reported (page flags and per-CPU stats checked)"]
+    lines = ["lost events (each source counts the same losses its own way; do not add them):"]
+    grouped = (
+        lost.group_by("cpu", "source")
+        .agg(reports=pl.len(), count=pl.col("count").sum(), unknown=pl.col("count").null_count())
+        .sort("cpu", "source")
+    )
+    for r in grouped.iter_rows(named=True):
+        known = f"{r['count']} events" if r["count"] else "count unknown"
+        extra = (
+            f" (+{r['unknown']} report(s) without a count)" if r["unknown"] and r["count"] else ""
+        )
+        lines.append(f"  cpu{r['cpu']} {r['source']}: {known} in {r['reports']} report(s){extra}")
+    return lines
+
+
+def summarise(trace: Trace) -> str:
+    """The whole summary as one string."""
+    if trace.tools:
+        lines = _header(trace)
+    else:
+        lines = _header(trace) + _span(trace.events) + _per_type(trace.events)
+        lines += _lost(trace.lost)
+    unknown = trace.events.filter(pl.col("event").cast(pl.String).str.starts_with("unknown_id_"))
+    if unknown.height:
+        lines.append(f"events without a format file (kept as unknown_id_N): {unknown.height}")
+    for name, table in trace.tools.items():
+        lines.append(f"{name}: {table.height} row(s)")
+        if table.height <= 12:
+            with pl.Config(tbl_rows=12, tbl_cols=12, tbl_hide_dataframe_shape=True):
+                lines.append(str(table))
+    for note in trace.meta.get("skipped") or []:
+        lines.append(f"skipped (salvage): {note}")
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""Tool outputs -> polars tables: cyclictest (plain, -h histogram, --json), stress-ng
+(--metrics-brief text, --yaml) and `perf stat -x,` CSV (with or without -A / -I).
+
+`read_tool(path)` recognises the tool from the content and returns named tables; the
+schemas are listed in docs/tables.md. Lines a reader does not understand are counted in
+the "skipped" list it returns, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+
+from tracekit.errors import TracekitError
+
+CYCLIC_T_RE = re.compile(
+    r"^T:\s*(?P<thread>\d+)\s+\(\s*(?P<tid>\d+)\)\s+P:\s*(?P<prio>\d+)\s+I:\s*(?P<interval>\d+)"
+    r"\s+C:\s*(?P<cycles>\d+)\s+Min:\s*(?P<min>\d+)\s+Act:\s*(?P<act>\d+)\s+Avg:\s*(?P<avg>\d+)"
+    r"\s+Max:\s*(?P<max>\d+)"
+)
+STRESS_METRIC_RE = re.compile(
+    r"metrc: \[\d+\]\s+(?P<stressor>[\w-]+)\s+(?P<ops>\d+)\s+(?P<real>[\d.]+)\s+"
+    r"(?P<usr>[\d.]+)\s+(?P<sys>[\d.]+)\s+(?P<rate_real>[\d.]+)\s+(?P<rate_cpu>[\d.]+)"
+)
+
+ToolTables = tuple[str, dict[str, pl.DataFrame], list[str]]
+
+
+def detect_tool(head: str) -> str | None:
+    """'cyclictest', 'stress-ng' or 'perf-stat' from the first KBs of a file, else None."""
+    if '"rt_test_version:"' in head or re.search(r"^T:\s*\d+\s+\(", head, re.M):
+        return "cyclictest"
+    if head.startswith("# /dev/cpu_dma_latency") or "# Histogram" in head:
+        return "cyclictest"
+    if "stress-ng" in head and ("metrc:" in head or "stress-ng-version" in head):
+        return "stress-ng"
+    if re.search(r"^\s*[\d.]*,?(CPU\d+,)?[\d.<>a-z ]+,[^,]*,[\w:-]+,\d+,[\d.]+", head, re.M):
+        return "perf-stat"
+    return None
+
+
+def _cyclic_json(data: dict) -> dict[str, pl.DataFrame]:  # type: ignore[type-arg]
+    """cyclictest --json: per-thread summary and the histogram (when -h was given)."""
+    threads, hist = [], []
+    for key, t in sorted(data.get("thread", {}).items(), key=lambda kv: int(kv[0])):
+        threads.append(
+            dict(thread=int(key), cpu=t.get("cpu"), cycles=t.get("cycles"), min_us=t.get("min"),
+                 avg_us=float(t.get("avg", 0)), max_us=t.get("max"))
+        )  # fmt: skip
+        for bucket, count in (t.get("histogram") or {}).items():
+            hist.append(dict(thread=int(key), latency_us=int(bucket), count=int(count)))
+    out = {"cyclictest_threads": pl.DataFrame(threads)}
+    if hist:
+        out["cyclictest_histogram"] = pl.DataFrame(hist)
+    return out
+
+
+def _cyclic_text(lines: list[str], skipped: list[str]) -> dict[str, pl.DataFrame]:
+    """Plain `T:` lines and/or the -h histogram with its per-thread summary lines."""
+    threads: list[dict[str, int]] = []
+    hist: list[dict[str, int]] = []
+    summary: dict[str, list[int]] = {}
+    overflow_cycles: list[dict[str, int]] = []
+    for n, line in enumerate(lines, 1):
+        if m := CYCLIC_T_RE.match(line.strip()):
+            threads.append({k: int(v) for k, v in m.groupdict().items()})
+        elif re.match(r"^\d+(\s+\d+)+\s*$", line):
+            nums = [int(x) for x in line.split()]
+            hist += [dict(thread=i, latency_us=nums[0], count=c) for i, c in enumerate(nums[1:])]
+        elif m := re.match(r"^# (Total|Min Latencies|Avg Latencies|Max Latencies|"
+                           r"Histogram Overflows):\s*(.*)$", line):  # fmt: skip
+            summary[m.group(1)] = [int(x) for x in m.group(2).split()]
+        elif m := re.match(r"^# Thread (\d+):\s*(.*)$", line):
+            overflow_cycles += [
+                dict(thread=int(m.group(1)), cycle=int(c)) for c in m.group(2).split()
+            ]
+        elif line.strip() and not line.startswith("#"):
+            skipped.append(f"line {n}: {line[:60]!r}")
+    out: dict[str, pl.DataFrame] = {}
+    if threads:
+        out["cyclictest_threads"] = pl.DataFrame(threads).rename(
+            {"min": "min_us", "act": "act_us", "avg": "avg_us", "max": "max_us"}
+        )
+    if hist:
+        out["cyclictest_histogram"] = pl.DataFrame(hist).filter(pl.col("count") > 0)
+    if summary:
+        n = max(len(v) for v in summary.values())
+        cols = {
+            "thread": list(range(n)),
+            **{_snake(k): v + [None] * (n - len(v)) for k, v in summary.items()},
+        }
+        out["cyclictest_summary"] = pl.DataFrame(cols)
+    if overflow_cycles:
+        out["cyclictest_overflows"] = pl.DataFrame(overflow_cycles)
+    return out
+
+
+def _snake(name: str) -> str:
+    """'Max Latencies' -> 'max_latencies_us', 'Histogram Overflows' -> 'overflows'."""
+    mapping = {"Total": "samples", "Histogram Overflows": "overflows"}
+    return mapping.get(name, name.lower().replace(" ", "_") + "_us")
+
+
+def _stress_yaml(text: str) -> list[dict[str, object]]:
+    """The `metrics:` list of stress-ng --yaml (a flat subset of YAML, read by hand)."""
+    rows: list[dict[str, object]] = []
+    in_metrics = False
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            in_metrics = line.strip() == "metrics:"
+            continue
+        if not in_metrics or ":" not in line:
+            continue
+        key, _, value = line.strip().lstrip("- ").partition(":")
+        if line.strip().startswith("- "):
+            rows.append({})
+        if rows:
+            rows[-1][key.strip().replace("-", "_")] = _number(value.strip())
+    return rows
+
+
+def _number(text: str) -> object:
+    """int, float, or the text itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+def _stress_brief(lines: list[str]) -> list[dict[str, object]]:
+    """--metrics-brief `metrc:` lines."""
+    rows: list[dict[str, object]] = []
+    for line in lines:
+        if m := STRESS_METRIC_RE.search(line):
+            rows.append(
+                dict(stressor=m["stressor"], bogo_ops=int(m["ops"]),
+                     wall_clock_time=float(m["real"]), user_time=float(m["usr"]),
+                     system_time=float(m["sys"]),
+                     bogo_ops_per_second_real_time=float(m["rate_real"]),
+                     bogo_ops_per_second_usr_sys_time=float(m["rate_cpu"]))
+            )  # fmt: skip
+    return rows
+
+
+def _perf_stat(lines: list[str], skipped: list[str]) -> dict[str, pl.DataFrame]:
+    """perf stat -x, CSV: optional interval time and CPU columns, then value,unit,event,..."""
+    rows: list[dict[str, object]] = []
+    for n, fields in enumerate(csv.reader(lines), 1):
+        if not fields or fields[0].startswith("#") or len(fields) < 3:
+            if fields and "".join(fields).strip() and not fields[0].startswith("#"):
+                skipped.append(f"line {n}: {','.join(fields)[:60]!r}")
+            continue
+        fields = [f.strip() for f in fields]
+        time_s = _float(fields[0]) if _is_interval(fields) else None
+        if time_s is not None:
+            fields = fields[1:]
+        cpu = int(fields[0][3:]) if re.fullmatch(r"CPU\d+", fields[0]) else None
+        if cpu is not None:
+            fields = fields[1:]
+        value = _float(fields[0])
+        rows.append(
+            dict(time_s=time_s, cpu=cpu, value=value, unit=fields[1] or None, event=fields[2],
+                 run_time_ns=_float(fields[3]) if len(fields) > 3 else None,
+                 running_pct=_float(fields[4]) if len(fields) > 4 else None,
+                 note=fields[0] if value is None else None)
+        )  # fmt: skip
+    schema = {"time_s": pl.Float64, "cpu": pl.Int32, "value": pl.Float64, "unit": pl.String,
+              "event": pl.String, "run_time_ns": pl.Float64, "running_pct": pl.Float64,
+              "note": pl.String}  # fmt: skip
+    return {"perf_stat": pl.DataFrame(rows, schema=schema)}
+
+
+def _is_interval(fields: list[str]) -> bool:
+    """-I output starts with a timestamp and has one more column than plain output."""
+    return (
+        re.fullmatch(r"\d+\.\d+", fields[0]) is not None
+        and len(fields) >= 4
+        and (re.fullmatch(r"CPU\d+", fields[1]) is not None or not re.search(r"[a-z]", fields[3]))
+    )
+
+
+def _float(text: str) -> float | None:
+    """A number, or None for '<not counted>' / '<not supported>' / empty."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def read_tool(path: Path) -> ToolTables:
+    """Read a tool output file: (tool name, tables, skipped-line notes)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise TracekitError(f"tool reader: {path}: {err}") from None
+    tool = detect_tool(text[:8192])
+    skipped: list[str] = []
+    lines = text.splitlines()
+    if tool == "cyclictest":
+        if text.lstrip().startswith("{"):
+            try:
+                return tool, _cyclic_json(json.loads(text)), skipped
+            except (json.JSONDecodeError, AttributeError, ValueError) as err:
+                raise TracekitError(f"cyclictest reader: {path}: bad JSON: {err}") from None
+        return tool, _cyclic_text(lines, skipped), skipped
+    if tool == "stress-ng":
+        rows = _stress_yaml(text) if "stress-ng-version" in text else _stress_brief(lines)
+        if not rows:
+            raise TracekitError(f"stress-ng reader: {path}: no metrics (run with --metrics-brief)")
+        return tool, {"stress_ng": pl.DataFrame(rows)}, skipped
+    if tool == "perf-stat":
+        return tool, _perf_stat(lines, skipped), skipped
+    raise TracekitError(f"{path}: not a cyclictest, stress-ng or perf stat -x, output")
