@@ -1,0 +1,129 @@
+"""System info and the process/thread tree, from what the trace itself recorded.
+
+The kernel release goes into SystemInfo because trace_processor decodes sched_switch's
+prev_state by kernel version. Tasks come from the events (common_pid, comm, tgid) and
+from the fields of sched events that name other tasks. A task is listed as a process
+only when the trace shows it is one (its tgid is known, or it called exec, which the
+kernel reports with the thread-group leader's pid); a task whose tgid is unknown is not
+given a made-up one: the UI still names its thread from the sched events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from tracekit.perfetto.protos import TracePacket
+from tracekit.perfetto.writer import FTRACE_SEQUENCE
+
+# (event, pid column, name column) of sched events that name a task other than current.
+_NAMING_FIELDS = (
+    ("sched_switch", "prev_pid", "prev_comm"),
+    ("sched_switch", "next_pid", "next_comm"),
+    ("sched_waking", "pid", "comm"),
+    ("sched_wakeup", "pid", "comm"),
+    ("sched_wakeup_new", "pid", "comm"),
+    ("sched_process_fork", "child_pid", "child_comm"),
+    ("sched_process_fork", "parent_pid", "parent_comm"),
+    ("sched_process_exit", "pid", "comm"),
+)
+
+
+_CHUNK_ROWS = 65536
+
+
+@dataclass
+class Tasks:
+    """What the trace tells about tasks: names, thread groups, parents, exec'd files."""
+
+    names: dict[int, str] = field(default_factory=dict)
+    tgids: dict[int, int] = field(default_factory=dict)
+    parents: dict[int, int] = field(default_factory=dict)
+    executed: dict[int, str] = field(default_factory=dict)
+
+
+def system_info_packet(meta: Mapping[str, Any], first_ts: int | None) -> TracePacket:
+    """SystemInfo with the kernel's uname (release decides task-state decoding)."""
+    packet = TracePacket(trusted_packet_sequence_id=FTRACE_SEQUENCE)
+    if first_ts is not None:
+        packet.timestamp = first_ts
+    info = packet.system_info
+    uname = str(meta.get("uname") or "").split()
+    if len(uname) >= 3:
+        info.utsname.sysname = uname[0]
+        info.utsname.release = uname[2]
+        info.utsname.machine = uname[-1]
+    elif meta.get("kernel_release"):
+        info.utsname.sysname = "Linux"
+        info.utsname.release = str(meta["kernel_release"])
+    if meta.get("page_size"):
+        info.page_size = int(meta["page_size"])
+    if meta.get("cpus"):
+        info.num_cpus = len(meta["cpus"])
+    return packet
+
+
+def collect_tasks(events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]) -> Tasks:
+    """Gather every task the trace mentions, with its latest name."""
+    tasks = Tasks()
+    for pid, tgid, comm in _last_per_pid(events, "pid", "tgid", "comm"):
+        if comm is not None:
+            tasks.names[pid] = comm
+        if tgid is not None:
+            tasks.tgids[pid] = tgid
+    for event, pid_col, name_col in _NAMING_FIELDS:
+        table = tables.get(event)
+        if table is None or pid_col not in table.columns or name_col not in table.columns:
+            continue
+        for pid, name in _last_per_pid(table, pid_col, name_col):
+            if pid is not None and name:
+                tasks.names[pid] = name
+    fork = tables.get("sched_process_fork")
+    if fork is not None and {"child_pid", "parent_pid"} <= set(fork.columns):
+        tasks.parents.update(_last_per_pid(fork, "child_pid", "parent_pid"))
+    exe = tables.get("sched_process_exec")
+    if exe is not None and {"pid", "filename"} <= set(exe.columns):
+        tasks.executed.update(_last_per_pid(exe, "pid", "filename"))
+    tasks.names.pop(0, None)  # the idle task is not a process or thread to list
+    return tasks
+
+
+def _last_per_pid(frame: pl.DataFrame, pid: str, *columns: str) -> Iterator[tuple[Any, ...]]:
+    """(pid, columns...) of each pid's last row, chunk by chunk so memory stays bounded.
+
+    A pid may come out once per chunk; later chunks come later, so the last one wins.
+    """
+    for start in range(0, frame.height, _CHUNK_ROWS):
+        chunk = frame.slice(start, _CHUNK_ROWS).select(pid, *columns)
+        yield from chunk.unique(subset=[pid], keep="last", maintain_order=True).iter_rows()
+
+
+def process_tree_packet(tasks: Tasks, first_ts: int | None) -> TracePacket | None:
+    """ProcessTree with every process (with a cmdline) and thread the trace shows."""
+    leaders = {tgid for tgid in tasks.tgids.values() if tgid} | set(tasks.executed)
+    leaders.discard(0)
+    if not leaders:
+        return None
+    packet = TracePacket(trusted_packet_sequence_id=FTRACE_SEQUENCE)
+    if first_ts is not None:
+        packet.timestamp = first_ts
+    tree = packet.process_tree
+    for pid in sorted(leaders):
+        process = tree.processes.add(pid=pid)
+        parent = tasks.parents.get(pid)
+        if parent is not None:
+            process.ppid = tasks.tgids.get(parent, parent)
+        if pid in tasks.executed:
+            process.cmdline.append(tasks.executed[pid])
+        else:
+            process.cmdline.append(tasks.names.get(pid) or f"<pid {pid}>")
+            process.cmdline_is_comm = True
+    for tid, tgid in sorted(tasks.tgids.items()):
+        if tid and tgid and tid != tgid:
+            thread = tree.threads.add(tid=tid, tgid=tgid)
+            if tid in tasks.names:
+                thread.name = tasks.names[tid]
+    return packet

@@ -1,0 +1,267 @@
+"""Checks a Perfetto trace against the import rules trace_processor enforces.
+
+Without a trace processor at hand, these rules (from Perfetto's documented import
+behaviour) are what decides whether the UI shows a trace fully: every ftrace bundle has
+its CPU, every ftrace event a timestamp and a pid, events of a bundle are in time order,
+every process in a process tree has a cmdline, slices begin and end properly per track,
+track uuids are declared once and exist when used, interned data follows the sequence
+flags, atrace-style prints are well-formed, and (given the source's counts) no event
+was lost on the way. The file is read one packet at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.perfetto.protos import TracePacket, TrackEvent
+from tracekit.perfetto.writer import (
+    SEQ_INCREMENTAL_STATE_CLEARED,
+    SEQ_NEEDS_INCREMENTAL_STATE,
+    read_packets,
+)
+
+RULES = (
+    "bundle_cpu",
+    "event_pid",
+    "bundle_order",
+    "process_cmdline",
+    "slice_nesting",
+    "track_uuids",
+    "interned_data",
+    "atrace_print",
+    "event_counts",
+)
+# atrace forms: B|pid|name, E|pid (or E), C|pid|name|value, S|pid|name|cookie, F|..., I|...
+_ATRACE = re.compile(
+    r"^(B\|\d+\|.+|E(\|\d+(\|.*)?)?|C\|\d+\|[^|]+\|-?\d+(\.\d+)?(\|.*)?|[SF]\|\d+\|[^|]+\|-?\d+(\|.*)?"
+    r"|I\|\d+\|.+|N\|\d+\|[^|]+\|.+|[GHT]\|\d+\|.+)\n?$"
+)
+_ATRACE_ATTEMPT = re.compile(r"^[BECSFINGHT]\|")
+_MAX_PROBLEMS_PER_RULE = 20
+
+
+@dataclass
+class Problem:
+    """One broken rule: which rule, where (packet index), what is wrong."""
+
+    rule: str
+    packet: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: packet {self.packet}: {self.message}"
+
+
+@dataclass
+class Report:
+    """The validator's findings and what it counted."""
+
+    problems: list[Problem] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    packets: int = 0
+    suppressed: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        """True when no rule is broken."""
+        return not self.problems
+
+    def broken_rules(self) -> set[str]:
+        """The names of the rules that failed."""
+        return {p.rule for p in self.problems}
+
+    def add(self, rule: str, packet: int, message: str) -> None:
+        """Record a problem (at most a few per rule; the rest are only counted)."""
+        if sum(p.rule == rule for p in self.problems) >= _MAX_PROBLEMS_PER_RULE:
+            self.suppressed[rule] += 1
+        else:
+            self.problems.append(Problem(rule, packet, message))
+
+
+@dataclass
+class _Sequence:
+    """Incremental state of one packet sequence, as trace_processor keeps it."""
+
+    cleared: bool = False
+    interned: dict[tuple[str, int], bytes] = field(default_factory=dict)
+
+
+class Validator:
+    """Feeds packets through every rule; `finish` runs the end-of-trace checks."""
+
+    def __init__(self, expected_counts: Mapping[str, int] | None = None) -> None:
+        self.report = Report()
+        self._expected = expected_counts
+        self._sequences: dict[int, _Sequence] = {}
+        self._tracks: dict[int, bytes] = {}
+        self._used_tracks: dict[int, int] = {}
+        self._parents: dict[int, int] = {}
+        self._open: dict[int, list[int]] = {}
+        self._last_ts: dict[int, int] = {}
+
+    def packet(self, index: int, packet: Any) -> None:
+        """Check one packet."""
+        self.report.packets += 1
+        self._check_sequence(index, packet)
+        if packet.HasField("ftrace_events"):
+            self._check_bundle(index, packet)
+        if packet.HasField("process_tree"):
+            for process in packet.process_tree.processes:
+                if not any(process.cmdline):
+                    self.report.add(
+                        "process_cmdline", index, f"process {process.pid} has no cmdline"
+                    )
+        if packet.HasField("track_descriptor"):
+            self._check_descriptor(index, packet.track_descriptor)
+        if packet.HasField("track_event"):
+            self._check_track_event(index, packet)
+
+    def _check_sequence(self, index: int, packet: Any) -> None:
+        """Interned data: cleared state first, flags set when used, iids defined once."""
+        has_interned = packet.HasField("interned_data")
+        flags = packet.sequence_flags
+        if not packet.trusted_packet_sequence_id:
+            if has_interned or flags:
+                self.report.add(
+                    "interned_data", index, "interned data or sequence flags without a sequence id"
+                )
+            return
+        seq = self._sequences.setdefault(packet.trusted_packet_sequence_id, _Sequence())
+        if flags & SEQ_INCREMENTAL_STATE_CLEARED:
+            seq.cleared = True
+            seq.interned.clear()
+        if (has_interned or flags & SEQ_NEEDS_INCREMENTAL_STATE) and not seq.cleared:
+            self.report.add(
+                "interned_data",
+                index,
+                f"sequence {packet.trusted_packet_sequence_id} uses incremental state before "
+                "a packet with SEQ_INCREMENTAL_STATE_CLEARED",
+            )
+        if has_interned and not flags & SEQ_NEEDS_INCREMENTAL_STATE:
+            self.report.add(
+                "interned_data", index, "interned data without SEQ_NEEDS_INCREMENTAL_STATE"
+            )
+        for kind, item in _interned_items(packet):
+            key = (kind, item.iid)
+            value = item.SerializeToString()
+            if key in seq.interned and seq.interned[key] != value:
+                self.report.add("interned_data", index, f"{kind} iid {item.iid} redefined")
+            seq.interned[key] = value
+
+    def _check_bundle(self, index: int, packet: Any) -> None:
+        """Bundle has its CPU; events have ts and pid, in time order; count them."""
+        bundle = packet.ftrace_events
+        if not bundle.HasField("cpu"):
+            self.report.add("bundle_cpu", index, "ftrace bundle without its cpu")
+        seq = self._sequences.get(packet.trusted_packet_sequence_id)
+        symbolized = seq is not None and any(k == "kernel_symbols" for k, _ in seq.interned)
+        previous = -1
+        for n, event in enumerate(bundle.event):
+            name = _event_name(event)
+            self.report.counts[name] += 1
+            if not event.HasField("pid") or not event.HasField("timestamp"):
+                self.report.add("event_pid", index, f"event {n} ({name}) lacks pid or timestamp")
+            if event.timestamp < previous:
+                self.report.add("bundle_order", index, f"event {n} ({name}) goes back in time")
+            previous = event.timestamp
+            if name == "print" and not _atrace_well_formed(event.print.buf):
+                self.report.add(
+                    "atrace_print", index, f"malformed atrace print {event.print.buf!r}"
+                )
+            if symbolized and name in ("funcgraph_entry", "funcgraph_exit"):
+                func = getattr(event, name).func
+                if ("kernel_symbols", func) not in seq.interned:  # type: ignore[union-attr]
+                    self.report.add("interned_data", index, f"{name} func iid {func} undefined")
+
+    def _check_descriptor(self, index: int, track: Any) -> None:
+        """A uuid is non-zero and, if declared again, declared the same way."""
+        if not track.uuid:
+            self.report.add("track_uuids", index, "track descriptor with uuid 0")
+            return
+        body = track.SerializeToString()
+        if track.uuid in self._tracks and self._tracks[track.uuid] != body:
+            self.report.add(
+                "track_uuids", index, f"track uuid {track.uuid} declared twice, differently"
+            )
+        self._tracks[track.uuid] = body
+        if track.parent_uuid:
+            self._parents[track.uuid] = track.parent_uuid
+            self._used_tracks.setdefault(track.parent_uuid, index)
+
+    def _check_track_event(self, index: int, packet: Any) -> None:
+        """Slices begin and end in order per track; tracks are declared."""
+        event = packet.track_event
+        uuid = event.track_uuid
+        self._used_tracks.setdefault(uuid, index)
+        ts = packet.timestamp
+        if ts < self._last_ts.get(uuid, 0):
+            self.report.add("slice_nesting", index, f"track {uuid} goes back in time")
+        self._last_ts[uuid] = ts
+        stack = self._open.setdefault(uuid, [])
+        if event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            stack.append(index)
+        elif event.type == TrackEvent.TYPE_SLICE_END:
+            if not stack:
+                self.report.add("slice_nesting", index, f"slice end without begin on track {uuid}")
+            else:
+                stack.pop()
+
+    def finish(self) -> Report:
+        """End-of-trace checks: open slices, undeclared tracks, event counts."""
+        for uuid, stack in self._open.items():
+            for begin in stack:
+                self.report.add("slice_nesting", begin, f"slice on track {uuid} never ends")
+        for uuid, first_use in self._used_tracks.items():
+            if uuid and uuid not in self._tracks:
+                self.report.add("track_uuids", first_use, f"track {uuid} used but never declared")
+        if self._expected is not None:
+            self._check_counts()
+        return self.report
+
+    def _check_counts(self) -> None:
+        """Events per type equal the source's."""
+        assert self._expected is not None
+        for name in sorted(set(self._expected) | set(self.report.counts)):
+            want, got = self._expected.get(name, 0), self.report.counts.get(name, 0)
+            if want != got:
+                self.report.add("event_counts", -1, f"{name}: {got} in the file, {want} in source")
+
+
+def _atrace_well_formed(buf: str) -> bool:
+    """False only for a print that starts like an atrace record but does not parse as one."""
+    return not _ATRACE_ATTEMPT.match(buf) or bool(_ATRACE.match(buf))
+
+
+def _event_name(event: Any) -> str:
+    """The event type of an FtraceEvent: its dedicated message or its generic name."""
+    kind = event.WhichOneof("event")
+    if kind == "generic":
+        return event.generic.event_name
+    if kind == "kprobe_event":
+        return event.kprobe_event.name
+    return kind or "<no event>"
+
+
+def _interned_items(packet: Any) -> list[tuple[str, Any]]:
+    """Every (kind, item-with-iid) in a packet's interned data."""
+    if not packet.HasField("interned_data"):
+        return []
+    items = []
+    for descriptor, values in packet.interned_data.ListFields():
+        items.extend((descriptor.name, item) for item in values)
+    return items
+
+
+def validate_file(
+    path: str | os.PathLike[str], expected_counts: Mapping[str, int] | None = None
+) -> Report:
+    """Validate a .pftrace file; EXPECTED_COUNTS are the source's events per type."""
+    validator = Validator(expected_counts)
+    for index, raw in enumerate(read_packets(path)):
+        validator.packet(index, TracePacket.FromString(raw))
+    return validator.finish()
