@@ -23,9 +23,10 @@ class TracekitGroup(click.Group):
         except TracekitError as err:
             click.echo(f"tracekit: error: {err}", err=True)
             sys.exit(err.exit_code)
-        except KeyboardInterrupt:
-            click.echo("tracekit: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as err:
+            # Ctrl-C, or SIGTERM/SIGHUP turned into an interrupt by the host side.
+            click.echo(f"tracekit: interrupted {err}".rstrip(), err=True)
+            sys.exit(getattr(err, "exit_code", 130))
 
 
 @click.group(cls=TracekitGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,9 +41,12 @@ def main() -> None:
 
 def _register() -> None:
     """Attach the command groups that exist; each module owns its commands."""
-    from tracekit.cli import vhost
+    from tracekit.cli import collect, ingest, perfetto, vhost
 
     main.add_command(vhost.vhost)
+    main.add_command(collect.collect)
+    ingest.register(main)
+    main.add_command(perfetto.perfetto)
 
 
 _register()

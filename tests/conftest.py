@@ -1,0 +1,132 @@
+"""Shared fixtures, chiefly the emulated arm64 host: one boot per configuration.
+
+Booting takes ~20 s under TCG, so checks are batched. A test module registers its
+shell checks at import time with `register_vhost_check(config, name, script)`; the first
+test that asks `vhost_boot(config)` boots that configuration once, runs every check
+registered for it (each in its own directory under /out/checks/NAME, output and status
+saved), and every later test reads the same results.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tracekit.vhost.runner import VhostConfig, VhostResult
+
+# The configurations the tests boot; others add entries here, not new boot code.
+VHOST_CONFIGS: dict[str, VhostConfig] = {
+    # The brief's main case: four A76s in two clusters, CPU 3 isolated for cyclictest.
+    "nvhe-a76": VhostConfig(
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=4,
+        clusters=2,
+        append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
+        timeout_s=900,
+    ),
+    "vhe-max": VhostConfig(kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900),
+    "protected-a76": VhostConfig(
+        kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900
+    ),
+    "rt-a76": VhostConfig(kernel="bookworm:rt", cpu_model="cortex-a76", smp=2, timeout_s=900),
+}
+
+_CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}
+
+
+def register_vhost_check(config: str, name: str, script: str) -> None:
+    """Add a shell check to `config`'s single boot (call at module import time)."""
+    if config not in _CHECKS:
+        raise KeyError(f"unknown vhost test config {config!r}; add it to VHOST_CONFIGS")
+    _CHECKS[config][name] = script
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One batched check's outcome inside the emulated host."""
+
+    status: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class VhostBoot:
+    """One finished boot: the run's result, every check's outcome, the streamed lines."""
+
+    result: VhostResult
+    checks: dict[str, CheckResult]
+    streamed: list[str]
+
+
+def _batch_script(checks: dict[str, str]) -> str:
+    """A shell script that runs each check in turn and exits with the number that failed."""
+    lines = ["failed=0"]
+    for name in checks:
+        here = f"/out/checks/{name}"
+        lines += [
+            f"cd {here} && sh ./check.sh > stdout 2> stderr < /dev/null",
+            "status=$?",
+            f"echo $status > {here}/status",
+            f'echo "check {name}: status $status"',
+            '[ "$status" -eq 0 ] || failed=$((failed + 1))',
+        ]
+    lines.append("exit $failed")
+    return "\n".join(lines) + "\n"
+
+
+def _read_check(directory: Path) -> CheckResult:
+    """A check's saved status and output (status -1 if it never finished)."""
+    status_file = directory / "status"
+    status = int(status_file.read_text()) if status_file.is_file() else -1
+    return CheckResult(
+        status,
+        (directory / "stdout").read_text(errors="replace"),
+        (directory / "stderr").read_text(errors="replace"),
+    )
+
+
+@pytest.fixture(scope="session")
+def vhost_available() -> None:
+    """Skip (with the reason) where the emulated host cannot run at all."""
+    if shutil.which("qemu-system-aarch64") is None:
+        pytest.skip("qemu-system-aarch64 missing: apt-get install qemu-system-arm")
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        pytest.skip("apt-get/dpkg-deb missing: the vhost image is built from Debian packages")
+
+
+@pytest.fixture(scope="session")
+def vhost_boot(
+    vhost_available: None, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], VhostBoot]:
+    """`vhost_boot(config)`: that configuration's one boot with all its checks (cached)."""
+    from tracekit.vhost.runner import run
+
+    boots: dict[str, VhostBoot] = {}
+
+    def boot(config_name: str) -> VhostBoot:
+        """Boot `config_name` the first time it is asked for; reuse the result after."""
+        if config_name not in boots:
+            out = tmp_path_factory.mktemp(f"vhost-{config_name}")
+            for name, script in _CHECKS[config_name].items():
+                (out / "checks" / name).mkdir(parents=True)
+                (out / "checks" / name / "check.sh").write_text(script + "\n")
+            (out / "checks.sh").write_text(_batch_script(_CHECKS[config_name]))
+            config = VHOST_CONFIGS[config_name]
+            streamed: list[str] = []
+            result = run(
+                VhostConfig(**{**config.__dict__, "out": out}),
+                ["sh", "/out/checks.sh"],
+                on_output=streamed.append,
+                progress=lambda message: None,
+            )
+            checks = {name: _read_check(out / "checks" / name) for name in _CHECKS[config_name]}
+            boots[config_name] = VhostBoot(result, checks, streamed)
+        return boots[config_name]
+
+    return boot

@@ -1,0 +1,124 @@
+"""Kernel choices for the emulated host: `SUITE[:FLAVOUR]` -> Debian package names.
+
+Adding a suite or flavour is a data change here, not code elsewhere: the builder only
+asks a KernelSpec which packages to fetch and which downloaded packages hold the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracekit.errors import TracekitError
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """One Debian kernel flavour: its metapackage and whether KVM is built in."""
+
+    metapackage: str
+    has_kvm: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One Debian suite that ships arm64 kernels the emulated host can boot."""
+
+    name: str
+    kernel_series: str
+    flavours: dict[str, Flavour]
+
+
+# "" is the default flavour (the generic arm64 kernel).
+SUITES: dict[str, Suite] = {
+    "bookworm": Suite(
+        name="bookworm",
+        kernel_series="6.1",
+        flavours={
+            "": Flavour("linux-image-arm64", has_kvm=True),
+            "rt": Flavour(
+                "linux-image-rt-arm64",
+                has_kvm=False,
+                note="Debian builds the PREEMPT_RT flavour without KVM",
+            ),
+        },
+    ),
+}
+
+# Downloaded packages whose names start with these hold the kernel image and modules
+# (sid splits the kernel into linux-binary-* and linux-modules-*); they are unpacked
+# apart from the rootfs, which only receives the few modules the host needs.
+KERNEL_PACKAGE_PREFIXES = ("linux-image-", "linux-binary-", "linux-modules-")
+
+# The userland every emulated host carries (the kernel metapackage is added per spec).
+USERLAND_PACKAGES = (
+    "busybox-static",
+    "libc-bin",
+    "python3",
+    "python3-click",
+    "python3-pyelftools",
+    "stress-ng",
+    "rt-tests",
+    "trace-cmd",
+    "linux-perf",
+    "kmod",
+)
+
+# Modules loaded at boot, roots of the dependency closure: virtio-pci transport and 9p.
+BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A parsed `--kernel` value: a Debian suite and an optional flavour."""
+
+    suite: str
+    flavour: str = ""
+
+    @property
+    def name(self) -> str:
+        """The spec as the user writes it, e.g. `bookworm` or `bookworm:rt`."""
+        return f"{self.suite}:{self.flavour}" if self.flavour else self.suite
+
+    @property
+    def info(self) -> Flavour:
+        """The flavour's package data."""
+        return SUITES[self.suite].flavours[self.flavour]
+
+    @property
+    def has_kvm(self) -> bool:
+        """Whether this kernel can run guests at all."""
+        return self.info.has_kvm
+
+    def packages(self) -> list[str]:
+        """Every package to fetch by name for this kernel's image."""
+        return [self.info.metapackage, *USERLAND_PACKAGES]
+
+
+def known_specs() -> list[str]:
+    """Every `--kernel` value that can be had, for messages and help."""
+    return [
+        KernelSpec(suite, flavour).name
+        for suite, info in SUITES.items()
+        for flavour in info.flavours
+    ]
+
+
+def parse_kernel_spec(text: str) -> KernelSpec:
+    """Parse `SUITE[:FLAVOUR]`; unknown values name the ones that exist."""
+    suite, _, flavour = text.strip().partition(":")
+    choices = ", ".join(known_specs())
+    if suite not in SUITES:
+        raise TracekitError(
+            f"unknown kernel suite {suite!r} in --kernel {text!r}; use one of: {choices}"
+        )
+    if flavour not in SUITES[suite].flavours:
+        raise TracekitError(
+            f"unknown kernel flavour {flavour!r} for suite {suite!r}; use one of: {choices}"
+        )
+    return KernelSpec(suite, flavour)
+
+
+def is_kernel_package(deb_filename: str) -> bool:
+    """Whether a downloaded .deb holds the kernel (image or modules), not userland."""
+    return deb_filename.startswith(KERNEL_PACKAGE_PREFIXES)

@@ -1,0 +1,32 @@
+"""Which KVM mode the emulated host's kernel actually initialised, from its log.
+
+The mode asked for on the command line is only a wish: a CPU model without VHE stays in
+nVHE, a kernel without KVM has none, so reports use what the kernel says it did.
+"""
+
+from __future__ import annotations
+
+import re
+
+KVM_MODES = ("nvhe", "vhe", "protected")
+
+# arch/arm64/kvm/arm.c prints exactly one of these once KVM is up (kvm_info lines).
+_MODE_LINES = (
+    (re.compile(r"kvm \[\d+\]: Protected nVHE mode initialized successfully"), "protected"),
+    (re.compile(r"kvm \[\d+\]: VHE mode initialized successfully"), "vhe"),
+    (re.compile(r"kvm \[\d+\]: (?:Hyp|nVHE) mode initialized successfully"), "nvhe"),
+    (re.compile(r"kvm \[\d+\]: Hyp nVHE mode initialized successfully"), "nvhe"),
+)
+
+
+def kvm_mode_from_log(kernel_log: str) -> str:
+    """`nvhe`, `vhe` or `protected` as the kernel reports it, else `none`."""
+    for pattern, mode in _MODE_LINES:
+        if pattern.search(kernel_log):
+            return mode
+    return "none"
+
+
+def kernel_args_for(mode: str) -> list[str]:
+    """The kernel arguments that ask for a KVM mode (VHE is the default where it exists)."""
+    return [] if mode == "vhe" else [f"kvm-arm.mode={mode}"]

@@ -1,0 +1,99 @@
+"""The QEMU command line of the emulated arm64 host (pure: no process is started here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+QEMU = "qemu-system-aarch64"
+
+# QEMU 7.2 models with EL2. `max` has VHE; the cortex models do not, and they trap the
+# guest's writes to VM registers as the real cores do.
+CPU_MODELS = ("cortex-a76", "cortex-a72", "cortex-a53", "max")
+
+# The kernel console stays quiet so the command's output is readable; the full log is
+# read from dmesg inside and saved next to the console log.
+BASE_KERNEL_ARGS = ("console=ttyAMA0", "panic=-1", "quiet", "loglevel=3")
+
+
+@dataclass(frozen=True)
+class Share:
+    """One host directory exported to the emulated host over virtio-9p."""
+
+    tag: str
+    path: Path
+    readonly: bool = False
+
+
+def cpu_option(model: str) -> str:
+    """The -cpu value; `max` with the implementation-defined PAuth is much faster in TCG."""
+    if model not in CPU_MODELS:
+        raise TracekitError(f"unknown CPU model {model!r}; use one of: {', '.join(CPU_MODELS)}")
+    return "max,pauth-impdef=on" if model == "max" else model
+
+
+def smp_option(cpus: int, clusters: int) -> str:
+    """The -smp value, with the CPUs split evenly into `clusters` clusters."""
+    if cpus < 1 or clusters < 1:
+        raise TracekitError("--smp and --clusters must be at least 1")
+    if cpus % clusters:
+        raise TracekitError(
+            f"--smp {cpus} cannot be split into {clusters} equal clusters; pick --smp as a "
+            "multiple of --clusters"
+        )
+    if clusters == 1:
+        return str(cpus)
+    return f"{cpus},sockets=1,clusters={clusters},cores={cpus // clusters},threads=1"
+
+
+def virtfs_option(share: Share) -> list[str]:
+    """The -virtfs arguments for one share (security_model=none: files stay the user's)."""
+    value = f"local,path={share.path},mount_tag={share.tag},security_model=none"
+    if share.readonly:
+        value += ",readonly=on"
+    return ["-virtfs", value]
+
+
+def qemu_argv(
+    kernel: Path,
+    initramfs: Path,
+    *,
+    cpu_model: str,
+    cpus: int,
+    clusters: int,
+    memory_mb: int,
+    kernel_args: list[str],
+    shares: list[Share],
+) -> list[str]:
+    """The full qemu-system-aarch64 command: virt with EL2, GICv3, TCG, serial on stdio."""
+    argv = [
+        QEMU,
+        "-M",
+        "virt,virtualization=on,gic-version=3",
+        "-cpu",
+        cpu_option(cpu_model),
+        "-accel",
+        "tcg,thread=multi",
+        "-smp",
+        smp_option(cpus, clusters),
+        "-m",
+        str(memory_mb),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initramfs),
+        "-append",
+        " ".join([*BASE_KERNEL_ARGS, *kernel_args]),
+    ]
+    for share in shares:
+        argv += virtfs_option(share)
+    return argv

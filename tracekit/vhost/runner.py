@@ -1,0 +1,273 @@
+"""`run(VhostConfig, command) -> VhostResult`: one boot of the emulated host, one command.
+
+The host side talks to /init through a private control share (the command script, a
+fresh token, and back: the exit status, facts and the boot log), so the exit status
+never depends on parsing the console.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import tracekit
+from tracekit.errors import TracekitError
+from tracekit.vhost.cache import vhost_cache
+from tracekit.vhost.console import ConsoleStream
+from tracekit.vhost.image import VhostImage, require_image
+from tracekit.vhost.kernels import KernelSpec, parse_kernel_spec
+from tracekit.vhost.kvmmode import KVM_MODES, kernel_args_for, kvm_mode_from_log
+from tracekit.vhost.process import Terminated, Timeout, run_pumping
+from tracekit.vhost.qemu import QEMU, Share, cpu_option, qemu_argv, smp_option
+
+EMULATED_NOTE = (
+    "emulated arm64 host (QEMU TCG): its timings are not hardware timings and "
+    "say nothing about real cores"
+)
+CONSOLE_LOG = "vhost-console.log"
+BOOT_DMESG = "vhost-boot-dmesg.txt"
+RUN_RECORD = "vhost-run.json"
+
+
+@dataclass(frozen=True)
+class VhostConfig:
+    """How to boot the emulated host; defaults are the brief's main case (nVHE, A76)."""
+
+    kvm_mode: str = "nvhe"
+    kernel: str = "bookworm"
+    cpu_model: str = "cortex-a76"
+    smp: int = 4
+    clusters: int = 1
+    memory_mb: int = 2048
+    append: str = ""
+    timeout_s: float = 600.0
+    share: Path | None = None
+    out: Path | None = None
+
+
+@dataclass
+class VhostResult:
+    """What one run did: the command's status, and what the kernel really was."""
+
+    exit_status: int
+    kvm_mode: str
+    kvm_mode_requested: str
+    kernel: str
+    kernel_release: str
+    dev_kvm: bool
+    out_dir: Path
+    console_log: Path
+    boot_dmesg: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def project_tree() -> Path:
+    """The directory holding the `tracekit` package (the checkout, when editable)."""
+    return Path(tracekit.__file__).resolve().parent.parent
+
+
+def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
+    """Check the config before anything is built or booted; return the kernel spec."""
+    if not command:
+        raise TracekitError(
+            "no command given: put it after `--`, e.g. `tracekit vhost run -- uname -a`"
+        )
+    if config.kvm_mode not in KVM_MODES:
+        raise TracekitError(
+            f"unknown KVM mode {config.kvm_mode!r}; use one of: {', '.join(KVM_MODES)}"
+        )
+    if config.memory_mb < 512:
+        raise TracekitError("--memory must be at least 512 MB: the initramfs alone needs ~400 MB")
+    if config.timeout_s <= 0:
+        raise TracekitError("--timeout must be a positive number of seconds")
+    if config.share is not None and not config.share.is_dir():
+        raise TracekitError(f"--share {config.share}: not a directory")
+    spec = parse_kernel_spec(config.kernel)
+    cpu_option(config.cpu_model)
+    smp_option(config.smp, config.clusters)
+    if shutil.which(QEMU) is None:
+        raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
+    return spec
+
+
+def _write_control(ctl: Path, spec: KernelSpec, command: list[str]) -> str:
+    """Put the command script and a fresh marker token on the control share.
+
+    The script exports what the kernel is and, without KVM, why, so tools inside (the
+    collector's preflight, the VMM's wrapper) can explain a missing /dev/kvm.
+    """
+    token = secrets.token_hex(8)
+    (ctl / "token").write_text(token + "\n")
+    exports = {"TRACEKIT_VHOST_KERNEL": spec.name}
+    if not spec.has_kvm:
+        exports["TRACEKIT_VHOST_NO_KVM"] = f"{spec.info.note}; guests cannot run on {spec.name}"
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in exports.items()]
+    (ctl / "command.sh").write_text("\n".join([*lines, f"exec {shlex.join(command)}"]) + "\n")
+    return token
+
+
+def _shares(ctl: Path, out: Path, share: Path | None) -> list[Share]:
+    """Control (rw), project tree (ro), output (rw) and the optional user share."""
+    # Python's bytecode, kept across boots: the rootfs ships no .pyc (Debian compiles
+    # them in postinst, which is not run) and compiling under TCG costs ~20 s a start.
+    pycache = vhost_cache() / "pycache"
+    pycache.mkdir(parents=True, exist_ok=True)
+    shares = [
+        Share("tkctl", ctl),
+        Share("tkproject", project_tree(), readonly=True),
+        Share("tkout", out),
+        Share("tkpyc", pycache),
+    ]
+    if share is not None:
+        shares.append(Share("tkshare", share.resolve()))
+    return shares
+
+
+def _kernel_args(config: VhostConfig, spec: KernelSpec) -> list[str]:
+    """The KVM mode (where the kernel has KVM), the share flag, then the user's args."""
+    args = kernel_args_for(config.kvm_mode) if spec.has_kvm else []
+    if config.share is not None:
+        args.append("tracekit.share=1")
+    return [*args, *shlex.split(config.append)]
+
+
+def _read_facts(ctl: Path) -> dict[str, str]:
+    """The key=value facts /init wrote about the booted kernel."""
+    facts_file = ctl / "facts"
+    if not facts_file.is_file():
+        return {}
+    return dict(line.split("=", 1) for line in facts_file.read_text().splitlines() if "=" in line)
+
+
+def _notes(config: VhostConfig, spec: KernelSpec, mode: str, dev_kvm: bool) -> list[str]:
+    """Plain statements about this run that every report must carry."""
+    notes = [EMULATED_NOTE]
+    if not spec.has_kvm:
+        notes.append(
+            f"kernel {spec.name}: {spec.info.note}; guests cannot run there (/dev/kvm is absent)"
+        )
+    elif mode != config.kvm_mode:
+        notes.append(
+            f"KVM initialised in {mode} mode, not the {config.kvm_mode} asked for "
+            f"(CPU model {config.cpu_model})"
+        )
+    if spec.has_kvm and not dev_kvm:
+        notes.append("/dev/kvm is absent: anything that runs a guest will fail")
+    return notes
+
+
+def run(
+    config: VhostConfig,
+    command: list[str],
+    *,
+    on_output: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> VhostResult:
+    """Boot the emulated host, run `command` as root inside, and report what happened."""
+    emit = on_output or (lambda line: print(line, flush=True))
+    say = progress or (lambda message: print(f"vhost: {message}", file=sys.stderr, flush=True))
+    spec = _validate(config, command)
+    image = require_image(spec, say)
+    out = (config.out or Path(tempfile.mkdtemp(prefix="tracekit-vhost-out-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tracekit-vhost-ctl-") as ctl_name:
+        ctl = Path(ctl_name)
+        status = _boot(config, spec, image, command, ctl, out, emit, say)
+        facts = _read_facts(ctl)
+        boot_log = (
+            (ctl / "boot-dmesg.txt").read_text(errors="replace")
+            if (ctl / "boot-dmesg.txt").is_file()
+            else ""
+        )
+    (out / BOOT_DMESG).write_text(boot_log)
+    mode = kvm_mode_from_log(boot_log)
+    dev_kvm = facts.get("dev_kvm") == "yes"
+    result = VhostResult(
+        exit_status=status,
+        kvm_mode=mode,
+        kvm_mode_requested=config.kvm_mode,
+        kernel=spec.name,
+        kernel_release=facts.get("kernel_release", image.kernel_release),
+        dev_kvm=dev_kvm,
+        out_dir=out,
+        console_log=out / CONSOLE_LOG,
+        boot_dmesg=out / BOOT_DMESG,
+        notes=_notes(config, spec, mode, dev_kvm),
+    )
+    _record(result, config, command)
+    return result
+
+
+def _boot(
+    config: VhostConfig,
+    spec: KernelSpec,
+    image: VhostImage,
+    command: list[str],
+    ctl: Path,
+    out: Path,
+    emit: Callable[[str], None],
+    say: Callable[[str], None],
+) -> int:
+    """Run QEMU to completion; return the command's status or raise a clear error."""
+    token = _write_control(ctl, spec, command)
+    argv = qemu_argv(
+        image.kernel,
+        image.initramfs,
+        cpu_model=config.cpu_model,
+        cpus=config.smp,
+        clusters=config.clusters,
+        memory_mb=config.memory_mb,
+        kernel_args=_kernel_args(config, spec),
+        shares=_shares(ctl, out, config.share),
+    )
+    kvm = (
+        f"KVM mode {config.kvm_mode} asked"
+        if spec.has_kvm
+        else (f"NO KVM: {spec.info.note}, guests cannot run there")
+    )
+    say(
+        f"booting {spec.name} ({image.kernel_release}), {config.cpu_model} x{config.smp}, "
+        f"{kvm}; output in {out}"
+    )
+    with (out / CONSOLE_LOG).open("wb") as log:
+        console = ConsoleStream(token, emit, log)
+        try:
+            qemu_status = run_pumping(argv, console.feed, config.timeout_s)
+        except Timeout:
+            raise TracekitError(
+                f"the emulated host did not finish within {config.timeout_s:g} s and was "
+                f"stopped (QEMU killed); raise --timeout, or see {out / CONSOLE_LOG}",
+                exit_code=124,
+            ) from None
+        except Terminated:
+            raise TracekitError("terminated by SIGTERM; QEMU was stopped", 143) from None
+        finally:
+            console.finish()
+    status_file = ctl / "status"
+    if status_file.is_file():
+        return int(status_file.read_text().strip())
+    if console.status is not None:
+        return console.status
+    last = next((line for line in reversed(console.tail) if line.strip()), "no output")
+    raise TracekitError(
+        f"the emulated host stopped (QEMU exit {qemu_status}) before the command finished; "
+        f"last console line: {last.strip()!r}; full log: {out / CONSOLE_LOG}"
+    )
+
+
+def _record(result: VhostResult, config: VhostConfig, command: list[str]) -> None:
+    """Save the run's facts next to its output, for collectors and reports."""
+    record = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "command": command,
+        "emulated": True,
+        **{k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
+    }
+    (result.out_dir / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
