@@ -1,0 +1,170 @@
+"""`tracekit collect`: option checks here, the whole collection in the emulated host.
+
+The emulated-host checks join the nVHE cortex-a76 boot (4 CPUs, CPU 3 isolated) that
+the other end-to-end tests share: one complete collection with a CPU hotplug after the
+guest, and one interrupted by SIGINT in the middle of a traced run. tracefs settings are
+snapshotted before and after each, inside the host.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import VhostBoot, register_vhost_check
+
+from tracekit.bundle import read_manifest, verify_files
+from tracekit.cli import main
+
+NVHE = "nvhe-a76"
+ROLES = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
+REPRODUCER_BUILD = Path(__file__).resolve().parent.parent / "reproducer" / "build"
+
+SNAPSHOT = (
+    "python3 -c 'import json, pathlib; from tracekit.host.tracefs import snapshot; "
+    'print(json.dumps(snapshot(pathlib.Path("/sys/kernel/tracing")), sort_keys=True))\''
+)
+COLLECT = (
+    "python3 -m tracekit collect --rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1 "
+    "--traced-runs 1 --duration 3"
+)
+
+register_vhost_check(
+    NVHE,
+    "collect_main",
+    f"{SNAPSHOT} > before.json; cat /sys/devices/system/cpu/online > online-before; "
+    f"{COLLECT} --runs 2 --after-guest hotplug --perf-counters -o bundle; status=$?; "
+    f"{SNAPSHOT} > after.json; cat /sys/devices/system/cpu/online > online-after; "
+    "exit $status",
+)
+# SIGINT once the first traced run is under way (its progress line is printed first).
+register_vhost_check(
+    NVHE,
+    "collect_sigint",
+    f"{SNAPSHOT} > before.json; "
+    f"{COLLECT} --runs 1 -o bundle > progress.txt 2>&1 & pid=$!; "
+    "i=0; until grep -q before-traced-0 progress.txt || [ $i -ge 600 ]; do "
+    "sleep 0.5; i=$((i+1)); done; sleep 2; kill -INT $pid; wait $pid; "
+    "echo status=$? > collect-status; "
+    f"{SNAPSHOT} > after.json; ls /sys/kernel/tracing/instances > instances-after; "
+    "grep -c tracekit /sys/kernel/tracing/kprobe_events > kprobes-after; exit 0",
+)
+
+
+def _check_dir(boot: VhostBoot, name: str) -> Path:
+    """The host-side directory of one batched check, which must have finished."""
+    if not (REPRODUCER_BUILD / "vmm").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    check = boot.checks[name]
+    assert check.status >= 0, f"{name} never finished:\n{check.stdout}\n{check.stderr}"
+    return boot.result.out_dir / "checks" / name
+
+
+@pytest.mark.vhost
+def test_collect_makes_a_complete_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot(NVHE)
+    here = _check_dir(boot, "collect_main")
+    check = boot.checks["collect_main"]
+    assert check.status == 0, check.stdout + check.stderr
+    manifest = read_manifest(here / "bundle")
+    assert manifest.complete
+    assert verify_files(here / "bundle", manifest) == []
+    assert manifest.host["emulated"] is True
+    kinds = [(r.phase, r.kind) for r in manifest.runs]
+    assert kinds.count(("before", "quiet")) == 2 and kinds.count(("after", "quiet")) == 2
+    assert ("guest", "guest") in kinds and ("guest", "after-guest") in kinds
+    assert all(r.status == "ok" and r.start_ns and r.end_ns for r in manifest.runs)
+    # The host is left as it was: tracefs settings, instances, kprobes, CPUs online.
+    assert json.loads((here / "before.json").read_text()) == json.loads(
+        (here / "after.json").read_text()
+    )
+    assert (here / "online-before").read_text() == (here / "online-after").read_text()
+    assert "offline" in (here / "bundle/runs/after-guest-hotplug/hotplug.txt").read_text()
+
+
+@pytest.mark.vhost
+def test_collect_records_what_the_analyses_need(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    import tracekit
+
+    boot = vhost_boot(NVHE)
+    runs = _check_dir(boot, "collect_main") / "bundle" / "runs"
+    for phase in ("before", "after"):
+        trace = tracekit.open(runs / f"{phase}-traced-0" / "trace")
+        names = set(trace.events["event"].cast(pl.String).unique())
+        for needed in ("sched_switch", "sched_waking", "irq_handler_entry"):
+            assert needed in names, f"{phase}: no {needed}"
+        assert {"hrtimer_expire_entry", "sys_enter_mprotect", "print"} <= names
+        assert (runs / f"{phase}-quiet-0" / "cyclictest.json").stat().st_size > 0
+        assert "tlb-shootdown" in (runs / f"{phase}-quiet-0" / "stress-ng.yaml").read_text()
+        perf = (runs / f"{phase}-quiet-0" / "perf-stat.csv").read_text()
+        assert ",cycles," in perf and ",instructions," in perf
+        probe = json.loads((runs / f"{phase}-probe-page-cpu3" / "probe.json").read_text())
+        assert probe["count"] > 0 and probe["cpu"] == 3
+    guest = tracekit.open(runs / "guest" / "trace")
+    names = set(guest.events["event"].cast(pl.String).unique())
+    assert {"kvm_entry", "kvm_exit", "kvm_arm_vmid_update", "kvm_free_stage2_pgd"} <= names
+    markers = guest.event("print")["buf"].to_list()
+    lifecycle = [m for m in markers if m.startswith("tracekit-vmm:")]
+    assert any("event=create" in m for m in lifecycle)
+    assert any("event=teardown-end" in m for m in lifecycle)
+    assert "record=vm" in (runs / "guest" / "vmm.txt").read_text()
+
+
+@pytest.mark.vhost
+def test_sigint_restores_tracefs_and_marks_incomplete(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot(NVHE)
+    here = _check_dir(boot, "collect_sigint")
+    assert (here / "collect-status").read_text().strip() == "status=130"
+    assert json.loads((here / "before.json").read_text()) == json.loads(
+        (here / "after.json").read_text()
+    )
+    assert "tracekit" not in (here / "instances-after").read_text()
+    assert (here / "kprobes-after").read_text().strip() == "0"
+    manifest = read_manifest(here / "bundle")
+    assert not manifest.complete
+    assert "interrupted" in manifest.incomplete_reason
+    assert manifest.runs[-1].status == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rt-cpu", "1", "--stress-cpus", "0-1", "--guest-cpu", "0"], "also a stress CPU"),
+        (["--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "1"], "also a guest CPU"),
+        (["--rt-cpu", "0-1", "--stress-cpus", "0", "--guest-cpu", "0"], "exactly one CPU"),
+        (["--rt-cpu", "99", "--stress-cpus", "0", "--guest-cpu", "0"], "not online"),
+        (["--rt-cpu", "x", "--stress-cpus", "0", "--guest-cpu", "0"], "bad CPU list"),
+    ],
+)
+def test_bad_options_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["collect", *args, "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_unknown_guest_is_rejected(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [*ROLES, "--guest", str(tmp_path / "nope.elf"), "-o", str(tmp_path / "b")],
+    )
+    assert result.exit_code == 2
+    assert "nope.elf not found" in result.output
+
+
+def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
+    if not (REPRODUCER_BUILD / "guests" / "mmu-on.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    result = CliRunner().invoke(
+        main,
+        [*ROLES, "--runs", "1", "--traced-runs", "0", "--dry-run", "-o", str(tmp_path / "b")],
+    )
+    assert result.exit_code == 0, result.output
+    assert "variant mmu-on" in result.output
+    assert "before-quiet-0" in result.output and "guest" in result.output
+    assert not (tmp_path / "b").exists()
