@@ -1,0 +1,141 @@
+"""Symbols from Debian's real debug vmlinux: hypercalls, offsets, KASLR-shifted names.
+
+The vmlinux is streamed out of linux-image-<release>-dbg (~800 MB download, once) into
+the cache by tracekit.symbols.fetch; <release> is the kernel the fixtures were taken
+from (tests/fixtures/symbols/uname), the one `tracekit vhost` boots.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit.cli import main
+from tracekit.symbols import cache, hypcalls, probeargs
+from tracekit.symbols.fetch import fetch_debug_vmlinux
+from tracekit.symbols.kallsyms import read_kallsyms
+from tracekit.symbols.offsets import offsetof
+from tracekit.symbols.resolve import load_table
+from tracekit.symbols.vmlinux import NVHE_PREFIX, open_vmlinux
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "symbols"
+KALLSYMS = FIXTURES / "kallsyms.cut"
+NAME_ADDRESS = re.compile(r"([\w.]+) <([0-9a-f]{16})>")
+
+# Linux v6.1, arch/arm64/include/asm/kvm_asm.h: __kvm_hyp_init is #define'd 0, then
+# enum __kvm_host_smccc_func in source order (Debian's 6.1.176 stable keeps it).
+KVM_ASM_H_V6_1 = [
+    "__kvm_hyp_init",
+    "__kvm_get_mdcr_el2",
+    "__pkvm_init",
+    "__pkvm_create_private_mapping",
+    "__pkvm_cpu_set_vector",
+    "__kvm_enable_ssbs",
+    "__vgic_v3_init_lrs",
+    "__vgic_v3_get_gic_config",
+    "__pkvm_prot_finalize",
+    "__pkvm_host_share_hyp",
+    "__pkvm_host_unshare_hyp",
+    "__kvm_adjust_pc",
+    "__kvm_vcpu_run",
+    "__kvm_flush_vm_context",
+    "__kvm_tlb_flush_vmid_ipa",
+    "__kvm_tlb_flush_vmid",
+    "__kvm_flush_cpu_context",
+    "__kvm_timer_set_cntvoff",
+    "__vgic_v3_read_vmcr",
+    "__vgic_v3_write_vmcr",
+    "__vgic_v3_save_aprs",
+    "__vgic_v3_restore_aprs",
+    "__pkvm_vcpu_init_traps",
+]
+
+
+@pytest.fixture(scope="module")
+def vmlinux() -> Path:
+    """The debug vmlinux of the fixtures' kernel, fetched into the cache when missing."""
+    release = (FIXTURES / "uname").read_text().strip()
+    return fetch_debug_vmlinux("bookworm", release, print)
+
+
+def test_hypcalls_match_kernel_source(vmlinux: Path) -> None:
+    """The DWARF enum gives exactly the v6.1 kvm_asm.h list, numbered from 0."""
+    with open_vmlinux(vmlinux) as opened:
+        table = hypcalls.from_vmlinux(opened)
+    assert [table.names[n] for n in sorted(table.names)] == KVM_ASM_H_V6_1
+    assert sorted(table.names) == list(range(len(KVM_ASM_H_V6_1)))
+    assert hypcalls.BUNDLED["6.1"] == tuple(KVM_ASM_H_V6_1)
+    assert cache.load(opened.build_id, "hypcalls") is not None
+
+
+def test_vmid_offsets(vmlinux: Path) -> None:
+    """The VMID is the first member of kvm_s2_mmu and kvm_vmid.id a 64-bit atomic."""
+    with open_vmlinux(vmlinux) as opened:
+        mmu_vmid = offsetof(opened, "kvm_s2_mmu.vmid")
+        vmid_id = offsetof(opened, "kvm_vmid.id")
+        nested = offsetof(opened, "kvm_s2_mmu.vmid.id")
+        in_kvm = offsetof(opened, "kvm.arch.mmu.vmid.id")
+        arch = offsetof(opened, "kvm.arch")
+        mmu = offsetof(opened, "kvm_arch.mmu")
+    assert (mmu_vmid.offset, vmid_id.offset, vmid_id.size) == (0, 0, 8)
+    assert nested.offset == mmu_vmid.offset + vmid_id.offset
+    assert in_kvm.offset == arch.offset + mmu.offset + nested.offset > 0
+
+
+def test_unknown_field_is_clear(vmlinux: Path) -> None:
+    """A misspelt field names the struct and the field."""
+    out = CliRunner().invoke(main, ["symbols", "offsetof", str(vmlinux), "kvm_vmid.idd"])
+    assert out.exit_code == 2
+    assert "struct kvm_vmid has no field 'idd'" in out.output
+
+
+def test_traced_addresses_resolve_like_kallsyms(vmlinux: Path) -> None:
+    """Under the KASLR shift, vmlinux names the traced PCs as the kernel's trace did.
+
+    PCs in modules (9p's, here) lie past the image: vmlinux must not name them, and the
+    kallsyms copy does, with the module.
+    """
+    table = load_table(vmlinux, kallsyms=KALLSYMS)
+    copy = read_kallsyms(KALLSYMS)
+    assert table.shift != 0  # the emulated host boots with KASLR
+    pairs = NAME_ADDRESS.findall((FIXTURES / "function-symaddr.txt").read_text())
+    assert len(pairs) > 40
+    in_modules = 0
+    for name, text in pairs:
+        address = int(text, 16)
+        found, from_copy = table.lookup(address), copy.lookup(address)
+        assert from_copy is not None and from_copy.symbol.name == name
+        if from_copy.symbol.module:
+            in_modules += 1
+            assert found is None, (name, str(found))
+        else:
+            assert found is not None and found.symbol.name == name
+
+
+def test_every_kallsyms_symbol_resolves_to_itself(vmlinux: Path) -> None:
+    """Each address of the kallsyms copy, nVHE ones included, gets kallsyms' own name."""
+    table = load_table(vmlinux, kallsyms=KALLSYMS)
+    runtime = read_kallsyms(KALLSYMS)
+    assert any(s.name.startswith(NVHE_PREFIX) for s in runtime.symbols)
+    for symbol in runtime.symbols:
+        if symbol.module:
+            continue
+        found = table.lookup(symbol.address)
+        assert found is not None and (found.symbol.name, found.offset) == (symbol.name, 0)
+
+
+def test_probe_args_cli(vmlinux: Path, tmp_path: Path) -> None:
+    """probe-args writes a file collect can read, with the VMID read through x0."""
+    output = tmp_path / "probe-args"
+    out = CliRunner().invoke(main, ["symbols", "probe-args", str(vmlinux), "-o", str(output)])
+    assert out.exit_code == 0, out.output
+    args = probeargs.read_probe_args(output)
+    assert args["kvm_arm_vmid_update"] == ["vmid=+0(%x0):u64"]
+    assert args["kvm_free_stage2_pgd"] == ["vmid=+0(%x0):u64"]
+    with open_vmlinux(vmlinux) as opened:
+        assert f"# build-id {opened.build_id}\n" in output.read_text()
