@@ -168,3 +168,13 @@ def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
     assert "variant mmu-on" in result.output
     assert "before-quiet-0" in result.output and "guest" in result.output
     assert not (tmp_path / "b").exists()
+
+
+def test_bad_probe_args_file_is_rejected_before_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "vmid.args"
+    bad.write_text("kvm_arm_vmid_update vmid=+0(%x0):u64\n")  # no format header
+    result = CliRunner().invoke(
+        main, [*ROLES, "--probe-args", str(bad), "--dry-run", "-o", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 2
+    assert "probe-args" in result.output and "Traceback" not in result.output

@@ -41,6 +41,11 @@ def _one_cpu(text: str, option: str) -> int:
 @click.option("--buffer-kb", default=16384, show_default=True, help="Ring buffer per CPU.")
 @click.option("--vmm", help="Path of the reproducer's vmm (default: reproducer/build).")
 @click.option("--probe", help="Path of the reproducer's tlbiprobe.")
+@click.option(
+    "--probe-args",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="kprobe fetch arguments from `tracekit symbols probe-args` (kernels without BTF).",
+)
 @click.option("--allow-dirty", is_flag=True, help="Collect even if a VM already ran.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
@@ -61,6 +66,7 @@ def collect(
     buffer_kb: int,
     vmm: str | None,
     probe: str | None,
+    probe_args: Path | None,
     allow_dirty: bool,
     dry_run: bool,
     output: Path,
@@ -89,6 +95,7 @@ def collect(
         dry_run=dry_run,
         vmm=vmm,
         probe=probe,
+        probe_args=probe_args,
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

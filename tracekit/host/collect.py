@@ -68,6 +68,7 @@ class CollectOptions:
     dry_run: bool = False
     vmm: str | None = None
     probe: str | None = None
+    probe_args: Path | None = None  # `tracekit symbols probe-args` output
 
 
 def online_cpus() -> list[int]:
@@ -103,6 +104,16 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles]:
     return SCENARIOS[options.scenario], roles
 
 
+def kprobe_fetch_args(probe_args: Path | None) -> dict[str, str]:
+    """Fetch arguments per probed function: stable defaults, then the --probe-args file."""
+    fetch = dict(KPROBE_ARGS)
+    if probe_args is not None:
+        from tracekit.symbols.probeargs import read_probe_args
+
+        fetch.update({f: " ".join(args) for f, args in read_probe_args(probe_args).items()})
+    return fetch
+
+
 def require_kvm() -> None:
     """/dev/kvm must exist: the experiment runs a guest."""
     if not Path("/dev/kvm").exists():
@@ -117,6 +128,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     scenario, roles = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
     plan = plan_runs(scenario, roles, options.runs, options.traced_runs, options.after_guest)
+    kprobe_fetch_args(options.probe_args)  # a bad file fails here, before any change
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
         echo(f"guest {guest_path} (variant {variant.variant})")
@@ -249,10 +261,11 @@ class Session:
         """Entry (and return) probes on the scenario's functions the kernel offers."""
         symbols = KernelSymbols.load(self.tracefs)
         lines = list(self.options.kprobes)
+        fetch = kprobe_fetch_args(self.options.probe_args)
         for function in self.scenario.kprobes:
             if not symbols.has(function):
                 continue
-            args = KPROBE_ARGS.get(function, "")
+            args = fetch.get(function, "")
             lines.append(f"p:tracekit/{function} {function} {args}".strip())
             if function in KRETPROBES:
                 lines.append(f"r:tracekit/{function}_ret {function}")
