@@ -22,7 +22,8 @@ from tracekit.errors import TracekitError
 @click.option(
     "--kallsyms",
     type=click.Path(path_type=str),
-    help="Kernel symbols (/proc/kallsyms format) to name function_graph addresses.",
+    help="Kernel symbols (/proc/kallsyms format) to name function_graph addresses "
+    "(default: the raw capture's own kallsyms copy).",
 )
 @click.option(
     "--check",
@@ -82,6 +83,8 @@ def _export(
 
     bounds = parse_window(window) if window else (None, None)
     trace_path, runs = _resolve(Path(path), run_id)
+    if kallsyms is None and (trace_path / "kallsyms").is_file():
+        kallsyms = str(trace_path / "kallsyms")  # a raw capture carries its own copy
     symbols = read_kallsyms(kallsyms) if kallsyms else None
     result = export_trace(tracekit.open(trace_path), out, bounds, symbols, runs)
     click.echo(

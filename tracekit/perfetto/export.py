@@ -98,23 +98,8 @@ def export_trace(
 
 
 def read_kallsyms(path: str | os.PathLike[str]) -> dict[int, str]:
-    """Addresses -> names from a /proc/kallsyms-format file (`addr type name [module]`)."""
-    names: dict[int, str] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3:
-                    try:
-                        address = int(parts[0], 16)
-                    except ValueError:
-                        continue
-                    if address:
-                        names.setdefault(address, parts[2])
-    except OSError as err:
-        raise TracekitError(f"{path}: cannot read kernel symbols ({err.strerror})") from None
-    if not names:
-        raise TracekitError(
-            f"{path}: no non-zero addresses; read /proc/kallsyms as root (others see zeros)"
-        )
-    return names
+    """Addresses -> names from a /proc/kallsyms copy (tracekit.symbols reads it)."""
+    from tracekit.symbols.kallsyms import read_kallsyms as read_table
+
+    table = read_table(path)
+    return {s.address: s.name for s in table.symbols}
