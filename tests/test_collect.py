@@ -52,6 +52,15 @@ register_vhost_check(
     "grep -c tracekit /sys/kernel/tracing/kprobe_events > kprobes-after; exit 0",
 )
 
+register_vhost_check(
+    "nvhe-a53",
+    "collect_rollover",
+    f"{SNAPSHOT} > before.json; "
+    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
+    "--traced-runs 0 --duration 2 --after-guest rollover --rollover-max-vms 1024 -o bundle; "
+    f"status=$?; {SNAPSHOT} > after.json; exit $status",
+)
+
 
 def _check_dir(boot: VhostBoot, name: str) -> Path:
     """The host-side directory of one batched check, which must have finished."""
@@ -128,6 +137,30 @@ def test_sigint_restores_tracefs_and_marks_incomplete(vhost_boot) -> None:  # ty
     assert not manifest.complete
     assert "interrupted" in manifest.incomplete_reason
     assert manifest.runs[-1].status == "interrupted"
+
+
+@pytest.mark.vhost
+def test_rollover_is_seen_in_the_trace(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    import tracekit
+
+    boot = vhost_boot("nvhe-a53")
+    here = _check_dir(boot, "collect_rollover")
+    check = boot.checks["collect_rollover"]
+    assert check.status == 0, check.stdout + check.stderr
+    assert "rollover seen after" in check.stdout
+    result = json.loads((here / "bundle/runs/after-guest-rollover/rollover.json").read_text())
+    assert result["vmid_bits"] == 8
+    ids = result["vmid_ids"]
+    assert max(i >> 8 for i in ids) > min(i >> 8 for i in ids)  # a newer generation
+    trace = tracekit.open(here / "bundle/runs/after-guest-rollover/trace")
+    updates = trace.event("kvm_arm_vmid_update")
+    generations = updates.filter(pl.col("vmid_id") > 0)["vmid_id"].to_numpy() >> 8
+    assert generations.max() > generations.min(), "the rollover is visible in the trace"
+    assert json.loads((here / "before.json").read_text()) == json.loads(
+        (here / "after.json").read_text()
+    )
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,12 @@ def _one_cpu(text: str, option: str) -> int:
     type=click.Choice(["none", "hotplug", "rollover"]),
     help="What to do between the guest and the 'after' phase.",
 )
+@click.option(
+    "--rollover-max-vms",
+    default=70000,
+    show_default=True,
+    help="Budget of throwaway VMs for --after-guest rollover before giving up.",
+)
 @click.option("--scenario", default="main", show_default=True)
 @click.option("--events", multiple=True, help="Extra events (system/event), repeatable.")
 @click.option("--kprobe", multiple=True, help="Extra kprobe definition, repeatable.")
@@ -59,6 +65,7 @@ def collect(
     interval: int,
     guest: Path | None,
     after_guest: str,
+    rollover_max_vms: int,
     scenario: str,
     events: tuple[str, ...],
     kprobe: tuple[str, ...],
@@ -96,6 +103,7 @@ def collect(
         vmm=vmm,
         probe=probe,
         probe_args=probe_args,
+        rollover_max_vms=rollover_max_vms,
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

@@ -23,6 +23,7 @@ from tracekit.cpus import format_cpu_list, parse_cpu_list
 from tracekit.errors import TracekitError
 from tracekit.guests import GuestVariant, read_variant
 from tracekit.host import tools as toolbox
+from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
 from tracekit.host.cleanup import CleanupStack, Interrupted
 from tracekit.host.instance import Instance
 from tracekit.host.preflight import read_host_facts
@@ -69,6 +70,7 @@ class CollectOptions:
     vmm: str | None = None
     probe: str | None = None
     probe_args: Path | None = None  # `tracekit symbols probe-args` output
+    rollover_max_vms: int = 70000  # 16-bit VMIDs roll over after 65535 VMs
 
 
 def online_cpus() -> list[int]:
@@ -152,7 +154,9 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
         )
         writer = BundleWriter.create(options.output, manifest)
         try:
-            session = Session(options, scenario, roles, tools, variant, guest_path, stack, tracefs)
+            session = Session(
+                options, scenario, roles, tools, variant, guest_path, stack, tracefs, echo
+            )
             session.setup(writer)
             started = time.monotonic()
             for index, planned in enumerate(plan, 1):
@@ -225,6 +229,7 @@ class Session:
         guest_path: Path,
         stack: CleanupStack,
         tracefs: Tracefs,
+        echo: Callable[[str], None] = print,
     ) -> None:
         self.options = options
         self.scenario = scenario
@@ -236,6 +241,8 @@ class Session:
         self.tracefs = tracefs
         self.instance: Instance | None = None
         self.tracing = False  # trace_marker refuses writes (EBADF) while tracing is off
+        self.capture: RawCapture | None = None
+        self.echo = echo
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""
@@ -278,6 +285,7 @@ class Session:
         rundir = Path("runs") / planned.run_id
         traced = planned.kind in ("traced", "guest", "after-guest")
         capture = self._start_capture(writer, rundir) if traced else None
+        self.capture = capture
         run.start_ns = boottime_ns()
         self._marker(f"tracekit: run={planned.run_id} begin")
         try:
@@ -395,23 +403,37 @@ class Session:
         self._wait(proc, "vmm", GUEST_TIMEOUT_SECONDS)
 
     def _after_guest(self, writer: BundleWriter, rundir: Path) -> None:
-        """The after-guest action: take the guest CPUs offline and online again."""
-        if self.options.after_guest != "hotplug":
-            raise TracekitError(
-                f"--after-guest {self.options.after_guest} is not implemented yet; use none "
-                "or hotplug"
+        """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
+        if self.options.after_guest == "hotplug":
+            log = hotplug(self.roles.guest_cpus, self.stack, boottime_ns)
+            writer.path(str(rundir / "hotplug.txt")).write_text("\n".join(log) + "\n")
+            return
+        watch = open_vmid_watch(self.tracefs)
+        guest = self.guest_path.parent / "mmu-off.elf"
+        if read_variant(guest).stage1 != "off":
+            raise TracekitError(f"{guest} is not the MMU-off guest the rollover needs")
+        output = writer.path(str(rundir / "vmm.txt"))
+
+        def run_batch(count: int) -> None:
+            """Create, run and destroy `count` MMU-off VMs, draining the trace after."""
+            argv = toolbox.vmm_argv(
+                self.tools, guest, list(self.roles.guest_cpus), None, repeat=count
             )
-        log = []
-        for cpu in self.roles.guest_cpus:
-            online = Path(f"/sys/devices/system/cpu/cpu{cpu}/online")
-            if not online.exists():
-                raise TracekitError(f"CPU {cpu} cannot be hot-unplugged on this host")
-            self.stack.push(f"bring CPU {cpu} back online", lambda p=online: p.write_text("1"))
-            online.write_text("0")
-            log.append(f"cpu{cpu} offline at {boottime_ns()}")
-            online.write_text("1")
-            log.append(f"cpu{cpu} online at {boottime_ns()}")
-        writer.path(str(rundir / "hotplug.txt")).write_text("\n".join(log) + "\n")
+            batch = output.with_suffix(".batch")
+            proc = self._spawn(argv, batch)
+            self._wait(proc, "vmm (rollover)", GUEST_TIMEOUT_SECONDS)
+            with output.open("ab") as log:
+                log.write(batch.read_bytes())
+            batch.unlink()
+            # The last batch's command line stands for all of them (only --repeat varies).
+            Path(f"{batch}.argv").replace(f"{output}.argv")
+            if self.capture is not None:
+                self.capture.drain()
+
+        vmids, vms = rollover(run_batch, watch, self.options.rollover_max_vms, self.echo)
+        writer.path(str(rundir / "rollover.json")).write_text(
+            json.dumps({"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}) + "\n"
+        )
 
     def _trace_marker(self) -> Path | None:
         """The instance's trace_marker for the VMM and the probe, while tracing is on."""

@@ -24,7 +24,8 @@ KPTR_RESTRICT = Path("/proc/sys/kernel/kptr_restrict")
 
 # Names of tracekit's own instances; the pid says which run owns one.
 INSTANCE_PREFIX = "tracekit-"
-INSTANCE_NAME = re.compile(r"^tracekit-(\d+)$")
+# tracekit-<pid>, or tracekit-<pid>-<purpose> for a run's helper instances.
+INSTANCE_NAME = re.compile(r"^tracekit-(\d+)(?:-\w+)?$")
 
 # Top-level files whose content is a setting someone may rely on; none may change for good.
 TOP_LEVEL_SETTINGS = (
