@@ -219,3 +219,39 @@ def read_tool(path: Path) -> ToolTables:
     if tool == "perf-stat":
         return tool, _perf_stat(lines, skipped), skipped
     raise TracekitError(f"{path}: not a cyclictest, stress-ng or perf stat -x, output")
+
+
+CYCLIC_SAMPLE_RE = re.compile(r"^\s*(?P<thread>\d+):\s+(?P<cycle>\d+):\s+(?P<latency>\d+)\s*$")
+# Lines cyclictest -v prints around its samples; none of them is a sample.
+CYCLIC_VERBOSE_HEADER_RE = re.compile(
+    r"^(#.*|Max CPUs = \d+|Online CPUs = \d+|Using \d+ cpus\.|Thread \d+ using cpu \d+\."
+    r"|Thread \d+ Interval: \d+|T:\s*\d+\s+\(.*)$"
+)
+CYCLIC_SAMPLE_SCHEMA = {"thread": pl.Int32, "cycle": pl.Int64, "latency_ns": pl.Int64}
+
+
+def read_cyclictest_verbose(path: Path) -> pl.DataFrame:
+    """cyclictest `-v -N` samples: one row per loop (thread, cycle, latency_ns).
+
+    -N is required: -v prints bare numbers, and only -N makes them nanoseconds. Header and
+    summary lines are recognised and passed over; any other line is an error, so no sample
+    is lost to a line the reader did not expect.
+    """
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise TracekitError(f"cyclictest reader: {path}: {err}") from None
+    rows: list[tuple[int, int, int]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if m := CYCLIC_SAMPLE_RE.match(line):
+            rows.append((int(m["thread"]), int(m["cycle"]), int(m["latency"])))
+        elif line.strip() and not CYCLIC_VERBOSE_HEADER_RE.match(line.strip()):
+            raise TracekitError(
+                f"cyclictest reader: {path}: line {n} is not a `thread: cycle: latency` sample"
+                f" ({line[:40]!r}); give the output of `cyclictest -v -N` unchanged"
+            )
+    if not rows:
+        raise TracekitError(
+            f"cyclictest reader: {path}: no samples; run cyclictest with -v -N to record them"
+        )
+    return pl.DataFrame(rows, schema=CYCLIC_SAMPLE_SCHEMA, orient="row")

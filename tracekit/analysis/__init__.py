@@ -1,0 +1,1 @@
+"""Analyses: pure functions over ingested polars tables (no file I/O here)."""

@@ -1,0 +1,282 @@
+"""Before/after comparison of one metric, with the run as the unit of replication.
+
+Each phase gives one value per run (a run's p99.9, its maximum, its mean, a probe
+percentile...). The comparison reports the ratio of the phase means after/before, a
+percentile-bootstrap confidence interval for it (runs are resampled, never samples; a
+maximum is compared as the per-run maxima), a two-sided Mann-Whitney rank test (exact
+permutation distribution for small phases, seeded Monte Carlo above EXACT_LIMIT) and a
+verdict by the rule in `Thresholds`, whose values the report states.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+
+from tracekit.errors import TracekitError
+
+PRESENT, ABSENT, INCONCLUSIVE = "present", "absent", "inconclusive"
+# Above this many ways to split the pooled runs, the rank test samples permutations.
+EXACT_LIMIT = 200_000
+PERMUTATIONS = 20_000
+# Float midranks: statistics this close count as equally extreme.
+RANK_TOLERANCE = 1e-9
+DESCRIBE_WIDTH = 72
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The verdict rule's numbers; every one is stated in the report."""
+
+    alpha: float = 0.05  # rank test level (after Holm for secondary metrics)
+    confidence: float = 0.95  # bootstrap interval coverage
+    min_effect: float = 1.10  # "present": the interval lies beyond x1.10 (or below 1/1.10)
+    equivalence: float = 1.10  # "absent": the interval lies inside [1/1.10, 1.10]
+    resamples: int = 10_000  # bootstrap resamples of the runs of each phase
+    seed: int = 7  # bootstrap and Monte Carlo permutations are reproducible
+
+    def rule(self) -> str:
+        """The verdict rule as one sentence."""
+        return (
+            f"present: CI beyond x{self.min_effect:g} and p < {self.alpha:g}; absent: CI"
+            f" inside [1/{self.equivalence:g}, {self.equivalence:g}]; else inconclusive"
+            f" ({self.confidence:.0%} percentile bootstrap over runs, {self.resamples} resamples)"
+        )
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A run left out of the comparison because its trace lost events."""
+
+    phase: str  # "before" or "after"
+    run: str  # the caller's label, or the run's index in its phase
+    lost: int
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric before/after: effect, interval, rank test and verdict."""
+
+    metric: str
+    n_before: int
+    n_after: int
+    ratio: float  # mean(after) / mean(before)
+    ci_low: float
+    ci_high: float
+    p_value: float  # two-sided rank test, uncorrected
+    p_adjusted: float  # Holm-adjusted for secondary metrics; equals p_value otherwise
+    test: str  # "exact rank test" or "permutation rank test (N perms)"
+    verdict: str
+    needed_runs: int | None  # runs per phase the rule needs to reach "present", when short
+    excluded: tuple[Excluded, ...] = ()
+    role: str = "primary"
+    thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
+
+    def describe(self) -> str:
+        """A maintainer's summary, wrapped to 72 columns."""
+        p_name = "p" if self.role == "primary" else "p(Holm)"
+        text = (
+            f"{self.metric} after/before {self.ratio:.2f}x [{self.ci_low:.2f},"
+            f" {self.ci_high:.2f}], {p_name}={_p_text(self.p_adjusted)} ({self.test},"
+            f" {self.n_before}+{self.n_after} runs): {self.verdict}"
+        )
+        if self.needed_runs is not None:
+            text += f"; needs {self.needed_runs}+{self.needed_runs} runs to show an effect"
+        if self.excluded:
+            runs = ", ".join(f"{e.phase} {e.run} ({e.lost} lost)" for e in self.excluded)
+            text += f"; excluded for lost events: {runs}"
+        return textwrap.fill(text, DESCRIBE_WIDTH, subsequent_indent="  ")
+
+
+def _p_text(p: float) -> str:
+    """p-values to three decimals, small ones as '<0.001'."""
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def compare(
+    before: list[float],
+    after: list[float],
+    metric: str,
+    *,
+    before_lost: list[int] | None = None,
+    after_lost: list[int] | None = None,
+    before_runs: list[str] | None = None,
+    after_runs: list[str] | None = None,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> Comparison:
+    """Compare one metric's per-run values; runs with lost events are excluded and listed."""
+    b, b_out = _clean_phase("before", before, before_lost, before_runs, metric)
+    a, a_out = _clean_phase("after", after, after_lost, after_runs, metric)
+    if b.mean() <= 0:
+        raise TracekitError(
+            f"compare {metric}: the before runs' mean is {b.mean():g}, so after/before has no"
+            " ratio; compare a metric that is positive before the change"
+        )
+    lo, hi = bootstrap_ratio_ci(b, a, thresholds)
+    p, test = rank_test(b, a, thresholds.seed)
+    needed = runs_needed(thresholds.alpha)
+    short = min(len(b), len(a)) < needed
+    return Comparison(
+        metric=metric,
+        n_before=len(b),
+        n_after=len(a),
+        ratio=float(a.mean() / b.mean()),
+        ci_low=lo,
+        ci_high=hi,
+        p_value=p,
+        p_adjusted=p,
+        test=test,
+        verdict=INCONCLUSIVE if short else verdict(lo, hi, p, thresholds),
+        needed_runs=needed if short else None,
+        excluded=b_out + a_out,
+        thresholds=thresholds,
+    )
+
+
+def _clean_phase(
+    phase: str,
+    values: list[float],
+    lost: list[int] | None,
+    labels: list[str] | None,
+    metric: str,
+) -> tuple[np.ndarray, tuple[Excluded, ...]]:
+    """The phase's usable values, and the runs excluded because they lost events."""
+    names = labels if labels is not None else [f"#{i}" for i in range(len(values))]
+    losses = lost if lost is not None else [0] * len(values)
+    if len(names) != len(values) or len(losses) != len(values):
+        raise TracekitError(
+            f"compare {metric}: {phase} has {len(values)} values but {len(losses)} lost counts"
+            f" and {len(names)} run labels; give one of each per run"
+        )
+    if not values:
+        raise TracekitError(f"compare {metric}: no {phase} runs; give one value per run")
+    arr = np.asarray(values, dtype=float)
+    if not np.isfinite(arr).all():
+        raise TracekitError(f"compare {metric}: {phase} has a NaN or infinite run value")
+    if (arr < 0).any():
+        raise TracekitError(f"compare {metric}: {phase} has a negative run value")
+    keep = np.asarray(losses) == 0
+    out = tuple(Excluded(phase, n, int(x)) for n, x in zip(names, losses, strict=True) if x)
+    if not keep.any():
+        raise TracekitError(
+            f"compare {metric}: no {phase} runs without lost events ({len(values)} given,"
+            f" {len(out)} lost events); record runs with larger trace buffers"
+        )
+    return arr[keep], out
+
+
+def bootstrap_ratio_ci(
+    before: np.ndarray, after: np.ndarray, thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(after)/mean(before), resampling runs."""
+    rng = np.random.default_rng(thresholds.seed)
+    n = thresholds.resamples
+    b_means = before[rng.integers(0, len(before), (n, len(before)))].mean(axis=1)
+    a_means = after[rng.integers(0, len(after), (n, len(after)))].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = a_means / b_means  # a resample of all-zero befores gives inf: it sorts last
+    tail = (1 - thresholds.confidence) / 2 * 100
+    lo, hi = np.percentile(ratios, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def rank_test(before: np.ndarray, after: np.ndarray, seed: int = 7) -> tuple[float, str]:
+    """Two-sided Mann-Whitney test on midranks: (p-value, name of the test used)."""
+    pooled = np.concatenate([before, after])
+    ranks = _midranks(pooled)
+    k = len(after)
+    observed = ranks[len(before) :].sum()
+    centre = k * (len(pooled) + 1) / 2
+    if math.comb(len(pooled), k) <= EXACT_LIMIT:
+        sums = ranks[_splits(len(pooled), k)].sum(axis=1)
+        name, extra = "exact rank test", 0
+    else:
+        rng = np.random.default_rng(seed)
+        picks = rng.permuted(np.tile(np.arange(len(pooled)), (PERMUTATIONS, 1)), axis=1)
+        sums = ranks[picks[:, :k]].sum(axis=1)
+        name, extra = f"permutation rank test ({PERMUTATIONS} perms)", 1
+    extreme = np.abs(sums - centre) >= abs(observed - centre) - RANK_TOLERANCE
+    # The observed split counts once more for Monte Carlo so p is never 0.
+    return float((extreme.sum() + extra) / (len(sums) + extra)), name
+
+
+def _midranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing the mean of the ranks they span."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    ranks = np.empty(len(values))
+    start = 0
+    for end in range(1, len(values) + 1):
+        if end == len(values) or sorted_values[end] != sorted_values[start]:
+            ranks[order[start:end]] = (start + end + 1) / 2
+            start = end
+    return ranks
+
+
+@lru_cache(maxsize=32)
+def _splits(n: int, k: int) -> np.ndarray:
+    """Every choice of k positions out of n: the exact permutation distribution's support."""
+    return np.array(list(combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
+
+
+def min_p_value(n: int) -> float:
+    """The smallest two-sided p the exact rank test can give with n runs in each phase."""
+    return min(1.0, 2 / math.comb(2 * n, n))
+
+
+def runs_needed(alpha: float) -> int:
+    """The fewest runs per phase with which the exact rank test can reach p < alpha."""
+    n = 1
+    while min_p_value(n) >= alpha:
+        n += 1
+    return n
+
+
+def verdict(ci_low: float, ci_high: float, p: float, thresholds: Thresholds) -> str:
+    """present / absent / inconclusive from the interval and the (adjusted) p-value."""
+    beyond = ci_low > thresholds.min_effect or ci_high < 1 / thresholds.min_effect
+    if beyond and p < thresholds.alpha:
+        return PRESENT
+    if 1 / thresholds.equivalence <= ci_low and ci_high <= thresholds.equivalence:
+        return ABSENT
+    return INCONCLUSIVE
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the order given."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted = [0.0] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def compare_all(comparisons: list[Comparison], primary: str) -> list[Comparison]:
+    """Mark the declared primary metric; Holm-correct the secondaries and redo their verdicts."""
+    names = [c.metric for c in comparisons]
+    if names.count(primary) != 1:
+        raise TracekitError(
+            f"compare: the primary metric {primary!r} must appear exactly once among"
+            f" {', '.join(names)}; declare one of them as primary"
+        )
+    secondary = [c for c in comparisons if c.metric != primary]
+    adjusted = dict(zip(map(id, secondary), holm([c.p_value for c in secondary]), strict=True))
+    return [c if c.metric == primary else _as_secondary(c, adjusted[id(c)]) for c in comparisons]
+
+
+def _as_secondary(c: Comparison, p_adjusted: float) -> Comparison:
+    """The comparison with its Holm-adjusted p-value and the verdict that follows from it."""
+    new_verdict = c.verdict
+    if c.needed_runs is None:
+        new_verdict = verdict(c.ci_low, c.ci_high, p_adjusted, c.thresholds)
+    return replace(c, role="secondary", p_adjusted=p_adjusted, verdict=new_verdict)
