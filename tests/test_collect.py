@@ -124,6 +124,20 @@ def test_collect_records_what_the_analyses_need(vhost_boot) -> None:  # type: ig
 
 
 @pytest.mark.vhost
+def test_report_on_the_collected_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot(NVHE)
+    bundle = _check_dir(boot, "collect_main") / "bundle"
+    result = CliRunner().invoke(main, ["report", str(bundle)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("EMULATED HOST")
+    assert "KVM nvhe" in result.output and "Cortex-A76" in result.output
+    assert "cyclictest p99.9 after/before" in result.output
+    assert "needs 4+4 runs" in result.output  # 2 quiet runs per phase cannot carry a verdict
+    assert "lost events: " in result.output
+
+
+@pytest.mark.vhost
 def test_sigint_restores_tracefs_and_marks_incomplete(vhost_boot) -> None:  # type: ignore[no-untyped-def]
     boot = vhost_boot(NVHE)
     here = _check_dir(boot, "collect_sigint")

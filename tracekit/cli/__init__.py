@@ -41,13 +41,14 @@ def main() -> None:
 
 def _register() -> None:
     """Attach the command groups that exist; each module owns its commands."""
-    from tracekit.cli import collect, ingest, perfetto, symbols, vhost
+    from tracekit.cli import collect, ingest, perfetto, report, symbols, vhost
 
     main.add_command(vhost.vhost)
     main.add_command(collect.collect)
     ingest.register(main)
     main.add_command(perfetto.perfetto)
     main.add_command(symbols.symbols)
+    main.add_command(report.report)
 
 
 _register()

@@ -221,7 +221,8 @@ def read_tool(path: Path) -> ToolTables:
     raise TracekitError(f"{path}: not a cyclictest, stress-ng or perf stat -x, output")
 
 
-CYCLIC_SAMPLE_RE = re.compile(r"^\s*(?P<thread>\d+):\s+(?P<cycle>\d+):\s+(?P<latency>\d+)\s*$")
+# %8d:%8d:%8ld: numbers of 8 digits or more fill their field, leaving no space.
+CYCLIC_SAMPLE_RE = re.compile(r"^\s*(?P<thread>\d+):\s*(?P<cycle>\d+):\s*(?P<latency>\d+)\s*$")
 # Lines cyclictest -v prints around its samples; none of them is a sample.
 CYCLIC_VERBOSE_HEADER_RE = re.compile(
     r"^(#.*|Max CPUs = \d+|Online CPUs = \d+|Using \d+ cpus\.|Thread \d+ using cpu \d+\."

@@ -1,0 +1,66 @@
+"""The main case's before/after comparisons over a bundle's tables (pure, no I/O).
+
+Headline numbers come from the quiet runs; the traced runs are compared on their own,
+so the report can show the observer effect beside them. The primary metric is declared
+up front (cyclictest p99.9 on the rt CPU unless the caller names another); every other
+metric is secondary and Holm-corrected.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis.compare import Comparison, compare, compare_all
+from tracekit.analysis.runs import RUN_METRICS, metric_values, run_metrics
+
+PRIMARY = "p99.9"
+
+
+def latency_comparisons(
+    latencies: pl.DataFrame, kind: str = "quiet", primary: str = PRIMARY
+) -> list[Comparison]:
+    """cyclictest max, p99, p99.9 and mean: per-run values, after vs before."""
+    runs = latencies.filter(pl.col("kind") == kind)
+    per_phase = {
+        phase: run_metrics(runs.filter(pl.col("phase") == phase)) for phase in ("before", "after")
+    }
+    comparisons = [
+        compare(
+            metric_values(per_phase["before"], metric),
+            metric_values(per_phase["after"], metric),
+            f"cyclictest {metric}",
+            before_runs=per_phase["before"]["run_id"].to_list(),
+            after_runs=per_phase["after"]["run_id"].to_list(),
+        )
+        for metric in RUN_METRICS
+    ]
+    return compare_all(comparisons, f"cyclictest {primary}")
+
+
+def stress_comparison(stress: pl.DataFrame, kind: str = "quiet") -> Comparison:
+    """stress-ng --tlb-shootdown throughput (bogo-ops/s), after vs before."""
+    rows = stress.filter(pl.col("kind") == kind)
+    return compare(
+        rows.filter(pl.col("phase") == "before")["bogo_ops_per_s"].to_list(),
+        rows.filter(pl.col("phase") == "after")["bogo_ops_per_s"].to_list(),
+        "stress-ng bogo-ops/s",
+    )
+
+
+def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
+    """Per phase and kind: runs, samples, and the mean of per-run max/p99.9 (us)."""
+    per_run = latencies.group_by("run_id", "phase", "kind").agg(
+        pl.len().alias("samples"),
+        pl.col("latency_ns").max().alias("max_ns"),
+        pl.col("latency_ns").quantile(0.999, "higher").alias("p99_9_ns"),
+    )
+    return (
+        per_run.group_by("phase", "kind")
+        .agg(
+            pl.len().alias("runs"),
+            pl.col("samples").sum(),
+            (pl.col("max_ns").mean() / 1000).round(1).alias("max_us"),
+            (pl.col("p99_9_ns").mean() / 1000).round(1).alias("p99_9_us"),
+        )
+        .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
+    )

@@ -1,0 +1,110 @@
+"""A collect bundle's tool results as polars tables, one row per sample or per run.
+
+The files a bundle's runs hold (cyclictest `-v -N` samples, stress-ng YAML, the probe's
+JSON summary) become tables keyed by run, phase and kind, so analyses get plain frames
+and never read files. Traces are opened separately with `tracekit.open(run/trace)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.errors import TracekitError
+from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
+
+LATENCY_SCHEMA = {
+    "run_id": pl.String,
+    "phase": pl.String,
+    "kind": pl.String,
+    "latency_ns": pl.Int64,
+}
+
+
+@dataclass(frozen=True)
+class BundleData:
+    """Everything a report needs from a bundle, except the traces themselves."""
+
+    path: Path
+    manifest: Manifest
+    latencies: pl.DataFrame  # run_id, phase, kind, latency_ns: every cyclictest sample
+    stress: pl.DataFrame  # run_id, phase, kind, bogo_ops_per_s (real time)
+    probes: pl.DataFrame  # run_id, phase, cpu, count, p50_ns, p99_ns, max_ns, mean_ns
+    lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
+
+
+def load_bundle(path: Path) -> BundleData:
+    """Read a bundle's manifest and its runs' tool outputs into tables."""
+    manifest = read_manifest(path)
+    latencies, stress, probes, lost = [], [], [], []
+    for run in manifest.runs:
+        rundir = path / "runs" / run.run_id
+        if run.kind in ("quiet", "traced") and (rundir / "cyclictest.txt").is_file():
+            latencies.append(_latencies(run, rundir / "cyclictest.txt"))
+        if (rundir / "stress-ng.yaml").is_file():
+            stress.append(_stress(run, rundir / "stress-ng.yaml"))
+        if run.kind == "probe" and (rundir / "probe.json").is_file():
+            probes.append(_probe(run, rundir / "probe.json"))
+        if run.lost_events:
+            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
+    return BundleData(
+        path=path,
+        manifest=manifest,
+        latencies=pl.concat(latencies) if latencies else pl.DataFrame(schema=LATENCY_SCHEMA),
+        stress=pl.DataFrame(
+            stress,
+            schema={"run_id": pl.String, "phase": pl.String, "kind": pl.String}
+            | {"bogo_ops_per_s": pl.Float64},
+            orient="row",
+        ),
+        probes=pl.DataFrame(probes, orient="row") if probes else pl.DataFrame(),
+        lost=pl.DataFrame(
+            lost,
+            schema={"run_id": pl.String, "phase": pl.String, "kind": pl.String}
+            | {"lost": pl.Int64},
+            orient="row",
+        ),
+    )
+
+
+def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:
+    """One run's cyclictest samples, tagged with the run."""
+    samples = read_cyclictest_verbose(path)
+    return samples.select(
+        pl.lit(run.run_id).alias("run_id"),
+        pl.lit(run.phase).alias("phase"),
+        pl.lit(run.kind).alias("kind"),
+        pl.col("latency_ns").cast(pl.Int64),
+    )
+
+
+def _stress(run: RunRecord, path: Path) -> tuple[str, str, str, float]:
+    """One run's stress-ng throughput (bogo-ops per second of wall time, all workers)."""
+    _, tables, _ = read_tool(path)
+    table = tables.get("stress_ng")
+    if table is None or table.height == 0:
+        raise TracekitError(f"{path}: no stress-ng metrics; the run's stress-ng did not finish")
+    return run.run_id, run.phase, run.kind, float(table["bogo_ops_per_second_real_time"].sum())
+
+
+def _probe(run: RunRecord, path: Path) -> dict[str, object]:
+    """One probe slot's summary as the probe printed it."""
+    try:
+        summary = json.loads(path.read_text().splitlines()[0])
+    except (ValueError, IndexError) as err:
+        raise TracekitError(f"{path}: not the probe's JSON summary ({err})") from None
+    return {
+        "run_id": run.run_id,
+        "phase": run.phase,
+        "cpu": summary["cpu"],
+        "mode": summary["mode"],
+        "count": summary["count"],
+        "p50_ns": summary["p50_ns"],
+        "p99_ns": summary["p99_ns"],
+        "max_ns": summary["max_ns"],
+        "mean_ns": summary["mean_ns"],
+    }

@@ -1,0 +1,1 @@
+"""Reports: text for the terminal (email, html and json come with issue 7)."""
