@@ -31,9 +31,10 @@ echo
 echo "demo: the VMM's own account of the guest:"
 cat "$OUT/bundle/runs/guest/vmm.txt"
 echo
+echo "demo: tracekit perfetto $OUT/bundle --run guest -o $OUT/guest.pftrace"
 "$TK" perfetto "$OUT/bundle" --run guest -o "$OUT/guest.pftrace"
-echo "demo: open $OUT/guest.pftrace in https://ui.perfetto.dev; add --open to the command"
-echo "      above to have the UI load it from this machine (served once, never uploaded)."
+echo "demo: open $OUT/guest.pftrace in https://ui.perfetto.dev, or add --open to that"
+echo "      command to have the UI load it from this machine (served once, never uploaded)."
 echo
 echo "demo: bundle in $OUT/bundle (manifest.json lists every run and file); its report:"
 echo
