@@ -32,6 +32,9 @@ def _write_run(writer: BundleWriter, run_id: str, phase: str, factor: float, see
     lines = ["# /dev/cpu_dma_latency set to 0us"]
     lines += [f"{0:8d}:{i:8d}:{v:8d}" for i, v in enumerate(samples)]
     writer.path(f"runs/{run_id}/cyclictest.txt").write_text("\n".join(lines) + "\n")
+    # cyclictest counts a few loops more than -v printed, as seen in real runs.
+    counted = {"thread": {"0": {"cycles": samples.size + 3}}}
+    writer.path(f"runs/{run_id}/cyclictest.json").write_text(json.dumps(counted))
     rate = 100.0 + rng.normal(0, 2)
     writer.path(f"runs/{run_id}/stress-ng.yaml").write_text(
         STRESS_YAML + STRESS_FIELDS.format(ops=int(rate * 5), rate=rate)
@@ -71,6 +74,7 @@ def test_report_says_emulated_first_and_fits_a_terminal(tmp_path: Path) -> None:
     assert text.splitlines()[0].startswith("EMULATED HOST")
     assert "needs 4+4 runs" in text
     assert "lost events: no traced runs" in text
+    assert "cyclictest samples: 12 of" in text  # 3 unprinted loops in each of 4 runs
 
 
 def test_report_on_a_board_does_not_say_emulated(tmp_path: Path) -> None:

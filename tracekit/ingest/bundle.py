@@ -35,16 +35,19 @@ class BundleData:
     stress: pl.DataFrame  # run_id, phase, kind, bogo_ops_per_s (real time)
     probes: pl.DataFrame  # run_id, phase, cpu, count, p50_ns, p99_ns, max_ns, mean_ns
     lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
+    cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
 
 
 def load_bundle(path: Path) -> BundleData:
     """Read a bundle's manifest and its runs' tool outputs into tables."""
     manifest = read_manifest(path)
-    latencies, stress, probes, lost = [], [], [], []
+    latencies, stress, probes, lost, cycles = [], [], [], [], []
     for run in manifest.runs:
         rundir = path / "runs" / run.run_id
         if run.kind in ("quiet", "traced") and (rundir / "cyclictest.txt").is_file():
             latencies.append(_latencies(run, rundir / "cyclictest.txt"))
+            if (rundir / "cyclictest.json").is_file():
+                cycles.append((run.run_id, _cycles(rundir / "cyclictest.json")))
         if (rundir / "stress-ng.yaml").is_file():
             stress.append(_stress(run, rundir / "stress-ng.yaml"))
         if run.kind == "probe" and (rundir / "probe.json").is_file():
@@ -68,6 +71,7 @@ def load_bundle(path: Path) -> BundleData:
             | {"lost": pl.Int64},
             orient="row",
         ),
+        cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
     )
 
 
@@ -80,6 +84,15 @@ def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:
         pl.lit(run.kind).alias("kind"),
         pl.col("latency_ns").cast(pl.Int64),
     )
+
+
+def _cycles(path: Path) -> int:
+    """Loops cyclictest itself counted, all threads: what -v should have printed."""
+    try:
+        threads = json.loads(path.read_text())["thread"]
+        return sum(int(t["cycles"]) for t in threads.values())
+    except (ValueError, KeyError, TypeError) as err:
+        raise TracekitError(f"{path}: not cyclictest's --json output ({err})") from None
 
 
 def _stress(run: RunRecord, path: Path) -> tuple[str, str, str, float]:

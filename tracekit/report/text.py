@@ -37,7 +37,7 @@ def render_text(data: BundleData) -> str:
         lines += _table(
             data.probes.select("phase", "cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns")
         )
-    lines += ["", _lost_line(data)]
+    lines += ["", _samples_line(data), _lost_line(data)]
     return "\n".join(lines) + "\n"
 
 
@@ -67,6 +67,25 @@ def _table(frame: pl.DataFrame) -> list[str]:
     rows = [frame.columns] + [[str(v) for v in row] for row in frame.iter_rows()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(frame.columns))]
     return ["  " + "  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def _samples_line(data: BundleData) -> str:
+    """Samples read against the loops cyclictest counted: a shortfall is shown, not hidden."""
+    if data.cycles.height == 0:
+        return "cyclictest samples: no --json counts to check them against"
+    recorded = data.latencies.group_by("run_id").len()
+    joined = data.cycles.join(recorded, on="run_id", how="left").fill_null(0)
+    short = joined.filter(pl.col("len") < pl.col("cycles"))
+    total = int(joined["cycles"].sum())
+    if short.height == 0:
+        return f"cyclictest samples: all {total} loops it counted were recorded"
+    missing = int((short["cycles"] - short["len"]).sum())
+    return textwrap.fill(
+        f"cyclictest samples: {missing} of {total} loops it counted were not printed by -v "
+        f"({short.height} runs); the verdicts use the {total - missing} recorded",
+        72,
+        subsequent_indent="  ",
+    )
 
 
 def _lost_line(data: BundleData) -> str:
