@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.export import export_trace
 
 # Event mix: (name, share of events).
@@ -74,16 +75,7 @@ class GeneratedTrace:
             }
         )
         self._tables = {name: self._fields(name, rng) for name, _ in MIX}
-        self.lost = pl.DataFrame(
-            schema={
-                "cpu": pl.Int32,
-                "ts": pl.Int64,
-                "page": pl.Int64,
-                "count": pl.Int64,
-                "source": pl.String,
-                "detail": pl.String,
-            }
-        )
+        self.lost = pl.DataFrame(schema=LOST_SCHEMA)
 
     @property
     def event_names(self) -> list[str]:

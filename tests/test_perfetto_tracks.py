@@ -7,22 +7,14 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.exits import exit_reason
 from tracekit.perfetto.protos import TracePacket, TrackEvent
 from tracekit.perfetto.tracks import write_tracks
 from tracekit.perfetto.validate import validate_file
 from tracekit.perfetto.writer import PacketWriter, read_packets
 
-LOST = pl.DataFrame(
-    schema={
-        "cpu": pl.Int32,
-        "ts": pl.Int64,
-        "page": pl.Int64,
-        "count": pl.Int64,
-        "source": pl.String,
-        "detail": pl.String,
-    }
-)
+LOST = pl.DataFrame(schema=LOST_SCHEMA)
 
 
 def _prints(lines: list[tuple[int, int, str]]) -> pl.DataFrame:

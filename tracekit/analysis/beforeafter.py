@@ -49,11 +49,8 @@ def stress_comparison(stress: pl.DataFrame, kind: str = "quiet") -> Comparison:
 
 def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
     """Per phase and kind: runs, samples, and the mean of per-run max/p99.9 (us)."""
-    per_run = latencies.group_by("run_id", "phase", "kind").agg(
-        pl.len().alias("samples"),
-        pl.col("latency_ns").max().alias("max_ns"),
-        pl.col("latency_ns").quantile(0.999, "higher").alias("p99_9_ns"),
-    )
+    runs = latencies.select("run_id", "phase", "kind").unique()
+    per_run = run_metrics(latencies).join(runs, on="run_id")
     return (
         per_run.group_by("phase", "kind")
         .agg(

@@ -280,8 +280,9 @@ class Session:
 
     def execute(self, planned: PlannedRun, writer: BundleWriter) -> None:
         """Run one planned step, recording its files and times in the bundle."""
-        run = writer.start_run(RunRecord(planned.run_id, planned.phase, planned.kind, 0))
-        run.index = planned.index
+        run = writer.start_run(
+            RunRecord(planned.run_id, planned.phase, planned.kind, planned.index)
+        )
         rundir = Path("runs") / planned.run_id
         traced = planned.kind in ("traced", "guest", "after-guest")
         capture = self._start_capture(writer, rundir) if traced else None

@@ -226,39 +226,6 @@ def _assemble(
     return walk
 
 
-def _assemble_sorted(
-    steps: list[tuple[np.ndarray, ...]],
-    page_ts: np.ndarray,
-    bad_page: int,
-    bad_pos: int,
-    bad_reason: str,
-) -> _Walk:
-    """Reference version of _assemble_grid (concatenate, sort by page, segmented sum)."""
-    page, payload, length, delta, kind = (np.concatenate(c) for c in zip(*steps, strict=True))
-    order = np.argsort(page, kind="stable")  # steps are already in order within a page
-    page, payload, length = page[order], payload[order], length[order]
-    delta, kind = delta[order], kind[order]
-    # Each page restarts the clock at its header timestamp; an absolute stamp restarts
-    # it at its own value (its top bits come from the page's timestamp).
-    first = np.ones(len(page), dtype=bool)
-    first[1:] = page[1:] != page[:-1]
-    is_abs = kind == 2
-    value = delta.copy()
-    value[is_abs] = delta[is_abs] | (page_ts[page[is_abs]] & TS_MSB_MASK)
-    plain_first = first & ~is_abs
-    value[plain_first] += page_ts[page[plain_first]]
-    reset = first | is_abs
-    csum = np.cumsum(value, dtype=np.uint64)
-    reset_idx = np.flatnonzero(reset)
-    base = csum[reset_idx] - value[reset_idx]
-    ts = csum - base[np.cumsum(reset) - 1]
-    is_event = (kind == 0) & (length > 0)
-    return _Walk(
-        ts[is_event], payload[is_event], length[is_event], page[is_event],
-        bad_page, bad_pos, bad_reason,
-    )  # fmt: skip
-
-
 def _assemble_grid(steps: list[tuple[np.ndarray, ...]], page_ts: np.ndarray) -> _Walk:
     """_assemble without a sort: a (page x step) grid, summed along each page's row.
 
