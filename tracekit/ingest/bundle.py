@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from tracekit.bundle import Manifest, RunRecord, read_manifest
 from tracekit.errors import TracekitError
 from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
+
+if TYPE_CHECKING:
+    from tracekit.ingest.trace import Trace
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -73,6 +77,22 @@ def load_bundle(path: Path) -> BundleData:
         ),
         cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
     )
+
+
+def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[RunRecord]:
+    """The bundle's runs of these kinds that recorded a trace, in run order."""
+    return [
+        run
+        for run in data.manifest.runs
+        if run.kind in kinds and (data.path / "runs" / run.run_id / "trace").exists()
+    ]
+
+
+def open_run_trace(data: BundleData, run: RunRecord) -> Trace:
+    """Ingest one run's trace (cached as Parquet beside it after the first time)."""
+    from tracekit.ingest.trace import open_trace
+
+    return open_trace(data.path / "runs" / run.run_id / "trace")
 
 
 def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:

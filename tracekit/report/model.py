@@ -1,0 +1,77 @@
+"""What a report says, apart from how it is drawn: sections of tables, plots and findings.
+
+Analyses return frames; a section builder (tracekit/report/sections/<topic>.py) turns
+their results into one `Section`; every renderer (text, email, html, json) draws the same
+`Report`, so the formats never disagree on a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from tracekit.analysis.compare import Comparison
+    from tracekit.ingest.bundle import BundleData
+
+PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline"]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A frame shown as a table; `note` says how to read it (units, what was excluded)."""
+
+    title: str
+    frame: pl.DataFrame
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A plot drawn from a long-format frame: one line/bar group per `series` value.
+
+    cdf/histogram use `x` only; bars, xy and timeline use `x` and `y` (timeline: `x` is
+    the start in ns, `y` the lane, and `frame` also has `end` and `label` columns).
+    """
+
+    title: str
+    kind: PlotKind
+    frame: pl.DataFrame
+    x: str
+    y: str | None = None
+    series: str | None = None
+    log_x: bool = False
+    log_y: bool = False
+    x_label: str = ""
+    y_label: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """One topic of the report (before/after, wake-ups, TLBI cost, VMs, decision table)."""
+
+    key: str  # stable identifier, used as the JSON key and the HTML anchor
+    title: str
+    findings: list[str] = field(default_factory=list)  # plain sentences, most important first
+    comparisons: list[Comparison] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)  # what this section cannot tell
+    lost_events: int | None = None  # lost events in the data it used; None: no traces used
+
+
+@dataclass(frozen=True)
+class Report:
+    """A whole report: who/where first (EMULATED when it is), then sections."""
+
+    header: list[str]  # host, kernel, KVM mode, protocol; "EMULATED HOST ..." first if so
+    emulated: bool
+    sections: list[Section]
+
+
+# A section builder reads loaded bundles (and may open their traces) and returns its
+# section, or None when the bundles hold nothing for it (e.g. no teardown runs).
+SectionBuilder = Callable[[list["BundleData"]], Section | None]
