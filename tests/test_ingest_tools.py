@@ -79,3 +79,35 @@ def test_empty_stress_ng_is_an_error(tmp_path: Path) -> None:
     path.write_text("stress-ng: info:  [1] dispatching hogs: 1 cpu\nstress-ng: metrc: [1]\n")
     with pytest.raises(TracekitError, match="metrics-brief"):
         read_tool(path)
+
+
+def test_cyclictest_verbose_ns_is_recognised() -> None:
+    """-v -N output opens as a tool: every sample, and the T: line in nanoseconds."""
+    text = (TOOLS / "cyclictest-verbose.txt").read_text()
+    tool, tables, skipped = read_tool(TOOLS / "cyclictest-verbose.txt")
+    samples, threads = tables["cyclictest_samples"], tables["cyclictest_threads"]
+    assert tool == "cyclictest" and not skipped
+    assert samples.height == sum(1 for line in text.splitlines() if line.count(":") == 2)
+    assert samples["cycle"].to_list() == list(range(samples.height))
+    row = threads.row(0, named=True)  # cyclictest's own summary of the same samples
+    assert (row["min_ns"], row["max_ns"]) == (samples["latency_ns"].min(), 858471)
+    assert row["max_ns"] == samples["latency_ns"].max()
+
+
+def test_cyclictest_verbose_without_n_is_scaled_to_ns() -> None:
+    """-v without -N prints microseconds (narrower T: fields): samples come out in ns."""
+    tables = tracekit.open(TOOLS / "cyclictest-verbose-us.txt", use_cache=False).tools
+    samples = tables["cyclictest_samples"]
+    assert samples["latency_ns"].to_list() == [30000, 31000, 23000, 15000, 26000]
+    row = tables["cyclictest_threads"].row(0, named=True)
+    assert (row["min_ns"], row["max_ns"]) == (15000, 31000)
+
+
+def test_cyclictest_verbose_cut_short_is_still_recognised(tmp_path: Path) -> None:
+    """A -v file without its T: line (cyclictest killed) is still cyclictest, assumed -N."""
+    path = tmp_path / "killed.txt"
+    kept = (TOOLS / "cyclictest-verbose.txt").read_text().splitlines()[:40]
+    path.write_text("\n".join(kept) + "\n")
+    tables = tracekit.open(path, use_cache=False).tools
+    assert "cyclictest_threads" not in tables
+    assert tables["cyclictest_samples"]["latency_ns"][0] == 42325

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.symbols import hypcalls, probeargs
-from tracekit.symbols.kallsyms import kaslr_shift, parse_line, read_kallsyms
+from tracekit.symbols.kallsyms import kaslr_shift, parse_kallsyms, parse_line, read_kallsyms
 from tracekit.symbols.resolve import load_table, parse_address
 from tracekit.symbols.table import Symbol, SymbolTable
 from tracekit.symbols.vmlinux import open_vmlinux
@@ -218,3 +218,25 @@ def test_load_table_missing_file(tmp_path: Path) -> None:
     """A missing symbol source is one clear error."""
     with pytest.raises(TracekitError, match="does not exist"):
         load_table(tmp_path / "nope")
+
+
+def test_kallsyms_names_nothing_outside_what_it_covers() -> None:
+    """Past the image or a module's last symbol, or below, an address has no name;
+    mapping symbols ($x) are never names."""
+    text = "\n".join(
+        [
+            "ffff800008010000 T _stext",
+            "ffff800008010100 T schedule",
+            "ffff800008020000 T _einittext",
+            "ffff800000f00000 t $x\t[9p]",
+            "ffff800000f00000 t v9fs_mount\t[9p]",
+            "ffff800000f00800 d v9fs_fs_type\t[9p]",
+        ]
+    )
+    table = parse_kallsyms(text, "test")
+    assert str(table.lookup(0xFFFF800008010104)) == "schedule+0x4"
+    assert table.lookup(0xFFFF800008020001) is None  # past the image: vmalloc, say
+    assert table.lookup(0xFFFF000012345678) is None  # the linear map: heap objects
+    assert str(table.lookup(0xFFFF800000F00010)) == "v9fs_mount+0x10 [9p]"
+    assert table.lookup(0xFFFF800000F00900) is None  # past the module's last symbol
+    assert table.shifted(0).lookup(0xFFFF800008020001) is None

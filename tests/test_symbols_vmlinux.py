@@ -27,33 +27,14 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "symbols"
 KALLSYMS = FIXTURES / "kallsyms.cut"
 NAME_ADDRESS = re.compile(r"([\w.]+) <([0-9a-f]{16})>")
 
-# Linux v6.1, arch/arm64/include/asm/kvm_asm.h: __kvm_hyp_init is #define'd 0, then
-# enum __kvm_host_smccc_func in source order (Debian's 6.1.176 stable keeps it).
-KVM_ASM_H_V6_1 = [
-    "__kvm_hyp_init",
-    "__kvm_get_mdcr_el2",
-    "__pkvm_init",
-    "__pkvm_create_private_mapping",
-    "__pkvm_cpu_set_vector",
-    "__kvm_enable_ssbs",
-    "__vgic_v3_init_lrs",
-    "__vgic_v3_get_gic_config",
-    "__pkvm_prot_finalize",
-    "__pkvm_host_share_hyp",
-    "__pkvm_host_unshare_hyp",
-    "__kvm_adjust_pc",
-    "__kvm_vcpu_run",
-    "__kvm_flush_vm_context",
-    "__kvm_tlb_flush_vmid_ipa",
-    "__kvm_tlb_flush_vmid",
-    "__kvm_flush_cpu_context",
-    "__kvm_timer_set_cntvoff",
-    "__vgic_v3_read_vmcr",
-    "__vgic_v3_write_vmcr",
-    "__vgic_v3_save_aprs",
-    "__vgic_v3_restore_aprs",
-    "__pkvm_vcpu_init_traps",
-]
+# The kernel source's enum for the fixtures' release, typed from its headers package.
+KVM_ASM_H = FIXTURES / "kvm_asm" / "6.1.176.txt"
+
+
+def source_enum() -> list[str]:
+    """Calls of enum __kvm_host_smccc_func in Linux 6.1.176, from 0, as the fixture says."""
+    lines = KVM_ASM_H.read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +45,14 @@ def vmlinux() -> Path:
 
 
 def test_hypcalls_match_kernel_source(vmlinux: Path) -> None:
-    """The DWARF enum gives exactly the v6.1 kvm_asm.h list, numbered from 0."""
+    """The DWARF enum gives exactly the 6.1.176 kvm_asm.h list, numbered from 0."""
+    assert (FIXTURES / "uname").read_text().strip() == "6.1.0-50-arm64"  # = 6.1.176
+    expected = source_enum()
     with open_vmlinux(vmlinux) as opened:
         table = hypcalls.from_vmlinux(opened)
-    assert [table.names[n] for n in sorted(table.names)] == KVM_ASM_H_V6_1
-    assert sorted(table.names) == list(range(len(KVM_ASM_H_V6_1)))
-    assert hypcalls.BUNDLED["6.1"] == tuple(KVM_ASM_H_V6_1)
+    assert [table.names[n] for n in sorted(table.names)] == expected
+    assert sorted(table.names) == list(range(len(expected)))
+    assert hypcalls.bundled("6.1.0-50-arm64").names == table.names
     assert cache.load(opened.build_id, "hypcalls") is not None
 
 

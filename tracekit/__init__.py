@@ -16,11 +16,18 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def open(path: str | PathLike[str], *, salvage: bool = False, use_cache: bool = True) -> Trace:
+def open(
+    path: str | PathLike[str],
+    *,
+    salvage: bool = False,
+    use_cache: bool = True,
+    symbols: str | PathLike[str] | None = None,
+) -> Trace:
     """Open a trace (trace.dat, raw capture directory, text) as a tracekit Trace.
 
-    Imports the ingest package (and so polars) only when called.
+    `symbols` (a kallsyms copy or vmlinux) names address fields; by default the trace's
+    own kallsyms copy does. Imports the ingest package (and so polars) only when called.
     """
     from tracekit.ingest import open_trace
 
-    return open_trace(path, salvage=salvage, use_cache=use_cache)
+    return open_trace(path, salvage=salvage, use_cache=use_cache, symbols=symbols)

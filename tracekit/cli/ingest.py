@@ -5,6 +5,10 @@ from __future__ import annotations
 import click
 
 TABLE_ROWS = 50
+SYMBOLS_HELP = (
+    "A kallsyms copy or vmlinux naming address fields (`<field>_sym` columns); "
+    "default: the trace's own kallsyms copy."
+)
 
 
 @click.command("ingest")
@@ -13,12 +17,13 @@ TABLE_ROWS = 50
     "--salvage", is_flag=True, help="Read up to damage in a corrupt file and say what was skipped."
 )
 @click.option("--no-cache", is_flag=True, help="Parse again and do not write the Parquet cache.")
-def ingest(path: str, salvage: bool, no_cache: bool) -> None:
+@click.option("--symbols", type=click.Path(path_type=str), help=SYMBOLS_HELP)
+def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> None:
     """Decode PATH (trace.dat, raw capture directory or text trace), cache it as Parquet
     and print a summary: events per type per CPU, time span, lost events."""
     from tracekit.ingest import open_trace
 
-    trace = open_trace(path, salvage=salvage, use_cache=not no_cache)
+    trace = open_trace(path, salvage=salvage, use_cache=not no_cache, symbols=symbols)
     click.echo(trace.summary())
     if trace.meta.get("cache"):
         click.echo(f"cache: {trace.meta['cache']}")
@@ -31,15 +36,22 @@ def ingest(path: str, salvage: bool, no_cache: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @click.option("--limit", type=int, help=f"At most this many rows (table default {TABLE_ROWS}).")
 @click.option("--salvage", is_flag=True, help="Read up to damage in a corrupt file.")
+@click.option("--symbols", type=click.Path(path_type=str), help=SYMBOLS_HELP)
 def events(
-    path: str, event: str | None, cpu: int | None, fmt: str, limit: int | None, salvage: bool
+    path: str,
+    event: str | None,
+    cpu: int | None,
+    fmt: str,
+    limit: int | None,
+    salvage: bool,
+    symbols: str | None,
 ) -> None:
     """Print the events of PATH (or one event type's fields) for a quick look."""
     import polars as pl
 
     from tracekit.ingest import open_trace
 
-    trace = open_trace(path, salvage=salvage)
+    trace = open_trace(path, salvage=salvage, symbols=symbols)
     df = trace.event(event) if event else trace.events
     if cpu is not None:
         df = df.filter(pl.col("cpu") == cpu)

@@ -1,8 +1,9 @@
 """Parquet cache of decoded tables, reused while the inputs are unchanged.
 
 Where: beside a bare trace file (`.<name>.tracekit/`), or inside a capture or bundle
-directory (`.tracekit-cache/`). Key: every input file's relative path, size and SHA-256,
-plus the tracekit version and salvage flag. A quick check on (size, mtime) avoids hashing
+directory (`.tracekit-cache/`). Key: every input file's relative path, size and SHA-256
+(a given symbols file, kallsyms or vmlinux, is one of the inputs), plus the tracekit
+version and salvage flag. A quick check on (size, mtime) avoids hashing
 when nothing was touched; if those differ the content hash decides, so a `touch` does not
 force a re-parse but any changed byte does.
 """
@@ -20,7 +21,7 @@ import polars as pl
 from tracekit import __version__
 from tracekit.ingest.tables import Tables
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: `<field>_sym` columns
 DIR_CACHE = ".tracekit-cache"
 
 
@@ -40,18 +41,30 @@ def input_files(path: Path) -> list[Path]:
     )
 
 
-def _stat(path: Path, files: list[Path]) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of every input."""
+def _inputs(path: Path, symbols: Path | None) -> list[Path]:
+    """The trace's input files, then the given symbols file (it changes the tables too)."""
+    return input_files(path) + ([symbols] if symbols is not None else [])
+
+
+def _label(path: Path, f: Path) -> str:
+    """An input's name in the key: relative to the trace, absolute when outside it."""
     root = path if path.is_dir() else path.parent
-    return {str(f.relative_to(root)): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+    try:
+        return str(f.relative_to(root))
+    except ValueError:
+        return str(f.resolve())
+
+
+def _stat(path: Path, files: list[Path]) -> dict[str, list[int]]:
+    """{name: [size, mtime_ns]} of every input."""
+    return {_label(path, f): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
 
 
 def _content_key(path: Path, files: list[Path], salvage: bool) -> str:
     """SHA-256 over the inputs' names, sizes and contents, the version and salvage flag."""
-    root = path if path.is_dir() else path.parent
     h = hashlib.sha256(f"{CACHE_FORMAT} {__version__} salvage={salvage}\n".encode())
     for f in files:
-        h.update(f"{f.relative_to(root)} {f.stat().st_size}\n".encode())
+        h.update(f"{_label(path, f)} {f.stat().st_size}\n".encode())
         with open(f, "rb") as src:
             while block := src.read(1 << 22):
                 h.update(block)
@@ -63,7 +76,7 @@ def _table_file(name: str) -> str:
     return "event-" + "".join(c if c.isalnum() or c in "_-" else "_" for c in name) + ".parquet"
 
 
-def load(path: Path, salvage: bool) -> tuple[Tables, bool] | None:
+def load(path: Path, salvage: bool, symbols: Path | None = None) -> tuple[Tables, bool] | None:
     """Cached tables (lazy scans inside eager frames' place) if still valid, else None."""
     cdir = cache_dir(path)
     try:
@@ -74,7 +87,7 @@ def load(path: Path, salvage: bool) -> tuple[Tables, bool] | None:
         return None
     if manifest.get("salvage") != salvage:
         return None
-    files = input_files(path)
+    files = _inputs(path, symbols)
     stat = _stat(path, files)
     if stat != manifest.get("stat"):
         if _content_key(path, files, salvage) != manifest.get("key"):
@@ -104,10 +117,10 @@ def _write_manifest(cdir: Path, manifest: dict[str, Any]) -> None:
     tmp.replace(cdir / "manifest.json")
 
 
-def save(path: Path, tables: Tables, salvage: bool) -> Path | None:
+def save(path: Path, tables: Tables, salvage: bool, symbols: Path | None = None) -> Path | None:
     """Store the tables; returns the cache directory, or None if it cannot be written."""
     cdir = cache_dir(path)
-    files = input_files(path)
+    files = _inputs(path, symbols)
     try:
         if cdir.exists():
             shutil.rmtree(cdir)

@@ -224,7 +224,7 @@ def standard_header(g: Gatherer) -> dict[str, np.ndarray] | None:
         return None
     w0 = m[:, 0]
     return {
-        "common_type": (w0 & 0xFFFF).astype(np.int64),
+        "common_type": (w0 & 0xFFFF).astype(np.uint16),  # ids are 16-bit: a quarter of int64
         "common_flags": ((w0 >> 16) & 0xFF).astype(np.uint8),
         "common_preempt_count": (w0 >> 24).astype(np.uint8),
         "common_pid": m[:, 1].view(np.int32),

@@ -18,11 +18,14 @@ def _header(trace: Trace) -> list[str]:
     cached = " (from cache)" if trace.from_cache else ""
     if trace.tools:
         return [f"{m.get('reader')} output: {trace.path}{cached}"]
-    return [
+    lines = [
         f"trace: {trace.path}{cached}",
         f"format: {m.get('reader', '?')}, {where}clock {m.get('clock') or '?'}, "
         f"{len(cpus)} CPU(s) with data",
     ]
+    if "symbols" in m:  # binary readers: where the `_sym` columns' names came from
+        lines.append(f"symbols: {m['symbols'] or 'none (no kallsyms copy; give --symbols)'}")
+    return lines
 
 
 def _span(events: pl.DataFrame) -> list[str]:
@@ -53,10 +56,19 @@ def _per_type(events: pl.DataFrame) -> list[str]:
     return lines
 
 
-def _lost(lost: pl.DataFrame) -> list[str]:
+# What each kind of reader can see of lost events, said when none was reported.
+CHECKED = {
+    "ftrace text": "`[LOST n EVENTS]` / `EVENTS DROPPED` lines checked",
+    "function_graph text": "`[LOST n EVENTS]` lines checked",
+    "perf script": "perf reports lost samples on stderr, not in this text",
+}
+
+
+def _lost(lost: pl.DataFrame, reader: str) -> list[str]:
     """Every lost-events report, grouped by CPU and source (never summed across sources)."""
     if lost.is_empty():
-        return ["lost events: none reported (page flags and per-CPU stats checked)"]
+        checked = CHECKED.get(reader, "page flags and per-CPU stats checked")
+        return [f"lost events: none reported ({checked})"]
     lines = ["lost events (each source counts the same losses its own way; do not add them):"]
     grouped = (
         lost.group_by("cpu", "source")
@@ -78,7 +90,7 @@ def summarise(trace: Trace) -> str:
         lines = _header(trace)
     else:
         lines = _header(trace) + _span(trace.events) + _per_type(trace.events)
-        lines += _lost(trace.lost)
+        lines += _lost(trace.lost, str(trace.meta.get("reader", "")))
     unknown = trace.events.filter(pl.col("event").cast(pl.String).str.starts_with("unknown_id_"))
     if unknown.height:
         lines.append(f"events without a format file (kept as unknown_id_N): {unknown.height}")

@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from tracekit.errors import TracekitError
+from tracekit.ingest.funcgraph import is_graph_text, read_graph_text
 from tracekit.ingest.tables import LOST_SCHEMA, Tables
 
 READER = "ftrace text"
@@ -27,7 +28,7 @@ LOST_RE = r"CPU:(?<cpu>\d+) \[(?:LOST (?<lost>\d+) EVENTS|(?:(?<dropped>\d+) )?E
 KEY_RE = r"(?:^|\s)(\w+)="
 
 
-def _lines(path: Path) -> pl.DataFrame:
+def read_lines(path: Path, reader: str = READER) -> pl.DataFrame:
     """The file's lines (null for blank ones) with their 1-based line numbers.
 
     polars' CSV reader with a separator that does not occur splits lines in Rust, many
@@ -39,7 +40,7 @@ def _lines(path: Path) -> pl.DataFrame:
             schema={"line": pl.String}, encoding="utf8-lossy", truncate_ragged_lines=True,
         )  # fmt: skip
     except (OSError, pl.exceptions.PolarsError) as err:
-        raise TracekitError(f"{READER} reader: {path}: {err}") from None
+        raise TracekitError(f"{reader} reader: {path}: {err}") from None
     return lines.with_row_index("lineno", 1)
 
 
@@ -128,7 +129,7 @@ def _events(parsed: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _typed(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
+def typed_tables(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """One table per event: key=value fields become columns (integers when all are)."""
     out: dict[str, pl.DataFrame] = {}
     for (name,), group in events.group_by("event", maintain_order=True):
@@ -141,8 +142,30 @@ def _typed(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
             cols.append(as_int if as_int.null_count() == raw.null_count() else raw)
         taken = set(head.columns)
         cols = [c.alias(f"field_{c.name}") if c.name in taken else c for c in cols]
-        out[str(name)] = head.with_columns(cols, fields=group["fields"])
+        out[str(name)] = head.with_columns(*_probe_site(group["fields"]), *cols,
+                                           fields=group["fields"])  # fmt: skip
     return out
+
+
+# A kprobe's `(sym+0xoff/0xsize)`, a kretprobe's `(caller+0xoff/0xsize <- func)`.
+PROBE_SITE_RE = r"^\((?<at>[\w.$]+)\+0x[0-9a-f]+/0x[0-9a-f]+(?: <- (?<func>[\w.$]+))?\)"
+
+
+def _probe_site(fields: pl.Series) -> list[pl.Series]:
+    """The probe site kprobe lines start with, named like the binary reader's `_sym` columns.
+
+    Only the symbol name of `%pS`'s `name+0xoff/0xsize` is kept, so a kprobe gives
+    `__probe_ip_sym` = `do_sys_openat2`, a kretprobe `__probe_func_sym` (the probed
+    function) and `__probe_ret_ip_sym` (its caller, `__arm64_sys_openat`).
+    """
+    site = fields.str.extract_groups(PROBE_SITE_RE)
+    at = site.struct.field("at")
+    if at.null_count():
+        return []  # not a probe (or not every line of it is): nothing is guessed
+    func = site.struct.field("func")
+    if func.null_count() == 0:
+        return [func.alias("__probe_func_sym"), at.alias("__probe_ret_ip_sym")]
+    return [at.alias("__probe_ip_sym")]
 
 
 def _lost(marks: pl.DataFrame, path: Path) -> pl.DataFrame:
@@ -160,12 +183,15 @@ def _lost(marks: pl.DataFrame, path: Path) -> pl.DataFrame:
 
 def read_text(path: Path, salvage: bool = False) -> Tables:
     """Parse a tracefs or trace-cmd report text file into Tables."""
-    lines = _lines(path)
-    parsed = _parse(lines)
-    is_event = pl.col("event").is_not_null()
+    lines = read_lines(path)
     marks = lines.filter(pl.col("line").str.contains("CPU:", literal=True))
     marks = marks.with_columns(pl.col("line").str.extract_groups(LOST_RE).alias("m")).unnest("m")
     is_mark = pl.col("cpu").is_not_null()
+    if is_graph_text(lines):
+        found = marks.filter(is_mark)
+        return read_graph_text(lines, path, _lost(found, path), found["lineno"])
+    parsed = _parse(lines)
+    is_event = pl.col("event").is_not_null()
     ev_lines = parsed.filter(is_event)
     if ev_lines.is_empty():
         raise TracekitError(
@@ -188,7 +214,7 @@ def read_text(path: Path, salvage: bool = False) -> Tables:
         "cpus": sorted(events["cpu"].unique().to_list()), "skipped": skipped,
         "unparsed_lines": other.height,
     }  # fmt: skip
-    tables = _typed(events)
+    tables = typed_tables(events)
     events = events.drop("irq_info", "fields").with_columns(
         pl.col("comm", "event", "system").cast(pl.Categorical)
     )

@@ -1,5 +1,5 @@
-"""Tool outputs -> polars tables: cyclictest (plain, -h histogram, --json), stress-ng
-(--metrics-brief text, --yaml) and `perf stat -x,` CSV (with or without -A / -I).
+"""Tool outputs -> polars tables: cyclictest (plain, -h histogram, --json, -v -N samples),
+stress-ng (--metrics-brief text, --yaml) and `perf stat -x,` CSV (with or without -A / -I).
 
 `read_tool(path)` recognises the tool from the content and returns named tables; the
 schemas are listed in docs/tables.md. Lines a reader does not understand are counted in
@@ -27,6 +27,10 @@ STRESS_METRIC_RE = re.compile(
     r"(?P<usr>[\d.]+)\s+(?P<sys>[\d.]+)\s+(?P<rate_real>[\d.]+)\s+(?P<rate_cpu>[\d.]+)"
 )
 
+# cyclictest -v: its header line per thread, and its `thread: cycle: latency` samples.
+CYCLIC_INTERVAL_RE = re.compile(r"^Thread \d+ Interval: \d+$", re.M)
+CYCLIC_SAMPLES_RE = re.compile(r"^\s*\d+:\s*\d+:\s*\d+\s*$", re.M)
+
 ToolTables = tuple[str, dict[str, pl.DataFrame], list[str]]
 
 
@@ -36,6 +40,8 @@ def detect_tool(head: str) -> str | None:
         return "cyclictest"
     if head.startswith("# /dev/cpu_dma_latency") or "# Histogram" in head:
         return "cyclictest"
+    if CYCLIC_INTERVAL_RE.search(head) or len(CYCLIC_SAMPLES_RE.findall(head)) >= 3:
+        return "cyclictest"  # -v: `Thread N Interval: I` then `thread: cycle: latency` lines
     if "stress-ng" in head and ("metrc:" in head or "stress-ng-version" in head):
         return "stress-ng"
     if re.search(r"^\s*[\d.]*,?(CPU\d+,)?[\d.<>a-z ]+,[^,]*,[\w:-]+,\d+,[\d.]+", head, re.M):
@@ -210,6 +216,8 @@ def read_tool(path: Path) -> ToolTables:
                 return tool, _cyclic_json(json.loads(text)), skipped
             except (json.JSONDecodeError, AttributeError, ValueError) as err:
                 raise TracekitError(f"cyclictest reader: {path}: bad JSON: {err}") from None
+        if any(CYCLIC_SAMPLE_RE.match(line) for line in lines):
+            return tool, _cyclic_verbose(lines, str(path)), skipped
         return tool, _cyclic_text(lines, skipped), skipped
     if tool == "stress-ng":
         rows = _stress_yaml(text) if "stress-ng-version" in text else _stress_brief(lines)
@@ -231,28 +239,55 @@ CYCLIC_VERBOSE_HEADER_RE = re.compile(
 CYCLIC_SAMPLE_SCHEMA = {"thread": pl.Int32, "cycle": pl.Int64, "latency_ns": pl.Int64}
 
 
+# The `T:` summary of -v output; with -N its Act and Avg fields are 8 wide, else 5.
+CYCLIC_VERBOSE_T_RE = re.compile(
+    r"^T:\s*(?P<thread>\d+)\s+\(\s*(?P<tid>\d+)\)\s+P:\s*(?P<prio>\d+)\s+I:\s*(?P<interval>\d+)"
+    r"\s+C:\s*(?P<cycles>\d+)\s+Min:\s*(?P<min>\d+)\s+Act:(?P<act>\s*\d+)\s+Avg:\s*(?P<avg>\d+)"
+    r"\s+Max:\s*(?P<max>\d+)"
+)
+NS_FIELD_WIDTH = 8
+
+
 def read_cyclictest_verbose(path: Path) -> pl.DataFrame:
     """cyclictest `-v -N` samples: one row per loop (thread, cycle, latency_ns).
 
-    -N is required: -v prints bare numbers, and only -N makes them nanoseconds. Header and
-    summary lines are recognised and passed over; any other line is an error, so no sample
-    is lost to a line the reader did not expect.
+    -v prints bare numbers: nanoseconds with -N, microseconds without. The `T:` summary
+    line tells which (its fields are wider with -N); microseconds are scaled to ns. With
+    no summary line (cyclictest killed) -N is assumed, as `tracekit collect` records.
+    Header and summary lines are recognised and passed over; any other line is an error,
+    so no sample is lost to a line the reader did not expect.
     """
     try:
         text = path.read_text(errors="replace")
     except OSError as err:
         raise TracekitError(f"cyclictest reader: {path}: {err}") from None
+    return _cyclic_verbose(text.splitlines(), str(path))["cyclictest_samples"]
+
+
+def _cyclic_verbose(lines: list[str], source: str) -> dict[str, pl.DataFrame]:
+    """-v output: every sample (cyclictest_samples) and the `T:` lines (cyclictest_threads)."""
     rows: list[tuple[int, int, int]] = []
-    for n, line in enumerate(text.splitlines(), 1):
+    threads: list[dict[str, int]] = []
+    for n, line in enumerate(lines, 1):
         if m := CYCLIC_SAMPLE_RE.match(line):
             rows.append((int(m["thread"]), int(m["cycle"]), int(m["latency"])))
+        elif m := CYCLIC_VERBOSE_T_RE.match(line.strip()):
+            threads.append({k: int(v) for k, v in m.groupdict().items()} | {"_w": len(m["act"])})
         elif line.strip() and not CYCLIC_VERBOSE_HEADER_RE.match(line.strip()):
             raise TracekitError(
-                f"cyclictest reader: {path}: line {n} is not a `thread: cycle: latency` sample"
-                f" ({line[:40]!r}); give the output of `cyclictest -v -N` unchanged"
+                f"cyclictest reader: {source}: line {n} is not a `thread: cycle: latency` "
+                f"sample ({line[:40]!r}); give the output of `cyclictest -v -N` unchanged"
             )
     if not rows:
         raise TracekitError(
-            f"cyclictest reader: {path}: no samples; run cyclictest with -v -N to record them"
+            f"cyclictest reader: {source}: no samples; run cyclictest with -v -N to record them"
         )
-    return pl.DataFrame(rows, schema=CYCLIC_SAMPLE_SCHEMA, orient="row")
+    widths = [t.pop("_w") for t in threads]
+    scale = 1000 if widths and max(widths) < NS_FIELD_WIDTH else 1  # microseconds: no -N
+    samples = pl.DataFrame(rows, schema=CYCLIC_SAMPLE_SCHEMA, orient="row")
+    out = {"cyclictest_samples": samples.with_columns(pl.col("latency_ns") * scale)}
+    if threads:
+        unit = {k: f"{k}_ns" for k in ("min", "act", "avg", "max")}
+        table = pl.DataFrame(threads).rename(unit)
+        out["cyclictest_threads"] = table.with_columns(pl.col(*unit.values()) * scale)
+    return out

@@ -89,24 +89,36 @@ def _kind(path: Path) -> str:
         raise TracekitError(f"{path}: looks like a trace.dat but its magic is damaged")
     from tracekit.ingest.tools import detect_tool
 
-    if detect_tool(head.decode("utf-8", "replace")):
+    text = head.decode("utf-8", "replace")
+    if detect_tool(text):
         return "tool"
     if b"\0" in head:
         raise TracekitError(
             f"{path}: binary data that is not a trace.dat; give a trace.dat, a raw "
             "capture directory or a text trace"
         )
-    return "text"
+    from tracekit.ingest.perfscript import is_perf_script
+
+    return "perfscript" if is_perf_script(text) else "text"
 
 
-def _parse(path: Path, kind: str, salvage: bool) -> Tables:
+def _parse(path: Path, kind: str, salvage: bool, symbols: Path | None) -> Tables:
     """Run the reader for this kind of input."""
     if kind == "rawcap":
-        return build_tables(read_raw_capture(path, salvage), salvage)
+        return build_tables(read_raw_capture(path, salvage), salvage, symbols)
     if kind == "tracedat":
-        return build_tables(read_tracedat(path, salvage), salvage)
+        return build_tables(read_tracedat(path, salvage), salvage, symbols)
+    if symbols is not None:
+        raise TracekitError(
+            f"{path}: symbols are only applied to binary traces (trace.dat, raw capture); "
+            "a text trace already prints names: leave the symbols option out"
+        )
     if kind == "tool":
         return _tool_tables(path)
+    if kind == "perfscript":
+        from tracekit.ingest.perfscript import read_perf_script
+
+        return read_perf_script(path)
     from tracekit.ingest.text import read_text
 
     return read_text(path, salvage)
@@ -122,16 +134,29 @@ def _tool_tables(path: Path) -> Tables:
     return Tables(events, {}, pl.DataFrame(schema=LOST_SCHEMA), meta, tools)
 
 
-def open_trace(path: str | Path, *, salvage: bool = False, use_cache: bool = True) -> Trace:
-    """Open a trace.dat, a raw capture directory or a text trace (cached as Parquet)."""
+def open_trace(
+    path: str | Path,
+    *,
+    salvage: bool = False,
+    use_cache: bool = True,
+    symbols: str | Path | None = None,
+) -> Trace:
+    """Open a trace.dat, a raw capture directory or a text trace (cached as Parquet).
+
+    `symbols`, a kallsyms copy or a vmlinux, names address fields in `<field>_sym`
+    columns; without it the trace's own kallsyms copy does, when it has one.
+    """
     path = Path(path)
     kind = _kind(path)
+    sym_path = Path(symbols) if symbols is not None else None
+    if sym_path is not None and not sym_path.is_file():
+        raise TracekitError(f"symbols: {sym_path} does not exist; give a vmlinux or kallsyms copy")
     if use_cache:
-        hit = cache.load(path, salvage)
+        hit = cache.load(path, salvage, sym_path)
         if hit is not None:
             return Trace(path, hit[0], from_cache=True)
-    tables = _parse(path, kind, salvage)
+    tables = _parse(path, kind, salvage, sym_path)
     if use_cache:
-        where = cache.save(path, tables, salvage)
+        where = cache.save(path, tables, salvage, sym_path)
         tables.meta["cache"] = str(where) if where else None
     return Trace(path, tables, from_cache=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tracekit.symbols.fetch import symbols_cache
 
-FORMAT = 4
+FORMAT = 5  # 5: hypercall tables skip the enum's range markers
 
 
 def cache_file(build_id: str, kind: str) -> Path:

@@ -12,46 +12,19 @@ from dataclasses import dataclass
 
 from tracekit.errors import TracekitError
 from tracekit.symbols import cache, dwarf
+from tracekit.symbols.hypcall_tables import BUNDLED
 from tracekit.symbols.vmlinux import Vmlinux
 
 ENUM_NAME = "__kvm_host_smccc_func"
 ENUMERATOR_PREFIX = "__KVM_HOST_SMCCC_FUNC_"
+# Calls are named after their functions (`__kvm_vcpu_run`); the enum's range markers
+# (`__KVM_HOST_SMCCC_FUNC_MAX`, `_MIN_PKVM`, 7.x) are not and share a call's value.
+CALL_PREFIX = "__"
 # __kvm_hyp_init is a #define (0), not an enumerator: DWARF never shows it.
 HYP_INIT = "__kvm_hyp_init"
 # ARM_SMCCC_CALL_VAL(FAST_CALL, SMC_64, OWNER_VENDOR_HYP, 0) in include/linux/arm-smccc.h.
 SMCCC_HOST_BASE = 0xC6000000
 _ENUM_TAGS = frozenset({"DW_TAG_enumeration_type"})
-
-# Bundled fallbacks, per kernel series: names in enum order, starting at 0.
-# 6.1: Linux v6.1, arch/arm64/include/asm/kvm_asm.h, enum __kvm_host_smccc_func (checked
-# against the DWARF of Debian's 6.1.0-50-arm64 debug vmlinux by tests/test_symbols_vmlinux.py).
-BUNDLED: dict[str, tuple[str, ...]] = {
-    "6.1": (
-        "__kvm_hyp_init",
-        "__kvm_get_mdcr_el2",
-        "__pkvm_init",
-        "__pkvm_create_private_mapping",
-        "__pkvm_cpu_set_vector",
-        "__kvm_enable_ssbs",
-        "__vgic_v3_init_lrs",
-        "__vgic_v3_get_gic_config",
-        "__pkvm_prot_finalize",
-        "__pkvm_host_share_hyp",
-        "__pkvm_host_unshare_hyp",
-        "__kvm_adjust_pc",
-        "__kvm_vcpu_run",
-        "__kvm_flush_vm_context",
-        "__kvm_tlb_flush_vmid_ipa",
-        "__kvm_tlb_flush_vmid",
-        "__kvm_flush_cpu_context",
-        "__kvm_timer_set_cntvoff",
-        "__vgic_v3_read_vmcr",
-        "__vgic_v3_write_vmcr",
-        "__vgic_v3_save_aprs",
-        "__vgic_v3_restore_aprs",
-        "__pkvm_vcpu_init_traps",
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -71,8 +44,9 @@ def from_enumerators(values: dict[str, int]) -> dict[int, str]:
     """Number -> call name from the DWARF enumerators, adding the #define'd __kvm_hyp_init."""
     names = {0: HYP_INIT}
     for enumerator, value in values.items():
-        if enumerator.startswith(ENUMERATOR_PREFIX):
-            names[value] = enumerator.removeprefix(ENUMERATOR_PREFIX)
+        call = enumerator.removeprefix(ENUMERATOR_PREFIX)
+        if enumerator.startswith(ENUMERATOR_PREFIX) and call.startswith(CALL_PREFIX):
+            names[value] = call
     return names
 
 

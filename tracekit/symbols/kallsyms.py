@@ -21,8 +21,8 @@ def parse_line(line: str) -> Symbol | None:
         address = int(parts[0], 16)
     except ValueError:
         return None
-    if not address:
-        return None
+    if not address or parts[2].startswith("$"):
+        return None  # $x/$d mark code/data runs in modules; the kernel never names by them
     module = parts[3].strip("[]") if len(parts) > 3 else ""
     return Symbol(address, parts[2], weak=parts[1] in "wWvV", module=module)
 
@@ -38,16 +38,34 @@ def read_kallsyms(path: str | os.PathLike[str]) -> SymbolTable:
     """A symbol table from a kallsyms copy; all-zero addresses are a clear error."""
     source = Path(path)
     try:
-        lines = source.read_text(encoding="utf-8", errors="replace").splitlines()
+        text = source.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise TracekitError(f"cannot read kallsyms copy {source}: {exc.strerror}") from None
-    symbols = [symbol for line in lines if (symbol := parse_line(line)) is not None]
+    return parse_kallsyms(text, str(source))
+
+
+def parse_kallsyms(text: str, source: str) -> SymbolTable:
+    """A symbol table from kallsyms text (a file, or the copy a trace.dat carries)."""
+    symbols = [symbol for line in text.splitlines() if (symbol := parse_line(line)) is not None]
     if not symbols:
         raise TracekitError(
             f"{source}: no symbol with a non-zero address; copy /proc/kallsyms as root with "
             "kptr_restrict lifted (tracekit collect does this)"
         )
-    return SymbolTable(symbols, ranked=False)
+    return SymbolTable(symbols, ranked=False, spans=covered_spans(symbols))
+
+
+def covered_spans(symbols: list[Symbol]) -> list[tuple[int, int]]:
+    """Where kallsyms names addresses: the kernel image and each module, first to last symbol.
+
+    kallsyms has no sizes, so past the last symbol of a region nothing is known: the
+    kernel itself prints such addresses as bare hex, and so do we (no name is guessed).
+    """
+    ranges: dict[str, tuple[int, int]] = {}
+    for symbol in symbols:
+        low, high = ranges.get(symbol.module, (symbol.address, symbol.address))
+        ranges[symbol.module] = (min(low, symbol.address), max(high, symbol.address))
+    return [(low, high + 1) for low, high in ranges.values()]
 
 
 def kaslr_shift(runtime: SymbolTable, linked: SymbolTable) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # Linker-script symbols (`__start_X`, `__X_end`...) mark section edges; scripts/kallsyms.c
@@ -55,6 +55,9 @@ class SymbolTable:
 
     With `ranked`, aliases are ordered as scripts/kallsyms.c would (for ELF symbols);
     without, the first one given wins (a kallsyms copy is already in the kernel's order).
+    `spans` (link-address ranges, end excluded), when given, are where the symbols are
+    known to cover: an address outside every span (the linear map, vmalloc, a module's
+    data past its last symbol) resolves to nothing rather than to the nearest name below.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class SymbolTable:
         shift: int = 0,
         end: int | None = None,
         ranked: bool = True,
+        spans: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         best: dict[int, Symbol] = {}
         self.by_name: dict[str, int] = {}  # every alias, even those lookups never return
@@ -77,6 +81,7 @@ class SymbolTable:
         # Link address past the image (a vmlinux's _end): beyond it lie modules and
         # vmalloc, which the nearest symbol below would name wrongly.
         self.end = end
+        self.spans = sorted(spans) if spans is not None else None
 
     def __len__(self) -> int:
         """How many distinct addresses carry a symbol."""
@@ -86,14 +91,23 @@ class SymbolTable:
         """The same symbols seen at run time under a KASLR displacement of `shift` bytes."""
         table = SymbolTable([])
         table.addresses, table.symbols, table.by_name = self.addresses, self.symbols, self.by_name
-        table.shift, table.end = shift, self.end
+        table.shift, table.end, table.spans = shift, self.end, self.spans
         return table
+
+    def covers(self, link_address: int) -> bool:
+        """Whether a link address lies where these symbols name things (see `spans`)."""
+        if self.end is not None and link_address >= self.end:
+            return False
+        if self.spans is None:
+            return True
+        index = bisect.bisect_right(self.spans, (link_address, 1 << 64)) - 1
+        return index >= 0 and link_address < self.spans[index][1]
 
     def lookup(self, address: int) -> Resolved | None:
         """The symbol covering a run-time address, or None below the first symbol."""
         link_address = address - self.shift
         index = bisect.bisect_right(self.addresses, link_address) - 1
-        if index < 0 or (self.end is not None and link_address >= self.end):
+        if index < 0 or not self.covers(link_address):
             return None
         symbol = self.symbols[index]
         return Resolved(address, symbol, link_address - symbol.address)
