@@ -30,14 +30,16 @@ class RunRecord:
 
     run_id: str
     phase: str
-    kind: str  # "quiet" or "traced"
+    kind: str  # quiet, traced, probe, guest, after-guest, vms, guest-start, guest-stop
     index: int
     start_ns: int | None = None  # trace clock (CLOCK_BOOTTIME), ns
     end_ns: int | None = None
     files: list[str] = field(default_factory=list)
     lost_events: dict[str, int] = field(default_factory=dict)  # per CPU: overrun + dropped
-    status: str = "running"  # running, ok, failed, interrupted
+    status: str = "running"  # running, ok, failed, interrupted, over-budget
     note: str = ""
+    # What the run varied (a sweep point's ipa_bits/vcpus/touch_kb, a probe's cpu).
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,7 +65,11 @@ class Manifest:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         """Rebuild a manifest from manifest.json data."""
-        runs = [RunRecord(**run) for run in data.get("runs", [])]
+        known = RunRecord.__dataclass_fields__
+        runs = [
+            RunRecord(**{k: v for k, v in run.items() if k in known})
+            for run in data.get("runs", [])
+        ]
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         fields["runs"] = runs
         return cls(**fields)

@@ -18,6 +18,16 @@ def _one_cpu(text: str, option: str) -> int:
     return cpus[0]
 
 
+def _int_list(text: str | None, option: str) -> list[int]:
+    """A comma-separated list of whole numbers ("36,40,44"); empty when not given."""
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise TracekitError(f"{option} takes numbers separated by commas, not {text!r}") from None
+
+
 @click.command()
 @click.option("--rt-cpu", required=True, help="The isolated CPU where cyclictest measures.")
 @click.option("--stress-cpus", required=True, help="CPU list for stress-ng, e.g. 0-2.")
@@ -40,7 +50,25 @@ def _one_cpu(text: str, option: str) -> int:
     show_default=True,
     help="Budget of throwaway VMs for --after-guest rollover before giving up.",
 )
-@click.option("--scenario", default="main", show_default=True)
+@click.option(
+    "--scenario",
+    default="main",
+    show_default=True,
+    help="main, teardown, cache-toggle or guest-broadcast (--dry-run shows its plan).",
+)
+@click.option("--ipa-bits", help="teardown: IPA sizes, e.g. 36,40,44 (default: up to the limit).")
+@click.option("--vcpus", help="cache-toggle: vCPU counts, e.g. 1,2,4.")
+@click.option("--touch-kb", help="cache-toggle: KB each vCPU touches, e.g. 0,4096.")
+@click.option("--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point.")
+@click.option("--tlbi-count", type=int, help="guest-broadcast: TLBIs the guest issues.")
+@click.option(
+    "--vm-budget", type=int, help="Seconds one sweep point may take before it is stopped."
+)
+@click.option(
+    "--function-graph",
+    is_flag=True,
+    help="Follow the TLB-flush/teardown paths (function_graph on 6.11+, else kprobes).",
+)
 @click.option("--events", multiple=True, help="Extra events (system/event), repeatable.")
 @click.option("--kprobe", multiple=True, help="Extra kprobe definition, repeatable.")
 @click.option("--perf-counters", is_flag=True, help="Record perf stat per CPU.")
@@ -52,7 +80,11 @@ def _one_cpu(text: str, option: str) -> int:
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="kprobe fetch arguments from `tracekit symbols probe-args` (kernels without BTF).",
 )
-@click.option("--allow-dirty", is_flag=True, help="Collect even if a VM already ran.")
+@click.option(
+    "--allow-dirty",
+    is_flag=True,
+    help="Collect even on a host where a VM already ran since boot (preflight reads it).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 def collect(
@@ -67,6 +99,13 @@ def collect(
     after_guest: str,
     rollover_max_vms: int,
     scenario: str,
+    ipa_bits: str | None,
+    vcpus: str | None,
+    touch_kb: str | None,
+    repeat: int | None,
+    tlbi_count: int | None,
+    vm_budget: int | None,
+    function_graph: bool,
     events: tuple[str, ...],
     kprobe: tuple[str, ...],
     perf_counters: bool,
@@ -104,6 +143,13 @@ def collect(
         probe=probe,
         probe_args=probe_args,
         rollover_max_vms=rollover_max_vms,
+        function_graph=function_graph,
+        ipa_bits=_int_list(ipa_bits, "--ipa-bits"),
+        vcpus=_int_list(vcpus, "--vcpus"),
+        touch_kb=_int_list(touch_kb, "--touch-kb"),
+        repeat=repeat,
+        tlbi_count=tlbi_count,
+        vm_budget_s=vm_budget,
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

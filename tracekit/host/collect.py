@@ -12,23 +12,39 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tracekit.bundle import BundleWriter, Manifest, RunRecord
-from tracekit.cpus import format_cpu_list, parse_cpu_list
 from tracekit.errors import TracekitError
 from tracekit.guests import GuestVariant, read_variant
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
 from tracekit.host.cleanup import CleanupStack, Interrupted
+from tracekit.host.facts import (
+    check_freshness,
+    describe_host,
+    host_facts,
+    jsonable,
+    online_cpus,
+)
+from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
+from tracekit.host.guestruns import BackgroundGuest, BudgetOutcome, wait_within_budget
 from tracekit.host.instance import Instance
-from tracekit.host.preflight import read_host_facts
+from tracekit.host.kvmstate import read_ipa_limit
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
-from tracekit.host.protocol import SCENARIOS, PlannedRun, Roles, Scenario, plan_runs
+from tracekit.host.protocol import (
+    PlannedRun,
+    Roles,
+    Scenario,
+    ScenarioParams,
+    format_ints,
+    plan_runs,
+    scenario_named,
+)
 from tracekit.host.rawcapture import RawCapture
 from tracekit.host.tracefs import Tracefs, require_root
 
@@ -40,10 +56,10 @@ GUEST_TIMEOUT_SECONDS = 600
 # PMU events for --perf-counters: generic names perf maps to each core's own events;
 # those a PMU lacks are recorded as <not supported> (an emulated PMU has few).
 PERF_EVENTS = ("cycles", "instructions", "dTLB-load-misses", "iTLB-load-misses")
+# Runs recorded into a raw capture of their own.
+TRACED_KINDS = ("traced", "guest", "after-guest", "vms", "guest-start", "guest-stop")
 # Fetch arguments for probes whose argument layout is stable across kernels.
 KPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
-# Functions whose duration matters: probed on return as well.
-KRETPROBES = ("kvm_free_stage2_pgd", "kvm_uninit_stage2_mmu", "kvm_arch_destroy_vm")
 
 
 @dataclass
@@ -71,11 +87,14 @@ class CollectOptions:
     probe: str | None = None
     probe_args: Path | None = None  # `tracekit symbols probe-args` output
     rollover_max_vms: int = 70000  # 16-bit VMIDs roll over after 65535 VMs
-
-
-def online_cpus() -> list[int]:
-    """The CPUs online now, from sysfs."""
-    return parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
+    function_graph: bool = False
+    # Scenario parameters; empty or None: the scenario's default.
+    ipa_bits: list[int] = field(default_factory=list)
+    vcpus: list[int] = field(default_factory=list)
+    touch_kb: list[int] = field(default_factory=list)
+    repeat: int | None = None
+    tlbi_count: int | None = None
+    vm_budget_s: int | None = None
 
 
 def boottime_ns() -> int:
@@ -93,17 +112,37 @@ def resolve_guest(options: CollectOptions, scenario: Scenario) -> tuple[Path, Gu
     return path, read_variant(path)
 
 
-def check_options(options: CollectOptions) -> tuple[Scenario, Roles]:
+def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioParams]:
     """Validate options before anything on the host changes."""
-    if options.scenario not in SCENARIOS:
-        raise TracekitError(
-            f"unknown scenario {options.scenario!r}; choose one of {', '.join(SCENARIOS)}"
-        )
+    scenario = scenario_named(options.scenario)
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
     roles = Roles(options.rt_cpu, tuple(options.stress_cpus), tuple(options.guest_cpus))
     roles.check(online_cpus())
-    return SCENARIOS[options.scenario], roles
+    params = scenario.defaults.merged(
+        ipa_bits=tuple(options.ipa_bits),
+        vcpus=tuple(options.vcpus),
+        touch_kb=tuple(options.touch_kb),
+        repeat=options.repeat,
+        tlbi_count=options.tlbi_count,
+        vm_budget_s=options.vm_budget_s,
+    )
+    return scenario, roles, params
+
+
+def resolve_ipa_sizes(scenario: Scenario, params: ScenarioParams) -> ScenarioParams:
+    """IPA sizes within what this host's KVM accepts; the default spread reaches its limit."""
+    if "ipa_bits" not in scenario.sweep:
+        return params
+    limit = read_ipa_limit()
+    too_large = [bits for bits in params.ipa_bits if limit and bits > limit]
+    if too_large:
+        raise TracekitError(
+            f"--ipa-bits {format_ints(tuple(too_large))}: this host's KVM accepts at most "
+            f"{limit} bits (KVM_CAP_ARM_VM_IPA_SIZE); the cortex CPU models stop at 40, "
+            "QEMU's `max` goes to 48 (52 with LPA2)"
+        )
+    return params.with_ipa_limit(limit)
 
 
 def kprobe_fetch_args(probe_args: Path | None) -> dict[str, str]:
@@ -127,12 +166,16 @@ def require_kvm() -> None:
 
 def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Path | None:
     """Run the whole collection; returns the bundle path (None for --dry-run)."""
-    scenario, roles = check_options(options)
+    scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
-    plan = plan_runs(scenario, roles, options.runs, options.traced_runs, options.after_guest)
+    params = resolve_ipa_sizes(scenario, params)
+    plan = plan_runs(
+        scenario, roles, options.runs, options.traced_runs, options.after_guest, params
+    )
     kprobe_fetch_args(options.probe_args)  # a bad file fails here, before any change
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
+        echo(f"parameters: {describe_params(scenario, params)}")
         echo(f"guest {guest_path} (variant {variant.variant})")
         for planned in plan:
             echo("  " + planned.describe())
@@ -144,18 +187,26 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
             echo(f"removed a leftover of a killed run: {leftover}")
-        facts = host_facts(tools, options.rt_cpu)
+        facts = host_facts(tools, options.rt_cpu, tracefs)
         for line in describe_host(facts):
             echo(line)
+        check_freshness(facts, scenario.needs_fresh_host, options.allow_dirty)
         manifest = Manifest(
             host=facts,
-            options=_jsonable(asdict(options)),
-            scenario={**_jsonable(asdict(scenario)), "guest": str(guest_path)},
+            options=jsonable(asdict(options)),
+            scenario={
+                **jsonable(asdict(scenario)),
+                # The variant that ran, from the guest's own note (--guest may differ
+                # from the scenario's default).
+                "guest_variant": variant.variant,
+                "guest": str(guest_path),
+                "parameters": jsonable(asdict(params)),
+            },
         )
         writer = BundleWriter.create(options.output, manifest)
         try:
             session = Session(
-                options, scenario, roles, tools, variant, guest_path, stack, tracefs, echo
+                options, scenario, roles, tools, variant, guest_path, stack, tracefs, echo, params
             )
             session.setup(writer)
             started = time.monotonic()
@@ -173,47 +224,16 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     return options.output
 
 
-def host_facts(tools: toolbox.ToolPaths, rt_cpu: int) -> dict[str, Any]:
-    """Preflight facts (kernel, KVM mode, cores, isolation, emulation) and tool versions."""
-    facts = _jsonable(asdict(read_host_facts([rt_cpu])))
-    uname = os.uname()
-    facts["kernel_release"] = uname.release
-    facts["machine"] = uname.machine
-    facts["online_cpus"] = format_cpu_list(online_cpus())
-    facts["emulated"] = facts["emulation"]["emulated"]
-    facts["tools"] = {
-        "cyclictest": toolbox.tool_version([tools.cyclictest, "--help"]),
-        "stress-ng": toolbox.tool_version([tools.stress_ng, "--version"]),
-    }
-    return facts
-
-
-def describe_host(facts: dict[str, Any]) -> list[str]:
-    """The preflight lines printed before a collection starts."""
-    cores = sorted({core["name"] for core in facts["cpus"]})
-    isolation = facts["isolation"][0]
-    isolated = [k for k in ("isolcpus", "nohz_full", "rcu_nocbs") if isolation.get(k)]
-    lines = [
-        f"host: {facts['kernel_release']} ({facts['machine']}), cores: {', '.join(cores)}",
-        f"host: KVM mode {facts['kvm']['mode']} ({facts['kvm']['evidence']})",
-        f"host: rt CPU {isolation['cpu']} isolation: {', '.join(isolated) or 'NONE'}",
-    ]
-    if facts["emulated"]:
-        lines.append(
-            f"host: EMULATED ({facts['emulation']['kind']}): timings are not hardware timings"
-        )
-    return lines
-
-
-def _jsonable(value: Any) -> Any:
-    """Paths and tuples as JSON-friendly strings and lists."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
+def describe_params(scenario: Scenario, params: ScenarioParams) -> str:
+    """The parameters that matter to this scenario, as the command line writes them."""
+    shown = {"repeat": params.repeat, "vm-budget": f"{params.vm_budget_s}s"}
+    for axis in scenario.sweep:
+        shown[axis.replace("_", "-")] = format_ints(getattr(params, axis))
+    if "during" in scenario.phases:
+        shown = {"tlbi-count": params.tlbi_count}
+    elif not scenario.sweep:
+        return "none beyond the runs"
+    return " ".join(f"--{name} {value}" for name, value in shown.items())
 
 
 class Session:
@@ -230,8 +250,11 @@ class Session:
         stack: CleanupStack,
         tracefs: Tracefs,
         echo: Callable[[str], None] = print,
+        params: ScenarioParams | None = None,
     ) -> None:
         self.options = options
+        self.params = params or scenario.defaults
+        self.background: BackgroundGuest | None = None  # a during phase's guest
         self.scenario = scenario
         self.roles = roles
         self.tools = tools
@@ -250,41 +273,57 @@ class Session:
         instance.set_trace_clock("boot")
         instance.set_buffer_size_kb(self.options.buffer_kb)
         instance.record_task_names()
-        probes = self._kprobe_definitions()
+        symbols = KernelSymbols.load(self.tracefs)
+        graph = GraphChoice("none", [], reason="--function-graph not given")
+        if self.options.function_graph:
+            graph = choose_graph(instance, symbols, list(self.scenario.graph_functions))
+            self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
+        probes = self._kprobe_definitions(symbols, graph)
         defined = define_kprobes(self.tracefs, probes).defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
         events += self.options.events
         events += [probe.group_event for probe in defined]
         instance.enable_events(events)
+        apply_graph(instance, graph)
         self.instance = instance
+        writer.manifest.scenario["function_graph"] = jsonable(asdict(graph))
         writer.manifest.scenario["events_enabled"] = list(instance.events)
         writer.manifest.scenario["events_missing"] = missing
         writer.manifest.scenario["kprobes"] = probes
         writer.manifest.scenario["trace_marker"] = str(instance.trace_marker)
         writer.save()
 
-    def _kprobe_definitions(self) -> list[str]:
+    def _kprobe_definitions(self, symbols: KernelSymbols, graph: GraphChoice) -> list[str]:
         """Entry (and return) probes on the scenario's functions the kernel offers."""
-        symbols = KernelSymbols.load(self.tracefs)
         lines = list(self.options.kprobes)
         fetch = kprobe_fetch_args(self.options.probe_args)
-        for function in self.scenario.kprobes:
+        # The function-graph fallback adds entry and return probes on its functions.
+        functions = dict.fromkeys([*self.scenario.kprobes, *graph.kprobe_functions()])
+        returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
+        for function in functions:
             if not symbols.has(function):
                 continue
             args = fetch.get(function, "")
             lines.append(f"p:tracekit/{function} {function} {args}".strip())
-            if function in KRETPROBES:
+            if function in returns:
                 lines.append(f"r:tracekit/{function}_ret {function}")
         return lines
 
     def execute(self, planned: PlannedRun, writer: BundleWriter) -> None:
         """Run one planned step, recording its files and times in the bundle."""
         run = writer.start_run(
-            RunRecord(planned.run_id, planned.phase, planned.kind, planned.index)
+            RunRecord(
+                planned.run_id,
+                planned.phase,
+                planned.kind,
+                planned.index,
+                params=jsonable(planned.detail),
+            )
         )
         rundir = Path("runs") / planned.run_id
-        traced = planned.kind in ("traced", "guest", "after-guest")
+        traced = planned.kind in TRACED_KINDS
+        status, note = "ok", ""
         capture = self._start_capture(writer, rundir) if traced else None
         self.capture = capture
         run.start_ns = boottime_ns()
@@ -298,6 +337,13 @@ class Session:
                 self._guest(writer, rundir)
             elif planned.kind == "after-guest":
                 self._after_guest(writer, rundir)
+            elif planned.kind == "vms":
+                outcome = self._sweep_point(writer, rundir, planned.detail)
+                status, note = outcome.status, outcome.note
+            elif planned.kind == "guest-start":
+                self._guest_start(writer, rundir)
+            elif planned.kind == "guest-stop":
+                self._guest_stop(writer, rundir)
         finally:
             self._marker(f"tracekit: run={planned.run_id} end")
             run.end_ns = boottime_ns()
@@ -308,7 +354,7 @@ class Session:
             for p in (writer.root / rundir).rglob("*")
             if p.is_file()
         )
-        writer.end_run(run, "ok")
+        writer.end_run(run, status, note)
 
     def _marker(self, text: str) -> None:
         """A marker in the instance's buffer, while tracing is on (the kernel refuses it else)."""
@@ -350,6 +396,9 @@ class Session:
             ),
             writer.path(str(rundir / "stress-ng.txt")),
         )
+        # The histogram file has a line per bucket: written locally, kept compacted.
+        histogram = Path(tempfile.gettempdir()) / f"tracekit-{os.getpid()}-cyclictest-hist.txt"
+        self.stack.push(f"remove {histogram}", lambda: histogram.unlink(missing_ok=True))
         cyclic = self._spawn(
             toolbox.cyclictest_argv(
                 self.tools,
@@ -357,10 +406,15 @@ class Session:
                 opts.interval_us,
                 opts.duration_s,
                 writer.path(str(rundir / "cyclictest.json")),
+                histogram,
             ),
             writer.path(str(rundir / "cyclictest.txt")),
         )
         self._wait(cyclic, "cyclictest", opts.duration_s)
+        writer.path(str(rundir / "cyclictest-hist.txt")).write_text(
+            toolbox.compact_histogram(histogram.read_text())
+        )
+        histogram.unlink()
         self._wait(stress, "stress-ng", opts.duration_s)
         if perf is not None:
             # perf stat prints its last interval and exits on SIGINT, like Ctrl-C.
@@ -402,6 +456,60 @@ class Session:
         )
         proc = self._spawn(argv, writer.path(str(rundir / "vmm.txt")))
         self._wait(proc, "vmm", GUEST_TIMEOUT_SECONDS)
+
+    def _sweep_point(
+        self, writer: BundleWriter, rundir: Path, detail: dict[str, object]
+    ) -> BudgetOutcome:
+        """`repeat` VMs of one sweep point, timed by the VMM, within the time budget."""
+        settings = toolbox.vmm_settings(
+            ipa_bits=int(str(detail["ipa_bits"])),
+            ram_mb=int(str(detail["ram_mb"])),
+            touch_kb=int(str(detail["touch_kb"])),
+            timeout=0,  # the VMM's watchdog off: the budget decides, and says so
+        )
+        argv = toolbox.vmm_argv(
+            self.tools,
+            self.guest_path,
+            list(self.roles.guest_cpus),
+            self._trace_marker(),
+            repeat=self.params.repeat,
+            extra=settings,
+            vcpus=int(str(detail["vcpus"])),
+        )
+        output = writer.path(str(rundir / "vmm.txt"))
+        proc = self._spawn(argv, output)
+        outcome = wait_within_budget(proc, self.params.vm_budget_s, output, self.params.repeat)
+        if outcome.status != "ok":
+            self.echo(f"  OVER BUDGET: {outcome.note}")
+        return outcome
+
+    def _guest_start(self, writer: BundleWriter, rundir: Path) -> None:
+        """Start the during phase's guest; it runs until _guest_stop (its markers traced)."""
+        settings = toolbox.vmm_settings(tlbi_count=self.params.tlbi_count, timeout=0)
+        argv = toolbox.vmm_argv(
+            self.tools,
+            self.guest_path,
+            list(self.roles.guest_cpus),
+            self._trace_marker(),
+            extra=settings,
+        )
+        output = writer.path(str(rundir / "vmm.txt"))
+        self.background = BackgroundGuest(
+            self._spawn(argv, output), len(self.roles.guest_cpus), output
+        )
+        took = self.background.wait_running()
+        self._marker(f"tracekit: background guest running after {took:.3f} s")
+
+    def _guest_stop(self, writer: BundleWriter, rundir: Path) -> None:
+        """Stop the during phase's guest; the kernel's teardown of it is in this run's trace."""
+        if self.background is None:
+            raise TracekitError("guest-stop without a running background guest (plan error)")
+        self._marker("tracekit: stopping the background guest")
+        code = self.background.stop()
+        self.background = None
+        writer.path(str(rundir / "guest-stop.json")).write_text(
+            json.dumps({"vmm_exit_status": code, "stopped_by": "SIGTERM"}) + "\n"
+        )
 
     def _after_guest(self, writer: BundleWriter, rundir: Path) -> None:
         """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""

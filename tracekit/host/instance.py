@@ -187,6 +187,11 @@ class Instance:
             "use entry and return kprobes on the same functions instead"
         )
 
+    def graph_limit_file(self) -> str:
+        """set_graph_function (call trees) where the instance has it, else set_ftrace_filter."""
+        graph = "set_graph_function"
+        return graph if self.tracefs.exists(self.rel(graph)) else "set_ftrace_filter"
+
     def enable_function_graph(self, functions: list[str]) -> None:
         """Run function_graph in this instance, limited to the given functions' call trees."""
         reason = self.function_graph_unavailable()
@@ -194,7 +199,13 @@ class Instance:
             raise TracekitError(reason)
         if not functions:
             raise TracekitError("function_graph needs at least one function to graph")
-        self.set("set_graph_function", " ".join(functions))
+        # Instances have no set_graph_function (seen on 6.12 and 6.18): there the graph is
+        # limited by set_ftrace_filter to the functions themselves (durations, no callees).
+        limit = self.graph_limit_file()
+        # The kernel takes one function per write to these files.
+        self.set(limit, functions[0])
+        for function in functions[1:]:
+            self.tracefs.append(self.rel(limit), function)
         self.set("current_tracer", "function_graph")
         for event in ("ftrace/funcgraph_entry", "ftrace/funcgraph_exit"):
             if event not in self.events:

@@ -8,7 +8,7 @@ runs once, traced, between the "before" and "after" phases.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tracekit.cpus import format_cpu_list
 from tracekit.errors import TracekitError
@@ -54,8 +54,105 @@ KPROBE_CANDIDATES: tuple[str, ...] = (
     "__kvm_flush_vm_context",
 )
 
+# The paths function_graph (or entry/return probes) may follow, by concern. Names differ
+# between kernel versions (6.1 frees stage 2 in kvm_free_stage2_pgd, 6.12 in
+# kvm_uninit_stage2_mmu); only those the running kernel offers are used.
+TLB_FLUSH_PATH: tuple[str, ...] = (
+    "kvm_flush_remote_tlbs",
+    "kvm_arch_flush_remote_tlbs",
+    "kvm_tlb_flush_vmid_range",
+    "__kvm_tlb_flush_vmid",
+    "__kvm_flush_vm_context",
+)
+STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
+    "kvm_free_stage2_pgd",
+    "kvm_uninit_stage2_mmu",
+    "kvm_pgtable_stage2_destroy",
+)
+# kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
+CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
+
 AFTER_GUEST_ACTIONS = ("none", "hotplug", "rollover")
 PROBE_MODES = ("page", "range", "munmap")
+
+# What each phase name does (tracekit/host/collect.py runs them):
+# measure: quiet, traced and probe runs; guest: one guest run (then the after-guest action);
+# during: a measure phase while a guest runs in the background; sweep: traced VMM runs over
+# the scenario's parameter points.
+PHASE_KINDS = {
+    "before": "measure",
+    "after": "measure",
+    "during": "during",
+    "guest": "guest",
+    "sweep": "sweep",
+}
+
+# KVM's default IPA size (type 0 VMs) and the smallest the VMM's RAM (1 GiB + RAM) fits in.
+DEFAULT_IPA_BITS = 40
+SMALLEST_IPA_BITS = 32
+# Guest RAM layout of the VMM (reproducer/README.md): the cache-toggle slices start 2 MiB in.
+RAM_MB_DEFAULT = 16
+TOUCH_AREA_OFFSET_KB = 2048
+# The tlbi-loop guest of a during phase must outlast the phase: the VMM's maximum count,
+# stopped by the collector when the phase's runs are done.
+ENDLESS_TLBI_COUNT = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class ScenarioParams:
+    """The knobs of a scenario's guest runs; the bundle records the values used."""
+
+    ipa_bits: tuple[int, ...] = ()  # empty: a spread up to the host's limit
+    vcpus: tuple[int, ...] = (1,)
+    touch_kb: tuple[int, ...] = (0,)
+    repeat: int = 1  # VMs per sweep point
+    tlbi_count: int = 0
+    vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
+
+    def merged(self, **given: object) -> ScenarioParams:
+        """These defaults with the options the user gave (None: not given)."""
+        chosen = {k: v for k, v in given.items() if v is not None and v != ()}
+        unknown = set(chosen) - set(self.__dataclass_fields__)
+        if unknown:
+            raise TracekitError(f"unknown scenario parameter(s): {', '.join(sorted(unknown))}")
+        merged = replace(self, **chosen)  # type: ignore[arg-type]
+        merged.check()
+        return merged
+
+    def check(self) -> None:
+        """Reject values the VMM would refuse, with the option's name."""
+        if any(not SMALLEST_IPA_BITS <= b <= 52 for b in self.ipa_bits):
+            raise TracekitError(
+                f"--ipa-bits {format_ints(self.ipa_bits)}: sizes go from {SMALLEST_IPA_BITS} "
+                "to 52 bits"
+            )
+        if any(v < 1 for v in self.vcpus) or any(k < 0 for k in self.touch_kb):
+            raise TracekitError("--vcpus must be at least 1 and --touch-kb at least 0")
+        if self.repeat < 1 or self.vm_budget_s < 1 or self.tlbi_count < 0:
+            raise TracekitError("--repeat and --vm-budget must be at least 1")
+
+    def with_ipa_limit(self, limit: int | None) -> ScenarioParams:
+        """Fill an empty IPA list with a spread up to the host's limit (40 if unknown)."""
+        if self.ipa_bits:
+            return self
+        return replace(self, ipa_bits=ipa_spread(limit or DEFAULT_IPA_BITS))
+
+
+def ipa_spread(limit: int) -> tuple[int, ...]:
+    """Every 4 bits from 32 up to the host's limit, the limit itself included."""
+    sizes = list(range(SMALLEST_IPA_BITS, limit, 4))
+    return (*sizes, limit) if limit >= SMALLEST_IPA_BITS else (DEFAULT_IPA_BITS,)
+
+
+def ram_mb_for(vcpus: int, touch_kb: int) -> int:
+    """Guest RAM that holds every vCPU's touched slice (at least the VMM's 16 MiB)."""
+    needed_kb = TOUCH_AREA_OFFSET_KB + vcpus * touch_kb
+    return max(RAM_MB_DEFAULT, -(-needed_kb // 1024))
+
+
+def format_ints(values: tuple[int, ...]) -> str:
+    """1,2,4: how the command line writes a list of numbers."""
+    return ",".join(str(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -68,7 +165,21 @@ class Scenario:
     guest_variant: str
     events: tuple[str, ...] = TRACED_EVENTS
     kprobes: tuple[str, ...] = KPROBE_CANDIDATES
+    # Functions also probed on return, so their duration is in the trace.
+    return_probes: tuple[str, ...] = (
+        "kvm_free_stage2_pgd",
+        "kvm_uninit_stage2_mmu",
+        "kvm_arch_destroy_vm",
+    )
     probe_modes: tuple[str, ...] = ("page",)
+    # Probe slots on every CPU but the guest's (else: the rt CPU and one stress CPU).
+    probe_everywhere: bool = False
+    # Parameters a sweep phase varies, one traced VMM run per combination.
+    sweep: tuple[str, ...] = ()
+    graph_functions: tuple[str, ...] = TLB_FLUSH_PATH + STAGE2_TEARDOWN_PATH
+    # A "before" phase assumes no VM has run since boot (the state lasts until reboot).
+    needs_fresh_host: bool = True
+    defaults: ScenarioParams = ScenarioParams()
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -81,7 +192,57 @@ SCENARIOS: dict[str, Scenario] = {
         phases=("before", "guest", "after"),
         guest_variant="mmu-on",
     ),
+    "teardown": Scenario(
+        name="teardown",
+        description=(
+            "stage-2 teardown time versus the requested IPA size: VMs created, run and "
+            "destroyed for each size, timed by the VMM and traced on the teardown path"
+        ),
+        phases=("sweep",),
+        guest_variant="mmu-off",
+        events=("kvm", "sched/sched_switch"),
+        kprobes=("kvm_arch_destroy_vm", *STAGE2_TEARDOWN_PATH, "kvm_arm_vmid_update"),
+        return_probes=("kvm_arch_destroy_vm", *STAGE2_TEARDOWN_PATH),
+        sweep=("ipa_bits",),
+        graph_functions=STAGE2_TEARDOWN_PATH,
+        needs_fresh_host=False,
+        defaults=ScenarioParams(repeat=3),
+    ),
+    "cache-toggle": Scenario(
+        name="cache-toggle",
+        description=(
+            "full-VM cache flushes when every vCPU turns its caches on: set/way "
+            "maintenance then M+C+I on each vCPU, for several vCPU counts and touched sizes"
+        ),
+        phases=("sweep",),
+        guest_variant="cache-toggle",
+        events=("kvm", "sched/sched_switch"),
+        kprobes=(*CACHE_FLUSH_PATH, "kvm_arm_vmid_update"),
+        return_probes=CACHE_FLUSH_PATH,
+        sweep=("vcpus", "touch_kb"),
+        graph_functions=CACHE_FLUSH_PATH + TLB_FLUSH_PATH,
+        needs_fresh_host=False,
+        defaults=ScenarioParams(vcpus=(1, 2, 4), touch_kb=(0, 4096), repeat=2),
+    ),
+    "guest-broadcast": Scenario(
+        name="guest-broadcast",
+        description=(
+            "the load a guest's broadcast TLBIs put on every other CPU: the rt CPU's "
+            "wake-ups and the probe cost per CPU before, during and after a TLBI-loop guest"
+        ),
+        phases=("before", "during", "after"),
+        guest_variant="tlbi-loop",
+        probe_everywhere=True,
+        defaults=ScenarioParams(tlbi_count=ENDLESS_TLBI_COUNT),
+    ),
 }
+
+
+def scenario_named(name: str) -> Scenario:
+    """The scenario of that name, or one line listing the scenarios there are."""
+    if name not in SCENARIOS:
+        raise TracekitError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
+    return SCENARIOS[name]
 
 
 @dataclass(frozen=True)
@@ -127,32 +288,100 @@ class PlannedRun:
 
     def describe(self) -> str:
         """One line for --dry-run and progress output."""
-        extra = " ".join(f"{k}={v}" for k, v in self.detail.items())
+        extra = " ".join(f"{k}={_shown(v)}" for k, v in self.detail.items())
         return f"{self.run_id:<24} {self.phase:<7} {self.kind:<11} {extra}".rstrip()
 
 
+def _shown(value: object) -> str:
+    """A detail value as the command line writes it (CPU tuples as lists: 1,2)."""
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
 def plan_runs(
-    scenario: Scenario, roles: Roles, runs: int, traced_runs: int, after_guest: str
+    scenario: Scenario,
+    roles: Roles,
+    runs: int,
+    traced_runs: int,
+    after_guest: str,
+    params: ScenarioParams | None = None,
 ) -> list[PlannedRun]:
-    """The ordered runs of a collection: per phase quiet, traced, then probe slots."""
+    """The ordered runs of a collection, phase by phase (see PHASE_KINDS)."""
     if after_guest not in AFTER_GUEST_ACTIONS:
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
         )
+    if after_guest != "none" and "guest" not in scenario.phases:
+        raise TracekitError(
+            f"--after-guest {after_guest} follows a guest phase, which scenario "
+            f"{scenario.name!r} does not have; leave it out (or use --scenario main)"
+        )
+    params = (params or scenario.defaults).with_ipa_limit(None)
     planned: list[PlannedRun] = []
     for phase in scenario.phases:
-        if phase == "guest":
+        kind = PHASE_KINDS.get(phase)
+        if kind == "guest":
             planned.append(PlannedRun("guest", phase, "guest", 0, {"cpus": roles.guest_cpus}))
             if after_guest != "none":
                 planned.append(PlannedRun(f"after-guest-{after_guest}", phase, "after-guest", 0))
-            continue
-        planned += [PlannedRun(f"{phase}-quiet-{i}", phase, "quiet", i) for i in range(runs)]
-        planned += [
-            PlannedRun(f"{phase}-traced-{i}", phase, "traced", i) for i in range(traced_runs)
-        ]
-        for mode in scenario.probe_modes:
-            for cpu in (roles.rt_cpu, roles.stress_cpus[0]):
-                planned.append(
-                    PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, {"cpu": cpu})
-                )
+        elif kind == "sweep":
+            planned += _sweep_runs(scenario, roles, params)
+        elif kind == "during":
+            start = {"cpus": roles.guest_cpus, "tlbi_count": params.tlbi_count}
+            planned.append(PlannedRun(f"{phase}-guest-start", phase, "guest-start", 0, start))
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
+            planned.append(PlannedRun(f"{phase}-guest-stop", phase, "guest-stop", 0))
+        elif kind == "measure":
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
+        else:
+            raise TracekitError(f"scenario {scenario.name!r} has an unknown phase {phase!r}")
+    return planned
+
+
+def _measure_runs(
+    scenario: Scenario, roles: Roles, phase: str, runs: int, traced_runs: int
+) -> list[PlannedRun]:
+    """A measure phase: quiet runs, traced runs, then the probe slots."""
+    planned = [PlannedRun(f"{phase}-quiet-{i}", phase, "quiet", i) for i in range(runs)]
+    planned += [PlannedRun(f"{phase}-traced-{i}", phase, "traced", i) for i in range(traced_runs)]
+    for mode in scenario.probe_modes:
+        for cpu in probe_cpus(scenario, roles):
+            planned.append(
+                PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, {"cpu": cpu})
+            )
+    return planned
+
+
+def probe_cpus(scenario: Scenario, roles: Roles) -> list[int]:
+    """Where the probe runs: the rt CPU and an issuer, or every CPU but the guest's."""
+    if not scenario.probe_everywhere:
+        return [roles.rt_cpu, roles.stress_cpus[0]]
+    others = sorted(set(roles.stress_cpus) - set(roles.guest_cpus))
+    return [roles.rt_cpu, *others]
+
+
+# How a sweep point's parameter appears in its run id.
+SWEEP_LABELS = {"ipa_bits": "ipa{}", "vcpus": "vcpus{}", "touch_kb": "touch{}kb"}
+
+
+def _sweep_runs(scenario: Scenario, roles: Roles, params: ScenarioParams) -> list[PlannedRun]:
+    """One traced VMM run per combination of the swept parameters."""
+    axes = [(axis, getattr(params, axis)) for axis in scenario.sweep]
+    points: list[dict[str, int]] = [{}]
+    for axis, values in axes:
+        points = [{**point, axis: value} for point in points for value in values]
+    planned = []
+    for index, point in enumerate(points):
+        vcpus = point.get("vcpus", 1)
+        detail: dict[str, object] = {
+            "vcpus": vcpus,
+            "cpus": roles.guest_cpus,
+            "ipa_bits": point.get("ipa_bits", DEFAULT_IPA_BITS),
+            "touch_kb": point.get("touch_kb", 0),
+            "ram_mb": ram_mb_for(vcpus, point.get("touch_kb", 0)),
+            "repeat": params.repeat,
+        }
+        label = "-".join(SWEEP_LABELS[axis].format(point[axis]) for axis, _ in axes)
+        planned.append(PlannedRun(f"sweep-{label}", "sweep", "vms", index, detail))
     return planned

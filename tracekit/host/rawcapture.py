@@ -51,6 +51,7 @@ class RawCapture:
         self.page_size = instance.page_size()
         self.cpus = instance.cpus()
         self.notes: list[str] = []
+        self._formats_copied: set[str] = set()
 
     def start(self) -> None:
         """Create the directory with header and format files, marked incomplete."""
@@ -69,16 +70,22 @@ class RawCapture:
         self._copy_formats()
 
     def _copy_formats(self) -> None:
-        """Copy the format file of every enabled event, and of every ftrace event."""
+        """Copy the format file of every enabled event, and of every ftrace event.
+
+        Formats already copied are skipped: each file costs several round trips on a
+        bundle over 9p or NFS (seconds per run in the emulated host), and an event's
+        format does not change while its probe or tracepoint exists.
+        """
         events = self.instance.path / "events"
         wanted = set(self.instance.events)
         wanted.update(f"ftrace/{p.name}" for p in (events / "ftrace").iterdir() if p.is_dir())
-        for name in sorted(wanted):
+        for name in sorted(wanted - self._formats_copied):
             source = events / name / "format"
             if source.exists():
                 target = self.directory / "events" / name / "format"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(source.read_bytes())
+                self._formats_copied.add(name)
 
     def drain(self) -> DrainResult:
         """Read every page the kernel has for each CPU now, appending to the capture."""

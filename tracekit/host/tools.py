@@ -71,14 +71,27 @@ def tool_version(argv: list[str]) -> str:
     return lines[0] if lines else "unknown"
 
 
+# cyclictest's histogram has one bucket per unit, and -N makes the unit a nanosecond:
+# 1-ns buckets up to 200 us (1.6 MB of counters); longer wake-ups count as overflows and
+# are in the verbose samples anyway.
+HISTOGRAM_NS = 200_000
+
+
 def cyclictest_argv(
-    tools: ToolPaths, rt_cpu: int, interval_us: int, duration_s: int, json_path: Path
+    tools: ToolPaths,
+    rt_cpu: int,
+    interval_us: int,
+    duration_s: int,
+    json_path: Path,
+    hist_path: Path | None = None,
 ) -> list[str]:
     """cyclictest as in the report: FIFO 99, mlockall, one thread on the rt CPU.
 
     -v prints every sample (n:count:latency), -N in ns; the main thread is kept off the
-    rt CPU so only the measurement thread runs there.
+    rt CPU so only the measurement thread runs there. With `hist_path`, its -h histogram
+    goes to that file (and into the JSON).
     """
+    histogram = [f"--histogram={HISTOGRAM_NS}", f"--histfile={hist_path}"] if hist_path else []
     return [
         tools.cyclictest,
         "--mlockall",
@@ -92,7 +105,25 @@ def cyclictest_argv(
         "--verbose",
         "--quiet",
         f"--json={json_path}",
+        *histogram,
     ]
+
+
+def compact_histogram(text: str) -> str:
+    """cyclictest's --histfile without its empty buckets and its list of overflow cycles.
+
+    With 1-ns buckets the file has a line per nanosecond, nearly all zero; the cycles
+    that overflowed are every sample above the range, which cyclictest.txt holds already.
+    """
+    kept = ["# tracekit: empty buckets and the overflow cycle list left out; buckets in ns"]
+    for line in text.splitlines():
+        fields = line.split()
+        if line.startswith("# Thread") or line.startswith("# Histogram Overflow at"):
+            continue
+        if len(fields) >= 2 and fields[0].isdigit() and all(f.strip("0") == "" for f in fields[1:]):
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def stress_argv(tools: ToolPaths, stress_cpus: list[int], duration_s: int, yaml: Path) -> list[str]:
@@ -121,14 +152,18 @@ def vmm_argv(
     trace_marker: Path | None,
     repeat: int = 1,
     extra: list[str] | None = None,
+    vcpus: int | None = None,
 ) -> list[str]:
-    """The reproducer's VMM: one guest (or --repeat N) pinned to the guest CPUs."""
+    """The reproducer's VMM: one guest (or --repeat N) pinned to the guest CPUs.
+
+    vCPU i runs on the i-th guest CPU, cycled when there are more vCPUs than CPUs.
+    """
     argv = [
         tools.vmm,
         "--cpus",
         format_cpu_list(guest_cpus),
         "--vcpus",
-        str(len(guest_cpus)),
+        str(vcpus or len(guest_cpus)),
         "--clock",
         "boottime",
     ]
@@ -178,3 +213,11 @@ def perf_stat_argv(
         "-o",
         str(out),
     ]
+
+
+def vmm_settings(**settings: int) -> list[str]:
+    """VMM options from keyword values: ipa_bits=40 -> ["--ipa-bits", "40"]."""
+    argv: list[str] = []
+    for name, value in settings.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv

@@ -1,0 +1,315 @@
+"""The related cases' scenarios (teardown, cache-toggle, guest-broadcast) and preflight's KVM state.
+
+Plans, parameters, freshness judgement and the histogram kept in the bundle are checked
+here; the collections themselves run in the emulated host, in one nVHE cortex-a76 boot
+of their own (nvhe-a76-scenarios: one VM per sweep point, one-second runs; the
+guest-broadcast check alone takes ~7 min of TCG time).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import VhostBoot, register_vhost_check
+
+from tracekit.bundle import Manifest, read_manifest, verify_files
+from tracekit.cli import main
+from tracekit.errors import TracekitError
+from tracekit.host.kvmstate import judge_freshness, parse_state_line
+from tracekit.host.protocol import (
+    SCENARIOS,
+    Roles,
+    ScenarioParams,
+    ipa_spread,
+    plan_runs,
+    ram_mb_for,
+)
+from tracekit.host.tools import compact_histogram
+
+NVHE = "nvhe-a76-scenarios"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPRODUCER_BUILD = Path(__file__).resolve().parent.parent / "reproducer" / "build"
+ROLES = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
+COLLECT = "python3 -m tracekit collect --rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1"
+
+# --- plans -------------------------------------------------------------------------------
+
+
+def test_teardown_plan_is_one_traced_vmm_run_per_ipa_size() -> None:
+    params = SCENARIOS["teardown"].defaults.merged(ipa_bits=(36, 40, 44), repeat=5)
+    plan = plan_runs(SCENARIOS["teardown"], ROLES, 8, 2, "none", params)
+    assert [p.run_id for p in plan] == ["sweep-ipa36", "sweep-ipa40", "sweep-ipa44"]
+    assert {p.kind for p in plan} == {"vms"}
+    assert [p.detail["ipa_bits"] for p in plan] == [36, 40, 44]
+    assert all(p.detail["repeat"] == 5 and p.detail["vcpus"] == 1 for p in plan)
+
+
+def test_cache_toggle_plan_crosses_vcpus_and_touched_sizes() -> None:
+    params = SCENARIOS["cache-toggle"].defaults.merged(vcpus=(1, 2), touch_kb=(0, 8192))
+    plan = plan_runs(SCENARIOS["cache-toggle"], ROLES, 8, 2, "none", params)
+    assert [p.run_id for p in plan] == [
+        "sweep-vcpus1-touch0kb",
+        "sweep-vcpus1-touch8192kb",
+        "sweep-vcpus2-touch0kb",
+        "sweep-vcpus2-touch8192kb",
+    ]
+    # Two vCPUs touching 8 MiB each from 2 MiB in need 18 MiB of guest RAM.
+    assert plan[-1].detail["ram_mb"] == 18 and plan[0].detail["ram_mb"] == 16
+
+
+def test_guest_broadcast_wraps_the_during_phase_in_its_guest() -> None:
+    plan = plan_runs(SCENARIOS["guest-broadcast"], ROLES, 1, 1, "none")
+    during = [p for p in plan if p.phase == "during"]
+    assert during[0].kind == "guest-start" and during[-1].kind == "guest-stop"
+    assert [p.kind for p in during[1:-1]] == ["quiet", "traced", "probe", "probe", "probe"]
+    # Probe slots on every CPU but the guest's, in every phase alike.
+    assert [p.detail["cpu"] for p in during if p.kind == "probe"] == [3, 0, 2]
+    assert [p.phase for p in plan if p.kind == "probe"].count("before") == 3
+    assert during[0].detail["tlbi_count"] == 0xFFFFFFFF
+
+
+def test_after_guest_needs_a_guest_phase() -> None:
+    with pytest.raises(TracekitError, match="does not have"):
+        plan_runs(SCENARIOS["teardown"], ROLES, 1, 1, "hotplug")
+
+
+@pytest.mark.parametrize(
+    ("limit", "sizes"),
+    [(40, (32, 36, 40)), (48, (32, 36, 40, 44, 48)), (42, (32, 36, 40, 42)), (52, None)],
+)
+def test_ipa_spread_reaches_the_hosts_limit(limit: int, sizes: tuple[int, ...] | None) -> None:
+    spread = ipa_spread(limit)
+    assert spread[-1] == limit and spread[0] == 32
+    if sizes:
+        assert spread == sizes
+
+
+def test_unknown_ipa_limit_means_kvms_default() -> None:
+    assert ScenarioParams().with_ipa_limit(None).ipa_bits == (32, 36, 40)
+    assert ScenarioParams(ipa_bits=(44,)).with_ipa_limit(40).ipa_bits == (44,)
+
+
+def test_ram_holds_every_touched_slice() -> None:
+    assert ram_mb_for(1, 0) == 16
+    assert ram_mb_for(4, 4096) == 18  # 2 MiB + 4 x 4 MiB
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"ipa_bits": (30,)}, "--ipa-bits 30"),
+        ({"vcpus": (0,)}, "--vcpus must be at least 1"),
+        ({"repeat": 0}, "--repeat"),
+    ],
+)
+def test_bad_parameters_are_one_line(given: dict[str, object], message: str) -> None:
+    with pytest.raises(TracekitError, match=message):
+        ScenarioParams().merged(**given)
+
+
+def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
+    args = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
+    result = CliRunner().invoke(main, [*args, "--scenario", "nope", "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2
+    assert result.output.strip().endswith("main, teardown, cache-toggle, guest-broadcast")
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_dry_run_prints_each_scenarios_plan(scenario: str, tmp_path: Path) -> None:
+    if not (REPRODUCER_BUILD / "guests" / "tlbi-loop.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    args = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0", "--runs", "1"]
+    result = CliRunner().invoke(
+        main, [*args, "--scenario", scenario, "--dry-run", "-o", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"scenario {scenario}:" in result.output and "parameters:" in result.output
+    assert f"variant {SCENARIOS[scenario].guest_variant}" in result.output
+    assert not (tmp_path / "b").exists()
+
+
+# --- preflight: the VMID allocator --------------------------------------------------------
+
+# A real vmid_state event: Debian 13's 6.12.117 in the emulated host (nVHE, cortex-a76),
+# the probe defined as kvmstate.py does and fired by KVM_CHECK_EXTENSION, before any VM.
+STATE_LINE = (
+    "         python3-176     [001] d....    31.751540: vmid_state: "
+    "(kvm_dev_ioctl+0x0/0x838) bits=16 generation=65536 map0=0x0"
+)
+
+
+def test_state_line_is_parsed() -> None:
+    assert parse_state_line(f"# tracer: nop\n{STATE_LINE}\n") == {
+        "bits": 16,
+        "generation": 65536,
+        "map0": 0,
+    }
+    assert parse_state_line("# tracer: nop\n") == {}
+
+
+@pytest.mark.parametrize(
+    ("fields", "state"),
+    [
+        ({"bits": 16, "generation": 1 << 16, "map0": 0}, "fresh"),
+        ({"bits": 16, "generation": 1 << 16, "map0": 0b10}, "dirty"),  # VMID 1 handed out
+        ({"bits": 8, "generation": 2 << 8, "map0": 0}, "dirty"),  # rolled over
+        ({"generation": 1 << 8, "map0": 1}, "fresh"),  # width unknown, bit 0 never used
+        ({"bits": 16}, "unknown"),
+        ({}, "unknown"),
+    ],
+)
+def test_freshness_from_the_allocator(fields: dict[str, int], state: str) -> None:
+    judged = judge_freshness(fields)
+    assert judged.freshness == state
+    assert judged.evidence
+
+
+# --- what the bundle keeps -------------------------------------------------------------------
+
+
+def test_histogram_keeps_every_counted_bucket_and_the_summary() -> None:
+    text = (FIXTURES / "cyclictest" / "histfile-ns.txt").read_text()
+    compact = compact_histogram(text)
+    counted = [line for line in text.splitlines() if line[:1].isdigit() and int(line.split()[1])]
+    kept = [line for line in compact.splitlines() if line[:1].isdigit()]
+    assert kept == counted and len(kept) == 40
+    assert "# Histogram Overflows: 00005" in compact and "# Max Latencies" in compact
+    assert "# Thread 0:" not in compact
+
+
+def test_bundles_without_run_params_still_read(tmp_path: Path) -> None:
+    old = Manifest().to_json()
+    old["runs"] = [{"run_id": "guest", "phase": "guest", "kind": "guest", "index": 0}]
+    (tmp_path / "manifest.json").write_text(json.dumps(old))
+    manifest = read_manifest(tmp_path)
+    assert manifest.runs[0].params == {} and manifest.runs[0].status == "running"
+
+
+# --- in the emulated host ---------------------------------------------------------------------
+
+register_vhost_check(
+    NVHE,
+    "collect_teardown",
+    f"{COLLECT} --scenario teardown --repeat 1 --function-graph -o bundle; status=$?; "
+    f"{COLLECT} --scenario teardown --repeat 200 --ipa-bits 40 --vm-budget 1 -o budget "
+    "> budget.txt 2>&1; echo $? > budget-status; exit $status",
+)
+register_vhost_check(
+    NVHE,
+    "collect_cache_toggle",
+    f"{COLLECT} --scenario cache-toggle --vcpus 1,2 --touch-kb 256 --repeat 1 -o bundle",
+)
+register_vhost_check(
+    NVHE,
+    "collect_guest_broadcast",
+    f"{COLLECT} --scenario guest-broadcast --runs 1 --traced-runs 0 --duration 1 "
+    "--allow-dirty -o bundle",
+)
+
+
+def _bundle(boot: VhostBoot, name: str, bundle: str = "bundle") -> tuple[Path, Manifest]:
+    """A batched check's bundle, which must be complete and intact."""
+    if not (REPRODUCER_BUILD / "vmm").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    check = boot.checks[name]
+    assert check.status == 0, check.stdout + check.stderr
+    root = boot.result.out_dir / "checks" / name / bundle
+    manifest = read_manifest(root)
+    assert manifest.complete and verify_files(root, manifest) == []
+    return root, manifest
+
+
+def _vm_records(vmm_txt: Path) -> list[dict[str, str]]:
+    """The VMM's record=vm lines as dicts."""
+    lines = [line for line in vmm_txt.read_text().splitlines() if line.startswith("record=vm ")]
+    return [dict(pair.split("=", 1) for pair in line.split()) for line in lines]
+
+
+@pytest.mark.vhost
+def test_teardown_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    import tracekit
+
+    boot = vhost_boot(NVHE)
+    root, manifest = _bundle(boot, "collect_teardown")
+    assert manifest.host["ipa_limit_bits"] == 40  # cortex-a76: 40-bit physical addresses
+    assert manifest.scenario["name"] == "teardown"
+    assert manifest.scenario["parameters"]["ipa_bits"] == [32, 36, 40]
+    # Debian 12's 6.1 has no function_graph in instances: entry/return probes instead.
+    graph = manifest.scenario["function_graph"]
+    assert graph["method"] == "kprobes" and "kvm_free_stage2_pgd" in graph["functions"]
+    assert "6.11" in graph["reason"]
+    assert manifest.host["freshness"]["state"] == "unknown"  # no CONFIG_KALLSYMS_ALL
+    for run in manifest.runs:
+        assert run.kind == "vms" and run.status == "ok"
+        vms = _vm_records(root / "runs" / run.run_id / "vmm.txt")
+        assert [vm["ipa_bits"] for vm in vms] == [str(run.params["ipa_bits"])]
+        names = set(
+            tracekit.open(root / "runs" / run.run_id / "trace").events["event"].cast(pl.String)
+        )
+        assert {"kvm_free_stage2_pgd", "kvm_free_stage2_pgd_ret", "print"} <= names
+
+
+@pytest.mark.vhost
+def test_teardown_budget_stops_and_says_so(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot(NVHE)
+    here = boot.result.out_dir / "checks" / "collect_teardown"
+    assert (here / "budget-status").read_text().strip() == "0"
+    assert "OVER BUDGET" in (here / "budget.txt").read_text()
+    manifest = read_manifest(here / "budget")
+    assert manifest.complete
+    (run,) = manifest.runs
+    assert run.status == "over-budget" and "time budget of 1 s" in run.note
+    done = len(_vm_records(here / "budget" / "runs" / run.run_id / "vmm.txt"))
+    assert f"after {done} of 200 VMs" in run.note and done < 200
+
+
+@pytest.mark.vhost
+def test_cache_toggle_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    import polars as pl
+
+    import tracekit
+
+    boot = vhost_boot(NVHE)
+    root, manifest = _bundle(boot, "collect_cache_toggle")
+    assert [r.run_id for r in manifest.runs] == [
+        "sweep-vcpus1-touch256kb",
+        "sweep-vcpus2-touch256kb",
+    ]
+    for run in manifest.runs:
+        vcpus = run.params["vcpus"]
+        assert f"vcpus={vcpus}" in (root / "runs" / run.run_id / "vmm.txt").read_text()
+        events = tracekit.open(root / "runs" / run.run_id / "trace").events
+        names = events["event"].cast(pl.String)
+        # The tracepoint and tracekit's kprobe share the name; ingest qualifies both.
+        toggles = events.filter(names.is_in(["kvm_toggle_cache", "kvm:kvm_toggle_cache"]))
+        assert toggles.height >= vcpus  # every vCPU turned its caches on
+        assert (names == "stage2_flush_vm_ret").sum() >= vcpus  # each flush timed
+
+
+@pytest.mark.vhost
+def test_guest_broadcast_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    import tracekit
+
+    boot = vhost_boot(NVHE)
+    root, manifest = _bundle(boot, "collect_guest_broadcast")
+    runs = {r.run_id: r for r in manifest.runs}
+    start, stop = runs["during-guest-start"], runs["during-guest-stop"]
+    during = [r for r in manifest.runs if r.phase == "during" and r.kind in ("quiet", "probe")]
+    assert during and all(start.end_ns < r.start_ns < r.end_ns < stop.start_ns for r in during)
+    markers = tracekit.open(root / "runs" / "during-guest-start" / "trace").event("print")
+    texts = markers["buf"].to_list()
+    assert any("event=enter" in t for t in texts) and any(
+        "background guest running" in t for t in texts
+    )
+    assert "variant=tlbi-loop" in (root / "runs" / "during-guest-start" / "vmm.txt").read_text()
+    stopped = json.loads((root / "runs" / "during-guest-stop" / "guest-stop.json").read_text())
+    assert stopped["stopped_by"] == "SIGTERM"
+    for phase in ("before", "during", "after"):
+        assert (root / "runs" / f"{phase}-quiet-0" / "cyclictest-hist.txt").read_text()
+        assert {f"{phase}-probe-page-cpu{cpu}" for cpu in (3, 0, 2)} <= set(runs)
