@@ -29,6 +29,16 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
         timeout_s=900,
     ),
+    # The related cases' scenarios (teardown, cache-toggle, guest-broadcast): the same host
+    # as nvhe-a76, booted apart because together they take ~12 min of TCG time.
+    "nvhe-a76-scenarios": VhostConfig(
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=4,
+        clusters=2,
+        append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
+        timeout_s=1500,
+    ),
     # Cortex-A53 has 8-bit VMIDs: a VMID rollover takes ~255 VMs.
     "nvhe-a53": VhostConfig(kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900),
     "vhe-max": VhostConfig(kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900),
@@ -36,6 +46,11 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900
     ),
     "rt-a76": VhostConfig(kernel="bookworm:rt", cpu_model="cortex-a76", smp=2, timeout_s=900),
+    # A 6.12 kernel (function_graph in tracefs instances, 6.11+) on `max`: 48-bit (52 with
+    # LPA2) physical addresses for the teardown scenario's large IPA sizes; nVHE is forced.
+    "trixie-max": VhostConfig(
+        kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900
+    ),
 }
 
 _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}

@@ -64,6 +64,17 @@ register_vhost_check("rt-a76", "preempt_rt", "uname -v")
 register_vhost_check("rt-a76", "cyclictest", "cyclictest -m -p 99 -i 1000 -l 20 -q")
 register_vhost_check("rt-a76", "dev_kvm", "test -c /dev/kvm")
 register_vhost_check("rt-a76", "no_kvm_note", "echo $TRACEKIT_VHOST_NO_KVM")
+TRIXIE = "trixie-max"
+register_vhost_check(
+    TRIXIE,
+    "instance_tracers",
+    "mkdir /sys/kernel/tracing/instances/tk-tracers && "
+    "cat /sys/kernel/tracing/instances/tk-tracers/available_tracers; "
+    "rmdir /sys/kernel/tracing/instances/tk-tracers",
+)
+register_vhost_check(TRIXIE, "dev_kvm", "test -c /dev/kvm && uname -r")
+# trixie's stress-ng links Mesa's loaders; the image drops the drivers they never load.
+register_vhost_check(TRIXIE, "stress_ng", "stress-ng --cpu 1 --timeout 1 2>&1")
 
 
 def _ok(boot: VhostBoot, name: str) -> str:
@@ -142,6 +153,16 @@ def test_rt_flavour_boots_without_kvm(vhost_boot) -> None:
     assert not boot.result.dev_kvm
     assert "without KVM" in _ok(boot, "no_kvm_note")
     assert any("guests cannot run" in note for note in boot.result.notes)
+
+
+def test_trixie_on_max_in_nvhe_with_instance_function_graph(vhost_boot) -> None:
+    """trixie (6.12) on max: KVM forced to nVHE, function_graph offered in an instance."""
+    boot = vhost_boot(TRIXIE)
+    assert boot.result.kvm_mode == "nvhe", boot.result.notes
+    assert _ok(boot, "dev_kvm").startswith("6.12.")
+    assert boot.result.kernel == "trixie"
+    assert "function_graph" in _ok(boot, "instance_tracers").split()
+    assert "successful run completed" in _ok(boot, "stress_ng")
 
 
 def test_second_build_does_nothing(vhost_boot) -> None:

@@ -251,8 +251,8 @@ def test_cli_bad_kernel_is_one_line() -> None:
     result = CliRunner().invoke(main, ["vhost", "run", "--kernel", "sid:weird", "--", "true"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "tracekit: error: unknown kernel suite 'sid' in --kernel 'sid:weird'; use one of: "
-        "bookworm, bookworm:rt"
+        "tracekit: error: unknown kernel flavour 'weird' for suite 'sid'; use one of: "
+        "bookworm, bookworm:rt, trixie, sid, sid:16k"
     ]
 
 

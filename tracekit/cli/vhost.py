@@ -29,7 +29,7 @@ def vhost() -> None:
     "--kernel",
     default="bookworm",
     show_default=True,
-    help="Debian suite[:flavour], e.g. bookworm or bookworm:rt.",
+    help="Debian suite[:flavour], e.g. bookworm, trixie, sid:16k (see `vhost kernels`).",
 )
 @click.option("--force", is_flag=True, help="Rebuild even if the cached image is current.")
 def build(kernel: str, force: bool) -> None:
@@ -41,6 +41,35 @@ def build(kernel: str, force: bool) -> None:
     click.echo(f"{image.spec.name}: kernel {image.kernel_release}, image {image.directory}")
 
 
+@vhost.command()
+@click.option("--refresh", is_flag=True, help="Fetch every suite's package lists first.")
+def kernels(refresh: bool) -> None:
+    """List the kernels --kernel takes: version on offer, cached image, KVM or not."""
+    from tracekit.vhost.catalogue import cached_download_mb, list_kernels
+
+    rows = [("KERNEL", "SERIES", "AVAILABLE", "CACHED", "DOWNLOAD", "KVM")]
+    for entry in list_kernels(refresh=refresh, progress=_progress):
+        size = cached_download_mb(entry.spec) if entry.cached_release else None
+        cached = f"{entry.cached_release} ({entry.cached_version})" if entry.cached_release else "-"
+        rows.append(
+            (
+                entry.spec.name,
+                entry.series,
+                entry.available or "? (no package lists: --refresh)",
+                cached,
+                "-" if size is None else f"{size:.0f} MB",
+                entry.kvm,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
+    click.echo(
+        "DOWNLOAD: the .deb files of the cached image (what a cold cache fetches). "
+        "Build one with `tracekit vhost build --kernel KERNEL`."
+    )
+
+
 @vhost.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
     "--kvm-mode",
@@ -49,7 +78,12 @@ def build(kernel: str, force: bool) -> None:
     show_default=True,
     help="KVM mode to ask the kernel for (what it really did is reported).",
 )
-@click.option("--kernel", default="bookworm", show_default=True, help="Debian suite[:flavour].")
+@click.option(
+    "--kernel",
+    default="bookworm",
+    show_default=True,
+    help="Debian suite[:flavour], e.g. trixie or sid:16k (see `vhost kernels`).",
+)
 @click.option(
     "--cpu-model",
     type=click.Choice(CPU_MODELS),
@@ -123,8 +157,9 @@ def run(
         out=out,
     )
     result = run_vhost(config, list(command), progress=_progress)
+    booted = "" if result.boot_s is None else f"; booted in {result.boot_s:g} s"
     _progress(
-        f"kernel {result.kernel_release} ({result.kernel}); KVM mode: {result.kvm_mode} "
+        f"kernel {result.kernel_release} ({result.kernel}){booted}; KVM mode: {result.kvm_mode} "
         f"(asked {result.kvm_mode_requested}); /dev/kvm "
         f"{'present' if result.dev_kvm else 'absent'}"
     )

@@ -9,6 +9,7 @@ command's own output cannot fake them. Lines in between go to the user, the rest
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -23,6 +24,7 @@ class ConsoleStream:
         self._log = log
         self._pending = b""
         self.started = False
+        self.started_at: float | None = None  # time.monotonic() when the command began
         self.status: int | None = None
         self.tail: list[str] = []
 
@@ -49,6 +51,8 @@ class ConsoleStream:
             return
         if not self.started:
             self.started = line.endswith(self._begin)
+            if self.started:
+                self.started_at = time.monotonic()
             return
         end = self._end.search(line)
         if end is None:

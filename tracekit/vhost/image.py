@@ -23,7 +23,7 @@ from tracekit.vhost.kernels import BOOT_MODULES, KernelSpec, is_kernel_package
 from tracekit.vhost.rootfs import add_skeleton, extract_deb, find_kernel, install_modules, trim
 
 # Bump when the rootfs layout changes in a way the package versions do not show.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MANIFEST = "manifest.json"
 
 

@@ -18,6 +18,7 @@ class Flavour:
     metapackage: str
     has_kvm: bool
     note: str = ""
+    page_kb: int = 4
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,34 @@ SUITES: dict[str, Suite] = {
             ),
         },
     ),
+    "trixie": Suite(
+        name="trixie",
+        kernel_series="6.12",
+        flavours={"": Flavour("linux-image-arm64", has_kvm=True)},
+    ),
+    # sid's kernel is split: linux-image-* depends on linux-binary-* (vmlinuz) and
+    # linux-modules-* (modules as .ko.xz); both are taken as kernel packages below.
+    "sid": Suite(
+        name="sid",
+        kernel_series="7.x",
+        flavours={
+            "": Flavour("linux-image-arm64", has_kvm=True),
+            "16k": Flavour(
+                "linux-image-arm64-16k",
+                has_kvm=True,
+                note="16 KB pages: needs a CPU model with the 16 KB granule",
+                page_kb=16,
+            ),
+        },
+    ),
 }
 
-# Downloaded packages whose names start with these hold the kernel image and modules
-# (sid splits the kernel into linux-binary-* and linux-modules-*); they are unpacked
-# apart from the rootfs, which only receives the few modules the host needs.
-KERNEL_PACKAGE_PREFIXES = ("linux-image-", "linux-binary-", "linux-modules-")
+# Downloaded packages whose names start with these hold the kernel image, modules and
+# config: sid splits the kernel into linux-binary-REL (usr/lib/modules/REL/vmlinuz),
+# linux-modules-REL (.ko.xz) and linux-base-REL (config, System.map, dtbs); the generic
+# `linux-base_*` package (no dash) is userland. They are unpacked apart from the rootfs,
+# which only receives the few modules the host needs.
+KERNEL_PACKAGE_PREFIXES = ("linux-image-", "linux-binary-", "linux-modules-", "linux-base-")
 
 # The userland every emulated host carries (the kernel metapackage is added per spec).
 USERLAND_PACKAGES = (

@@ -61,6 +61,14 @@ def index_modules(modules_dir: Path) -> dict[str, Path]:
     }
 
 
+def builtin_modules(modules_dir: Path) -> set[str]:
+    """Names of the modules built into the kernel (modules.builtin), which need no file."""
+    listing = modules_dir / "modules.builtin"
+    if not listing.is_file():
+        return set()
+    return {module_name(Path(line)) for line in listing.read_text().split() if line}
+
+
 def load_order(roots: list[str], depends_of: dict[str, list[str]]) -> list[str]:
     """Dependencies before dependents, each once: a depth-first post-order of `roots`."""
     order: list[str] = []
@@ -81,14 +89,18 @@ def load_order(roots: list[str], depends_of: dict[str, list[str]]) -> list[str]:
 
 
 def resolve_modules(modules_dir: Path, roots: list[str]) -> list[tuple[str, Path, bytes]]:
-    """The closure of `roots` in load order: (name, source file, uncompressed image)."""
+    """The closure of `roots` in load order: (name, source file, uncompressed image).
+
+    Roots built into the kernel are left out: trixie builds virtio_pci in, bookworm not.
+    """
     index = index_modules(modules_dir)
+    builtin = builtin_modules(modules_dir)
     images: dict[str, bytes] = {}
     depends_of: dict[str, list[str]] = {}
     pending = list(roots)
     while pending:
         name = pending.pop()
-        if name in images:
+        if name in images or (name in builtin and name not in index):
             continue
         if name not in index:
             raise TracekitError(
@@ -98,4 +110,5 @@ def resolve_modules(modules_dir: Path, roots: list[str]) -> list[tuple[str, Path
         images[name] = module_bytes(index[name])
         depends_of[name] = dependencies(images[name])
         pending += depends_of[name]
-    return [(name, index[name], images[name]) for name in load_order(roots, depends_of)]
+    order = load_order([root for root in roots if root in images], depends_of)
+    return [(name, index[name], images[name]) for name in order]

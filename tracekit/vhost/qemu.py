@@ -13,6 +13,10 @@ QEMU = "qemu-system-aarch64"
 # guest's writes to VM registers as the real cores do.
 CPU_MODELS = ("cortex-a76", "cortex-a72", "cortex-a53", "max")
 
+# QEMU's cortex-a53 and cortex-a72 have no 16 KB translation granule (ID_AA64MMFR0_EL1
+# TGran16 is 0, as on the real cores): a 16 KB-page kernel prints nothing and hangs there.
+NO_16K_GRANULE = ("cortex-a53", "cortex-a72")
+
 # The kernel console stays quiet so the command's output is readable; the full log is
 # read from dmesg inside and saved next to the console log.
 BASE_KERNEL_ARGS = ("console=ttyAMA0", "panic=-1", "quiet", "loglevel=3")
@@ -32,6 +36,15 @@ def cpu_option(model: str) -> str:
     if model not in CPU_MODELS:
         raise TracekitError(f"unknown CPU model {model!r}; use one of: {', '.join(CPU_MODELS)}")
     return "max,pauth-impdef=on" if model == "max" else model
+
+
+def check_page_size(model: str, page_kb: int, kernel: str) -> None:
+    """Refuse a kernel whose page size the CPU model cannot translate (it would hang)."""
+    if page_kb == 16 and model in NO_16K_GRANULE:
+        raise TracekitError(
+            f"kernel {kernel} uses 16 KB pages, which the {model} model cannot translate "
+            "(it would hang silently); use --cpu-model cortex-a76 or max"
+        )
 
 
 def smp_option(cpus: int, clusters: int) -> str:

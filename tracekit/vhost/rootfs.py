@@ -21,6 +21,17 @@ TRIMMED_DIRS = (
     "usr/share/bug",
 )
 
+# trixie's and sid's stress-ng link libEGL/libgbm, which pull in Mesa's drivers: ~185 MB
+# (libLLVM, libgallium, libz3) that only its GPU stressor would dlopen, never linked by
+# the tools the host runs (checked with readelf's NEEDED closure). Dropping them halves
+# the initramfs and the time the kernel takes to unpack it.
+TRIMMED_GLOBS = (
+    "usr/lib/*/libLLVM*.so*",
+    "usr/lib/*/libgallium*.so",
+    "usr/lib/*/libz3.so*",
+    "usr/lib/*/dri",
+)
+
 # Mount points /init uses, and the merged-/usr links a non-merged suite lacks.
 MOUNT_POINTS = (
     "proc",
@@ -64,9 +75,15 @@ def extract_deb(deb: Path, dest: Path) -> None:
 
 
 def trim(root: Path) -> None:
-    """Remove documentation and translations from the unpacked tree."""
+    """Remove documentation, translations and unused GPU drivers from the unpacked tree."""
     for sub in TRIMMED_DIRS:
         shutil.rmtree(root / sub, ignore_errors=True)
+    for pattern in TRIMMED_GLOBS:
+        for path in root.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def add_skeleton(root: Path) -> None:
@@ -83,22 +100,32 @@ def add_skeleton(root: Path) -> None:
     (etc / "hostname").write_text("vhost\n")
 
 
+def _kernel_images(kernel_root: Path) -> list[tuple[Path, str]]:
+    """(image, release) pairs: /boot/vmlinuz-REL, or sid's /usr/lib/modules/REL/vmlinuz."""
+    found = [
+        (path, path.name.removeprefix("vmlinuz-"))
+        for path in (kernel_root / "boot").glob("vmlinuz-*")
+    ]
+    for base in ("lib/modules", "usr/lib/modules"):
+        found += [(path, path.parent.name) for path in (kernel_root / base).glob("*/vmlinuz")]
+    return sorted(found)
+
+
 def find_kernel(kernel_root: Path) -> KernelFiles:
-    """The vmlinuz and the modules directory inside the unpacked kernel packages."""
-    images = sorted((kernel_root / "boot").glob("vmlinuz-*"))
+    """The vmlinuz, modules directory and config inside the unpacked kernel packages."""
+    images = _kernel_images(kernel_root)
     if not images:
         raise TracekitError(
-            "the kernel packages hold no boot/vmlinuz-*: this suite's kernel is not packaged "
-            "as expected; pick another --kernel"
+            "the kernel packages hold no vmlinuz (boot/vmlinuz-* or usr/lib/modules/*/vmlinuz): "
+            "this suite's kernel is not packaged as expected; pick another --kernel"
         )
-    release = images[-1].name.removeprefix("vmlinuz-")
+    image, release = images[-1]
     for base in ("lib/modules", "usr/lib/modules"):
         modules_dir = kernel_root / base / release
-        if modules_dir.is_dir():
-            config = kernel_root / "boot" / f"config-{release}"
-            return KernelFiles(
-                images[-1], release, modules_dir, config if config.is_file() else None
-            )
+        if modules_dir.is_dir() and any(modules_dir.glob("kernel")):
+            configs = [kernel_root / "boot" / f"config-{release}", modules_dir / "config"]
+            config = next((path for path in configs if path.is_file()), None)
+            return KernelFiles(image, release, modules_dir, config)
     raise TracekitError(f"no modules directory for kernel {release} in its packages")
 
 
@@ -118,5 +145,6 @@ def install_modules(kernel: KernelFiles, root: Path, names: list[str]) -> list[s
     (root / "etc" / "tracekit" / "modules").write_text("\n".join(loaded) + "\n")
     if kernel.config is not None:
         (root / "boot").mkdir(exist_ok=True)
-        shutil.copy2(kernel.config, root / "boot" / kernel.config.name)
+        # /boot/config-REL, where preflight and tools look for it, whatever the suite.
+        shutil.copy2(kernel.config, root / "boot" / f"config-{kernel.release}")
     return loaded

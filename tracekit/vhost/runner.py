@@ -13,6 +13,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +26,14 @@ from tracekit.vhost.image import VhostImage, require_image
 from tracekit.vhost.kernels import KernelSpec, parse_kernel_spec
 from tracekit.vhost.kvmmode import KVM_MODES, kernel_args_for, kvm_mode_from_log
 from tracekit.vhost.process import Terminated, Timeout, run_pumping
-from tracekit.vhost.qemu import QEMU, Share, cpu_option, qemu_argv, smp_option
+from tracekit.vhost.qemu import (
+    QEMU,
+    Share,
+    check_page_size,
+    cpu_option,
+    qemu_argv,
+    smp_option,
+)
 
 EMULATED_NOTE = (
     "emulated arm64 host (QEMU TCG): its timings are not hardware timings and "
@@ -66,6 +74,8 @@ class VhostResult:
     console_log: Path
     boot_dmesg: Path
     notes: list[str] = field(default_factory=list)
+    # Wall seconds from starting QEMU to the command's start (boot + /init), this machine.
+    boot_s: float | None = None
 
 
 def project_tree() -> Path:
@@ -91,6 +101,7 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
         raise TracekitError(f"--share {config.share}: not a directory")
     spec = parse_kernel_spec(config.kernel)
     cpu_option(config.cpu_model)
+    check_page_size(config.cpu_model, spec.info.page_kb, spec.name)
     smp_option(config.smp, config.clusters)
     if shutil.which(QEMU) is None:
         raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
@@ -179,7 +190,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tracekit-vhost-ctl-") as ctl_name:
         ctl = Path(ctl_name)
-        status = _boot(config, spec, image, command, ctl, out, emit, say)
+        status, boot_s = _boot(config, spec, image, command, ctl, out, emit, say)
         facts = _read_facts(ctl)
         boot_log = (
             (ctl / "boot-dmesg.txt").read_text(errors="replace")
@@ -200,6 +211,7 @@ def run(
         console_log=out / CONSOLE_LOG,
         boot_dmesg=out / BOOT_DMESG,
         notes=_notes(config, spec, mode, dev_kvm),
+        boot_s=boot_s,
     )
     _record(result, config, command)
     return result
@@ -214,8 +226,8 @@ def _boot(
     out: Path,
     emit: Callable[[str], None],
     say: Callable[[str], None],
-) -> int:
-    """Run QEMU to completion; return the command's status or raise a clear error."""
+) -> tuple[int, float | None]:
+    """Run QEMU to completion; return the command's status and the boot time, or raise."""
     token = _write_control(ctl, spec, command)
     argv = qemu_argv(
         image.kernel,
@@ -238,6 +250,7 @@ def _boot(
     )
     with (out / CONSOLE_LOG).open("wb") as log:
         console = ConsoleStream(token, emit, log)
+        started = time.monotonic()
         try:
             qemu_status = run_pumping(argv, console.feed, config.timeout_s)
         except Timeout:
@@ -250,11 +263,12 @@ def _boot(
             raise TracekitError("terminated by SIGTERM; QEMU was stopped", 143) from None
         finally:
             console.finish()
+    boot_s = None if console.started_at is None else round(console.started_at - started, 1)
     status_file = ctl / "status"
     if status_file.is_file():
-        return int(status_file.read_text().strip())
+        return int(status_file.read_text().strip()), boot_s
     if console.status is not None:
-        return console.status
+        return console.status, boot_s
     last = next((line for line in reversed(console.tail) if line.strip()), "no output")
     raise TracekitError(
         f"the emulated host stopped (QEMU exit {qemu_status}) before the command finished; "

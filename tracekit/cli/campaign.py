@@ -1,0 +1,80 @@
+"""`tracekit campaign PLAN`: a matrix of cells, one fresh boot each (emulated host or board)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Campaign directory (bundles + campaign.json); default: campaign-<plan name>.",
+)
+@click.option("--board", is_flag=True, help="On this arm64 host: run the next cell, then exit.")
+@click.option(
+    "--state",
+    "state_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Resume state (--board); default: <output>/campaign.json.",
+)
+@click.option("--reboot", is_flag=True, help="--board: reboot after the cell if cells remain.")
+@click.option(
+    "--reboot-command",
+    default="systemctl reboot",
+    show_default=True,
+    help="How --reboot restarts the host.",
+)
+@click.option(
+    "--list", "list_only", is_flag=True, help="Print the cells in run order; run nothing."
+)
+def campaign(
+    plan_file: Path,
+    output: Path | None,
+    board: bool,
+    state_file: Path | None,
+    reboot: bool,
+    reboot_command: str,
+    list_only: bool,
+) -> None:
+    """Run PLAN's matrix of cells, each on a freshly booted host, into one directory.
+
+    Without --board every cell boots the emulated host (its timings are emulated, not
+    hardware timings). With --board each call runs the next pending cell on this host
+    and exits: call it from a boot hook (see README). Ctrl-C stops the current cell and
+    records where; the same command resumes. `tracekit report DIR` reads the result.
+    """
+    from tracekit.campaign.plan import load_plan
+    from tracekit.campaign.run import open_campaign, run_board_step, run_vhost_campaign
+    from tracekit.campaign.state import CAMPAIGN_FILE, FAILED
+
+    plan = load_plan(plan_file)
+    out = output or Path(f"campaign-{plan_file.stem}")
+    state_path = state_file or out / CAMPAIGN_FILE
+    if list_only:
+        record = open_campaign(plan, "board" if board else "vhost", state_path)
+        drawn = " (drawn now: set `seed` in the plan to fix the order)" if plan.seed is None else ""
+        click.echo(f"seed {record.seed}{drawn}; {len(record.cells)} cells in run order:")
+        for cell in record.cells:
+            click.echo(f"  {cell.cell_id:40} {cell.status}")
+        return
+    if board:
+        reboot_argv = shlex.split(reboot_command) if reboot else None
+        result = run_board_step(plan, out, state_path, click.echo, reboot_argv)
+    else:
+        result = run_vhost_campaign(plan, out, click.echo)
+    counts = result.counts()
+    click.echo(
+        f"campaign: {counts['done']} done, {counts['failed']} failed, {counts['pending']} "
+        f"pending of {len(result.cells)} (seed {result.seed}); record {out / CAMPAIGN_FILE}"
+    )
+    if result.complete:
+        click.echo(f"campaign: complete; read it with `tracekit report {out}`")
+    if any(cell.status == FAILED for cell in result.cells):
+        sys.exit(1)
