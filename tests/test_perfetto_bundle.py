@@ -16,16 +16,16 @@ from tracekit.perfetto.writer import read_packets
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
 
 
-def _bundle(root: Path, traced: int) -> Path:
-    """A finished bundle with one quiet run and TRACED traced runs (small.v7.dat each)."""
-    span = tracekit.open(FIXTURES / "small.v7.dat", use_cache=False).events["ts"]
+def _bundle(root: Path, traced: int, fixture: str = "small.v7.dat") -> Path:
+    """A finished bundle with one quiet run and TRACED traced runs (FIXTURE each)."""
+    span = tracekit.open(FIXTURES / fixture, use_cache=False).events["ts"]
     start, end = int(span.min()), int(span.max())  # type: ignore[arg-type]
     writer = BundleWriter.create(root, Manifest())
     quiet = writer.start_run(RunRecord("q0", "before", "quiet", 0, start - 10, start - 5))
     writer.end_run(quiet)
     for i in range(traced):
         name = f"runs/t{i}/trace.dat"
-        shutil.copy(FIXTURES / "small.v7.dat", writer.path(name))
+        shutil.copy(FIXTURES / fixture, writer.path(name))
         run = writer.start_run(RunRecord(f"t{i}", "before", "traced", i, start, end, [name]))
         writer.end_run(run)
     writer.finish()
@@ -46,18 +46,46 @@ def test_bundle_export_draws_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
     names = {p.track_event.name for p in packets if p.HasField("track_event")}
-    assert {"before quiet #0", "before traced #0"} <= names
+    assert {"before", "q0", "t0"} <= names  # the phase and its runs
     assert sum(len(p.ftrace_events.event) for p in packets) == 503
 
 
-def test_bundle_with_two_traces_needs_run(tmp_path: Path) -> None:
-    """Two traced runs: a one-line error naming them, then --run picks one."""
+def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -> None:
+    """Two traced runs: both in one file (their overlap noted), or the one --run names."""
     bundle = _bundle(tmp_path / "b", traced=2)
     out = tmp_path / "b.pftrace"
-    ambiguous = _run(str(bundle), "-o", str(out))
-    assert ambiguous.returncode == 2
-    assert ambiguous.stderr.count("\n") == 1 and "t0, t1" in ambiguous.stderr
-    assert _run(str(bundle), "-o", str(out), "--run", "t1").returncode == 0
+    both = _run(str(bundle), "-o", str(out))
+    assert both.returncode == 0, both.stderr
+    assert "traced runs exported: t0, t1" in both.stdout
+    assert "t0 and t1: their traces overlap in time" in both.stderr
+    packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
+    assert sum(len(p.ftrace_events.event) for p in packets) == 2 * 503
+    one = _run(str(bundle), "-o", str(out), "--run", "t1")
+    assert one.returncode == 0 and "traced runs exported: t1\n" in one.stdout
+    unknown = _run(str(bundle), "-o", str(out), "--run", "t9")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert "have: q0, t0, t1" in unknown.stderr
+
+
+def test_each_runs_losses_are_carried(tmp_path: Path) -> None:
+    """Two lossy runs: loss-flagged bundles from both, overrun counters summed in one stats."""
+    bundle = _bundle(tmp_path / "b", traced=2, fixture="overrun.v7zstd.dat")
+    out = tmp_path / "b.pftrace"
+    assert _run(str(bundle), "-o", str(out)).returncode == 0
+    packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
+    flagged = [p.ftrace_events.cpu for p in packets if p.ftrace_events.lost_events]
+    single = tracekit.open(bundle / "runs" / "t0" / "trace.dat").lost
+    pages = single.filter(single["ts"].is_not_null())
+    assert len(flagged) == 2 * pages.height > 0  # one loss-flagged bundle per lost page
+    (stats,) = [p.ftrace_stats for p in packets if p.HasField("ftrace_stats")]
+    assert {s.cpu: s.overrun for s in stats.cpu_stats} == {0: 2 * 358, 1: 2 * 144}
+
+
+def test_run_and_phase_are_refused_for_a_trace(tmp_path: Path) -> None:
+    """--run or --phase on a plain trace: a one-line error saying they select bundle runs."""
+    done = _run(str(FIXTURES / "small.v7.dat"), "-o", str(tmp_path / "t.pftrace"), "--phase", "x")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "select runs of a bundle" in done.stderr
 
 
 def test_process_tree_with_known_thread_groups() -> None:

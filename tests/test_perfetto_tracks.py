@@ -107,8 +107,8 @@ def test_vm_lifecycle_from_vmm_markers(tmp_path: Path) -> None:
     slices = _slices(_write(tmp_path, {"print": prints}))
     assert sorted(slices["VM 0"]) == [
         (100, 500, "VM lifetime"),
-        (200, 300, "running"),
-        (400, 500, "teardown"),
+        (200, 300, "vCPU 0 running"),
+        (400, 500, "teardown (IPA 40 bits)"),
     ]
     assert slices["VM 1"] == [(600, 10_000, "VM lifetime")]  # still alive at trace end
 
@@ -160,7 +160,8 @@ def test_probe_windows_and_runs(tmp_path: Path) -> None:
     ]
     slices = _slices(_write(tmp_path, {"print": prints}, tuple(runs)))
     assert slices["tracekit: TLBI probe on CPU 1"] == [(100, 900, "probe mprotect")]
-    assert slices["tracekit: phases and runs"] == [(50, 950, "before traced #0")]
+    assert slices["tracekit: phases"] == [(50, 950, "before")]
+    assert slices["phase before: runs"] == [(50, 950, "b0")]  # the untimed run is not drawn
 
 
 def test_exit_reason_names() -> None:

@@ -55,6 +55,22 @@ def _slice(uuid: int, ts: int, kind: int, name: str = "s") -> TracePacket:
     return p
 
 
+def _counter(uuid: int, ts: int, value: float) -> TracePacket:
+    """A counter value on a track."""
+    p = TracePacket(trusted_packet_sequence_id=2, timestamp=ts)
+    p.track_event.track_uuid = uuid
+    p.track_event.type = TrackEvent.TYPE_COUNTER
+    p.track_event.double_counter_value = value
+    return p
+
+
+def _counter_track(uuid: int) -> TracePacket:
+    """A counter track's descriptor."""
+    p = _track(uuid)
+    p.track_descriptor.counter.SetInParent()
+    return p
+
+
 def _symbols(flags: int, iid: int = 1, name: str = "do_work") -> TracePacket:
     """A bundle with one funcgraph_entry whose func is an interned kernel symbol."""
     p = _bundle(events=[{"timestamp": 5, "pid": 1, "funcgraph_entry": {"depth": 0, "func": 1}}])
@@ -84,6 +100,12 @@ BROKEN: dict[str, Callable[[], list[TracePacket]]] = {
     "process_cmdline": lambda: [PROC],
     "slice_nesting": lambda: [_track(7), _slice(7, 1, BEGIN), _slice(7, 2, END), _slice(7, 3, END)],
     "track_uuids": lambda: [_track(7), _slice(8, 1, TrackEvent.TYPE_INSTANT)],
+    "counter_tracks": lambda: [
+        _track(7),
+        _counter(7, 1, 2.0),
+        _counter_track(8),
+        _slice(8, 2, TrackEvent.TYPE_INSTANT),
+    ],
     "interned_data": lambda: [_symbols(flags=2)],  # needs state never cleared
     "atrace_print": lambda: [
         _bundle(events=[{"timestamp": 1, "pid": 1, "print": {"buf": "B|notapid|x\n"}}])
@@ -114,8 +136,9 @@ def test_well_formed_crafted_trace_passes(tmp_path: Path) -> None:
         _slice(9, 1, BEGIN, "inner"),
         _slice(9, 2, END),
         _slice(9, 3, END),
+        _counter_track(11),
+        _counter(11, 4, 1.5),
     ]
-    packets[-1].sequence_flags = 0
     report = validate_file(_write(tmp_path / "good.pftrace", packets))
     assert report.ok, report.problems
 

@@ -18,7 +18,8 @@ from tracekit.errors import TracekitError
 @click.option(
     "--window", help="Only events in T0:T1 (seconds of the trace clock; a side may be empty)."
 )
-@click.option("--run", "run_id", help="In a bundle with several traced runs: the run to export.")
+@click.option("--run", "run_id", help="In a bundle: export only this run (default: every run).")
+@click.option("--phase", help="In a bundle: export only this phase's runs (before, guest, ...).")
 @click.option(
     "--kallsyms",
     type=click.Path(path_type=str),
@@ -49,6 +50,7 @@ def perfetto(
     out: str | None,
     window: str | None,
     run_id: str | None,
+    phase: str | None,
     kallsyms: str | None,
     check_file: str | None,
     processor: str | None,
@@ -56,16 +58,18 @@ def perfetto(
 ) -> None:
     """Export PATH (bundle, trace.dat, raw capture or text trace) as a Perfetto trace.
 
-    The output is checked with the same rules as --check, including that every event
-    type has as many events as the source. Nothing is uploaded: --open serves the file
-    from this machine to the browser only.
+    A bundle becomes one timeline: every run (before -> guest -> after) with its trace,
+    cyclictest latencies and probe samples, unless --run or --phase selects. The output
+    is checked with the same rules as --check, including that every event type has as
+    many events as the source. Nothing is uploaded: --open serves the file from this
+    machine to the browser only.
     """
     if path is None and check_file is None:
         raise TracekitError("give a trace to export (PATH -o OUT.pftrace) or --check FILE")
     if path is not None:
         if out is None:
             raise TracekitError("say where to write the Perfetto trace: -o OUT.pftrace")
-        _export(path, out, window, run_id, kallsyms)
+        _export(path, out, window, run_id, phase, kallsyms)
     if check_file is not None:
         _check(check_file, None)
     if processor is not None:
@@ -75,23 +79,50 @@ def perfetto(
 
 
 def _export(
-    path: str, out: str, window: str | None, run_id: str | None, kallsyms: str | None
+    path: str,
+    out: str,
+    window: str | None,
+    run_id: str | None,
+    phase: str | None,
+    kallsyms: str | None,
 ) -> None:
     """Export, then validate the result against the source's counts."""
-    import tracekit
-    from tracekit.perfetto.export import export_trace, parse_window, read_kallsyms
+    from tracekit.perfetto.bundle import export_bundle, is_bundle
+    from tracekit.perfetto.export import parse_window
 
     bounds = parse_window(window) if window else (None, None)
-    trace_path, runs = _resolve(Path(path), run_id)
-    if kallsyms is None and (trace_path / "kallsyms").is_file():
-        kallsyms = str(trace_path / "kallsyms")  # a raw capture carries its own copy
-    symbols = read_kallsyms(kallsyms) if kallsyms else None
-    result = export_trace(tracekit.open(trace_path), out, bounds, symbols, runs)
+    if is_bundle(Path(path)):
+        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, kallsyms)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+        if result.traces:
+            click.echo(f"traced runs exported: {', '.join(result.traces)}")
+        if result.empty:
+            click.echo(f"traced runs with no event in the window: {', '.join(result.empty)}")
+    else:
+        if run_id is not None or phase is not None:
+            raise TracekitError(
+                f"{path}: --run and --phase select runs of a bundle; this is a trace"
+            )
+        result = _export_trace(Path(path), out, bounds, kallsyms)
     click.echo(
         f"wrote {out}: {sum(result.counts.values())} events of "
         f"{len(result.counts)} types, {result.packets} packets, {result.bytes} bytes"
     )
     _check(out, result.source_counts)
+
+
+def _export_trace(
+    path: Path, out: str, bounds: tuple[int | None, int | None], kallsyms: str | None
+) -> Any:
+    """One trace (trace.dat, raw capture, text) into OUT."""
+    import tracekit
+    from tracekit.perfetto.export import export_trace, read_kallsyms
+
+    if kallsyms is None and (path / "kallsyms").is_file():
+        kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy
+    symbols = read_kallsyms(kallsyms) if kallsyms else None
+    return export_trace(tracekit.open(path), out, bounds, symbols)
 
 
 def _check(path: str, expected: Any) -> None:
@@ -124,42 +155,6 @@ def _real_import(processor: str, path: str) -> None:
             exit_code=1,
         )
     click.echo(f"{path}: trace_processor imported it with no error or data-loss stat")
-
-
-def _resolve(path: Path, run_id: str | None) -> tuple[Path, list[dict[str, Any]]]:
-    """The trace to open and the runs to draw: a bundle gives both, a trace only itself."""
-    from tracekit.bundle import MANIFEST, read_manifest
-
-    if not (path.is_dir() and (path / MANIFEST).exists()):
-        return path, []
-    manifest = read_manifest(path)
-    runs = [vars(run) for run in manifest.runs]
-    # A run's trace: its raw capture directory (files sit below it), or a trace.dat file.
-    candidates = {
-        (run.run_id, (path / f).parent if f.endswith("/capture.json") else path / f)
-        for run in manifest.runs
-        for f in run.files
-    }
-    every = sorted((rid, f) for rid, f in candidates if _is_trace(f))
-    traced = [(rid, f) for rid, f in every if run_id is None or rid == run_id]
-    if len(traced) != 1:
-        have = ", ".join(rid for rid, _ in every) or "none"
-        raise TracekitError(
-            f"{path}: {len(traced)} traced runs match (have: {have}); choose one with --run"
-        )
-    return traced[0][1], runs
-
-
-def _is_trace(path: Path) -> bool:
-    """A raw capture directory or a trace.dat (by content)."""
-    if path.is_dir():
-        return (path / "capture.json").exists()
-    if not path.is_file():
-        return False
-    from tracekit.ingest.tracedat import MAGIC
-
-    with open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
 
 
 def _open(path: str) -> None:

@@ -19,6 +19,9 @@ from tracekit.perfetto.protos import FtraceEvent, GenericFtraceEvent
 
 # Per-event columns that every typed table has before the event's own fields.
 COMMON_COLUMNS = ("row", "ts", "cpu", "common_pid")
+# Ingest adds `<field>_sym` (the symbol name of an address field, tracekit/ingest/
+# symcols.py): derived, not recorded, and named through interned symbols here instead.
+DERIVED_SUFFIX = "_sym"
 
 # Messages never chosen by name: `generic` is the fallback itself, and `kprobe_event`
 # keeps only a name and a type, so a probe's fetched arguments would be lost.
@@ -104,7 +107,7 @@ class EventPlan:
 
 def plan_event(name: str, schema: Mapping[str, pl.DataType]) -> EventPlan:
     """Decide, once per event type, the message and the per-field conversions."""
-    columns = [c for c in schema if c not in COMMON_COLUMNS]
+    columns = [c for c in schema if c not in COMMON_COLUMNS and not is_derived(c, schema)]
     plan = EventPlan(name=name, columns=columns)
     plan.generic = [(i, c, *_generic_kind(schema[c])) for i, c in enumerate(columns)]
     dedicated = _dedicated_setters(name, columns, schema)
@@ -114,6 +117,11 @@ def plan_event(name: str, schema: Mapping[str, pl.DataType]) -> EventPlan:
         plan.message_class = getattr(FtraceEvent(), name).__class__
         plan.symbol_field = SYMBOL_FIELDS.get(name)
     return plan
+
+
+def is_derived(column: str, schema: Mapping[str, pl.DataType]) -> bool:
+    """True for ingest's symbol-name column of an address field that the table has."""
+    return column.endswith(DERIVED_SUFFIX) and column.removesuffix(DERIVED_SUFFIX) in schema
 
 
 def _dedicated_setters(

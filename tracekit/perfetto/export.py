@@ -1,24 +1,26 @@
-"""One export: a trace's tables (optionally windowed) -> a .pftrace file.
+"""One export: one or several traces' tables (optionally windowed) -> a .pftrace file.
 
-Order of packets: system info and process tree first (so names and the kernel release
-are known before any event), then the ftrace bundles, the loss counters, and
-tracekit's tracks.
+Order of packets: the phases and runs (from a bundle's manifest), then per trace: system
+info (first trace only) and process tree (so names and the kernel release are known
+before its events), its ftrace bundles and its tracks; then the loss counters summed
+over the traces, and tracks that need no trace (a bundle's untraced runs).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from tracekit.errors import TracekitError
-from tracekit.perfetto.ftrace import write_ftrace
+from tracekit.perfetto.ftrace import FtraceSequence, write_ftrace, write_stats
+from tracekit.perfetto.runs import run_group, write_phases
 from tracekit.perfetto.system import collect_tasks, process_tree_packet, system_info_packet
-from tracekit.perfetto.tracks import write_tracks
+from tracekit.perfetto.tracks import TrackWriter, write_trace_tracks
 from tracekit.perfetto.writer import PacketWriter
 
 if TYPE_CHECKING:
@@ -33,6 +35,29 @@ class ExportResult:
     source_counts: Counter[str]
     packets: int
     bytes: int
+    traces: list[str] = field(default_factory=list)  # the runs (or trace paths) written
+    empty: list[str] = field(default_factory=list)  # those with no event in the window
+
+
+@dataclass
+class TracePart:
+    """One trace to write, with its kernel symbols and, from a bundle, its run."""
+
+    trace: Trace
+    symbols: Mapping[int, str] | None = None
+    run: Mapping[str, Any] | None = None
+    vmm_runs: Sequence[Mapping[str, str]] = ()
+
+    @property
+    def name(self) -> str:
+        """The run id, or the trace's path outside a bundle."""
+        return str(self.run["run_id"]) if self.run else str(self.trace.path)
+
+
+# Extra tracks of a run whose trace is open (e.g. cyclictest timed by its hrtimers).
+RunTracks = Callable[[TrackWriter, int, TracePart, Mapping[str, pl.DataFrame]], None]
+# Tracks that need no trace (e.g. untraced runs' samples), written after every trace.
+ExtraTracks = Callable[[TrackWriter, int], None]
 
 
 def parse_window(text: str) -> tuple[int | None, int | None]:
@@ -74,27 +99,95 @@ def export_trace(
     runs: Sequence[Mapping[str, Any]] = (),
 ) -> ExportResult:
     """Write TRACE (its events in WINDOW) as a Perfetto trace at OUT."""
-    events = _in_window(trace.events, window)
-    if events.is_empty():
+    if _in_window(trace.events, window).is_empty():
         raise TracekitError(
             f"{trace.path}: no events to export"
             + (" in that --window" if window != (None, None) else "")
             + "; check the input with `tracekit ingest` and the window bounds"
         )
+    return export_parts([TracePart(trace, symbols)], out, window, runs)
+
+
+def export_parts(
+    parts: Iterable[TracePart],
+    out: str | os.PathLike[str],
+    window: tuple[int | None, int | None] = (None, None),
+    runs: Sequence[Mapping[str, Any]] = (),
+    run_tracks: RunTracks | None = None,
+    extra: ExtraTracks | None = None,
+    title: str = "tracekit",
+) -> ExportResult:
+    """Write several traces (a bundle's runs, one after another in time) into one file.
+
+    They share one ftrace sequence and one track tree: the phases and runs first, then
+    per trace its system info (once), process tree, events and tracks, then the summed
+    loss counters and the EXTRA tracks. PARTS may be a generator: one trace at a time
+    is held in memory. TITLE names the root track (e.g. that the host was emulated).
+    """
+    result = ExportResult(Counter(), Counter(), 0, 0)
+    losts: list[pl.DataFrame] = []
+    with PacketWriter(out) as writer:
+        tracks = TrackWriter(writer)
+        root = tracks.track("root", title, ordering="EXPLICIT")
+        write_phases(tracks, root, runs)
+        sequence = FtraceSequence()
+        for part in parts:
+            lost = _write_part(writer, tracks, root, part, window, sequence, runs, result)
+            if lost is not None:
+                losts.append(lost)
+                if run_tracks is not None and part.run is not None:
+                    parent = run_group(tracks, root, part.run, runs)
+                    run_tracks(tracks, parent, part, _tables(part.trace, window))
+        if losts:
+            write_stats(writer, pl.concat(losts, how="vertical_relaxed"))
+        if extra is not None:
+            extra(tracks, root)
+    result.packets, result.bytes = writer.packets, writer.bytes
+    return result
+
+
+def _tables(trace: Trace, window: tuple[int | None, int | None]) -> dict[str, pl.DataFrame]:
+    """The trace's typed tables in the window, empty ones left out."""
     tables = {name: _in_window(trace.event(name), window) for name in trace.event_names}
-    tables = {name: table for name, table in tables.items() if not table.is_empty()}
+    return {name: table for name, table in tables.items() if not table.is_empty()}
+
+
+def _write_part(
+    writer: PacketWriter,
+    tracks: TrackWriter,
+    root: int,
+    part: TracePart,
+    window: tuple[int | None, int | None],
+    sequence: FtraceSequence,
+    runs: Sequence[Mapping[str, Any]],
+    result: ExportResult,
+) -> pl.DataFrame | None:
+    """One trace's packets and tracks; its lost-events table, or None if it had no event."""
+    trace = part.trace
+    events = _in_window(trace.events, window)
+    if events.is_empty():
+        result.empty.append(part.name)
+        return None
+    tables = _tables(trace, window)
     lost = _in_window(trace.lost, window)
     first_ts, last_ts = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
-    with PacketWriter(out) as writer:
+    if sequence.first:
         writer.write(system_info_packet(trace.meta, first_ts))
-        tree = process_tree_packet(collect_tasks(events, tables), first_ts)
-        if tree is not None:
-            writer.write(tree)
-        counts = write_ftrace(writer, events, tables, lost, symbols)
-        write_tracks(writer, tables, lost, runs, last_ts)
+    tree = process_tree_packet(collect_tasks(events, tables), first_ts)
+    if tree is not None:
+        writer.write(tree)
+    result.counts += write_ftrace(writer, events, tables, lost, part.symbols, sequence, False)
+    parent, scope = root, ""
+    if part.run is not None:
+        parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"
+    write_trace_tracks(
+        tracks, parent, tables, lost, last_ts, scope, events.select("row", "ts", "cpu"),
+        part.vmm_runs,
+    )  # fmt: skip
     per_type = events.group_by("event").len().with_columns(pl.col("event").cast(pl.String))
-    source = Counter(dict(per_type.iter_rows()))
-    return ExportResult(counts, source, writer.packets, writer.bytes)
+    result.source_counts += Counter(dict(per_type.iter_rows()))
+    result.traces.append(part.name)
+    return lost
 
 
 def read_kallsyms(path: str | os.PathLike[str]) -> dict[int, str]:

@@ -42,7 +42,7 @@ class KernelSymbols:
     """Interns function addresses as kernel_symbols on the ftrace packet sequence."""
 
     def __init__(self, names: Mapping[int, str]) -> None:
-        self._names = names
+        self.names = names
         self._iids: dict[int, int] = {}
         self._pending: list[tuple[int, str]] = []
 
@@ -52,7 +52,7 @@ class KernelSymbols:
         if iid is None:
             iid = len(self._iids) + 1
             self._iids[address] = iid
-            name = self._names.get(address) or f"0x{address:x}"
+            name = self.names.get(address) or f"0x{address:x}"
             self._pending.append((iid, name))
         return iid
 
@@ -65,11 +65,36 @@ class KernelSymbols:
         self._pending.clear()
 
 
+class FtraceSequence:
+    """The ftrace packet sequence's state, shared by every trace one export writes.
+
+    Its first packet clears the incremental state; interned symbols stay valid for the
+    traces after it (the runs of one bundle share one boot, so one symbol table).
+    """
+
+    def __init__(self) -> None:
+        self.first = True
+        self.symbols: KernelSymbols | None = None
+
+    def interner(self, names: Mapping[int, str] | None) -> KernelSymbols | None:
+        """The symbol interner for the next trace (its names; addresses only without)."""
+        if self.symbols is None:
+            if names is None:
+                return None
+            self.symbols = KernelSymbols(names)
+        self.symbols.names = names or {}
+        return self.symbols
+
+
 class BundleWriter:
     """Collects per-CPU bundles and writes each when full, at a loss, or at the end."""
 
     def __init__(
-        self, writer: PacketWriter, lost_at: dict[int, list[int]], symbols: KernelSymbols | None
+        self,
+        writer: PacketWriter,
+        lost_at: dict[int, list[int]],
+        symbols: KernelSymbols | None,
+        sequence: FtraceSequence | None = None,
     ) -> None:
         self._writer = writer
         self._lost_at = lost_at
@@ -77,7 +102,7 @@ class BundleWriter:
         self._open: dict[int, Any] = {}
         self._sizes: dict[int, int] = {}
         self._lost_next: set[int] = set()
-        self._first = True
+        self._sequence = sequence or FtraceSequence()
 
     def add(self, cpu: int, ts: int, pid: int, flags: int | None, payload: dict[str, Any]) -> None:
         """Append one FtraceEvent to CPU's bundle, cutting the bundle at a loss or when full."""
@@ -109,9 +134,9 @@ class BundleWriter:
         if self._symbols is not None:
             self._symbols.attach_pending(packet)
             packet.sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE
-        if self._first:
+        if self._sequence.first:
             packet.sequence_flags |= SEQ_INCREMENTAL_STATE_CLEARED
-            self._first = False
+            self._sequence.first = False
         self._writer.write(packet)
 
     def close(self) -> None:
@@ -126,18 +151,26 @@ def write_ftrace(
     tables: Mapping[str, pl.DataFrame],
     lost: pl.DataFrame,
     symbols: Mapping[int, str] | None = None,
+    sequence: FtraceSequence | None = None,
+    stats: bool = True,
 ) -> Counter[str]:
-    """Write every event as a bundle entry; return the number written per event name."""
+    """Write every event as a bundle entry; return the number written per event name.
+
+    Several traces go into one file through one SEQUENCE, with `stats=False` and one
+    `write_stats` over all their losses at the end.
+    """
     plans = {name: plan_event(name, table.schema) for name, table in tables.items()}
-    interner = KernelSymbols(symbols) if symbols is not None else None
-    bundles = BundleWriter(writer, _loss_points(lost), interner)
+    sequence = sequence or FtraceSequence()
+    interner = sequence.interner(symbols)
+    bundles = BundleWriter(writer, _loss_points(lost), interner, sequence)
     counts: Counter[str] = Counter()
     columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
     for start in range(0, columns.height, CHUNK_ROWS):
         chunk = columns.slice(start, CHUNK_ROWS)
         _write_chunk(chunk, tables, plans, bundles, counts, interner)
     bundles.close()
-    write_stats(writer, lost)
+    if stats:
+        write_stats(writer, lost)
     return counts
 
 
@@ -187,9 +220,11 @@ def _loss_points(lost: pl.DataFrame) -> dict[int, list[int]]:
 
 
 def write_stats(writer: PacketWriter, lost: pl.DataFrame) -> None:
-    """One FtraceStats packet with the loss counters per CPU, if the trace has any."""
-    counters = lost.filter(
-        pl.col("source").is_in(list(_STAT_FIELDS)) & pl.col("count").is_not_null()
+    """One FtraceStats packet with the loss counters per CPU (summed over traces), if any."""
+    counters = (
+        lost.filter(pl.col("source").is_in(list(_STAT_FIELDS)) & pl.col("count").is_not_null())
+        .group_by("cpu", "source", maintain_order=True)
+        .agg(pl.col("count").sum())
     )
     if counters.is_empty():
         return

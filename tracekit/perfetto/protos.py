@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+CounterDescriptor = pb.CounterDescriptor
 Trace = pb.Trace
 TracePacket = pb.TracePacket
 FtraceEvent = pb.FtraceEvent
@@ -19,6 +20,7 @@ TrackDescriptor = pb.TrackDescriptor
 TrackEvent = pb.TrackEvent
 
 __all__ = [
+    "CounterDescriptor",
     "FtraceEvent",
     "FtraceEventBundle",
     "FtraceStats",

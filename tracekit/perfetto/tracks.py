@@ -1,8 +1,9 @@
-"""tracekit's own tracks: runs, VM lifecycles, time in guest, probe runs, lost events.
+"""tracekit's own tracks: the track writer, nested spans, and one trace's tracks.
 
 These are TrackEvent tracks on their own packet sequence, grouped under one "tracekit"
-parent so a newcomer finds them together. Everything is derived from the (windowed)
-trace tables and, for runs, the bundle manifest; nothing is read from files here.
+parent so a newcomer finds them together (a bundle's runs each get a group of their
+own: runs.py). Everything is derived from the (windowed) trace tables; nothing is read
+from files here. VM lifecycles and the scenarios' spans are in scenario.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.perfetto.exits import exit_reason
-from tracekit.perfetto.protos import TracePacket, TrackEvent
+from tracekit.perfetto.protos import CounterDescriptor, TracePacket, TrackDescriptor, TrackEvent
 from tracekit.perfetto.writer import (
     SEQ_INCREMENTAL_STATE_CLEARED,
     TRACKS_SEQUENCE,
@@ -34,19 +35,43 @@ class TrackWriter:
         self._uuids: dict[str, int] = {}
         self._first = True
 
-    def track(self, key: str, name: str, parent: int | None = None, counter: bool = False) -> int:
-        """The uuid of the track called KEY, declaring it on first use."""
+    def track(
+        self,
+        key: str,
+        name: str,
+        parent: int | None = None,
+        counter: bool = False,
+        *,
+        description: str = "",
+        unit_ns: bool = False,
+        rank: int | None = None,
+        ordering: str = "",
+    ) -> int:
+        """The uuid of the track called KEY, declaring it on first use.
+
+        `rank` orders siblings under a parent whose `ordering` is "EXPLICIT"; `unit_ns`
+        makes a counter's values nanoseconds, so the UI prints them as times.
+        """
         uuid = self._uuids.get(key)
         if uuid is not None:
             return uuid
         uuid = self._uuids[key] = _UUID_BASE + len(self._uuids) + 1
         packet = self._packet()
-        packet.track_descriptor.uuid = uuid
-        packet.track_descriptor.name = name
+        track = packet.track_descriptor
+        track.uuid = uuid
+        track.name = name
         if parent is not None:
-            packet.track_descriptor.parent_uuid = parent
+            track.parent_uuid = parent
+        if description:
+            track.description = description
         if counter:
-            packet.track_descriptor.counter.SetInParent()
+            track.counter.SetInParent()
+            if unit_ns:
+                track.counter.unit = CounterDescriptor.UNIT_TIME_NS
+        if rank is not None:
+            track.sibling_order_rank = rank
+        if ordering:
+            track.child_ordering = TrackDescriptor.ChildTracksOrdering.Value(ordering)
         self._writer.write(packet)
         return uuid
 
@@ -109,6 +134,92 @@ def _annotate(annotation: Any, value: Any) -> None:
         annotation.string_value = str(value)
 
 
+Span = tuple[int, int | None, str, Mapping[str, Any]]
+"""(start, end, name, args) of a slice; end None makes it an instant."""
+
+
+def write_spans(
+    tracks: TrackWriter,
+    key: str,
+    name: str,
+    parent: int,
+    spans: Iterable[Span],
+    description: str = "",
+    rank: int | None = None,
+) -> None:
+    """Spans as slices on one track; a span that would not nest goes to an extra lane.
+
+    Slices on one track must nest (trace_processor rejects a partial overlap), so the
+    first lane where a span fits inside or after the open ones takes it; extra lanes are
+    tracks of their own, named "NAME (2)", "NAME (3)", ...
+    """
+    lanes: list[list[Span]] = []
+    open_ends: list[list[int]] = []
+    for start, end, label, args in sorted(spans, key=lambda s: (s[0], -(s[1] or s[0]))):
+        stop = start if end is None else max(start, end)
+        lane = _free_lane(open_ends, start, stop)
+        if lane == len(lanes):
+            lanes.append([])
+            open_ends.append([])
+        if end is not None:
+            open_ends[lane].append(stop)
+        lanes[lane].append((start, None if end is None else stop, label, args))
+    for lane, items in enumerate(lanes):
+        label = name if lane == 0 else f"{name} ({lane + 1})"
+        track = tracks.track(f"{key}#{lane}", label, parent, description=description, rank=rank)
+        _write_nested(tracks, track, items)
+
+
+def _free_lane(open_ends: list[list[int]], start: int, stop: int) -> int:
+    """The first lane where [start, stop] nests (its closed slices dropped), or a new one."""
+    for lane, ends in enumerate(open_ends):
+        while ends and ends[-1] <= start:
+            ends.pop()
+        if not ends or stop <= ends[-1]:
+            return lane
+    return len(open_ends)
+
+
+def _write_nested(tracks: TrackWriter, track: int, spans: Sequence[Span]) -> None:
+    """Begin/end events of properly nested spans (sorted by start, longest first)."""
+    ends: list[int] = []
+    for start, end, label, args in spans:
+        while ends and ends[-1] <= start:
+            tracks.end(track, ends.pop())
+        if end is None:
+            tracks.instant(track, start, label, args)
+        else:
+            tracks.begin(track, start, label, args)
+            ends.append(end)
+    while ends:
+        tracks.end(track, ends.pop())
+
+
+def write_trace_tracks(
+    tracks: TrackWriter,
+    parent: int,
+    tables: Mapping[str, pl.DataFrame],
+    lost: pl.DataFrame,
+    end_ts: int | None,
+    scope: str = "",
+    events: pl.DataFrame | None = None,
+    vmm_runs: Sequence[Mapping[str, str]] = (),
+) -> None:
+    """Every track one trace allows, under PARENT; SCOPE keeps one run's tracks apart.
+
+    `events` (row, ts, cpu) times flushes by their neighbours when no flush kprobe was
+    recorded; `vmm_runs` are the VMM's `run` records (a bundle's vmm.txt), whose guest
+    variants say which VM was a TLBI loop.
+    """
+    from tracekit.perfetto.scenario import write_scenario_tracks
+
+    markers = list(markers_of(tables.get("print")))
+    write_scenario_tracks(tracks, parent, tables, markers, events, end_ts, scope, vmm_runs)
+    write_probe_runs(tracks, parent, markers, end_ts, scope)
+    write_guest_time(tracks, parent, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts, scope)
+    write_lost(tracks, parent, lost, scope)
+
+
 def write_tracks(
     writer: PacketWriter,
     tables: Mapping[str, pl.DataFrame],
@@ -116,41 +227,21 @@ def write_tracks(
     runs: Sequence[Mapping[str, Any]] = (),
     end_ts: int | None = None,
 ) -> None:
-    """Write every tracekit track the data allows."""
+    """One trace's tracks (and a bundle's phases and runs) under a new "tracekit" root."""
+    from tracekit.perfetto.runs import write_phases
+
     tracks = TrackWriter(writer)
-    root = tracks.track("root", "tracekit")
-    write_runs(tracks, root, runs)
-    markers = list(_markers(tables.get("print")))
-    write_vm_lifecycles(tracks, root, markers, end_ts)
-    write_probe_runs(tracks, root, markers, end_ts)
-    write_guest_time(tracks, root, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts)
-    write_lost(tracks, root, lost)
+    root = tracks.track("root", "tracekit", ordering="EXPLICIT")
+    write_phases(tracks, root, runs)
+    write_trace_tracks(tracks, root, tables, lost, end_ts)
 
 
-def write_runs(tracks: TrackWriter, root: int, runs: Sequence[Mapping[str, Any]]) -> None:
-    """Phases and runs of a bundle as slices (runs without both times are skipped).
-
-    Runs should not overlap; if some do, the later ones go to extra lanes, since slices
-    on one track must nest.
-    """
-    timed = [r for r in runs if r.get("start_ns") is not None and r.get("end_ns") is not None]
-    lane_ends: list[int] = []
-    for run in sorted(timed, key=lambda r: (r["start_ns"], r["end_ns"])):
-        start, end = int(run["start_ns"]), max(int(run["start_ns"]), int(run["end_ns"]))
-        lane = next((i for i, busy in enumerate(lane_ends) if busy <= start), len(lane_ends))
-        if lane == len(lane_ends):
-            lane_ends.append(end)
-        lane_ends[lane] = end
-        suffix = f" ({lane + 1})" if lane else ""
-        track = tracks.track(f"runs:{lane}", f"tracekit: phases and runs{suffix}", root)
-        name = " ".join(str(run.get(k, "")) for k in ("phase", "kind") if run.get(k))
-        args = {k: run[k] for k in ("run_id", "phase", "kind", "status", "note") if run.get(k)}
-        tracks.begin(track, start, f"{name} #{run.get('index', '?')}", args)
-        tracks.end(track, end)
+Marker = tuple[int, int, str, dict[str, str]]
+"""(ts, pid, tool, key=value fields) of one tracekit trace marker."""
 
 
-def _markers(prints: pl.DataFrame | None) -> Iterable[tuple[int, int, str, dict[str, str]]]:
-    """(ts, pid, tool, key=value fields) of every tracekit trace marker."""
+def markers_of(prints: pl.DataFrame | None) -> Iterable[Marker]:
+    """Every tracekit trace marker (tracekit-vmm, tracekit-probe) of a print table."""
     if prints is None or "buf" not in prints.columns:
         return
     for ts, pid, buf in prints.select("ts", "common_pid", "buf").iter_rows():
@@ -160,57 +251,12 @@ def _markers(prints: pl.DataFrame | None) -> Iterable[tuple[int, int, str, dict[
             yield ts, pid, match.group(1), fields
 
 
-def write_vm_lifecycles(
-    tracks: TrackWriter,
-    root: int,
-    markers: Sequence[tuple[int, int, str, dict[str, str]]],
-    end_ts: int | None,
-) -> None:
-    """Per VM: a lifetime slice (create..teardown-end) holding run and teardown slices."""
-    group: int | None = None
-    open_slices: dict[str, list[str]] = {}
-    for ts, _pid, tool, fields in markers:
-        if tool != "tracekit-vmm" or "vm" not in fields or "event" not in fields:
-            continue
-        vm, event = fields["vm"], fields["event"]
-        if group is None:
-            group = tracks.track("vms", "tracekit: VMs", root)
-        track = tracks.track(f"vm:{vm}", f"VM {vm}", group)
-        stack = open_slices.setdefault(vm, [])
-        args = {k: v for k, v in fields.items() if k not in ("vm", "event")}
-        _vm_event(tracks, track, stack, ts, event, args)
-    for vm, stack in open_slices.items():
-        for _ in stack:
-            tracks.end(tracks.track(f"vm:{vm}", f"VM {vm}"), end_ts or 0, {"unfinished": True})
-
-
-def _vm_event(
-    tracks: TrackWriter, track: int, stack: list[str], ts: int, event: str, args: dict[str, str]
-) -> None:
-    """Apply one lifecycle marker to a VM's slice stack."""
-    opens = {"create": "VM lifetime", "enter": "running", "teardown-start": "teardown"}
-    closes = {"poweroff": "running", "teardown-end": "teardown"}
-    if event in opens:
-        tracks.begin(track, ts, opens[event], args)
-        stack.append(opens[event])
-    elif event in closes and closes[event] in stack:
-        while stack and stack[-1] != closes[event]:
-            tracks.end(track, ts)
-            stack.pop()
-        tracks.end(track, ts, args)
-        stack.pop()
-        if event == "teardown-end" and stack == ["VM lifetime"]:
-            tracks.end(track, ts)
-            stack.pop()
-    else:
-        tracks.instant(track, ts, event, args)
-
-
 def write_probe_runs(
     tracks: TrackWriter,
     root: int,
-    markers: Sequence[tuple[int, int, str, dict[str, str]]],
+    markers: Sequence[Marker],
     end_ts: int | None,
+    scope: str = "",
 ) -> None:
     """The TLBI probe's measuring windows (start..stop markers) per probe CPU."""
     started: dict[int, tuple[int, str]] = {}
@@ -219,7 +265,7 @@ def write_probe_runs(
             continue
         if fields.get("event") == "start":
             cpu = fields.get("cpu", "?")
-            track = tracks.track(f"probe:{cpu}", f"tracekit: TLBI probe on CPU {cpu}", root)
+            track = tracks.track(f"{scope}probe:{cpu}", f"tracekit: TLBI probe on CPU {cpu}", root)
             tracks.begin(track, ts, f"probe {fields.get('mode', '')}".strip(), fields)
             started[pid] = (track, cpu)
         elif fields.get("event") == "stop" and pid in started:
@@ -235,11 +281,12 @@ def write_guest_time(
     entries: pl.DataFrame | None,
     exits: pl.DataFrame | None,
     end_ts: int | None,
+    scope: str = "",
 ) -> None:
     """Per vCPU thread, an "in guest" slice from kvm_entry to kvm_exit, named by reason."""
     if entries is None or exits is None:
         return
-    group = tracks.track("guest", "tracekit: time in guest (per vCPU thread)", root)
+    group = tracks.track(f"{scope}guest", "tracekit: time in guest (per vCPU thread)", root)
     fields = [c for c in exits.columns if c not in ("row", "ts", "cpu", "common_pid")]
     both = pl.concat(
         [
@@ -251,7 +298,7 @@ def write_guest_time(
     # Slices are written when they close, so each carries its exit reason as its name.
     inside: dict[int, int] = {}
     for _row, ts, tid, exit_fields in both.iter_rows():
-        track = tracks.track(f"guest:{tid}", f"vCPU thread {tid}: in guest", group)
+        track = tracks.track(f"{scope}guest:{tid}", f"vCPU thread {tid}: in guest", group)
         if exit_fields is None:
             if tid in inside:  # two entries without an exit between them
                 tracks.begin(track, inside[tid], "in guest (exit not recorded)")
@@ -263,17 +310,17 @@ def write_guest_time(
             tracks.begin(track, inside.pop(tid), f"guest: {reason}", args)
             tracks.end(track, ts)
     for tid, ts in inside.items():
-        track = tracks.track(f"guest:{tid}", "")
+        track = tracks.track(f"{scope}guest:{tid}", "")
         tracks.begin(track, ts, "in guest (trace ends)")
         tracks.end(track, max(ts, end_ts or 0))
 
 
-def write_lost(tracks: TrackWriter, root: int, lost: pl.DataFrame) -> None:
+def write_lost(tracks: TrackWriter, root: int, lost: pl.DataFrame, scope: str = "") -> None:
     """Each timed loss report as an instant, so gaps are visible where they happened."""
     timed = lost.filter(pl.col("ts").is_not_null()).sort("ts", "cpu")
     if timed.is_empty():
         return
-    track = tracks.track("lost", "tracekit: lost events", root)
+    track = tracks.track(f"{scope}lost", "tracekit: lost events", root)
     for cpu, ts, count, source, detail in timed.select(
         "cpu", "ts", "count", "source", "detail"
     ).iter_rows():

@@ -4,9 +4,10 @@ Without a trace processor at hand, these rules (from Perfetto's documented impor
 behaviour) are what decides whether the UI shows a trace fully: every ftrace bundle has
 its CPU, every ftrace event a timestamp and a pid, events of a bundle are in time order,
 every process in a process tree has a cmdline, slices begin and end properly per track,
-track uuids are declared once and exist when used, interned data follows the sequence
-flags, atrace-style prints are well-formed, and (given the source's counts) no event
-was lost on the way. The file is read one packet at a time.
+track uuids are declared once and exist when used, counter values go to counter tracks
+and slices never do, interned data follows the sequence flags, atrace-style prints are
+well-formed, and (given the source's counts) no event was lost on the way. The file is
+read one packet at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ RULES = (
     "process_cmdline",
     "slice_nesting",
     "track_uuids",
+    "counter_tracks",
     "interned_data",
     "atrace_print",
     "event_counts",
@@ -99,6 +101,8 @@ class Validator:
         self._expected = expected_counts
         self._sequences: dict[int, _Sequence] = {}
         self._tracks: dict[int, bytes] = {}
+        self._counters: set[int] = set()
+        self._kinds: dict[int, dict[bool, int]] = {}  # track -> {is counter value: 1st packet}
         self._used_tracks: dict[int, int] = {}
         self._parents: dict[int, int] = {}
         self._open: dict[int, list[int]] = {}
@@ -189,6 +193,8 @@ class Validator:
                 "track_uuids", index, f"track uuid {track.uuid} declared twice, differently"
             )
         self._tracks[track.uuid] = body
+        if track.HasField("counter"):
+            self._counters.add(track.uuid)
         if track.parent_uuid:
             self._parents[track.uuid] = track.parent_uuid
             self._used_tracks.setdefault(track.parent_uuid, index)
@@ -198,6 +204,8 @@ class Validator:
         event = packet.track_event
         uuid = event.track_uuid
         self._used_tracks.setdefault(uuid, index)
+        kinds = self._kinds.setdefault(uuid, {})
+        kinds.setdefault(event.type == TrackEvent.TYPE_COUNTER, index)
         ts = packet.timestamp
         if ts < self._last_ts.get(uuid, 0):
             self.report.add("slice_nesting", index, f"track {uuid} goes back in time")
@@ -219,9 +227,21 @@ class Validator:
         for uuid, first_use in self._used_tracks.items():
             if uuid and uuid not in self._tracks:
                 self.report.add("track_uuids", first_use, f"track {uuid} used but never declared")
+        self._check_counter_tracks()
         if self._expected is not None:
             self._check_counts()
         return self.report
+
+    def _check_counter_tracks(self) -> None:
+        """Counter values only on counter tracks; slices and instants never on them."""
+        for uuid, kinds in self._kinds.items():
+            if uuid not in self._tracks:
+                continue  # reported under track_uuids
+            for counting, index in kinds.items():
+                if counting != (uuid in self._counters):
+                    what = "a counter value" if counting else "a slice or instant"
+                    where = "a track that is no counter" if counting else "a counter track"
+                    self.report.add("counter_tracks", index, f"{what} on {where} ({uuid})")
 
     def _check_counts(self) -> None:
         """Events per type equal the source's."""

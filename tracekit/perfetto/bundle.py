@@ -1,0 +1,253 @@
+"""A whole bundle as one Perfetto timeline: every traced run, and every run's own tracks.
+
+All of a bundle's runs happened on one boot of one host, one after another, and every
+trace is on the trace clock (CLOCK_BOOTTIME) that the manifest's run times use, so the
+runs' timestamps line up as they are; `check_timeline` says so when they do not (a trace
+outside its run's times, traced runs overlapping). `--run` selects one run, `--phase` a
+phase's runs; the manifest's phases and runs are drawn for what is selected.
+
+Per run, in its group: its trace's tracks, its cyclictest latencies (timed from the
+trace when it has one: latency.py) and its TLBI probe samples (probe.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.errors import TracekitError
+from tracekit.perfetto.export import ExportResult, TracePart, export_parts, read_kallsyms
+from tracekit.perfetto.latency import interval_ns, sleep_timers, timelines, write_latencies
+from tracekit.perfetto.probe import write_probe_samples
+from tracekit.perfetto.runs import OTHER_RANK, run_group
+from tracekit.perfetto.scenario import TLBI_LOOP
+from tracekit.perfetto.tracks import TrackWriter, write_spans
+
+EMULATED = "emulated host: its timings are not hardware timings"
+# A trace may start before its run (the instance is armed first) and end after it.
+CLOCK_SLACK_NS = 1_000_000_000
+
+
+def is_bundle(path: Path) -> bool:
+    """A directory with a manifest."""
+    from tracekit.bundle import MANIFEST
+
+    return path.is_dir() and (path / MANIFEST).exists()
+
+
+def select_runs(manifest: Manifest, run_id: str | None, phase: str | None) -> list[RunRecord]:
+    """The runs to export: all, the one named, or a phase's (unknown names: one-line error)."""
+    runs = list(manifest.runs)
+    if run_id is not None:
+        runs = [r for r in runs if r.run_id == run_id]
+        if not runs:
+            have = ", ".join(r.run_id for r in manifest.runs) or "none"
+            raise TracekitError(f"--run {run_id}: no such run in the bundle (have: {have})")
+    if phase is not None:
+        runs = [r for r in runs if r.phase == phase]
+        if not runs:
+            have = ", ".join(dict.fromkeys(r.phase for r in manifest.runs)) or "none"
+            raise TracekitError(f"--phase {phase}: no such run in the bundle (phases: {have})")
+    return runs
+
+
+def run_trace(root: Path, run: RunRecord) -> Path | None:
+    """A run's trace: its raw capture directory or its trace.dat (by content), if any."""
+    from tracekit.ingest.tracedat import MAGIC
+
+    for name in run.files:
+        path = root / name
+        if name.endswith("/capture.json") and path.is_file():
+            return path.parent
+        if path.is_file() and path.stat().st_size >= len(MAGIC):
+            with open(path, "rb") as f:
+                if f.read(len(MAGIC)) == MAGIC:
+                    return path
+    return None
+
+
+def check_timeline(spans: Sequence[tuple[RunRecord, int, int]]) -> list[str]:
+    """Notes on traces (run, first ts, last ts) off their runs' times or overlapping."""
+    notes = []
+    for run, first, last in spans:
+        if (
+            run.start_ns is not None
+            and run.end_ns is not None
+            and (first < run.start_ns - CLOCK_SLACK_NS or last > run.end_ns + CLOCK_SLACK_NS)
+        ):
+            notes.append(
+                f"{run.run_id}: its trace ({first / 1e9:.3f}..{last / 1e9:.3f} s) lies outside"
+                f" the run ({run.start_ns / 1e9:.3f}..{run.end_ns / 1e9:.3f} s): is it on "
+                "another clock than the manifest's CLOCK_BOOTTIME?"
+            )
+    latest: tuple[RunRecord, int] | None = None  # the run ending last so far, and its end
+    for run, first, last in sorted(spans, key=lambda s: s[1]):
+        if latest is not None and first < latest[1]:
+            notes.append(
+                f"{latest[0].run_id} and {run.run_id}: their traces overlap in time; both are"
+                " drawn as recorded"
+            )
+        if latest is None or last > latest[1]:
+            latest = (run, last)
+    return notes
+
+
+def export_bundle(
+    root: Path,
+    out: str | os.PathLike[str],
+    window: tuple[int | None, int | None] = (None, None),
+    run_id: str | None = None,
+    phase: str | None = None,
+    kallsyms: str | None = None,
+) -> tuple[ExportResult, list[str]]:
+    """Export the selected runs of a bundle into one file; returns the result and notes."""
+    manifest = read_manifest(root)
+    selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
+    if not selected:
+        raise TracekitError(
+            f"{root}: no run of the selection overlaps --window; the runs span "
+            f"{_span(manifest.runs)} s of the trace clock"
+        )
+    given = read_kallsyms(kallsyms) if kallsyms else None
+    job = BundleExport(root, manifest, selected, window, given)
+    title = "tracekit"
+    if manifest.host.get("emulated"):
+        title += f" ({EMULATED})"
+    result = export_parts(
+        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title
+    )
+    notes = check_timeline(job.spans)
+    if manifest.host.get("emulated"):
+        notes.append(f"the bundle was recorded on an {EMULATED}")
+    return result, notes
+
+
+class BundleExport:
+    """The selected runs of one bundle, fed to export_parts one trace at a time."""
+
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        selected: list[RunRecord],
+        window: tuple[int | None, int | None],
+        symbols: Mapping[int, str] | None,
+    ) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.selected = selected
+        self.window = window
+        self.symbols = symbols
+        self.drawn = [vars(r) for r in selected]
+        traced = [(r, p) for r in selected if (p := run_trace(root, r)) is not None]
+        self.traced = sorted(traced, key=lambda item: item[0].start_ns or 0)
+        self.spans: list[tuple[RunRecord, int, int]] = []  # per trace: run, first, last ts
+
+    def parts(self) -> Iterator[TracePart]:
+        """One traced run at a time, with its own kallsyms copy unless one was given."""
+        import tracekit
+
+        for run, path in self.traced:
+            trace = tracekit.open(path)
+            ts = trace.events["ts"]
+            if not ts.is_empty():
+                self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
+            own = path / "kallsyms"
+            symbols = self.symbols
+            if symbols is None and own.is_file():
+                symbols = read_kallsyms(own)
+            yield TracePart(trace, symbols, vars(run), _vmm_runs(self.root, run))
+
+    def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
+        """A traced run's cyclictest latencies, timed by its trace."""
+        self._cyclictest(tracks, parent, part.run or {}, tables, part.trace.events)
+
+    def without_trace(self, tracks: TrackWriter, top: int) -> None:
+        """Untraced runs' latencies and probe samples; a during phase's guest."""
+        traced = {r.run_id for r, _ in self.traced}
+        for run in self.selected:
+            rundir = self.root / "runs" / run.run_id
+            if run.run_id not in traced and (rundir / "cyclictest.txt").is_file():
+                group = run_group(tracks, top, vars(run), self.drawn)
+                self._cyclictest(tracks, group, vars(run), None, None)
+            if (rundir / "probe.bin").is_file():
+                group = run_group(tracks, top, vars(run), self.drawn)
+                probe = rundir / "probe.bin"
+                write_probe_samples(tracks, group, run.run_id, probe, run.start_ns, self.window)
+        _background_guests(tracks, top, self.root, self.manifest, self.selected)
+
+    def _cyclictest(
+        self,
+        tracks: TrackWriter,
+        parent: int,
+        run: Mapping[str, Any],
+        tables: Mapping[str, pl.DataFrame] | None,
+        events: pl.DataFrame | None,
+    ) -> None:
+        """One run's cyclictest samples as a latency counter and its worst wake-ups."""
+        from tracekit.ingest.tools import read_cyclictest_verbose
+
+        rundir = self.root / "runs" / str(run["run_id"])
+        options = self.manifest.options
+        interval = interval_ns(rundir, options)
+        if interval is None or not (rundir / "cyclictest.txt").is_file():
+            return
+        samples = read_cyclictest_verbose(rundir / "cyclictest.txt")
+        threads = samples["thread"].n_unique()
+        timers = sleep_timers(tables, events, threads) if tables and events is not None else []
+        lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
+        rt_cpu = options.get("rt_cpu")
+        write_latencies(tracks, parent, str(run["run_id"]), lines, self.window, rt_cpu)
+
+
+def _overlaps(run: RunRecord, window: tuple[int | None, int | None]) -> bool:
+    """Whether a run's time overlaps the window (runs without times are kept)."""
+    t0, t1 = window
+    if run.start_ns is None or run.end_ns is None:
+        return True
+    return (t1 is None or run.start_ns <= t1) and (t0 is None or run.end_ns >= t0)
+
+
+def _span(runs: Sequence[RunRecord]) -> str:
+    """First start .. last end of the runs, in seconds."""
+    starts = [r.start_ns for r in runs if r.start_ns is not None]
+    ends = [r.end_ns for r in runs if r.end_ns is not None]
+    if not starts or not ends:
+        return "?"
+    return f"{min(starts) / 1e9:.3f}..{max(ends) / 1e9:.3f}"
+
+
+def _vmm_runs(root: Path, run: RunRecord) -> list[dict[str, str]]:
+    """The VMM's `run` records of a run (its guest variants), when it kept vmm.txt."""
+    path = root / "runs" / run.run_id / "vmm.txt"
+    if not path.is_file():
+        return []
+    from tracekit.ingest.vmm import parse_vmm_output
+
+    return parse_vmm_output(path.read_text(errors="replace"), str(path)).runs
+
+
+def _background_guests(
+    tracks: TrackWriter, top: int, root: Path, manifest: Manifest, selected: Sequence[RunRecord]
+) -> None:
+    """A guest kept running through a phase (guest-start .. guest-stop), on its CPUs."""
+    starts = {r.phase: r for r in selected if r.kind == "guest-start" and r.start_ns is not None}
+    for run in selected:
+        begin = starts.get(run.phase)
+        if run.kind != "guest-stop" or begin is None or run.end_ns is None:
+            continue
+        vmm = _vmm_runs(root, begin) or _vmm_runs(root, run)
+        variant = vmm[0].get("variant") if vmm else manifest.scenario.get("guest_variant")
+        args = {"phase": run.phase, "variant": variant or "?", "timing": "the manifest's runs"}
+        if vmm:
+            args["tlbi_count"] = vmm[0].get("tlbi_count", "?")
+        label = "guest TLBI loop" if variant == TLBI_LOOP else f"guest {variant or ''}".strip()
+        for cpu in manifest.options.get("guest_cpus") or ["?"]:
+            span = (int(begin.start_ns), int(run.end_ns), label, args)  # type: ignore[arg-type]
+            write_spans(tracks, f"during:{run.phase}:{cpu}", f"CPU {cpu}: {label} "
+                        f"(phase {run.phase})", top, [span], rank=OTHER_RANK)  # fmt: skip

@@ -1,0 +1,57 @@
+"""The TLBI probe's samples (probe.bin) as a counter per probe run and CPU.
+
+Probe runs are not traced: their samples go on tracks of their own, in the run's group,
+at the samples' own timestamps (taken just before each timed call, on CLOCK_BOOTTIME,
+the trace clock: reproducer/README.md "Sample file"). A file on another clock is placed
+from the run's start in the manifest instead, and its track says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracekit.perfetto.tracks import TrackWriter
+
+CLOCK_BOOTTIME = 7
+
+
+def write_probe_samples(
+    tracks: TrackWriter,
+    parent: int,
+    run_id: str,
+    path: Path,
+    start_ns: int | None,
+    window: tuple[int | None, int | None],
+) -> int:
+    """One counter of call durations (ns) at each call's start; returns the samples written."""
+    from tracekit.ingest.probe import read_probe_file
+
+    header, samples = read_probe_file(path)
+    ts = samples["timestamp_ns"].to_numpy()
+    description = (
+        f"TLBI probe: duration of each {header.mode} call ({header.pages} page(s), "
+        f"{header.helpers} helper thread(s)) on CPU {header.cpu}, at the call's start"
+    )
+    if header.clock_id != CLOCK_BOOTTIME and len(ts):
+        ts = ts - ts[0] + (start_ns or 0)
+        description += (
+            f"; APPROXIMATE times: the file's clock {header.clock_id} is not the trace "
+            "clock, so the first sample is placed at the run's start"
+        )
+    keep = (ts >= (window[0] if window[0] is not None else -(2**62))) & (
+        ts <= (window[1] if window[1] is not None else 2**62)
+    )
+    if not keep.any():
+        return 0
+    track = tracks.track(
+        f"{run_id}/probe-samples:{header.cpu}",
+        f"TLBI probe on CPU {header.cpu}: {header.mode} call duration ({run_id})",
+        parent,
+        counter=True,
+        description=description,
+        unit_ns=True,
+    )
+    durations = samples["duration_ns"].to_numpy()
+    for at, duration in zip(ts[keep], durations[keep], strict=True):
+        tracks.counter(track, int(at), float(duration))
+    return int(keep.sum())

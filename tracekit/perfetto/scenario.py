@@ -1,0 +1,359 @@
+"""The scenarios' tracks: VM lifecycles with teardown spans, stage-2 flushes, TLBI loops.
+
+- Per VM (from the VMM's trace markers, reproducer/README.md "Trace markers"): its
+  lifetime, each vCPU's run and its teardown, with the requested IPA size and, when the
+  collector's kprobe on kvm_arm_vmid_update was recorded, its VMID; under it, the
+  kernel's teardown path as the entry/return kprobe spans of the VMM's main thread
+  between teardown-start and teardown-end (entry-only probes as instants).
+- Per vCPU thread: each full stage-2 flush that kvm_toggle_cache or kvm_set_way_flush
+  stands for, timed as tracekit.analysis.cacheflush times them (the flush function's
+  entry/return kprobes when recorded, else the span to the neighbouring event: an upper
+  bound, said in the slice's `method`).
+- Per CPU: a tlbi-loop guest's run (enter..poweroff), when the variant is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from tracekit.perfetto.events import is_derived
+from tracekit.perfetto.tracks import Marker, Span, TrackWriter, write_spans
+
+VMID_EVENT = "kvm_arm_vmid_update"
+TLBI_LOOP = "tlbi-loop"
+MAX_VM_TRACKS = 16
+_COMMON = ("row", "ts", "cpu", "common_pid")
+
+
+@dataclass
+class VmLife:
+    """One VM of one VMM invocation, as its markers tell it."""
+
+    vm: str
+    invocation: int
+    pid: int
+    created: int
+    facts: dict[str, Any] = field(default_factory=dict)
+    enters: list[tuple[int, int, dict[str, str]]] = field(default_factory=list)
+    poweroffs: dict[str, int] = field(default_factory=dict)
+    teardown: list[int] = field(default_factory=list)
+    others: list[tuple[int, str, dict[str, str]]] = field(default_factory=list)
+    seen_create: bool = True
+
+    @property
+    def end(self) -> int | None:
+        """teardown-end, if the trace has it."""
+        return self.teardown[1] if len(self.teardown) > 1 else None
+
+
+@dataclass
+class Call:
+    """One kprobed kernel call: entry (and return when a return probe was recorded)."""
+
+    pid: int
+    function: str
+    start: int
+    end: int | None
+    args: dict[str, Any]
+    returns_probed: bool
+
+
+def table(tables: Mapping[str, pl.DataFrame], name: str) -> pl.DataFrame | None:
+    """An event's table by name, also when ingest qualified it ("kvm:name") for a clash."""
+    if name in tables:
+        return tables[name]
+    found = [t for n, t in tables.items() if n.split(":", 1)[-1] == name and n.startswith("kvm:")]
+    return found[0] if found else None
+
+
+def vm_lives(markers: Sequence[Marker]) -> list[VmLife]:
+    """Every VM the VMM markers show, in creation order (vm=0 create starts an invocation)."""
+    lives: list[VmLife] = []
+    current: dict[str, VmLife] = {}
+    invocation = -1
+    for ts, pid, tool, fields in markers:
+        if tool != "tracekit-vmm" or "vm" not in fields or "event" not in fields:
+            continue
+        vm, event = fields["vm"], fields["event"]
+        args = {k: v for k, v in fields.items() if k not in ("vm", "event")}
+        if event == "create" or vm not in current:
+            if invocation < 0 or (event == "create" and vm == "0"):
+                invocation += 1
+            life = VmLife(vm, invocation, pid, ts, seen_create=event == "create")
+            current[vm] = life
+            lives.append(life)
+            if event == "create":
+                life.facts.update(args)
+                continue
+        life = current[vm]
+        if event == "enter":
+            life.enters.append((ts, pid, args))
+        elif event == "poweroff":
+            life.poweroffs.setdefault(args.get("vcpu", "?"), ts)
+        elif event in ("teardown-start", "teardown-end"):
+            life.teardown.append(ts)
+        else:
+            life.others.append((ts, event, args))
+    return lives
+
+
+def kprobe_calls(tables: Mapping[str, pl.DataFrame]) -> list[Call]:
+    """Entry kprobes (with `__probe_ip`) paired per thread with their `<name>_ret` returns."""
+    entries = {n.split(":")[-1]: t for n, t in tables.items() if "__probe_ip" in t.columns}
+    returns = {
+        n.split(":")[-1].removesuffix("_ret"): t
+        for n, t in tables.items()
+        if "__probe_func" in t.columns and n.endswith("_ret")
+    }
+    calls: list[Call] = []
+    for function, entry in entries.items():
+        own = [
+            c
+            for c in entry.columns
+            if c not in (*_COMMON, "__probe_ip") and not is_derived(c, entry.schema)
+        ]
+        rows = entry.select("row", "ts", "common_pid", *own)
+        if function not in returns:
+            for row in rows.iter_rows(named=True):
+                calls.append(
+                    Call(row["common_pid"], function, row["ts"], None, _args(row, own), False)
+                )
+            continue
+        ret = returns[function].select("row", "ts", "common_pid")
+        calls += _paired(function, rows, ret, own)
+    return sorted(calls, key=lambda c: c.start)
+
+
+def _args(row: Mapping[str, Any], own: Sequence[str]) -> dict[str, Any]:
+    """A probe's fetched arguments (non-null)."""
+    return {k: row[k] for k in own if row[k] is not None}
+
+
+def _paired(
+    function: str, entries: pl.DataFrame, returns: pl.DataFrame, own: list[str]
+) -> list[Call]:
+    """Entry/return pairs of one function, matched per thread as a call stack."""
+    merged = pl.concat(
+        [
+            entries.with_columns(pl.lit(True).alias("_entry")),
+            returns.with_columns(pl.lit(False).alias("_entry")),
+        ],
+        how="diagonal_relaxed",
+    ).sort("row")
+    stacks: dict[int, list[Call]] = {}
+    calls: list[Call] = []
+    for row in merged.iter_rows(named=True):
+        stack = stacks.setdefault(row["common_pid"], [])
+        if row["_entry"]:
+            call = Call(row["common_pid"], function, row["ts"], None, _args(row, own), True)
+            stack.append(call)
+            calls.append(call)
+        elif stack:
+            stack.pop().end = row["ts"]
+    return calls
+
+
+def vmids(lives: Sequence[VmLife], tables: Mapping[str, pl.DataFrame]) -> dict[int, dict[str, int]]:
+    """Per VM (index in `lives`): the last non-zero VMID its vCPU threads loaded.
+
+    The kprobe reads kvm_vmid's 64-bit id, generation above the VMID bits; the width is
+    inferred as tracekit.analysis.vm does (the first generation is 1 << bits).
+    """
+    updates = tables.get(VMID_EVENT)
+    if updates is None or "vmid_id" not in updates.columns:
+        return {}
+    from tracekit.analysis.vm import infer_vmid_bits
+
+    bits = infer_vmid_bits(updates)
+    if bits is None:
+        return {}
+    found: dict[int, dict[str, int]] = {}
+    for n, life in enumerate(lives):
+        pids = [pid for _ts, pid, _args in life.enters]
+        seen = updates.filter(
+            pl.col("common_pid").is_in(pids)
+            & (pl.col("ts") >= life.created)
+            & (pl.col("ts") <= (life.end if life.end is not None else 2**62))
+            & (pl.col("vmid_id") != 0)
+        )
+        if not seen.is_empty():
+            vmid_id = int(seen.sort("ts")["vmid_id"][-1])
+            found[n] = {"vmid": vmid_id % (1 << bits), "vmid_generation": vmid_id >> bits}
+    return found
+
+
+def write_scenario_tracks(
+    tracks: TrackWriter,
+    parent: int,
+    tables: Mapping[str, pl.DataFrame],
+    markers: Sequence[Marker],
+    events: pl.DataFrame | None,
+    end_ts: int | None,
+    scope: str = "",
+    vmm_runs: Sequence[Mapping[str, str]] = (),
+) -> None:
+    """VM lifecycles with teardown spans, flush spans per vCPU, TLBI loops per CPU."""
+    lives = vm_lives(markers)
+    calls = kprobe_calls(tables)
+    if lives:
+        write_vm_lifecycles(tracks, parent, lives, tables, calls, end_ts, scope)
+        write_tlbi_loops(tracks, parent, lives, vmm_runs, end_ts, scope)
+    write_flushes(tracks, parent, tables, lives, calls, events, scope)
+
+
+def write_vm_lifecycles(
+    tracks: TrackWriter,
+    parent: int,
+    lives: Sequence[VmLife],
+    tables: Mapping[str, pl.DataFrame],
+    calls: Sequence[Call],
+    end_ts: int | None,
+    scope: str = "",
+) -> None:
+    """Per VM: lifetime holding vCPU runs and the teardown; the kernel's teardown path below.
+
+    A VM index reused (several VMM invocations) shares its track; past MAX_VM_TRACKS
+    indexes (e.g. a VMID-rollover run's throwaway VMs) every VM goes on one track, its
+    slices named with the VM, so the UI is not flooded with tracks.
+    """
+    group = tracks.track(f"{scope}vms", "tracekit: VMs", parent)
+    found = vmids(lives, tables)
+    shared = len({life.vm for life in lives}) > MAX_VM_TRACKS
+    by_track: dict[str, list[Span]] = {}  # track name -> its spans, over every VM
+    for n, life in enumerate(lives):
+        name = f"all {len(lives)} VMs" if shared else f"VM {life.vm}"
+        prefix = f"VM {life.vm}: " if shared else ""
+        facts = {**life.facts, **found.get(n, {})}
+        by_track.setdefault(name, []).extend(_vm_spans(life, facts, end_ts or 0, prefix))
+        kernel = by_track.setdefault(f"{name}: teardown in the kernel (kprobes)", [])
+        kernel.extend(_teardown_calls(life, calls, end_ts or 0, prefix))
+    for name, spans in by_track.items():
+        if spans:
+            write_spans(tracks, f"{scope}vm:{name}", name, group, spans)
+
+
+def _vm_spans(life: VmLife, facts: dict[str, Any], last: int, prefix: str) -> list[Span]:
+    """One VM's lifetime, vCPU runs, teardown and other markers as spans."""
+    lifetime = {**facts, "vmm_pid": life.pid}
+    if not life.seen_create:
+        lifetime["created"] = "before the trace started"
+    if life.end is None:
+        lifetime["unfinished"] = True
+    end = life.end or max(last, life.created)
+    spans: list[Span] = [(life.created, end, f"{prefix}VM lifetime", lifetime)]
+    for ts, pid, args in life.enters:
+        vcpu = args.get("vcpu", "?")
+        stop = life.poweroffs.get(vcpu) or (life.teardown[:1] or [max(last, ts)])[0]
+        spans.append((ts, stop, f"{prefix}vCPU {vcpu} running", {**args, "thread": pid}))
+    if life.teardown:
+        start, stop = life.teardown[0], life.end or max(last, life.teardown[0])
+        args = {k: v for k, v in facts.items() if k != "vcpus"}
+        if life.end is not None:
+            args["teardown_ns"] = stop - start
+        ipa = f" (IPA {facts['ipa_bits']} bits)" if "ipa_bits" in facts else ""
+        spans.append((start, stop, f"{prefix}teardown{ipa}", args))
+    spans += [(ts, None, f"{prefix}{event}", args) for ts, event, args in life.others]
+    return spans
+
+
+def _teardown_calls(life: VmLife, calls: Sequence[Call], last: int, prefix: str) -> list[Span]:
+    """The kprobed calls of the VMM's main thread during one VM's teardown."""
+    if not life.teardown:
+        return []
+    start, stop = life.teardown[0], life.end or max(last, life.teardown[0])
+    spans: list[Span] = []
+    for call in calls:
+        if call.pid != life.pid or not start <= call.start <= stop:
+            continue
+        if not call.returns_probed:
+            spans.append((call.start, None, f"{prefix}{call.function}", call.args))
+        elif call.end is None:
+            label = f"{prefix}{call.function} (return not recorded)"
+            spans.append((call.start, stop, label, call.args))
+        else:
+            spans.append((call.start, call.end, f"{prefix}{call.function}", call.args))
+    return spans
+
+
+def write_tlbi_loops(
+    tracks: TrackWriter,
+    parent: int,
+    lives: Sequence[VmLife],
+    vmm_runs: Sequence[Mapping[str, str]],
+    end_ts: int | None,
+    scope: str = "",
+) -> None:
+    """A tlbi-loop guest's time between its enter and poweroff markers, on its CPU."""
+    for life in lives:
+        if (
+            life.invocation >= len(vmm_runs)
+            or vmm_runs[life.invocation].get("variant") != TLBI_LOOP
+        ):
+            continue
+        run = vmm_runs[life.invocation]
+        for ts, pid, args in life.enters:
+            cpu = args.get("cpu", "?")
+            stop = life.poweroffs.get(args.get("vcpu", "?")) or max(end_ts or 0, ts)
+            info = {"vm": life.vm, "thread": pid, **args, "tlbi_count": run.get("tlbi_count", "?")}
+            name = f"CPU {cpu}: guest TLBI loop"
+            write_spans(tracks, f"{scope}tlbi:{cpu}", name, parent, [(ts, stop, "TLBI loop", info)])
+
+
+def write_flushes(
+    tracks: TrackWriter,
+    parent: int,
+    tables: Mapping[str, pl.DataFrame],
+    lives: Sequence[VmLife],
+    calls: Sequence[Call],
+    events: pl.DataFrame | None,
+    scope: str = "",
+) -> None:
+    """Per vCPU thread: the full stage-2 flushes of cache toggles and set/way operations."""
+    from tracekit.analysis import cacheflush
+
+    toggles, setways = table(tables, "kvm_toggle_cache"), table(tables, "kvm_set_way_flush")
+    if toggles is None and setways is None:
+        return
+    flushes = cacheflush.flush_rows(toggles, setways)
+    probed = [c for c in calls if c.function in cacheflush.FLUSH_FUNCTIONS and c.end is not None]
+    if probed:
+        spans = pl.DataFrame(
+            [(c.pid, c.start, c.end, c.end - c.start) for c in probed],  # type: ignore[operator]
+            schema={"pid": pl.Int32, "start_ts": pl.Int64, "end_ts": pl.Int64, "dur_ns": pl.Int64},
+            orient="row",
+        )
+        timed = cacheflush.probe_durations(flushes, spans)
+    elif events is not None:
+        timed = cacheflush.neighbour_durations(flushes, events.select("row", "ts", "cpu"))
+    else:
+        timed = flushes.with_columns(
+            pl.lit(None, pl.Int64).alias("dur_ns"), pl.lit("").alias("method")
+        )
+    names = {
+        pid: (life.vm, args.get("vcpu", "?")) for life in lives for _ts, pid, args in life.enters
+    }
+    group = tracks.track(f"{scope}flush", "tracekit: stage-2 flushes (per vCPU thread)", parent)
+    for (pid,), rows in timed.sort("ts").group_by(["common_pid"], maintain_order=True):
+        vm, vcpu = names.get(pid, ("?", "?"))
+        name = f"VM {vm} vCPU {vcpu} (thread {pid}): stage-2 flushes"
+        spans = [_flush_span(row) for row in rows.iter_rows(named=True)]
+        write_spans(tracks, f"{scope}flush:{pid}", name, group, spans)
+
+
+def _flush_span(row: Mapping[str, Any]) -> Span:
+    """One flush event as a slice (toggle: flush before it; set/way: after) or an instant."""
+    args = {"cpu": row["cpu"], "event_source": row["source"], "method": row.get("method") or ""}
+    what = "cache toggle" if row["source"] == "toggle" else "set/way"
+    if not row["flushed"]:
+        return (row["ts"], None, f"{what} (no flush: caches unchanged)", args)
+    dur = row.get("dur_ns")
+    if dur is None:
+        return (row["ts"], None, f"stage-2 flush ({what}, duration unknown)", args)
+    args["dur_ns"] = dur
+    if row["source"] == "toggle":
+        return (row["ts"] - dur, row["ts"], f"stage-2 flush ({what})", args)
+    return (row["ts"], row["ts"] + dur, f"stage-2 flush ({what})", args)
