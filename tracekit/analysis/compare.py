@@ -27,6 +27,12 @@ PERMUTATIONS = 20_000
 # Float midranks: statistics this close count as equally extreme.
 RANK_TOLERANCE = 1e-9
 DESCRIBE_WIDTH = 72
+# The verdict rule's false-positive rate at the default thresholds, measured by
+# tests/test_analysis_fpr.py on null comparisons built from real emulated runs (an MMU-off
+# guest, runs split into pseudo-runs, neighbouring windows compared); that test recomputes
+# these two numbers and fails if they drift.
+NULL_COMPARISONS = 756
+NULL_PRESENT = 4
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,17 @@ class Thresholds:
             f"present: CI beyond x{self.min_effect:g} and p < {self.alpha:g}; absent: CI"
             f" inside [1/{self.equivalence:g}, {self.equivalence:g}]; else inconclusive"
             f" ({self.confidence:.0%} percentile bootstrap over runs, {self.resamples} resamples)"
+            + (_false_positive_text() if self == DEFAULT_THRESHOLDS else "")
         )
+
+
+def _false_positive_text() -> str:
+    """The measured false-positive rate, stated with the rule it belongs to."""
+    rate = NULL_PRESENT / NULL_COMPARISONS
+    return (
+        f"; false positives: {rate:.1%} ({NULL_PRESENT} of {NULL_COMPARISONS} null comparisons"
+        " of real emulated runs)"
+    )
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -240,6 +256,28 @@ def runs_needed(alpha: float) -> int:
     return n
 
 
+def runs_to_decide(c: Comparison) -> int | None:
+    """Runs per phase an inconclusive comparison would need at its measured spread, roughly.
+
+    The interval's half-width on a log scale shrinks as 1/sqrt(runs); this is the run count
+    at which it would fit between the point estimate and the nearest boundary that decides
+    (beyond min_effect for "present", inside the equivalence band for "absent"). None when
+    the estimate sits on a boundary, or the comparison is not inconclusive.
+    """
+    if c.verdict != INCONCLUSIVE or c.ratio <= 0 or c.ci_low <= 0:
+        return c.needed_runs
+    log_r, t = math.log(c.ratio), c.thresholds
+    half = (math.log(c.ci_high) - math.log(c.ci_low)) / 2
+    if abs(log_r) > math.log(t.min_effect):
+        room = abs(log_r) - math.log(t.min_effect)
+    else:
+        room = math.log(t.equivalence) - abs(log_r)
+    if room <= 0 or half <= 0:
+        return None
+    runs = min(c.n_before, c.n_after)
+    return max(c.needed_runs or 0, runs + 1, math.ceil(runs * (half / room) ** 2))
+
+
 def verdict(ci_low: float, ci_high: float, p: float, thresholds: Thresholds) -> str:
     """present / absent / inconclusive from the interval and the (adjusted) p-value."""
     beyond = ci_low > thresholds.min_effect or ci_high < 1 / thresholds.min_effect
@@ -272,6 +310,12 @@ def compare_all(comparisons: list[Comparison], primary: str) -> list[Comparison]
     secondary = [c for c in comparisons if c.metric != primary]
     adjusted = dict(zip(map(id, secondary), holm([c.p_value for c in secondary]), strict=True))
     return [c if c.metric == primary else _as_secondary(c, adjusted[id(c)]) for c in comparisons]
+
+
+def secondary_family(comparisons: list[Comparison]) -> list[Comparison]:
+    """A family of secondary comparisons without a primary: Holm over them, verdicts redone."""
+    adjusted = holm([c.p_value for c in comparisons])
+    return [_as_secondary(c, p) for c, p in zip(comparisons, adjusted, strict=True)]
 
 
 def _as_secondary(c: Comparison, p_adjusted: float) -> Comparison:

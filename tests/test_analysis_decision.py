@@ -1,0 +1,163 @@
+"""Conditions from manifests, the decision rules, and the injected effect found end to end.
+
+Bundles come from tests/bundlegen.py: real emulated cyclictest and probe samples,
+resampled, with latencies and probe costs raised by a set factor after the guest only
+when the guest's variant turns its MMU on (and no after-guest action clears it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bundlegen import Spec, generate
+
+from tracekit.analysis.beforeafter import latency_comparisons
+from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, Comparison, runs_to_decide
+from tracekit.analysis.conditions import VARIANT_FACTS, Condition, bundle_condition
+from tracekit.analysis.decision import ConditionEffect, conclusions
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.report.sections.decision import section
+
+BUILT_GUESTS = Path(__file__).parent.parent / "reproducer" / "build" / "guests"
+INJECTED = 3.0
+RUNS = 10
+
+
+def _bundle(tmp_path: Path, name: str, spec: Spec) -> BundleData:
+    """Generate and load one bundle."""
+    return load_bundle(generate(tmp_path / name, spec))
+
+
+def _primary(data: BundleData) -> Comparison:
+    """The bundle's primary comparison (cyclictest p99.9, quiet runs)."""
+    return next(c for c in latency_comparisons(data.latencies) if c.role == "primary")
+
+
+def test_condition_comes_from_the_manifest(tmp_path: Path) -> None:
+    """Variant from the guest file (not the scenario default), cluster from host facts."""
+    other = _bundle(tmp_path, "a", Spec(variant="mmu-off", runs=1, guest_cpu=1))
+    same = _bundle(tmp_path, "b", Spec(after_guest="hotplug", kvm_mode="vhe", guest_cpu=2))
+    assert bundle_condition(other.manifest) == Condition(
+        "mmu-off", "none", "nvhe", "other", "6.1.0-50-arm64"
+    )
+    c = bundle_condition(same.manifest)
+    assert (c.after_guest, c.kvm_mode, c.guest_cluster) == ("hotplug", "vhe", "same")
+
+
+@pytest.mark.skipif(not BUILT_GUESTS.is_dir(), reason="reproducer not built (make -C reproducer)")
+def test_variant_facts_agree_with_the_guests_notes() -> None:
+    """conditions.VARIANT_FACTS says what each built guest's ELF note says."""
+    from tracekit.guests import list_guests
+
+    notes = {g.variant: (g.stage1, g.tlbi) for g in list_guests(BUILT_GUESTS)}
+    assert notes == VARIANT_FACTS
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_injected_effect_is_present_and_measured(tmp_path: Path, seed: int) -> None:
+    """MMU-on: present, x3 inside the interval; MMU-off: never present."""
+    on = _primary(_bundle(tmp_path, "on", Spec(factor=INJECTED, runs=RUNS, seed=seed)))
+    assert on.verdict == PRESENT
+    assert on.ci_low <= INJECTED <= on.ci_high
+    off_spec = Spec(variant="mmu-off", factor=INJECTED, runs=RUNS, seed=seed + 100)
+    off = _primary(_bundle(tmp_path, "off", off_spec))
+    assert off.verdict in (ABSENT, INCONCLUSIVE)
+    assert off.ci_low < 1.5 < INJECTED  # far from the injected factor
+
+
+def test_decision_table_names_the_injected_condition(tmp_path: Path) -> None:
+    """Rows per condition; the MMU rule is stated; hotplug (which clears it) not present."""
+    specs = {
+        "on": Spec(factor=INJECTED, runs=RUNS, seed=0),
+        "off": Spec(variant="mmu-off", factor=INJECTED, runs=RUNS, seed=1),
+        "hot": Spec(after_guest="hotplug", factor=INJECTED, runs=RUNS, seed=2),
+    }
+    s = section([_bundle(tmp_path, name, spec) for name, spec in specs.items()])
+    assert s is not None
+    rows = {r["condition"]: r["verdict"] for r in s.tables[0].frame.iter_rows(named=True)}
+    assert rows["mmu-on none"] == PRESENT
+    assert rows["mmu-off none"] != PRESENT and rows["mmu-on hotplug"] != PRESENT
+    text = "\n".join(s.findings)
+    assert s.findings[0].startswith(
+        "Effect on cyclictest p99.9 by condition: present: mmu-on none;"
+    )
+    assert "created only when the guest's stage-1 MMU is on" in text
+    assert "present for mmu-on, absent for mmu-off" in text  # the rule, stated
+    assert "re-initialising EL2" in text
+
+
+def test_too_few_runs_is_inconclusive_and_says_how_many(tmp_path: Path) -> None:
+    """2+2 runs with a large effect: inconclusive, and the section names 4+4."""
+    short = _bundle(tmp_path, "short", Spec(factor=INJECTED, runs=2))
+    assert _primary(short).verdict == INCONCLUSIVE
+    other = _bundle(tmp_path, "off", Spec(variant="mmu-off", runs=2))
+    s = section([short, other])
+    assert s is not None
+    assert any("inconclusive with 2+2 runs; the rule needs 4+4" in f for f in s.findings)
+
+
+def test_bundles_of_one_condition_are_pooled_and_one_bundle_gives_none(tmp_path: Path) -> None:
+    """Two bundles (boots) of one condition: one row whose unit is the boot."""
+    a = _bundle(tmp_path, "a", Spec(runs=3, seed=1))
+    b = _bundle(tmp_path, "b", Spec(runs=3, seed=2))
+    assert section([a]) is None
+    s = section([a, b])
+    assert s is not None
+    rows = s.tables[0].frame.select("condition", "n").rows()
+    assert rows == [("mmu-on none nvhe other 6.1.0-50-arm64", "2+2 boots")]  # none vary
+    assert "inconclusive with 2+2 boots; the rule needs 4+4" in "\n".join(s.findings)
+    assert any("no two conditions differ" in u for u in s.unknowns)
+
+
+def _effect(condition: Condition, verdict: str, needed: int | None = None) -> ConditionEffect:
+    """A condition with a comparison whose verdict is given (the rules read only that)."""
+    c = Comparison("cyclictest p99.9", 8, 8, 2.0, 1.5, 2.5, 0.01, 0.01, "exact", verdict, needed)
+    return ConditionEffect(condition, ("x",), c)
+
+
+BASE = Condition("mmu-on", "none", "nvhe", "same", "6.1")
+
+
+def test_rules_need_exactly_one_difference_and_their_verdicts() -> None:
+    """Settled for the rule's verdicts; nothing when two fields differ or verdicts disagree."""
+    off = Condition("mmu-off", "none", "nvhe", "same", "6.1")
+    vmalle1 = Condition("mmu-on-vmalle1", "none", "nvhe", "same", "6.1")
+    found = conclusions([_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)])
+    texts = {c.text for c in found if c.settled}
+    assert texts == {
+        "created only when the guest's stage-1 MMU is on",
+        "not cleared by the guest's own VMALLE1",
+    }
+    two_apart = Condition("mmu-off", "hotplug", "nvhe", "same", "6.1")
+    assert conclusions([_effect(BASE, PRESENT), _effect(two_apart, ABSENT)]) == []
+    assert conclusions([_effect(BASE, ABSENT), _effect(off, PRESENT)]) == []
+
+
+def test_one_inconclusive_side_is_an_open_question_with_runs_needed() -> None:
+    """Present vs inconclusive (short): an open question that says 4+4 runs are needed."""
+    hot = Condition("mmu-on", "hotplug", "nvhe", "same", "6.1")
+    found = conclusions([_effect(BASE, PRESENT), _effect(hot, INCONCLUSIVE, needed=4)])
+    assert len(found) == 1 and not found[0].settled
+    assert found[0].runs_needed == 4
+    both = conclusions([_effect(BASE, INCONCLUSIVE), _effect(hot, INCONCLUSIVE)])
+    assert both == []  # no side shows anything: not even a question
+
+
+def test_kernel_rule_names_both_kernels() -> None:
+    """The wildcard rule fills in the kernels it compared."""
+    patched = Condition("mmu-on", "none", "nvhe", "same", "6.1-fix")
+    found = conclusions([_effect(BASE, PRESENT), _effect(patched, ABSENT)])
+    assert [c.text for c in found] == [
+        "depends on the kernel: present with 6.1, absent with 6.1-fix"
+    ]
+
+
+def test_runs_to_decide_scales_the_measured_spread() -> None:
+    """Half-width on a log scale shrinks as 1/sqrt(runs): the estimate follows from that."""
+    near_one = Comparison("m", 8, 8, 1.05, 0.9, 1.2, 0.5, 0.5, "exact", INCONCLUSIVE, None)
+    assert runs_to_decide(near_one) == 77  # 8 * (0.1438 / 0.0465)^2, towards "absent"
+    large = Comparison("m", 8, 8, 2.0, 1.0, 4.0, 0.1, 0.1, "exact", INCONCLUSIVE, None)
+    assert runs_to_decide(large) == 11  # 8 * (0.693 / 0.598)^2, towards "present"
+    on_edge = Comparison("m", 8, 8, 1.1, 0.9, 1.3, 0.5, 0.5, "exact", INCONCLUSIVE, None)
+    assert runs_to_decide(on_edge) is None

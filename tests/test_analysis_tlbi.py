@@ -1,0 +1,175 @@
+"""TLBI cost: the probe file reader, per-CPU/phase percentiles, verdicts over slots, flush paths.
+
+Probe files are real (tests/fixtures/analysis/tlbi-probe-cpu*.bin, emulated host); the
+flush-path pairs come from a real text trace with entry/return kprobes
+(teardown-6.1-a76.trace, see that directory's README.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from bundlegen import Spec, generate
+
+import tracekit
+from tracekit.analysis.compare import INCONCLUSIVE, PRESENT
+from tracekit.analysis.tlbi import (
+    flush_summary,
+    funcgraph_durations,
+    probe_comparisons,
+    probe_pair_durations,
+    probe_percentiles,
+    require_flush_events,
+)
+from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import load_bundle
+from tracekit.ingest.probe import read_probe_file
+from tracekit.report.sections.tlbi import section
+
+FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
+PROBE = FIXTURES / "tlbi-probe-cpu3.bin"
+TEARDOWN = FIXTURES / "teardown-6.1-a76.trace"
+
+
+def test_probe_file_reads_every_sample() -> None:
+    """Header fields and one row per 16-byte record, durations as the probe wrote them."""
+    header, samples = read_probe_file(PROBE)
+    assert (header.cpu, header.mode, header.clock_id) == (3, "page", 7)
+    assert samples.height == header.count == (PROBE.stat().st_size - 64) // 16
+    raw = np.frombuffer(PROBE.read_bytes()[64:], dtype="<u8").reshape(-1, 2)
+    assert samples["duration_ns"].to_list() == raw[:, 1].tolist()
+    assert samples["timestamp_ns"].is_sorted()
+
+
+def test_truncated_or_foreign_probe_file_is_refused(tmp_path: Path) -> None:
+    """A short file or another format is one clear error, never a partial read."""
+    short = tmp_path / "short.bin"
+    short.write_bytes(PROBE.read_bytes()[:-8])
+    with pytest.raises(TracekitError, match="truncated or damaged"):
+        read_probe_file(short)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"NOTPROBE" + PROBE.read_bytes()[8:])
+    with pytest.raises(TracekitError, match="not a tlbiprobe sample file"):
+        read_probe_file(other)
+
+
+def _slots(factor_after: float, slots: int, seed: int = 1) -> pl.DataFrame:
+    """Probe samples: `slots` resampled copies of the real file per phase, after scaled."""
+    rng = np.random.default_rng(seed)
+    durations = read_probe_file(PROBE)[1]["duration_ns"].to_numpy()
+    frames = []
+    for phase, scale in (("before", 1.0), ("after", factor_after)):
+        for i in range(slots):
+            drawn = (rng.choice(durations, len(durations)) * scale).astype(np.int64)
+            frames.append(
+                pl.DataFrame({"duration_ns": drawn}).with_columns(
+                    pl.lit(f"{phase}-probe-page-cpu3-{i}").alias("run_id"),
+                    pl.lit(phase).alias("phase"),
+                    pl.lit(3, pl.Int32).alias("cpu"),
+                    pl.lit("page").alias("mode"),
+                )
+            )
+    return pl.concat(frames)
+
+
+def test_percentiles_per_cpu_and_phase_match_numpy() -> None:
+    """Pooled percentiles per phase equal numpy's 'higher' quantiles, in microseconds."""
+    samples = _slots(2.0, 2)
+    table = probe_percentiles(samples)
+    assert table["phase"].to_list() == ["before", "after"]
+    for phase in ("before", "after"):
+        d = samples.filter(pl.col("phase") == phase)["duration_ns"].to_numpy()
+        row = table.filter(pl.col("phase") == phase).row(0, named=True)
+        assert row["slots"] == 2 and row["samples"] == len(d)
+        assert row["p99_us"] == round(np.quantile(d, 0.99, method="higher") / 1000, 1)
+        assert row["max_us"] == round(d.max() / 1000, 1)
+
+
+def test_one_slot_per_phase_is_inconclusive_and_says_how_many() -> None:
+    """A slot is a run: 1+1 never gives a verdict, however large the change."""
+    found = probe_comparisons(_slots(3.0, 1))
+    assert {c.verdict for c in found} == {INCONCLUSIVE}
+    assert {c.needed_runs for c in found} == {4}
+
+
+def test_injected_probe_cost_is_found_with_enough_slots() -> None:
+    """Five slots per phase, costs doubled after: present, and x2 inside each interval."""
+    found = probe_comparisons(_slots(2.0, 5))
+    assert [c.metric for c in found] == ["probe page cpu3 p50", "probe page cpu3 p99"]
+    for c in found:
+        assert c.verdict == PRESENT and c.role == "secondary"
+        assert c.ci_low <= 2.0 <= c.ci_high
+
+
+def test_kprobe_pairs_give_durations_like_the_trace_text() -> None:
+    """Entry/return pairs of a real trace: same count and durations as reading the text."""
+    trace = tracekit.open(TEARDOWN)
+    durations, unpaired = probe_pair_durations(trace.events)
+    assert unpaired == 0
+    line = re.compile(r"\[\d+\]\s+\S+\s+([\d.]+): (kvm_free_stage2_pgd(?:_ret)?):")
+    stamps = {"kvm_free_stage2_pgd": [], "kvm_free_stage2_pgd_ret": []}
+    for m in line.finditer(TEARDOWN.read_text()):
+        stamps[m[2]].append(round(float(m[1]) * 1e6))  # microseconds in the text
+    expected = [r - e for e, r in zip(*stamps.values(), strict=True)]
+    got = durations.filter(pl.col("function") == "kvm_free_stage2_pgd").sort("start_ns")
+    assert [round(d / 1000) for d in got["duration_ns"]] == expected
+    summary = flush_summary(got.with_columns(pl.lit("guest").alias("phase")))
+    assert summary["calls"].to_list() == [len(expected)]
+
+
+def test_a_lost_return_leaves_its_entry_unpaired() -> None:
+    """Drop one return event: one call fewer, and its entry counted as unpaired."""
+    events = tracekit.open(TEARDOWN).events
+    first_ret = events.filter(pl.col("event") == "kvm_free_stage2_pgd_ret")["row"].min()
+    durations, unpaired = probe_pair_durations(events.filter(pl.col("row") != first_ret))
+    assert durations.filter(pl.col("function") == "kvm_free_stage2_pgd").height == 8
+    assert unpaired == 1
+
+
+def test_flush_durations_name_the_events_they_need() -> None:
+    """Without probe pairs or function_graph, the error names both ways to record them."""
+    with pytest.raises(TracekitError, match=r"funcgraph_exit.*function_graph"):
+        require_flush_events(["sched_switch", "kvm_free_stage2_pgd"])
+    require_flush_events(["kvm_free_stage2_pgd", "kvm_free_stage2_pgd_ret"])
+
+
+def test_section_on_a_generated_bundle(tmp_path: Path) -> None:
+    """Probe table per CPU/phase, a histogram per CPU, inconclusive probe verdicts (1 slot)."""
+    data = load_bundle(generate(tmp_path / "b", Spec(runs=2, factor=2.0)))
+    s = section([data])
+    assert s is not None and s.key == "tlbi"
+    table = s.tables[0].frame
+    assert set(table["cpu"]) == {0, 3} and table.width <= 6
+    for plot in s.plots:  # the injected x2, in the histogram's data (geometric means)
+        logs = plot.frame.group_by("phase").agg(pl.col("duration_us").log().mean())
+        shift = dict(logs.rows())
+        assert 1.7 < np.exp(shift["after"] - shift["before"]) < 2.3
+    assert [p.kind for p in s.plots] == ["histogram", "histogram"]
+    assert all(c.verdict == INCONCLUSIVE for c in s.comparisons)
+    assert "needs 4+4" in " ".join(s.unknowns)
+    shutil.rmtree(tmp_path / "b")
+
+
+def test_funcgraph_durations_keep_the_top_functions_and_name_them() -> None:
+    """Depth-0 exits give rettime - calltime; a missing symbol falls back to the address."""
+    exits = pl.DataFrame(
+        {
+            "cpu": [1, 1, 2],
+            "common_pid": [10, 10, 11],
+            "func": [0xFFFF800008001000, 0xFFFF800008002000, 0xFFFF800008003000],
+            "func_sym": ["__kvm_tlb_flush_vmid", "callee", None],
+            "depth": [0, 1, 0],
+            "calltime": [1_000, 1_100, 5_000],
+            "rettime": [4_000, 1_200, 5_500],
+        }
+    )
+    got = funcgraph_durations(exits)
+    assert got.select("function", "duration_ns").rows() == [
+        ("__kvm_tlb_flush_vmid", 3_000),
+        ("0xffff800008003000", 500),
+    ]

@@ -1,0 +1,278 @@
+"""The decision table: the effect per condition, and what follows from pairs of conditions.
+
+Each bundle is one condition (tracekit/analysis/conditions.py) and one boot. Per condition
+the primary metric is compared after vs before: over runs for one bundle, over boots when
+several bundles share the condition (runs of one boot share its state). Conclusions come
+only from `RULES`, stated as data: two conditions that differ in exactly one field, with
+the verdicts a rule names, give that rule's conclusion and what it implies about where
+the state is. A rule whose pattern fits but where one side is inconclusive becomes an
+open question, with the runs needed when that is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import polars as pl
+
+from tracekit.analysis.beforeafter import PRIMARY
+from tracekit.analysis.compare import (
+    ABSENT,
+    INCONCLUSIVE,
+    PRESENT,
+    Comparison,
+    Thresholds,
+    compare,
+)
+from tracekit.analysis.conditions import FIELD_LABELS, Condition
+from tracekit.analysis.runs import metric_values, run_metrics
+from tracekit.errors import TracekitError
+
+PHASES = ("before", "after")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """If condition A shows `a_verdict` and B, differing only in `field`, shows `b_verdict`."""
+
+    field: str  # a Condition field
+    a: str | None  # its value in A; None: any value
+    a_verdict: str
+    b: str | None
+    b_verdict: str
+    conclusion: str  # may name {a} and {b}
+    implies: str  # what it says about where the state is
+
+    def matches(self, a: Condition, b: Condition) -> bool:
+        """Whether A and B differ only in this rule's field, with the rule's values."""
+        if a.differs_only_in(b) != self.field:
+            return False
+        return self.a in (None, getattr(a, self.field)) and self.b in (None, getattr(b, self.field))
+
+    def sentence(self, a: Condition, b: Condition) -> str:
+        """The rule as applied: 'present for X, absent for Y -> conclusion'."""
+        va, vb = getattr(a, self.field), getattr(b, self.field)
+        head = f"{self.a_verdict} for {va}, {self.b_verdict} for {vb}"
+        return f"{head} -> {self.conclusion.format(a=va, b=vb)}"
+
+
+def _rule(field: str, a: str | None, av: str, b: str | None, bv: str, c: str, i: str) -> Rule:
+    """Shorthand for the table below."""
+    return Rule(field, a, av, b, bv, c, i)
+
+
+# The conclusions tracekit may draw, each with its evidence pattern. Order: creation,
+# what does not clear it, what clears it, where it reaches, mode and kernel.
+RULES: tuple[Rule, ...] = (
+    _rule("variant", "mmu-on", PRESENT, "mmu-off", ABSENT,
+          "created only when the guest's stage-1 MMU is on",
+          "the state comes from the guest's own stage-1 translation on the CPU that ran it"
+          " (entries its table walks leave behind), not from running a VMID as such"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-off", PRESENT,
+          "created even when the guest turns its MMU off again",
+          "once created the state outlives the guest's stage-1 being enabled"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-nocache", PRESENT,
+          "created with the guest's caches off too",
+          "the guest's data/instruction caches are not needed: translation, not caching"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1", PRESENT,
+          "not cleared by the guest's own VMALLE1",
+          "the state is not stage-1 TLB content of the guest's VMID that a local"
+          " invalidation by that VMID removes"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1is", PRESENT,
+          "not cleared by the guest's own broadcast VMALLE1IS",
+          "no invalidation scoped to the guest's VMID, local or broadcast, removes it"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1", ABSENT,
+          "cleared by the guest's own VMALLE1",
+          "the state is stage-1 TLB content of the guest's VMID on the guest's CPU"),
+    _rule("after_guest", "none", PRESENT, "hotplug", ABSENT,
+          "cleared by re-initialising EL2 on the guest CPU (CPU hotplug)",
+          "the state lives in the CPU that ran the guest and does not survive that"
+          " CPU's EL2 re-initialisation"),
+    _rule("after_guest", "none", PRESENT, "hotplug", PRESENT,
+          "not cleared by hotplugging the guest CPU",
+          "re-initialising EL2 on the guest CPU leaves the state in place"),
+    _rule("after_guest", "none", PRESENT, "rollover", ABSENT,
+          "cleared by a VMID rollover (TLBI ALLE1IS)",
+          "an invalidation of all VMIDs' EL1&0 entries removes the state: it is TLB"
+          " content, tagged with a VMID other than the dead VM's alone"),
+    _rule("after_guest", "none", PRESENT, "rollover", PRESENT,
+          "not cleared by a VMID rollover",
+          "even TLBI ALLE1IS leaves it: the state is not in EL1&0 TLB entries"),
+    _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
+          "also when the guest ran in another cluster",
+          "the state slows broadcasts for the whole inner-shareable domain, not a"
+          " structure private to the guest CPU's cluster"),
+    _rule("guest_cluster", "same", PRESENT, "other", ABSENT,
+          "only when the guest ran in the rt CPU's cluster",
+          "the state sits in something the cluster shares"),
+    _rule("kvm_mode", "nvhe", PRESENT, "vhe", ABSENT,
+          "specific to nVHE: absent with VHE",
+          "it depends on how nVHE switches between host and guest (host at EL1 beside"
+          " the guest's EL1&0 regime)"),
+    _rule("kvm_mode", "nvhe", PRESENT, "protected", ABSENT,
+          "no before/after change in protected mode",
+          "with pKVM the host runs under stage 2 from boot; compare the before values"),
+    _rule("kernel", None, PRESENT, None, ABSENT,
+          "depends on the kernel: present with {a}, absent with {b}",
+          "a change between these kernels (e.g. a fix at stage-2 teardown) removes it"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConditionEffect:
+    """One condition's before/after comparison of the primary metric."""
+
+    condition: Condition
+    bundles: tuple[str, ...]
+    comparison: Comparison
+    unit: str = "runs"  # "boots" when several bundles of the condition were pooled
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a rule concludes from two conditions (or asks, when one side is undecided)."""
+
+    text: str
+    rule: str  # the rule as applied, with its verdicts
+    implies: str
+    evidence: tuple[Condition, Condition]
+    settled: bool  # False: an open question, one side inconclusive
+    runs_needed: int | None = None
+
+
+def condition_effects(
+    groups: Mapping[Condition, list[tuple[str, pl.DataFrame]]],
+    primary: str = PRIMARY,
+    kind: str = "quiet",
+    thresholds: Thresholds | None = None,
+) -> list[ConditionEffect]:
+    """Per condition, the primary metric after vs before: over runs, or over boots.
+
+    One bundle of a condition: its runs are the units. Several bundles (boots) of it: each
+    boot is one unit, valued at the mean of its runs.
+    """
+    options = {} if thresholds is None else {"thresholds": thresholds}
+    effects = []
+    for condition in sorted(groups):
+        bundles = groups[condition]
+        unit = "runs" if len(bundles) == 1 else "boots"
+        values = {phase: _unit_values(bundles, phase, kind, primary) for phase in PHASES}
+        comparison = compare(
+            values["before"]["value"].to_list(),
+            values["after"]["value"].to_list(),
+            f"cyclictest {primary}" + ("" if unit == "runs" else " (boot means)"),
+            before_runs=values["before"]["unit"].to_list(),
+            after_runs=values["after"]["unit"].to_list(),
+            **options,
+        )
+        labels = tuple(label for label, _ in bundles)
+        effects.append(ConditionEffect(condition, labels, comparison, unit))
+    return effects
+
+
+def _unit_values(
+    bundles: list[tuple[str, pl.DataFrame]], phase: str, kind: str, primary: str
+) -> pl.DataFrame:
+    """unit, value: one per run of the one bundle, or one per bundle (its runs' mean)."""
+    frames = []
+    for label, latencies in bundles:
+        runs = latencies.filter((pl.col("kind") == kind) & (pl.col("phase") == phase))
+        if runs.height == 0:
+            raise TracekitError(
+                f"decision table: bundle {label} has no {kind} {phase} runs with cyclictest"
+                " samples; record them with `tracekit collect --runs N`"
+            )
+        per_run = run_metrics(runs)
+        frames.append(
+            pl.DataFrame(
+                {
+                    "bundle": label,
+                    "unit": per_run["run_id"],
+                    "value": metric_values(per_run, primary),
+                }
+            )
+        )
+    if len(frames) == 1:
+        return frames[0]
+    # Runs of one boot share that boot's state: the boot is the unit of replication.
+    return (
+        pl.concat(frames)
+        .group_by("bundle", maintain_order=True)
+        .agg(pl.col("bundle").first().alias("unit"), pl.col("value").mean())
+    )
+
+
+def decision_table(effects: list[ConditionEffect], varying: tuple[str, ...]) -> pl.DataFrame:
+    """One row per condition: condition, n (runs or boots), ratio, ci_low, ci_high, verdict."""
+    rows = [
+        {
+            "condition": e.condition.label(varying),
+            "n": f"{e.comparison.n_before}+{e.comparison.n_after} {e.unit}",
+            "ratio": round(e.comparison.ratio, 2),
+            "ci_low": round(e.comparison.ci_low, 2),
+            "ci_high": round(e.comparison.ci_high, 2),
+            "verdict": e.comparison.verdict,
+        }
+        for e in effects
+    ]
+    schema = {"condition": pl.String, "n": pl.String, "ratio": pl.Float64}
+    schema |= {"ci_low": pl.Float64, "ci_high": pl.Float64, "verdict": pl.String}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def conclusions(
+    effects: list[ConditionEffect], rules: tuple[Rule, ...] = RULES
+) -> list[Conclusion]:
+    """Every rule that two conditions satisfy (settled), or nearly do (open), in rule order."""
+    out: list[Conclusion] = []
+    asked: set[tuple[str, Condition, Condition]] = set()
+    for rule in rules:
+        for a in effects:
+            for b in effects:
+                if a is b or not rule.matches(a.condition, b.condition):
+                    continue
+                found = _apply(rule, a, b, asked)
+                if found is not None:
+                    out.append(found)
+    return out
+
+
+def _apply(
+    rule: Rule,
+    a: ConditionEffect,
+    b: ConditionEffect,
+    asked: set[tuple[str, Condition, Condition]],
+) -> Conclusion | None:
+    """The rule's conclusion for this pair, an open question, or None."""
+    va, vb = a.comparison.verdict, b.comparison.verdict
+    evidence = (a.condition, b.condition)
+    text = rule.conclusion.format(
+        a=getattr(a.condition, rule.field), b=getattr(b.condition, rule.field)
+    )
+    if (va, vb) == (rule.a_verdict, rule.b_verdict):
+        return Conclusion(text, rule.sentence(*evidence), rule.implies, evidence, settled=True)
+    key = (rule.field, a.condition, b.condition)
+    sides = ((a, va, rule.a_verdict), (b, vb, rule.b_verdict))
+    undecided = [e for e, v, _ in sides if v == INCONCLUSIVE]
+    decided = [(v, want) for _, v, want in sides if v != INCONCLUSIVE]
+    # An open question needs one side that already shows what the rule expects.
+    if len(undecided) != 1 or decided[0][0] != decided[0][1] or key in asked:
+        return None
+    asked.add(key)
+    needed = max((c.comparison.needed_runs or 0) for c in undecided) or None
+    return Conclusion(text, rule.sentence(*evidence), rule.implies, evidence, False, needed)
+
+
+def describe_conclusion(c: Conclusion, varying: tuple[str, ...]) -> str:
+    """One finding: the conclusion, the rule that produced it and what it implies."""
+    pair = f"{c.evidence[0].label(varying)} vs {c.evidence[1].label(varying)}"
+    if c.settled:
+        return f"{c.text.capitalize()} (rule: {c.rule}; {pair}). Implies: {c.implies}."
+    more = f"; needs {c.runs_needed}+{c.runs_needed} runs" if c.runs_needed else ""
+    return f"Open: {c.text}? (rule: {c.rule}; {pair}: one side inconclusive{more})."
+
+
+def field_names(varying: tuple[str, ...]) -> str:
+    """The varying fields' display names, for the table's note."""
+    return ", ".join(FIELD_LABELS[name] for name in varying) or "none"

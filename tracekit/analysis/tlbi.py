@@ -1,0 +1,210 @@
+"""Broadcast-TLBI cost per CPU and phase: the probe's samples and the flush paths' durations.
+
+Two views of the same question, "did invalidations get slower after the guest?":
+- the probe (reproducer/tlbiprobe) times mprotect/munmap calls, each a broadcast TLBI +
+  DSB ISH, from one CPU per slot; its per-sample file gives distributions per CPU and
+  phase, and each slot is one run for the before/after comparison;
+- when the trace has entry/return probes (kprobe group `tracekit`: `X` + `X_ret`, or
+  `p_X` + `r_X`) or function_graph exits, the host's own flush paths get durations.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
+from tracekit.analysis.requires import require_events
+from tracekit.errors import TracekitError
+from tracekit.host.probes import PROBE_GROUP
+
+PHASE_ORDER = {"before": 0, "guest": 1, "after": 2}
+# Probe metrics compared before/after: the typical call and the tail.
+PROBE_METRICS = {"p50": 0.5, "p99": 0.99}
+DURATION_SCHEMA = {
+    "function": pl.String,
+    "cpu": pl.Int32,
+    "pid": pl.Int32,
+    "start_ns": pl.Int64,
+    "duration_ns": pl.Int64,
+}
+FUNCGRAPH_EXIT = "funcgraph_exit"
+FLUSH_EVENTS_HOW = {
+    "tracekit/<fn> + tracekit/<fn>_ret": (
+        "entry and return kprobes, e.g. `collect --kprobe 'r:tracekit/kvm_free_stage2_pgd_ret"
+        " kvm_free_stage2_pgd'` beside the default entry probe"
+    ),
+    FUNCGRAPH_EXIT: "the function_graph tracer with set_graph_function on the flush paths",
+}
+
+
+def _phase_rank() -> pl.Expr:
+    """Phases in protocol order (before, guest, after), others last."""
+    return pl.col("phase").replace_strict(PHASE_ORDER, default=9, return_dtype=pl.Int8)
+
+
+def _check_samples(samples: pl.DataFrame) -> None:
+    """Refuse a frame that is not probe samples, naming the missing columns."""
+    missing = {"run_id", "phase", "cpu", "mode", "duration_ns"} - set(samples.columns)
+    if missing:
+        raise TracekitError(
+            f"TLBI probe analysis: no column {', '.join(sorted(missing))}; give the frame"
+            " tracekit.ingest.probe.probe_samples() returns"
+        )
+
+
+def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
+    """Per mode, CPU and phase: slots, samples, p50/p99/p99.9/max in us (pooled samples)."""
+    _check_samples(samples)
+    d = pl.col("duration_ns")
+    return (
+        samples.group_by("mode", "cpu", "phase")
+        .agg(
+            pl.col("run_id").n_unique().alias("slots"),
+            pl.len().alias("samples"),
+            *(
+                (d.quantile(q, "higher") / 1000).round(1).alias(name)
+                for q, name in ((0.5, "p50_us"), (0.99, "p99_us"), (0.999, "p99_9_us"))
+            ),
+            (d.max() / 1000).round(1).alias("max_us"),
+        )
+        .sort("mode", "cpu", _phase_rank())
+    )
+
+
+def probe_histogram(samples: pl.DataFrame) -> pl.DataFrame:
+    """Long format for a histogram plot: mode, cpu, phase, duration_us (every sample)."""
+    _check_samples(samples)
+    return samples.select(
+        "mode", "cpu", "phase", (pl.col("duration_ns") / 1000).alias("duration_us")
+    ).sort("mode", "cpu", _phase_rank())
+
+
+def probe_comparisons(
+    samples: pl.DataFrame, thresholds: Thresholds | None = None
+) -> list[Comparison]:
+    """Per mode and CPU, each slot's p50 and p99 after vs before; Holm over all of them.
+
+    A slot is one run: one slot per phase gives an "inconclusive" that says how many
+    slots a verdict needs, never a verdict drawn from the samples of a single run.
+    """
+    _check_samples(samples)
+    options = {} if thresholds is None else {"thresholds": thresholds}
+    comparisons = []
+    for (mode, cpu), slots in samples.group_by("mode", "cpu", maintain_order=True):
+        phases = {p: slots.filter(pl.col("phase") == p) for p in ("before", "after")}
+        if min(f.height for f in phases.values()) == 0:
+            continue  # a CPU probed in one phase only has nothing to compare
+        for metric, q in PROBE_METRICS.items():
+            before, after = (_slot_values(phases[p], q) for p in ("before", "after"))
+            comparisons.append(
+                compare(
+                    before["value"].to_list(),
+                    after["value"].to_list(),
+                    f"probe {mode} cpu{cpu} {metric}",
+                    before_runs=before["run_id"].to_list(),
+                    after_runs=after["run_id"].to_list(),
+                    **options,
+                )
+            )
+    return secondary_family(comparisons)
+
+
+def _slot_values(slots: pl.DataFrame, quantile: float) -> pl.DataFrame:
+    """One value per slot (run): run_id, value = that quantile of its call durations."""
+    return (
+        slots.group_by("run_id")
+        .agg(pl.col("duration_ns").quantile(quantile, "higher").alias("value"))
+        .sort("run_id")
+    )
+
+
+def _entry_return_names(events: list[str]) -> dict[str, tuple[str, str]]:
+    """function -> (entry event, return event) for the probe pairs the trace has."""
+    have = set(events)
+    pairs = {}
+    for name in have:
+        if name.endswith("_ret") and name[: -len("_ret")] in have:
+            pairs[name[: -len("_ret")]] = (name[: -len("_ret")], name)
+        elif name.startswith("r_") and "p_" + name[2:] in have:
+            pairs[name[2:]] = ("p_" + name[2:], name)
+    return pairs
+
+
+def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Entry/return kprobe pairs as (function, cpu, pid, start_ns, duration_ns), and unpaired.
+
+    Pairs are matched per CPU and task in time order: an entry followed by its return.
+    An entry without a return (or a return without an entry: lost events, a call that
+    started before tracing) is not guessed at; the count of them is returned.
+    """
+    # Text traces do not name the system (null): their pairs are found by name alone.
+    system = pl.col("system").cast(pl.String)
+    ours = events.filter((system == PROBE_GROUP) | system.is_null()).with_columns(
+        pl.col("event").cast(pl.String)
+    )
+    pairs = _entry_return_names(ours["event"].unique().to_list())
+    if not pairs:
+        return pl.DataFrame(schema=DURATION_SCHEMA), 0
+    role = {e: (fn, "entry") for fn, (e, _) in pairs.items()}
+    role |= {r: (fn, "return") for fn, (_, r) in pairs.items()}
+    tagged = ours.filter(pl.col("event").is_in(list(role))).with_columns(
+        pl.col("event").replace_strict({k: v[0] for k, v in role.items()}).alias("function"),
+        pl.col("event").replace_strict({k: v[1] for k, v in role.items()}).alias("edge"),
+    )
+    ordered = tagged.sort("function", "cpu", "pid", "ts", "row").with_columns(
+        pl.col("edge").shift(-1).over("function", "cpu", "pid").alias("next_edge"),
+        pl.col("ts").shift(-1).over("function", "cpu", "pid").alias("next_ts"),
+    )
+    matched = ordered.filter((pl.col("edge") == "entry") & (pl.col("next_edge") == "return"))
+    durations = matched.select(
+        "function",
+        pl.col("cpu").cast(pl.Int32),
+        pl.col("pid").cast(pl.Int32),
+        pl.col("ts").alias("start_ns"),
+        (pl.col("next_ts") - pl.col("ts")).alias("duration_ns"),
+    )
+    return durations, tagged.height - 2 * durations.height
+
+
+def funcgraph_durations(exits: pl.DataFrame) -> pl.DataFrame:
+    """Durations of the graph's top functions (depth 0: the set_graph_function targets).
+
+    Named by `func_sym` when the trace had kallsyms, else by address; callees at depth > 0
+    are left out (their time is inside their caller's).
+    """
+    if "depth" in exits.columns:
+        exits = exits.filter(pl.col("depth") == 0)
+    hex_name = pl.format(
+        "0x{}",
+        pl.col("func").cast(pl.UInt64).map_elements(lambda a: f"{a:x}", return_dtype=pl.String),
+    )
+    name = pl.col("func_sym").fill_null(hex_name) if "func_sym" in exits.columns else hex_name
+    return exits.select(
+        name.alias("function"),
+        pl.col("cpu").cast(pl.Int32),
+        pl.col("common_pid").cast(pl.Int32).alias("pid"),
+        pl.col("calltime").cast(pl.Int64).alias("start_ns"),
+        (pl.col("rettime").cast(pl.Int64) - pl.col("calltime").cast(pl.Int64)).alias("duration_ns"),
+    )
+
+
+def require_flush_events(event_names: list[str]) -> None:
+    """Fail naming the events flush-path durations need when the trace has neither kind."""
+    if FUNCGRAPH_EXIT in event_names or _entry_return_names(event_names):
+        return
+    require_events("flush-path durations", event_names, FLUSH_EVENTS_HOW)
+
+
+def flush_summary(durations: pl.DataFrame) -> pl.DataFrame:
+    """Per function, phase and CPU: calls, median, max and total time in us."""
+    d = pl.col("duration_ns")
+    return (
+        durations.group_by("function", "phase", "cpu")
+        .agg(
+            pl.len().alias("calls"),
+            (d.median() / 1000).round(1).alias("p50_us"),
+            (d.max() / 1000).round(1).alias("max_us"),
+            (d.sum() / 1000).round(1).alias("total_us"),
+        )
+        .sort("function", _phase_rank(), "cpu")
+    )

@@ -1,0 +1,315 @@
+"""VM lifecycles from a trace: create -> vCPU runs -> teardown, per VM the VMM ran.
+
+The reproducer VMM writes lifecycle markers into the trace (reproducer/README.md, "Trace
+markers"): `tracekit-vmm: vm=N event=create|enter|poweroff|teardown-start|teardown-end`.
+They delimit each VM in time and name its threads (the main thread writes `create` and
+the teardown markers, each vCPU thread its `enter`), so every KVM event can be given to
+the VM and vCPU whose thread emitted it. VM indices restart at 0 in each VMM invocation;
+`vm_seq` numbers the VMs of one trace in creation order and is the key used here.
+
+VMIDs come from the collector's kprobe on kvm_arm_vmid_update (`vmid_id`, read at entry,
+so before the update: a new VM shows 0 first and its VMID from its next vCPU load on).
+The 64-bit value holds the VMID in its low `vmid_bits` bits and the allocator's
+generation above them; a new generation appearing is a VMID rollover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import polars as pl
+
+from tracekit.analysis.requires import require_events
+from tracekit.perfetto.exits import exit_reason
+
+MARKER_PREFIX = "tracekit-vmm:"
+MARKER_HOW = (
+    "the VMM's trace markers: run reproducer/build/vmm with --trace-marker "
+    "<instance>/trace_marker (tracekit collect does) and record ftrace `print`"
+)
+KVM_HOW = "enable the kvm event group in the instance (tracekit collect's traced runs do)"
+VMID_HOW = (
+    "the collector's kprobe tracekit/kvm_arm_vmid_update with vmid_id=+0($arg1):u64 "
+    "(tracekit collect defines it when the kernel has the symbol)"
+)
+NEEDS = {"print": MARKER_HOW}
+# Binary traces name trace_marker writes `print` (field `buf`); tracefs text shows them as
+# `tracing_mark_write` (the text reader keeps the line in `fields`).
+MARKER_EVENTS = ("print", "tracing_mark_write")
+# Per-VM event counts: column name -> event.
+COUNTED = {
+    "exits": "kvm_exit",
+    "userspace_exits": "kvm_userspace_exit",
+    "guest_faults": "kvm_guest_fault",
+    "cache_toggles": "kvm_toggle_cache",
+    "set_way_flushes": "kvm_set_way_flush",
+    "hvcs": "kvm_hvc_arm64",
+    "mmio": "kvm_mmio",
+}
+# Systems and name prefixes of events the hypervisor itself (EL2) emits, where a kernel
+# has hypervisor tracing (pKVM's hyp events); Debian's kernels have none.
+HYP_SYSTEMS = ("hyp", "hypervisor")
+HYP_PREFIXES = ("hyp_", "__hyp_")
+_FIELD = {"vm": r"\bvm=(\d+)", "vcpu": r"\bvcpu=(\d+)", "cpu": r"\bcpu=(-?\d+)"}
+_FIELD |= {"ipa_bits": r"\bipa_bits=(\d+)", "vcpus": r"\bvcpus=(\d+)"}
+
+
+def available_events(event_names: Iterable[str], meta: dict[str, object]) -> set[str]:
+    """Events a trace recorded or had enabled (an enabled event may fire zero times)."""
+    enabled = meta.get("events_enabled") or []
+    return set(event_names) | {str(e).rsplit("/", 1)[-1] for e in enabled}  # type: ignore[union-attr]
+
+
+def vmm_markers(prints: pl.DataFrame) -> pl.DataFrame:
+    """The VMM's lifecycle markers: ts, pid, vm, event, vcpu, cpu, ipa_bits, vcpus.
+
+    `prints` is the `print` table of a binary trace or `tracing_mark_write` of a text one.
+    """
+    column = "buf" if "buf" in prints.columns else "fields"
+    text = pl.col(column).cast(pl.String).str.strip_chars()
+    found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts")
+    fields = [text.str.extract(p, 1).cast(pl.Int32).alias(name) for name, p in _FIELD.items()]
+    return found.select(
+        "ts",
+        pl.col("common_pid").cast(pl.Int32).alias("pid"),
+        text.str.extract(r"\bevent=(\S+)", 1).alias("event"),
+        *fields,
+    )
+
+
+def _with_vm_seq(markers: pl.DataFrame) -> pl.DataFrame:
+    """Give each marker the `vm_seq` of the latest `create` of its VM index before it."""
+    creates = (
+        markers.filter(pl.col("event") == "create")
+        .select("ts", "vm", pl.col("pid").alias("vmm_pid"))
+        .with_row_index("vm_seq")
+        .with_columns(pl.col("vm_seq").cast(pl.Int32))
+    )
+    return markers.sort("ts").join_asof(
+        creates, on="ts", by="vm", strategy="backward", check_sortedness=False
+    )
+
+
+def vm_windows(markers: pl.DataFrame) -> pl.DataFrame:
+    """One row per VM: when each lifecycle step happened and the teardown span by markers.
+
+    Columns: vm_seq, vm, vmm_pid, ipa_bits, vcpus, create_ts, enter_ts (first vCPU),
+    poweroff_ts, teardown_start_ts, teardown_end_ts, teardown_marker_ns (null when a
+    marker is missing, e.g. the trace ended first).
+    """
+    tagged = _with_vm_seq(markers).filter(pl.col("vm_seq").is_not_null())
+
+    def first(event: str) -> pl.Expr:
+        """ts of the first marker of this kind for the VM."""
+        return pl.col("ts").filter(pl.col("event") == event).min().alias(f"{event}_ts")
+
+    windows = (
+        tagged.group_by("vm_seq")
+        .agg(
+            pl.col("vm").first(),
+            pl.col("vmm_pid").first(),
+            pl.col("ipa_bits").filter(pl.col("event") == "create").first(),
+            pl.col("vcpus").filter(pl.col("event") == "create").first(),
+            first("create"),
+            first("enter"),
+            first("poweroff"),
+            first("teardown-start"),
+            first("teardown-end"),
+        )
+        .rename({"teardown-start_ts": "teardown_start_ts", "teardown-end_ts": "teardown_end_ts"})
+        .sort("vm_seq")
+    )
+    return windows.with_columns(
+        (pl.col("teardown_end_ts") - pl.col("teardown_start_ts")).alias("teardown_marker_ns")
+    )
+
+
+def vcpu_threads(markers: pl.DataFrame) -> pl.DataFrame:
+    """The vCPU threads of each VM, from their `enter` markers: vm_seq, vcpu, pid, cpu, ts."""
+    enters = _with_vm_seq(markers).filter(pl.col("event") == "enter")
+    return enters.select("vm_seq", "vcpu", "pid", "cpu", pl.col("ts").alias("enter_ts"))
+
+
+def attribute(events: pl.DataFrame, windows: pl.DataFrame, threads: pl.DataFrame) -> pl.DataFrame:
+    """Add vm_seq and vcpu to per-event rows (ts, common_pid) by the thread that emitted them.
+
+    The VMM's main thread belongs to a VM from its `create` to its `teardown-end`; a vCPU
+    thread from its `enter` on. Events of other threads, or outside those spans, get
+    nulls: they are not the VMs' (or the markers did not cover them).
+    """
+    end = pl.col("teardown_end_ts").fill_null(pl.lit(2**62, pl.Int64))
+    main = windows.select(
+        pl.col("vmm_pid").alias("pid"),
+        "vm_seq",
+        pl.lit(None, pl.Int32).alias("vcpu"),
+        pl.col("create_ts").alias("start_ts"),
+        end.alias("end_ts"),
+    )
+    vcpus = threads.join(windows.select("vm_seq", "teardown_end_ts"), on="vm_seq").select(
+        "pid",
+        "vm_seq",
+        pl.col("vcpu").cast(pl.Int32),
+        pl.col("enter_ts").alias("start_ts"),
+        end.alias("end_ts"),
+    )
+    spans = pl.concat([main, vcpus]).sort("start_ts")
+    joined = (
+        events.with_columns(pl.col("common_pid").cast(pl.Int32).alias("_pid"))
+        .sort("ts")
+        .join_asof(
+            spans,
+            left_on="ts",
+            right_on="start_ts",
+            by_left="_pid",
+            by_right="pid",
+            check_sortedness=False,
+        )
+    )
+    inside = pl.col("ts") <= pl.col("end_ts")
+    return joined.with_columns(
+        pl.when(inside).then(pl.col("vm_seq")).alias("vm_seq"),
+        pl.when(inside).then(pl.col("vcpu")).alias("vcpu"),
+    ).drop("_pid", "start_ts", "end_ts")
+
+
+def exit_reasons(exits: pl.DataFrame) -> pl.DataFrame:
+    """kvm_exit rows with a `reason` column (`TRAP HVC64`, `IRQ`, ...)."""
+    keys = [c for c in ("ret", "esr_ec", "exit_reason") if c in exits.columns]
+    kinds = exits.select(keys).unique()
+    names = [exit_reason(row) for row in kinds.iter_rows(named=True)]
+    table = kinds.with_columns(pl.Series("reason", names, dtype=pl.String))
+    return exits.join(table, on=keys, how="left", nulls_equal=True)
+
+
+def exits_by_reason(exits: pl.DataFrame) -> pl.DataFrame:
+    """Attributed kvm_exit rows -> vm_seq, vcpu, reason, count (largest first per VM)."""
+    named = exit_reasons(exits).filter(pl.col("vm_seq").is_not_null())
+    return (
+        named.group_by("vm_seq", "vcpu", "reason")
+        .agg(pl.len().cast(pl.Int64).alias("count"))
+        .sort(["vm_seq", "vcpu", "count"], descending=[False, False, True])
+    )
+
+
+def lifecycle(
+    windows: pl.DataFrame, counted: dict[str, pl.DataFrame], vmids: pl.DataFrame | None
+) -> pl.DataFrame:
+    """Per VM: its steps' durations, event counts and VMID.
+
+    `counted` maps a COUNTED column name to that event's attributed rows (absent events
+    are left out and their column is null, never 0). `vmids` is `vm_vmids()` or None.
+    """
+    table = windows.select(
+        "vm_seq",
+        "vm",
+        "ipa_bits",
+        "vcpus",
+        (pl.col("enter_ts") - pl.col("create_ts")).alias("setup_ns"),
+        (pl.col("poweroff_ts") - pl.col("enter_ts")).alias("run_ns"),
+        "teardown_marker_ns",
+    )
+    for column in COUNTED:
+        rows = counted.get(column)
+        if rows is None:
+            table = table.with_columns(pl.lit(None, pl.Int64).alias(column))
+            continue
+        counts = rows.filter(pl.col("vm_seq").is_not_null()).group_by("vm_seq").len(column)
+        table = table.join(counts, on="vm_seq", how="left").with_columns(
+            pl.col(column).fill_null(0).cast(pl.Int64)
+        )
+    if vmids is not None:
+        table = table.join(vmids, on="vm_seq", how="left")
+    return table.sort("vm_seq")
+
+
+def vm_vmids(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
+    """Attributed kvm_arm_vmid_update rows -> vm_seq, vmid, vmid_generation, vmid_changes.
+
+    The VMID shown is the last non-zero one seen for the VM; `vmid_changes` counts how many
+    times it changed while the VM lived (a rollover in its lifetime gives it a new one).
+    """
+    span = 1 << vmid_bits
+    seen = updates.filter(pl.col("vm_seq").is_not_null() & (pl.col("vmid_id") != 0)).sort("ts")
+    return seen.group_by("vm_seq").agg(
+        (pl.col("vmid_id").last() % span).cast(pl.Int64).alias("vmid"),
+        (pl.col("vmid_id").last() // span).cast(pl.Int64).alias("vmid_generation"),
+        (pl.col("vmid_id").n_unique() - 1).cast(pl.Int64).alias("vmid_changes"),
+    )
+
+
+def infer_vmid_bits(updates: pl.DataFrame) -> int | None:
+    """VMID width from the smallest non-zero id, valid when generation 1 is in the trace.
+
+    The allocator's first generation is 1 << vmid_bits, so on a freshly booted host the
+    smallest id seen has its top bit at vmid_bits. None when no id was seen.
+    """
+    ids = updates.filter(pl.col("vmid_id") != 0)["vmid_id"]
+    if ids.is_empty():
+        return None
+    return int(ids.min()).bit_length() - 1  # type: ignore[arg-type]
+
+
+def vmid_rollovers(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
+    """Each first sighting of a newer VMID generation after the first: ts, from/to gen."""
+    gens = (
+        updates.filter(pl.col("vmid_id") != 0)
+        .sort("ts")
+        .select("ts", (pl.col("vmid_id") // (1 << vmid_bits)).cast(pl.Int64).alias("generation"))
+    )
+    newest = pl.col("generation").cum_max()
+    steps = gens.with_columns(newest.shift(1).alias("from_generation"))
+    return steps.filter(pl.col("generation") > pl.col("from_generation")).select(
+        "ts", pl.col("from_generation").cast(pl.Int64), pl.col("generation").alias("to_generation")
+    )
+
+
+def hypervisor_events(events: pl.DataFrame) -> list[str]:
+    """Names of events the hypervisor (EL2) emitted itself; empty when not recorded."""
+    names = events.select(pl.col("event").cast(pl.String), pl.col("system").cast(pl.String))
+    hyp = names.filter(
+        pl.col("system").is_in(HYP_SYSTEMS)
+        | pl.any_horizontal(pl.col("event").str.starts_with(p) for p in HYP_PREFIXES)
+    )
+    return sorted(hyp["event"].unique().to_list())
+
+
+def marker_event(event_names: Iterable[str]) -> str:
+    """The name this trace gives trace_marker writes; fails naming `print` when absent."""
+    names = set(event_names)
+    for name in MARKER_EVENTS:
+        if name in names:
+            return name
+    require_events("VM lifecycle", names, NEEDS)
+    return MARKER_EVENTS[0]  # not reached: require_events raised
+
+
+def check_markers(markers: pl.DataFrame) -> None:
+    """Fail clearly when the trace's prints hold no VMM `create` marker."""
+    if markers.filter(pl.col("event") == "create").is_empty():
+        require_events("VM lifecycle", [], {"tracekit-vmm markers": MARKER_HOW})
+
+
+# PSCI function ids a guest passes in x0 with HVC (Arm DEN0022): the ones worth naming.
+PSCI_CALLS = {
+    0x84000000: "PSCI_VERSION",
+    0x84000002: "CPU_OFF",
+    0x84000008: "SYSTEM_OFF",
+    0x84000009: "SYSTEM_RESET",
+    0xC4000001: "CPU_SUSPEND",
+    0xC4000003: "CPU_ON",
+    0x84000006: "MIGRATE_INFO_TYPE",
+    0x8400000A: "PSCI_FEATURES",
+}
+
+
+def hvc_calls(hvcs: pl.DataFrame) -> pl.DataFrame:
+    """Attributed kvm_hvc_arm64 rows -> vm_seq, call (PSCI name or x0 in hex), count."""
+    names = pl.DataFrame(
+        {"r0": list(PSCI_CALLS), "call": list(PSCI_CALLS.values())},
+        schema={"r0": pl.UInt64, "call": pl.String},
+    )
+    named = hvcs.filter(pl.col("vm_seq").is_not_null()).with_columns(pl.col("r0").cast(pl.UInt64))
+    named = named.join(names, on="r0", how="left").with_columns(
+        pl.col("call").fill_null(pl.format("x0={}", pl.col("r0")))
+    )
+    return named.group_by("vm_seq", "call").len("count").sort("vm_seq", "call")
