@@ -36,6 +36,9 @@ echo "demo: tracekit perfetto $OUT/bundle --run guest -o $OUT/guest.pftrace"
 echo "demo: open $OUT/guest.pftrace in https://ui.perfetto.dev, or add --open to that"
 echo "      command to have the UI load it from this machine (served once, never uploaded)."
 echo
-echo "demo: bundle in $OUT/bundle (manifest.json lists every run and file); its report:"
+"$TK" report "$OUT/bundle" --format email -o "$OUT/report.txt"
+"$TK" report "$OUT/bundle" --format html -o "$OUT/report.html"
+echo "demo: bundle in $OUT/bundle (manifest.json lists every run and file); its report"
+echo "      (also as $OUT/report.txt, 72 columns for a mail reply, and $OUT/report.html):"
 echo
 "$TK" report "$OUT/bundle"

@@ -17,6 +17,7 @@ APT_PACKAGES=(
     python3-venv
     zstd
     xz-utils
+    chromium                   # headless: the HTML report's screenshot test (~45 s to install)
 )
 
 missing=()

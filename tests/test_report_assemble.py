@@ -1,0 +1,64 @@
+"""Assembling a report: header first lines, builder order, failures shown, not hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from report_bundles import awkward_section, copy_real_bundle, make_bundle
+
+from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.report import assemble
+from tracekit.report.header import EMULATED_LINE
+from tracekit.report.model import Report, Section
+from tracekit.report.text import render_text
+
+
+def _fails(bundles: list[BundleData]) -> Section | None:
+    """A builder whose analysis refuses the data, as require_events does."""
+    raise TracekitError("wakeup: no event sched_waking; record it with -e sched/sched_waking")
+
+
+def _nothing(bundles: list[BundleData]) -> Section | None:
+    """A builder with nothing to say about these bundles."""
+    return None
+
+
+def test_builder_failures_become_sections_and_none_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(assemble, "SECTION_BUILDERS", [_nothing, _fails])
+    heard: list[str] = []
+    report = assemble.build_report([load_bundle(copy_real_bundle(tmp_path / "b"))], heard.append)
+    assert [s.key for s in report.sections] == ["test_report_assemble"]
+    assert "no event sched_waking" in report.sections[0].findings[0]
+    assert "no event sched_waking" in report.sections[0].unknowns[0]
+    assert heard[-2:] == ["report: test_report_assemble"] * 2
+
+
+def test_header_names_each_bundle_and_says_emulated_first(tmp_path: Path) -> None:
+    board = load_bundle(make_bundle(tmp_path / "board", 2, 1.0, emulated=False, guest="mmu-off"))
+    emulated = load_bundle(make_bundle(tmp_path / "qemu", 2, 1.0, guest="mmu-on"))
+    report = assemble.build_report([board, emulated])
+    assert report.emulated and report.header[0] == EMULATED_LINE
+    lines = [line for line in report.header if line.startswith(("board:", "qemu:"))]
+    assert len(lines) == 2
+    assert "6.1.0-test" in lines[0] and "guest mmu-off on CPU 1" in lines[0]
+    assert lines[1].endswith("emulated") and not lines[0].endswith("emulated")
+    on_board = assemble.build_report([board])
+    assert not on_board.emulated and EMULATED_LINE not in on_board.header
+
+
+def test_no_bundles_is_a_clear_error() -> None:
+    with pytest.raises(TracekitError, match="no bundles given"):
+        assemble.build_report([])
+
+
+def test_text_draws_any_section() -> None:
+    empty = Section(key="empty", title="An empty section")
+    text = render_text(Report(["header"], False, [empty, awkward_section()]))
+    assert "An empty section" in text
+    assert "metric_8_latency_ns" in text and "(no rows)" in text
+    assert "lost trace events: 5" in text
+    assert "plots (in --format html): cdf, histogram" in text

@@ -1,0 +1,71 @@
+"""The email report: within 72 columns, ASCII only, nothing cut, the parts a reply needs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from report_bundles import EVIL_COMM, LONG_CELL, awkward_section, copy_real_bundle, make_bundle
+
+from tracekit.ingest.bundle import load_bundle
+from tracekit.report.assemble import build_report
+from tracekit.report.email import WIDTH, render_email
+from tracekit.report.model import Report
+
+
+def _assert_fits(text: str) -> None:
+    """Every line within the width, and plain ASCII."""
+    long = [line for line in text.splitlines() if len(line) > WIDTH]
+    assert not long, long
+    assert text.isascii()
+
+
+def _squeezed(text: str) -> str:
+    """The text without any whitespace: what wrapping cannot have changed."""
+    return re.sub(r"\s+", "", text)
+
+
+def _unwrapped(text: str) -> str:
+    """The text with runs of whitespace (line breaks from wrapping) as one space."""
+    return " ".join(text.split())
+
+
+def test_email_of_the_real_bundle_fits_72_columns(tmp_path: Path) -> None:
+    bundle = copy_real_bundle(tmp_path / "bundle")
+    text = render_email(build_report([load_bundle(bundle)]))
+    _assert_fits(text)
+    lines = text.splitlines()
+    assert lines[0] == "EMULATED HOST (QEMU): timings are not hardware timings."
+    assert "4 x Cortex-A76, KVM nvhe, emulated" in text
+    assert "controls:" in text and "isolated (isolcpus, nohz_full, rcu_nocbs)" in text
+    assert "lost trace events:" in text
+    assert "What is NOT known" in text
+    # The primary comparison with its interval, and the rule that judged it.
+    assert re.search(r"cyclictest p99\.9 after/before \d\.\d\dx \[\d\.\d\d,", text)
+    assert "Verdict rule: present:" in text
+
+
+def test_email_fits_and_cuts_nothing_on_an_awkward_report(tmp_path: Path) -> None:
+    bundles = [
+        load_bundle(make_bundle(tmp_path / f"cell-{guest}-{'x' * 30}", 2, 1.5, guest=guest))
+        for guest in ("mmu-on", "mmu-off")
+    ]
+    real = build_report(bundles)
+    report = Report(real.header, real.emulated, [*real.sections, awkward_section()])
+    text = render_email(report)
+    _assert_fits(text)
+    flat = _squeezed(text)
+    # Split tables keep every column and value; the long cell is wrapped, not cut.
+    for i in range(9):
+        assert f"metric_{i}_latency_ns" in text
+    assert _squeezed(LONG_CELL) in flat
+    assert _squeezed("/very/long/path" * 8) in flat
+    assert _squeezed(EVIL_COMM) in flat
+    assert "kworker/\\xe9\\u4e2d" in flat  # non-ASCII escaped, not dropped
+    # One header line per bundle naming kernel and condition.
+    assert sum("6.1.0-test" in line for line in text.splitlines()[:8]) == 2
+    assert "guest mmu-off on CPU 1" in _unwrapped(text)
+    # Unknowns of every section are gathered at the end.
+    tail = _unwrapped(text.split("What is NOT known", 1)[1])
+    assert "2+2 quiet runs cannot reach a verdict; the rule needs 4+4" in tail
+    assert f"what {EVIL_COMM} did" in tail

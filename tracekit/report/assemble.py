@@ -1,0 +1,78 @@
+"""A Report from loaded bundles: the header, then every section builder in report order.
+
+Adding a topic is one import and one entry in SECTION_BUILDERS. A builder that fails on
+the user's data (a missing event, too few runs) becomes a section saying so, so one
+topic's gap never hides the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import BundleData
+from tracekit.report.header import header_lines, is_emulated
+from tracekit.report.model import Report, Section, SectionBuilder
+from tracekit.report.sections import (
+    beforeafter,
+    broadcast,
+    cacheflush,
+    correlation,
+    decision,
+    teardown,
+    tlbi,
+    vm,
+    wakeup,
+)
+
+# Report order: headline numbers first, then attribution, then the related cases.
+SECTION_BUILDERS: list[SectionBuilder] = [
+    beforeafter.section,
+    decision.section,
+    wakeup.section,
+    tlbi.section,
+    correlation.section,
+    vm.section,
+    teardown.section,
+    cacheflush.section,
+    broadcast.section,
+]
+
+
+def build_report(
+    bundles: list[BundleData], progress: Callable[[str], None] | None = None
+) -> Report:
+    """Run every section builder over the bundles; `progress` hears each step's name."""
+    if not bundles:
+        raise TracekitError("report: no bundles given; name a bundle directory")
+    sections = []
+    for builder in SECTION_BUILDERS:
+        if progress is not None:
+            progress(f"report: {_builder_name(builder)}")
+        section = _run_builder(builder, bundles)
+        if section is not None:
+            sections.append(section)
+    return Report(
+        header=header_lines(bundles),
+        emulated=any(is_emulated(b) for b in bundles),
+        sections=sections,
+    )
+
+
+def _run_builder(builder: SectionBuilder, bundles: list[BundleData]) -> Section | None:
+    """The builder's section, or one that says why it could not be made."""
+    try:
+        return builder(bundles)
+    except TracekitError as err:
+        name = _builder_name(builder)
+        return Section(
+            key=name,
+            title=f"{name}: not computed",
+            findings=[f"not computed: {err}"],
+            unknowns=[f"{name}: everything this section would show ({err})"],
+        )
+
+
+def _builder_name(builder: SectionBuilder) -> str:
+    """The builder's topic: its module's last name (sections/<topic>.py)."""
+    return getattr(builder, "__module__", "section").rsplit(".", 1)[-1]

@@ -1,0 +1,31 @@
+"""What every renderer gathers across sections: lost events, unknowns, verdict rules."""
+
+from __future__ import annotations
+
+from tracekit.report.model import Report, Section
+
+
+def lost_events_line(report: Report) -> str:
+    """Lost trace events of every section that used traces, or that none did."""
+    used = [(s.title, s.lost_events) for s in report.sections if s.lost_events is not None]
+    if not used:
+        return "lost trace events: no section used traces"
+    total = sum(n for _, n in used)
+    if total == 0:
+        return f"lost trace events: none (in the traces of {len(used)} section(s))"
+    parts = "; ".join(f"{title}: {n}" for title, n in used if n)
+    return f"lost trace events: {total} ({parts})"
+
+
+def unknowns(report: Report) -> list[str]:
+    """Every section's unknowns, in report order, each said once."""
+    seen: dict[str, None] = {}
+    for section in report.sections:
+        for item in section.unknowns:
+            seen.setdefault(item, None)
+    return list(seen)
+
+
+def verdict_rules(section: Section) -> list[str]:
+    """The distinct verdict rules the section's comparisons were judged by."""
+    return list(dict.fromkeys(c.thresholds.rule() for c in section.comparisons))

@@ -1,0 +1,124 @@
+"""Who and where a report is about: host facts, protocol and condition of each bundle.
+
+Every string here comes from a manifest; renderers escape it as their format needs.
+"""
+
+from __future__ import annotations
+
+from tracekit.ingest.bundle import BundleData
+
+EMULATED_LINE = "EMULATED HOST (QEMU): timings are not hardware timings."
+
+
+def is_emulated(data: BundleData) -> bool:
+    """True when the bundle's preflight found an emulated host."""
+    return bool(data.manifest.host.get("emulated"))
+
+
+# Directory names too common to tell bundles apart (`collect -o bundle`): the parent's
+# name is put in front of them.
+GENERIC_NAMES = ("bundle", "out", "output")
+
+
+def bundle_label(data: BundleData) -> str:
+    """A short name for a bundle in multi-bundle reports: its directory's name (a campaign's
+    cell id), with the parent's in front when the name alone says nothing."""
+    path = data.path
+    if path.name in GENERIC_NAMES and path.parent.name:
+        return f"{path.parent.name}/{path.name}"
+    return path.name or str(path)
+
+
+def host_line(data: BundleData) -> str:
+    """Kernel release, cores (with how many), KVM mode, emulated or not."""
+    host = data.manifest.host
+    where = "emulated" if is_emulated(data) else "hardware"
+    return f"host: {host.get('kernel_release', '?')}, {cores(data)}, KVM {kvm_mode(data)}, {where}"
+
+
+def cores(data: BundleData) -> str:
+    """The host's cores as "4 x Cortex-A76" (several kinds joined by '/')."""
+    cpus = data.manifest.host.get("cpus", [])
+    names = sorted({str(c.get("name", "?")) for c in cpus})
+    return f"{len(cpus)} x {'/'.join(names)}" if cpus else "cores unknown"
+
+
+def kvm_mode(data: BundleData) -> str:
+    """nvhe, vhe, protected... as preflight found it."""
+    return str(data.manifest.host.get("kvm", {}).get("mode", "unknown"))
+
+
+def condition(data: BundleData) -> str:
+    """What this bundle varied: scenario, guest variant and CPU, after-guest action."""
+    options, scenario = data.manifest.options, data.manifest.scenario
+    name = scenario.get("name") or options.get("scenario") or "?"
+    guest = scenario.get("guest_variant") or options.get("guest") or "default guest"
+    cpus = ",".join(str(c) for c in options.get("guest_cpus") or []) or "?"
+    after = options.get("after_guest", "none")
+    return f"{name}: guest {guest} on CPU {cpus}, after-guest {after}"
+
+
+def protocol_line(data: BundleData) -> str:
+    """CPU roles and how many runs of how long."""
+    o = data.manifest.options
+    stress = ",".join(str(c) for c in o.get("stress_cpus") or []) or "?"
+    return (
+        f"protocol: rt CPU {o.get('rt_cpu')}, stress CPUs {stress}, {condition(data)};"
+        f" {o.get('runs')} quiet + {o.get('traced_runs')} traced runs of"
+        f" {o.get('duration_s')} s per phase"
+    )
+
+
+def isolation(data: BundleData) -> str:
+    """How the rt CPU was isolated, as preflight read it from the kernel command line."""
+    rt = data.manifest.options.get("rt_cpu")
+    for entry in data.manifest.host.get("isolation", []):
+        if entry.get("cpu") == rt:
+            flags = [k for k in ("isolcpus", "nohz_full", "rcu_nocbs") if entry.get(k)]
+            return (
+                f"rt CPU {rt} isolated ({', '.join(flags)})"
+                if flags
+                else f"rt CPU {rt} not isolated"
+            )
+    return f"rt CPU {rt}: isolation not recorded"
+
+
+def controls_line(bundles: list[BundleData]) -> str:
+    """The protocol's controls: baseline, untraced headline runs, isolation, conditions."""
+    kinds = {isolation(b) for b in bundles}
+    if len(kinds) == 1:
+        isolated = kinds.pop()
+    else:  # they differ: say whose is whose
+        isolated = "; ".join(f"{bundle_label(b)}: {isolation(b)}" for b in bundles)
+    line = (
+        "controls: the before phase on the same boot is the baseline; quiet (untraced)"
+        " runs give the verdicts, traced runs the attribution and the observer effect;"
+        f" probe slots run apart from latency runs; {isolated}"
+    )
+    if len(bundles) > 1:
+        line += f"; {len(bundles)} bundles, one condition each, as listed above"
+    return line
+
+
+def header_lines(bundles: list[BundleData]) -> list[str]:
+    """The report's first lines: EMULATED first if any bundle is, then host and protocol."""
+    lines = [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
+    if len(bundles) == 1:
+        data = bundles[0]
+        lines += [f"bundle: {data.path}", host_line(data), protocol_line(data)]
+        lines.append(controls_line(bundles))
+        if not data.manifest.complete:
+            lines.append(f"INCOMPLETE bundle: {data.manifest.incomplete_reason}")
+        return lines
+    lines.append(f"{len(bundles)} bundles:")
+    for data in bundles:
+        release = data.manifest.host.get("kernel_release", "?")
+        line = f"{bundle_label(data)}: {release}, {cores(data)}, KVM {kvm_mode(data)}"
+        line += f"; {condition(data)}"
+        if is_emulated(data):
+            line += ", emulated"
+        if not data.manifest.complete:
+            line += f"; INCOMPLETE: {data.manifest.incomplete_reason}"
+        lines.append(line)
+    lines.append(controls_line(bundles))
+    return lines

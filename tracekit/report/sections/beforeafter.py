@@ -1,0 +1,222 @@
+"""The main case's headline: cyclictest and stress-ng before -> after one guest.
+
+Quiet runs give the verdicts; traced runs are shown beside them (the observer effect).
+With several bundles, every table gains a `bundle` column and every comparison names its
+bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import polars as pl
+
+from tracekit.analysis.beforeafter import latency_comparisons, phase_summary, stress_comparison
+from tracekit.analysis.compare import Comparison
+from tracekit.ingest.bundle import BundleData
+from tracekit.report.header import bundle_label
+from tracekit.report.model import Plot, Section, Table
+
+PROBE_COLUMNS = ("phase", "cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns")
+# Below this many samples a run's p99.9 is its maximum (QUANTILE_INTERPOLATION "higher").
+P999_SAMPLES = 1000
+
+
+def section(bundles: list[BundleData]) -> Section | None:
+    """Phase summary, before/after verdicts, probe summary, sample and loss checks."""
+    with_latencies = [b for b in bundles if b.latencies.height]
+    if not with_latencies and not any(b.probes.height for b in bundles):
+        return None
+    many = len(bundles) > 1
+    findings, comparisons, unknowns = [], [], []
+    for data in with_latencies:
+        prefix = f"{bundle_label(data)}: " if many else ""
+        found, unknown = _comparisons(data, prefix)
+        comparisons += found
+        findings += [_headline(c) for c in found[:1]]
+        unknowns += unknown
+        findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
+        findings += [prefix + f for f in _observer_effect(data)]
+    tables = [
+        Table(
+            "cyclictest on the rt CPU, mean of per-run values (us)",
+            _stack([(b, phase_summary(b.latencies)) for b in with_latencies], many),
+            note="runs and samples per phase and kind; max and p99.9 are per-run values",
+        )
+    ]
+    probes = [(b, b.probes.select(PROBE_COLUMNS)) for b in bundles if b.probes.height]
+    if probes:
+        tables.append(
+            Table(
+                "broadcast-TLBI probe (mprotect per call, ns), one slot per phase",
+                _stack(probes, many),
+            )
+        )
+    unknowns += _few_samples(with_latencies)
+    if not with_latencies:
+        unknowns.append("wake-up latency before/after: the bundles hold no cyclictest runs")
+    lost = [int(b.lost["lost"].sum()) for b in bundles if b.lost.height]
+    return Section(
+        key="beforeafter",
+        title="Before -> after one guest (quiet runs; primary: cyclictest p99.9)",
+        findings=findings,
+        comparisons=comparisons,
+        tables=tables if with_latencies else tables[1:],
+        plots=_plots(with_latencies, many),
+        unknowns=unknowns,
+        lost_events=sum(lost) if lost else None,
+    )
+
+
+def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[str]]:
+    """The bundle's quiet-run comparisons (primary first) and what they cannot tell."""
+    quiet = data.latencies.filter(pl.col("kind") == "quiet")
+    phases = set(quiet["phase"].unique())
+    if not {"before", "after"} <= phases:
+        return [], [f"{prefix}no before/after verdict: quiet runs only in {sorted(phases)}"]
+    found = latency_comparisons(data.latencies)
+    found.sort(key=lambda c: c.role != "primary")
+    quiet_stress = data.stress.filter(pl.col("kind") == "quiet")
+    if set(quiet_stress["phase"].unique()) >= {"before", "after"}:
+        found.append(stress_comparison(data.stress))
+    found = [replace(c, metric=prefix + c.metric) for c in found] if prefix else found
+    short = [c for c in found if c.needed_runs is not None]
+    unknowns = []
+    if short:
+        c = short[0]
+        unknowns.append(
+            f"{prefix}whether the effect is there: {c.n_before}+{c.n_after} quiet runs cannot"
+            f" reach a verdict; the rule needs {c.needed_runs}+{c.needed_runs}"
+        )
+    return found, unknowns
+
+
+def _headline(c: Comparison) -> str:
+    """The primary metric's result in one sentence."""
+    text = (
+        f"{c.metric} (primary) after/before: {c.ratio:.2f}x,"
+        f" {c.thresholds.confidence:.0%} CI [{c.ci_low:.2f},"
+        f" {c.ci_high:.2f}], {c.n_before}+{c.n_after} quiet runs: {c.verdict}"
+    )
+    if c.needed_runs is not None:
+        text += f" (a verdict needs {c.needed_runs}+{c.needed_runs} runs)"
+    return text
+
+
+def _stack(frames: list[tuple[BundleData, pl.DataFrame]], many: bool) -> pl.DataFrame:
+    """One frame; with several bundles, a leading `bundle` column says whose row it is."""
+    if not frames:
+        return pl.DataFrame()
+    if not many:
+        return frames[0][1]
+    return pl.concat(
+        [f.select(pl.lit(bundle_label(b)).alias("bundle"), pl.all()) for b, f in frames],
+        how="diagonal_relaxed",
+    )
+
+
+def _observer_effect(data: BundleData) -> list[str]:
+    """Traced vs quiet per phase: what tracing itself does to the numbers."""
+    summary = phase_summary(data.latencies)
+    out = []
+    for phase in ("before", "after"):
+        rows = summary.filter(pl.col("phase") == phase)
+        kinds = dict(zip(rows["kind"], rows["p99_9_us"], strict=True))
+        if kinds.get("quiet") and kinds.get("traced") is not None:
+            ratio = kinds["traced"] / kinds["quiet"]
+            out.append(
+                f"observer effect, {phase}: traced runs' p99.9 is {ratio:.2f}x the quiet"
+                " runs' (mean of per-run values); headline numbers use quiet runs only"
+            )
+    return out
+
+
+def _few_samples(bundles: list[BundleData]) -> list[str]:
+    """Runs too short for a p99.9 of their own: it is then their maximum."""
+    short = sum(
+        b.latencies.group_by("run_id").len().filter(pl.col("len") < P999_SAMPLES).height
+        for b in bundles
+    )
+    if not short:
+        return []
+    return [
+        f"a p99.9 distinct from the maximum: {short} run(s) have fewer than {P999_SAMPLES}"
+        " samples, so their p99.9 is their maximum"
+    ]
+
+
+def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
+    """Latency CDF per phase (quiet runs) and per-run p99.9 bars: the unit is the run."""
+    if not bundles:
+        return []
+    samples, per_run = [], []
+    for data in bundles:
+        tag = pl.lit(f"{bundle_label(data)} " if many else "")
+        quiet = data.latencies.filter(pl.col("kind") == "quiet")
+        samples.append(
+            quiet.select(
+                (tag + pl.col("phase")).alias("series"),
+                (pl.col("latency_ns") / 1000).alias("latency_us"),
+            )
+        )
+        per_run.append(
+            quiet.group_by("run_id", "phase")
+            .agg((pl.col("latency_ns").quantile(0.999, "higher") / 1000).alias("p99_9_us"))
+            .select(
+                (tag + pl.col("run_id")).alias("run"),
+                (tag + pl.col("phase")).alias("series"),
+                "p99_9_us",
+            )
+            .sort(pl.col("series").str.ends_with("after"), "run")
+        )
+    return [
+        Plot(
+            "cyclictest latency on the rt CPU, quiet runs (CDF)",
+            "cdf",
+            pl.concat(samples),
+            x="latency_us",
+            series="series",
+            log_x=True,
+            x_label="wake-up latency (us)",
+            y_label="fraction of samples",
+        ),
+        Plot(
+            "cyclictest p99.9 per quiet run",
+            "bars",
+            pl.concat(per_run),
+            x="run",
+            y="p99_9_us",
+            series="series",
+            log_y=True,
+            x_label="run",
+            y_label="p99.9 (us)",
+        ),
+    ]
+
+
+def _samples_line(data: BundleData) -> str:
+    """Samples read against the loops cyclictest counted: a shortfall is shown, not hidden."""
+    if data.cycles.height == 0:
+        return "cyclictest samples: no --json counts to check them against"
+    recorded = data.latencies.group_by("run_id").len()
+    joined = data.cycles.join(recorded, on="run_id", how="left").fill_null(0)
+    short = joined.filter(pl.col("len") < pl.col("cycles"))
+    total = int(joined["cycles"].sum())
+    if short.height == 0:
+        return f"cyclictest samples: all {total} loops it counted were recorded"
+    missing = int((short["cycles"] - short["len"]).sum())
+    return (
+        f"cyclictest samples: {missing} of {total} loops it counted were not printed by -v "
+        f"({short.height} runs); the verdicts use the {total - missing} recorded"
+    )
+
+
+def _lost_line(data: BundleData) -> str:
+    """Lost trace events per traced run: they would change any trace-derived number."""
+    if data.lost.height == 0:
+        return "lost events: no traced runs"
+    total = int(data.lost["lost"].sum())
+    if total == 0:
+        return f"lost events: none in {data.lost.height} traced runs"
+    runs = ", ".join(f"{r} ({n})" for r, n in data.lost.select("run_id", "lost").iter_rows() if n)
+    return f"lost events: {total} in traced runs: {runs}"

@@ -1,0 +1,162 @@
+"""Broadcast-TLBI cost: probe percentiles per CPU and phase, before/after, flush paths.
+
+Thin: numbers come from tracekit/analysis/tlbi.py. Probe slots are runs of their own (no
+trace), so the probe part has no lost events; flush-path durations come from traces and
+leave out runs that lost events, saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import polars as pl
+
+from tracekit.analysis.compare import Comparison
+from tracekit.analysis.tlbi import (
+    FUNCGRAPH_EXIT,
+    flush_summary,
+    funcgraph_durations,
+    probe_comparisons,
+    probe_histogram,
+    probe_pair_durations,
+    probe_percentiles,
+    require_flush_events,
+)
+from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
+from tracekit.ingest.probe import probe_samples
+from tracekit.report.header import bundle_label
+from tracekit.report.model import Plot, Section, Table
+
+TRACED_KINDS = ("traced", "guest", "after-guest")
+
+
+def section(bundles: list[BundleData]) -> Section | None:
+    """Probe distributions and verdicts per CPU, and flush-path durations when traced."""
+    many = len(bundles) > 1
+    findings: list[str] = []
+    comparisons: list[Comparison] = []
+    tables: list[Table] = []
+    plots: list[Plot] = []
+    unknowns: list[str] = []
+    lost_total: int | None = None
+    for data in bundles:
+        prefix = f"{bundle_label(data)}: " if many else ""
+        samples = probe_samples(data)
+        if samples.height:
+            tables += _probe_tables(samples, prefix)
+            plots += _probe_plots(samples, prefix)
+            found = probe_comparisons(samples)
+            comparisons += [replace(c, metric=prefix + c.metric) for c in found]
+            unknowns += _short(found, prefix)
+        flush = _flush(data, prefix)
+        if flush is not None:
+            table, lines, lost, missing = flush
+            tables += [table] if table is not None else []
+            findings += lines
+            unknowns += [missing] if missing else []
+            lost_total = (lost_total or 0) + lost
+    if not tables and not findings:
+        return None
+    return Section(
+        key="tlbi",
+        title="Broadcast-TLBI cost per CPU and phase (probe; flush paths)",
+        findings=findings,
+        comparisons=comparisons,
+        tables=tables,
+        plots=plots,
+        unknowns=unknowns,
+        lost_events=lost_total,
+    )
+
+
+def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
+    """One percentile table per probe mode."""
+    out = []
+    per = probe_percentiles(samples)
+    for (mode,), rows in per.group_by("mode", maintain_order=True):
+        out.append(
+            Table(
+                f"{prefix}probe ({mode} mode): duration of one broadcast-TLBI call (us)",
+                rows.select("cpu", "phase", "samples", "p50_us", "p99_us", "max_us"),
+                note="percentiles of every sample of the phase's slots on that CPU",
+            )
+        )
+    return out
+
+
+def _probe_plots(samples: pl.DataFrame, prefix: str) -> list[Plot]:
+    """One histogram per mode and CPU, before/after as series, on a log scale."""
+    frame = probe_histogram(samples)
+    out = []
+    for (mode, cpu), rows in frame.group_by("mode", "cpu", maintain_order=True):
+        out.append(
+            Plot(
+                f"{prefix}probe ({mode}) on CPU {cpu}: call duration per phase",
+                "histogram",
+                rows.select("phase", "duration_us"),
+                x="duration_us",
+                series="phase",
+                log_x=True,
+                x_label="one call (us)",
+                y_label="calls",
+            )
+        )
+    return out
+
+
+def _short(found: list[Comparison], prefix: str) -> list[str]:
+    """Say, once, how many slots per phase a probe verdict would need."""
+    short = [c for c in found if c.needed_runs is not None]
+    if not short:
+        return []
+    c = short[0]
+    return [
+        f"{prefix}whether the probe's cost changed: {c.n_before}+{c.n_after} probe slots per"
+        f" CPU cannot reach a verdict (a slot is one run); the rule needs"
+        f" {c.needed_runs}+{c.needed_runs}"
+    ]
+
+
+def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int, str | None] | None:
+    """Flush-path table, findings, lost events used, what is missing; None: no traces."""
+    runs = traced_runs(data, kinds=TRACED_KINDS)
+    if not runs:
+        return None
+    frames, lines, lost, names = [], [], 0, set()
+    for run in runs:
+        trace = open_run_trace(data, run)
+        names |= set(trace.event_names)
+        durations, unpaired = probe_pair_durations(trace.events)
+        if FUNCGRAPH_EXIT in trace.event_names:
+            graph = funcgraph_durations(trace.event(FUNCGRAPH_EXIT))
+            durations = pl.concat([durations, graph])
+        if durations.height == 0 and unpaired == 0:
+            continue
+        run_lost = max(run.lost_events.values(), default=0)
+        if run_lost:
+            lines.append(
+                f"{prefix}{run.run_id} excluded from flush-path durations: it lost"
+                f" {sum(run.lost_events.values())} events"
+            )
+            continue
+        if unpaired:
+            lines.append(
+                f"{prefix}{run.run_id}: {unpaired} flush-path entry/return events had no"
+                " partner (a call spanning the run's start or end); not counted"
+            )
+        lost += run_lost  # used runs only: 0 here, since runs that lost events are left out
+        frames.append(durations.with_columns(pl.lit(run.phase).alias("phase")))
+    try:
+        require_flush_events(sorted(names))
+    except TracekitError as err:
+        return None, lines, lost, f"{prefix}flush-path durations: {err}"
+    if not frames:
+        return None, lines, lost, None
+    summary = flush_summary(pl.concat(frames))
+    table = Table(
+        f"{prefix}flush paths: entry -> return per call (us, trace clock)",
+        summary.select("function", "phase", "cpu", "calls", "p50_us", "max_us"),
+        note="kprobe entry/return pairs (tracekit group) or function_graph; tracing adds cost",
+    )
+    return table, lines, lost, None

@@ -1,0 +1,210 @@
+"""VM lifecycles: per VM the VMM ran in a traced run, create -> vCPU runs -> teardown.
+
+Thin: numbers come from tracekit/analysis/vm.py. Runs are those whose directory holds the
+VMM's output (vmm.txt) and a trace. A run without VMM markers (the after-guest rollover
+batch runs the VMM without them) still gives its VMIDs and rollovers.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis import vm
+from tracekit.ingest.bundle import BundleData
+from tracekit.ingest.trace import Trace
+from tracekit.ingest.vmm import run_extra
+from tracekit.report.header import is_emulated
+from tracekit.report.model import Section, Table
+from tracekit.report.sections.vmruns import VmRun, vm_runs
+
+# Above this many VMs a run's steps are summarised per IPA size instead of listed.
+MAX_LISTED_VMS = 8
+
+
+def section(bundles: list[BundleData]) -> Section | None:
+    """One finding per VM run, step and exit tables, VMIDs and rollovers, EL2 events."""
+    runs = vm_runs(bundles)
+    if not runs:
+        return None
+    findings: list[str] = []
+    tables: list[Table] = []
+    unknowns: list[str] = []
+    for found in runs:
+        if found.lost:
+            findings.append(
+                f"{found.label}: lost {found.lost} trace events; its event counts may be low"
+            )
+        lines, more, missing = _run(found)
+        findings += lines
+        tables += more
+        unknowns += missing
+    if any(is_emulated(b) for b in bundles):
+        findings.append("emulated host: these durations are QEMU TCG times, not hardware times")
+    return Section(
+        key="vm",
+        title="VM lifecycle (create -> vCPU runs -> teardown)",
+        findings=findings,
+        tables=tables,
+        unknowns=sorted(set(unknowns)),
+        lost_events=sum(found.lost for found in runs),
+    )
+
+
+def _run(found: VmRun) -> tuple[list[str], list[Table], list[str]]:
+    """Findings, tables and unknowns of one run."""
+    findings: list[str] = []
+    tables: list[Table] = []
+    label = found.label
+    unknowns = _unrecorded(found.trace, label)
+    updates, bits, bits_from = _vmid_updates(found)
+    if found.windows is None:
+        findings.append(
+            f"{label}: {found.vmm.vms.height} VMs in the VMM output but no VMM markers in the "
+            "trace (run without --trace-marker): no per-VM lifecycle"
+        )
+    else:
+        counted = {
+            column: rows
+            for column, event in vm.COUNTED.items()
+            if (rows := found.attributed(event)) is not None
+        }
+        vmids = None
+        attributed = found.attributed("kvm_arm_vmid_update")
+        if attributed is not None and bits is not None and "vmid_id" in attributed.columns:
+            vmids = vm.vm_vmids(attributed, bits)
+        table = vm.lifecycle(found.windows, counted, vmids)
+        findings += _lifecycle_findings(table, label)
+        tables += _lifecycle_tables(table, label)
+        if "exits" in counted:
+            tables.append(_exit_table(counted["exits"], label))
+        if "hvcs" in counted:
+            findings += _hvc_finding(counted["hvcs"], label)
+    if updates is not None and bits is not None:
+        findings.append(_rollover_finding(updates, bits, bits_from, label))
+    return findings, tables, unknowns
+
+
+def _hvc_finding(hvcs: pl.DataFrame, label: str) -> list[str]:
+    """The guest's HVCs by PSCI name, over the run's VMs."""
+    calls = vm.hvc_calls(hvcs)
+    if calls.is_empty():
+        return []
+    totals = calls.group_by("call").agg(pl.col("count").sum()).sort("call")
+    return [f"{label}: guest HVCs: " + ", ".join(f"{c} x{n}" for c, n in totals.iter_rows())]
+
+
+def _unrecorded(trace: Trace, label: str) -> list[str]:
+    """What the trace cannot tell about the hypervisor side."""
+    out = []
+    hyp = vm.hypervisor_events(trace.events)
+    if not hyp:
+        out.append(
+            "hypervisor (EL2) events: not recorded (the kernel has no EL2 tracing; Debian's "
+            "kernels have none), so nothing here is seen from inside the hypervisor"
+        )
+    if "kvm_arm_vmid_update" not in trace.event_names:
+        out.append(f"{label}: VMIDs: not recorded ({vm.VMID_HOW})")
+    return out
+
+
+def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
+    """The VMID probe's rows, the VMID width and where the width came from."""
+    updates = found.event("kvm_arm_vmid_update")
+    if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
+        return None, None, ""
+    extra = run_extra(found.data, found.run, "rollover.json")
+    if extra is not None and isinstance(extra.get("vmid_bits"), int):
+        return updates, int(extra["vmid_bits"]), "the run's rollover.json"  # type: ignore[arg-type]
+    bits = vm.infer_vmid_bits(updates)
+    return updates, bits, "inferred from the smallest VMID seen (generation 1 assumed)"
+
+
+def _rollover_finding(updates: pl.DataFrame, bits: int, bits_from: str, label: str) -> str:
+    """VMID rollovers seen, with the width used."""
+    rolls = vm.vmid_rollovers(updates, bits)
+    if rolls.is_empty():
+        return f"{label}: no VMID rollover seen ({bits}-bit VMIDs, {bits_from})"
+    steps = ", ".join(
+        f"generation {a} -> {b}"
+        for a, b in rolls.select("from_generation", "to_generation").iter_rows()
+    )
+    return f"{label}: {rolls.height} VMID rollover(s): {steps} ({bits}-bit VMIDs, {bits_from})"
+
+
+def _count(value: int | None, what: str) -> str:
+    """'3 guest faults', or 'guest faults not recorded'."""
+    return f"{what} not recorded" if value is None else f"{value} {what}"
+
+
+def _ms(ns: int | None) -> str:
+    """Nanoseconds as milliseconds with one decimal, or '?'."""
+    return "?" if ns is None else f"{ns / 1e6:.1f} ms"
+
+
+def _lifecycle_findings(table: pl.DataFrame, label: str) -> list[str]:
+    """One sentence per VM when few, else one for the run."""
+    if table.height > MAX_LISTED_VMS:
+        med = table.select(pl.col("setup_ns", "run_ns", "teardown_marker_ns").median())
+        setup, ran, down = (med.item(0, i) for i in range(3))
+        return [
+            f"{label}: {table.height} VMs; median create {_ms(setup)}, run {_ms(ran)}, "
+            f"teardown {_ms(down)} (trace markers)"
+        ]
+    out = []
+    for row in table.iter_rows(named=True):
+        vmid = f", VMID {row['vmid']}" if row.get("vmid") is not None else ""
+        out.append(
+            f"{label}: VM {row['vm_seq']} ({row['ipa_bits']}-bit IPA, {row['vcpus']} vCPU"
+            f"{vmid}): create {_ms(row['setup_ns'])}, run {_ms(row['run_ns'])}, teardown "
+            f"{_ms(row['teardown_marker_ns'])}; {_count(row['exits'], 'exits')}, "
+            f"{_count(row['guest_faults'], 'guest faults')}, "
+            f"{_count(row['cache_toggles'], 'cache toggles')}"
+        )
+    return out
+
+
+def _lifecycle_tables(table: pl.DataFrame, label: str) -> list[Table]:
+    """Steps and events per VM (or per IPA size when there are many VMs)."""
+    ms = [
+        (pl.col(c).cast(pl.Float64) / 1e6).alias(f"{name}_ms")
+        for c, name in (("setup_ns", "create"), ("run_ns", "run"), ("teardown_marker_ns", "down"))
+    ]
+    if table.height > MAX_LISTED_VMS:
+        per = table.group_by("ipa_bits").agg(
+            pl.len().alias("vms"), *(m.median() for m in ms), pl.col("exits").median()
+        )
+        return [
+            Table(
+                f"{label}: VM steps per IPA size (medians)",
+                per.sort("ipa_bits"),
+                note="ms from the VMM's trace markers; emulated timings are not hardware timings",
+            )
+        ]
+    steps = table.select(pl.col("vm_seq").alias("vm"), "ipa_bits", "vcpus", *ms)
+    events = table.select(
+        pl.col("vm_seq").alias("vm"),
+        "exits",
+        pl.col("guest_faults").alias("faults"),
+        pl.col("cache_toggles").alias("toggles"),
+        pl.col("set_way_flushes").alias("setway"),
+        "hvcs",
+    )
+    return [
+        Table(f"{label}: VM steps (ms)", steps, note="from the VMM's trace markers"),
+        Table(
+            f"{label}: KVM events per VM",
+            events,
+            note="null: the event was not recorded; 0: recorded, never fired",
+        ),
+    ]
+
+
+def _exit_table(exits: pl.DataFrame, label: str) -> Table:
+    """Exits by reason over the run's VMs."""
+    per = vm.exits_by_reason(exits)
+    summary = (
+        per.group_by("reason")
+        .agg(pl.col("count").sum(), pl.col("vm_seq").n_unique().alias("vms"))
+        .sort("count", descending=True)
+    )
+    return Table(f"{label}: guest exits by reason", summary, note="kvm_exit: kind and ESR class")
