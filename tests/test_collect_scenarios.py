@@ -313,3 +313,34 @@ def test_guest_broadcast_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-
     for phase in ("before", "during", "after"):
         assert (root / "runs" / f"{phase}-quiet-0" / "cyclictest-hist.txt").read_text()
         assert {f"{phase}-probe-page-cpu{cpu}" for cpu in (3, 0, 2)} <= set(runs)
+
+
+# --- teardown on a second kernel generation: trixie's 6.12 on `max` (IPA beyond 40 bits) ---
+
+TRIXIE = "trixie-max"
+register_vhost_check(
+    TRIXIE,
+    "collect_teardown_trixie",
+    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 "
+    "--scenario teardown --ipa-bits 36,40,44 --repeat 3 --function-graph -o bundle",
+)
+
+
+@pytest.mark.vhost
+def test_teardown_bundle_on_612_uses_instance_function_graph(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.report.sections.teardown import section
+
+    boot = vhost_boot(TRIXIE)
+    root, manifest = _bundle(boot, "collect_teardown_trixie")
+    assert manifest.host["kernel_release"].startswith("6.12")
+    assert manifest.host["ipa_limit_bits"] > 40  # max: a large physical address range
+    assert manifest.scenario["parameters"]["ipa_bits"] == [36, 40, 44]
+    assert manifest.scenario["function_graph"]["method"] != "kprobes"  # 6.11+: in the instance
+    for run in manifest.runs:
+        assert run.kind == "vms" and run.status == "ok"
+        assert len(_vm_records(root / "runs" / run.run_id / "vmm.txt")) == 3
+    teardown = section([load_bundle(root)])
+    assert teardown is not None
+    text = "\n".join(teardown.findings) + "".join(str(t.frame) for t in teardown.tables)
+    assert "6.12" in text and "44" in text
