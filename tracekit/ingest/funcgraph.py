@@ -116,7 +116,7 @@ def read_graph_text(
 
     `lost` holds the rows of the `[LOST n EVENTS]` markers found at lines `marks`.
     """
-    from tracekit.ingest.text import typed_tables
+    from tracekit.ingest.text import skipped_lines, typed_tables
 
     parsed = _parsed(lines)
     if parsed.is_empty():
@@ -136,13 +136,7 @@ def read_graph_text(
     comments = rows.filter(pl.col("fields").is_not_null())
     if comments.height:
         tables.update(typed_tables(comments))
-    skipped = []
-    if other.height:
-        first = other.row(0, named=True)
-        skipped.append(
-            f"{other.height} line(s) that are not graph lines (first: line "
-            f"{first['lineno']}: {first['line'][:60]!r})"
-        )
+    skipped = skipped_lines(other, "graph lines")
     meta = {
         "reader": READER, "format": "text", "clock": "", "instance": "", "skipped": skipped,
         "cpus": sorted(rows["cpu"].drop_nulls().unique().to_list()),

@@ -181,6 +181,17 @@ def _lost(marks: pl.DataFrame, path: Path) -> pl.DataFrame:
     ).cast(LOST_SCHEMA)  # type: ignore[arg-type]
 
 
+def skipped_lines(other: pl.DataFrame, what: str) -> list[str]:
+    """The summary line for text lines a reader did not parse: counted, first one shown."""
+    if other.height == 0:
+        return []
+    first = other.row(0, named=True)
+    return [
+        f"{other.height} line(s) that are not {what} (first: line {first['lineno']}: "
+        f"{first['line'][:60]!r})"
+    ]
+
+
 def read_text(path: Path, salvage: bool = False) -> Tables:
     """Parse a tracefs or trace-cmd report text file into Tables."""
     lines = read_lines(path)
@@ -202,13 +213,7 @@ def read_text(path: Path, salvage: bool = False) -> Tables:
     blank = pl.col("line").is_null() | pl.col("line").str.contains(r"^\s*(#|$|cpus=|version =)")
     mark_lines = marks.filter(is_mark)["lineno"]
     other = parsed.filter(~is_event & ~blank & ~pl.col("lineno").is_in(mark_lines.implode()))
-    skipped = []
-    if other.height:
-        first = other.row(0, named=True)
-        skipped.append(
-            f"{other.height} line(s) that are not events (first: line {first['lineno']}: "
-            f"{first['line'][:60]!r})"
-        )
+    skipped = skipped_lines(other, "events")
     meta = {
         "reader": READER, "format": "text", "clock": "", "instance": "",
         "cpus": sorted(events["cpu"].unique().to_list()), "skipped": skipped,
