@@ -81,8 +81,8 @@ def guest_variant(manifest: Manifest) -> str:
     """The variant that ran: the guest file's name (the reproducer names files by variant)."""
     guest = manifest.scenario.get("guest")
     if guest:
-        # `collect --guest` leaves scenario.guest_variant at the scenario's default, so the
-        # file name is the record of what really ran.
+        # Bundles from before collect recorded the variant that ran kept the scenario's
+        # default in scenario.guest_variant; the file name is right for old and new ones.
         return PurePosixPath(str(guest)).name.removesuffix(".elf")
     return str(manifest.scenario.get("guest_variant") or UNKNOWN)
 
