@@ -276,7 +276,8 @@ static void vcpu_loop(struct vcpu *vcpu)
 
 	for (;;) {
 		if (ioctl(vcpu->fd, KVM_RUN, 0) < 0) {
-			if (errno == EINTR && is_stopping(vm))
+			/* A stop request returns at once; the main thread then kicks the rest. */
+			if (errno == EINTR && (is_stopping(vm) || vmm_stop_signal))
 				return;
 			if (errno == EINTR || errno == EAGAIN)
 				continue;
@@ -293,7 +294,7 @@ static void vcpu_loop(struct vcpu *vcpu)
 			handle_system_event(vcpu);
 			return;
 		case KVM_EXIT_INTR:
-			if (is_stopping(vm))
+			if (is_stopping(vm) || vmm_stop_signal)
 				return;
 			break;
 		default:
@@ -342,34 +343,58 @@ static void kick_all(struct vm *vm)
 	}
 }
 
-/* Wait for all vCPU threads; the watchdog (if any) stops them after opts->timeout_s. */
+/* How often the main thread looks for a stop request while the vCPUs run. */
+#define STOP_POLL_NS 50000000L
+
+/* CLOCK_MONOTONIC now plus NS nanoseconds, as a condition-variable deadline. */
+static struct timespec monotonic_in(long ns)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	t.tv_nsec += ns;
+	t.tv_sec += t.tv_nsec / 1000000000L;
+	t.tv_nsec %= 1000000000L;
+	return t;
+}
+
+/* Whether CLOCK_MONOTONIC has passed DEADLINE. */
+static bool monotonic_passed(const struct timespec *deadline)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return now.tv_sec > deadline->tv_sec ||
+	       (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
+}
+
+/* Wait for all vCPU threads; the watchdog (if any) or a stop request (SIGTERM) ends them. */
 static void wait_for_run(struct vm *vm)
 {
-	struct timespec deadline;
+	struct timespec deadline = monotonic_in(0);
 	bool timed_out = false;
 
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	deadline.tv_sec += vm->opts->timeout_s;
 	pthread_mutex_lock(&vm->lock);
-	while (vm->finished < vm->nvcpus && !vm->stopping && !timed_out) {
-		if (!vm->opts->timeout_s)
-			pthread_cond_wait(&vm->changed, &vm->lock);
-		else if (pthread_cond_timedwait(&vm->changed, &vm->lock, &deadline) == ETIMEDOUT)
-			timed_out = true;
+	while (vm->finished < vm->nvcpus && !vm->stopping && !timed_out && !vmm_stop_signal) {
+		/* A signal handler cannot signal a condition variable: wait in slices. */
+		struct timespec slice = monotonic_in(STOP_POLL_NS);
+
+		pthread_cond_timedwait(&vm->changed, &vm->lock, &slice);
+		timed_out = vm->opts->timeout_s && monotonic_passed(&deadline);
+	}
+	if (vmm_stop_signal && !vm->powered_off) {
+		vm->result.stopped = true;
+		trace_marker(vm->opts->trace_fd, "tracekit-vmm: vm=%d event=stop signal=%d",
+			     vm->index, (int)vmm_stop_signal);
 	}
 	/* Kick until every thread has returned: a kick can land between two KVM_RUNs. */
 	while (vm->finished < vm->nvcpus) {
-		struct timespec retry;
+		struct timespec retry = monotonic_in(10000000L);
 
 		__atomic_store_n(&vm->stopping, true, __ATOMIC_RELEASE);
 		pthread_cond_broadcast(&vm->changed);
 		kick_all(vm);
-		clock_gettime(CLOCK_MONOTONIC, &retry);
-		retry.tv_nsec += 10000000;
-		if (retry.tv_nsec >= 1000000000) {
-			retry.tv_sec++;
-			retry.tv_nsec -= 1000000000;
-		}
 		pthread_cond_timedwait(&vm->changed, &vm->lock, &retry);
 	}
 	pthread_mutex_unlock(&vm->lock);
@@ -401,7 +426,7 @@ static void vm_execute(struct vm *vm)
 		vcpu->started = true;
 	}
 	wait_for_run(vm);
-	if (!vm->result.code && !vm->powered_off)
+	if (!vm->result.code && !vm->powered_off && !vm->result.stopped)
 		vm_fail(vm, EXIT_UNEXPECTED, "vm %d: every vCPU stopped but vCPU 0 never powered "
 			"off (PC 0x%llx)", vm->index, (unsigned long long)vcpu_pc(&vm->vcpus[0]));
 }
@@ -473,8 +498,11 @@ struct vm_result vm_run_one(const struct kvm_host *host, const struct vmm_option
 	t0 = now_ns(opts->clock);
 	if (vm_create(vm, ipa_bits)) {
 		t1 = now_ns(opts->clock);
-		vm_execute(vm);
-		if (!vm->result.code)
+		if (vmm_stop_signal)
+			vm->result.stopped = true;	/* asked to stop while creating: never run */
+		else
+			vm_execute(vm);
+		if (!vm->result.code && !vm->result.stopped)
 			check_markers(vm);
 	} else {
 		t1 = now_ns(opts->clock);

@@ -27,10 +27,18 @@ static const char usage_text[] =
 	"  --clock NAME         boottime (default) or monotonic\n"
 	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n";
 
+volatile sig_atomic_t vmm_stop_signal;
+
 /* Empty handler: SIGUSR1 only exists to make KVM_RUN return with EINTR. */
 static void on_kick(int sig)
 {
 	(void)sig;
+}
+
+/* SIGTERM/SIGINT: remember it; the running VM stops and is torn down in full. */
+static void on_stop(int sig)
+{
+	vmm_stop_signal = sig;
 }
 
 /* Parse --ipa-bits "40,48" into OPTS (range checked later against the host). */
@@ -195,14 +203,16 @@ struct vm_series {
 };
 
 /* One record=vm line, printed (and flushed) as soon as the VM is gone. */
-static void print_vm_line(uint64_t index, int bits, const struct vm_timing *t, bool ok)
+static void print_vm_line(uint64_t index, int bits, const struct vm_timing *t,
+			  const struct vm_result *result)
 {
+	const char *how = result->code ? "error" : result->stopped ? "stopped" : "ok";
+
 	printf("record=vm vm=%llu ipa_bits=%d create_start_ns=%llu create_ns=%llu run_ns=%llu "
 	       "teardown_ns=%llu teardown_end_ns=%llu result=%s\n",
 	       (unsigned long long)index, bits ? bits : 40, (unsigned long long)t->create_start,
 	       (unsigned long long)t->create_ns, (unsigned long long)t->run_ns,
-	       (unsigned long long)t->teardown_ns, (unsigned long long)t->teardown_end,
-	       ok ? "ok" : "error");
+	       (unsigned long long)t->teardown_ns, (unsigned long long)t->teardown_end, how);
 	fflush(stdout);
 }
 
@@ -218,12 +228,12 @@ static struct vm_result run_series(const struct kvm_host *host, const struct vmm
 	if (!series->create || !series->run || !series->teardown)
 		die(EXIT_SYSTEM, "out of memory for %llu VM timings",
 		    (unsigned long long)opts->repeat);
-	for (uint64_t i = 0; i < opts->repeat && !result.code; i++) {
+	for (uint64_t i = 0; i < opts->repeat && !result.code && !vmm_stop_signal; i++) {
 		int bits = opts->ipa_count ? opts->ipa_bits[i % opts->ipa_count] : 0;
 		struct vm_timing t = { 0 };
 
 		result = vm_run_one(host, opts, image, (int)i, bits, &t);
-		print_vm_line(i, bits, &t, !result.code);
+		print_vm_line(i, bits, &t, &result);
 		series->create[i] = t.create_ns;
 		series->run[i] = t.run_ns;
 		series->teardown[i] = t.teardown_ns;
@@ -232,16 +242,26 @@ static struct vm_result run_series(const struct kvm_host *host, const struct vmm
 	return result;
 }
 
-/* The record=summary line: VMs done, VMs that succeeded, min/mean/max per phase. */
-static void print_summary(const struct vm_series *series, bool failed)
+/* The record=summary line: VMs done, VMs that succeeded, whether a signal stopped the
+ * series, then min/mean/max per phase. */
+static void print_summary(const struct vm_series *series, bool last_not_ok)
 {
-	printf("record=summary vms=%llu ok=%llu", (unsigned long long)series->done,
-	       (unsigned long long)(failed ? series->done - 1 : series->done));
+	printf("record=summary vms=%llu ok=%llu stopped=%d", (unsigned long long)series->done,
+	       (unsigned long long)(last_not_ok ? series->done - 1 : series->done),
+	       vmm_stop_signal ? 1 : 0);
 	print_stat("create_ns", series->create, series->done);
 	print_stat("run_ns", series->run, series->done);
 	print_stat("teardown_ns", series->teardown, series->done);
 	printf("\n");
 	fflush(stdout);
+}
+
+/* End by the stop signal itself, so the parent sees how the VMM ended (after teardown). */
+static void exit_by_stop_signal(void)
+{
+	signal(vmm_stop_signal, SIG_DFL);
+	raise(vmm_stop_signal);
+	exit(128 + vmm_stop_signal);	/* not reached unless the signal is blocked */
 }
 
 /* Check everything that can be checked before the first VM, then run the series. */
@@ -252,6 +272,7 @@ int main(int argc, char **argv)
 	struct guest_image image;
 	struct vm_series series = { 0 };
 	struct sigaction kick = { .sa_handler = on_kick };	/* no SA_RESTART */
+	struct sigaction stop = { .sa_handler = on_stop };	/* no SA_RESTART */
 	struct vm_result result;
 	uint64_t cntfrq;
 
@@ -264,13 +285,17 @@ int main(int argc, char **argv)
 		die(EXIT_USAGE, "cannot pin to CPU %d (is it online and allowed?)",
 		    opts.cpus.cpus[0]);
 	sigaction(SIGUSR1, &kick, NULL);
+	sigaction(SIGTERM, &stop, NULL);
+	sigaction(SIGINT, &stop, NULL);
 	cntfrq = read_cntfrq();
 	opts.spin_ticks = (uint64_t)((unsigned __int128)opts.spin_us * cntfrq / 1000000);
 
 	print_run_line(&opts, &image, cntfrq);
 	result = run_series(&host, &opts, &image, &series);
-	print_summary(&series, result.code != 0);
+	print_summary(&series, result.code != 0 || result.stopped);
 	if (result.code)
 		die(result.code, "%s", result.message);
+	if (vmm_stop_signal)
+		exit_by_stop_signal();
 	return EXIT_OK;
 }

@@ -4,6 +4,7 @@
 #define TRACEKIT_VMM_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -59,11 +60,15 @@ struct vmm_options {
 	int trace_fd;			/* -1: no trace markers */
 };
 
-/* How one VM ended: an exit code and its one-line message. */
+/* How one VM ended: an exit code and its one-line message, or stopped on request. */
 struct vm_result {
 	int code;
+	bool stopped;			/* SIGTERM/SIGINT ended its run; torn down in full */
 	char message[512];
 };
+
+/* The signal (SIGTERM or SIGINT) that asked the VMM to stop; 0 while none has. */
+extern volatile sig_atomic_t vmm_stop_signal;
 
 /* The durations of one VM's phases, in ns of the chosen clock. */
 struct vm_timing {

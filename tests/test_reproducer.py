@@ -319,6 +319,17 @@ register_vhost_check(
     f"{INSIDE}; $R/vmm --timeout 1 --spin-us 5000000 $G/mmu-on.elf; echo status=$?; "
     "$R/vmm /tracekit/reproducer/README.md; echo status=$?",
 )
+# SIGTERM to a VMM whose guest would loop for hours: it must tear the VM down itself.
+register_vhost_check(
+    NVHE,
+    "repro_sigterm",
+    f"{INSIDE}; {TRACE_SETUP}; "
+    "$R/vmm --timeout 0 --tlbi-count 1000000000 --trace-marker $T/trace_marker "
+    "$G/tlbi-loop.elf > vmm.txt & pid=$!; "
+    "for i in $(seq 600); do [ $(ls /proc/$pid/task | wc -l) -gt 1 ] && break; sleep 0.1; done; "
+    "sleep 1; kill -TERM $pid; wait $pid; echo status=$?; cat vmm.txt; "
+    "cat $T/trace > term.txt; rmdir $T",
+)
 register_vhost_check(
     "vhe-max", "repro_vhe", f"{INSIDE}; $R/vmm --repeat 2 --ipa-bits 40,48 $G/mmu-on.elf"
 )
@@ -414,6 +425,20 @@ def test_vhost_vmm_errors_are_one_line(vhost_boot) -> None:
     errors = boot.checks["repro_errors"].stderr.strip().splitlines()
     assert len(errors) == 2
     assert "timeout" in errors[0] and "not an ELF file" in errors[1]
+
+
+@pytest.mark.vhost
+def test_vhost_vmm_tears_down_on_sigterm(vhost_boot) -> None:
+    """SIGTERM mid-run: the VM is torn down with its markers, recorded, then the VMM ends by it."""
+    boot = vhost_boot(NVHE)
+    out = vhost_check(boot, "repro_sigterm")
+    assert "status=143" in out.splitlines()  # 128 + SIGTERM: ended by the signal itself
+    assert [vm["result"] for vm in vm_records(out)] == ["stopped"]
+    assert " stopped=1 " in next(line for line in out.splitlines() if "record=summary" in line)
+    trace = (boot.result.out_dir / "checks" / "repro_sigterm" / "term.txt").read_text()
+    events = [line.split("event=")[1].split()[0] for line in trace.splitlines() if "event=" in line]
+    assert events == ["create", "enter", "stop", "teardown-start", "teardown-end"]
+    assert "event=stop signal=15" in trace
 
 
 @pytest.mark.vhost

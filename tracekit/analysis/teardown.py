@@ -167,6 +167,7 @@ def match_vmm(windows: pl.DataFrame, vmm_vms: pl.DataFrame) -> pl.DataFrame:
             "teardown_ns",
             "ram_mb",
             "vcpus",
+            pl.col("result") if "result" in vmm_vms.columns else pl.lit("ok").alias("result"),
         ).rename({"vcpus": "vmm_vcpus"})
     )
     bad = pairs.filter(
@@ -188,7 +189,8 @@ def teardown_table(
     kernel: pl.DataFrame | None,
     tolerance: Tolerance = AGREEMENT,
 ) -> pl.DataFrame:
-    """Per VM: vm_seq, vm, ipa_bits, ram_mb, vmm_ns, marker_ns, diff_ns, agrees, kernel_ns.
+    """Per VM: vm_seq, vm, ipa_bits, ram_mb, vmm_ns, marker_ns, diff_ns, agrees, result,
+    kernel_ns.
 
     `kernel` is `spans_in_windows()` of the teardown function, or None when not probed.
     """
@@ -207,6 +209,7 @@ def teardown_table(
         pl.col("teardown_marker_ns").alias("marker_ns"),
         diff.alias("diff_ns"),
         (diff.abs().cast(pl.Float64) <= allowed).alias("agrees"),
+        "result",
     )
     if kernel is None:
         return table.with_columns(pl.lit(None, pl.Int64).alias("kernel_ns"))
@@ -230,13 +233,15 @@ def by_ipa_size(table: pl.DataFrame, value: str = "vmm_ns") -> pl.DataFrame:
 
 
 def steady_state(table: pl.DataFrame) -> pl.DataFrame:
-    """The VMs after the first of each VMM invocation (`vm` > 0).
+    """The VMs after the first of each VMM invocation (`vm` > 0) that ran to power-off.
 
     The first VM a VMM creates pays one-time costs (first use of /dev/kvm, the guest file
     and the VMM's pages coming in) and in the emulated host tears down 2-4 times slower
-    than the rest; it stays in the tables but would dominate a fit over few VMs.
+    than the rest; it stays in the tables but would dominate a fit over few VMs. A VM
+    stopped by a signal (result=stopped, e.g. by the time budget) may not have mapped all
+    it would have, so its teardown is no sample of the steady state either.
     """
-    return table.filter(pl.col("vm") > 0)
+    return table.filter((pl.col("vm") > 0) & (pl.col("result") == "ok"))
 
 
 def _slope(bits: np.ndarray, log_t: np.ndarray) -> float:

@@ -1,7 +1,8 @@
 """VM lifecycles from a trace: create -> vCPU runs -> teardown, per VM the VMM ran.
 
 The reproducer VMM writes lifecycle markers into the trace (reproducer/README.md, "Trace
-markers"): `tracekit-vmm: vm=N event=create|enter|poweroff|teardown-start|teardown-end`.
+markers"): `tracekit-vmm: vm=N event=create|enter|poweroff|stop|teardown-start|teardown-end`
+(`stop`: the VMM was asked to stop by SIGTERM/SIGINT before the guest powered off).
 They delimit each VM in time and name its threads (the main thread writes `create` and
 the teardown markers, each vCPU thread its `enter`), so every KVM event can be given to
 the VM and vCPU whose thread emitted it. VM indices restart at 0 in each VMM invocation;
@@ -94,8 +95,9 @@ def vm_windows(markers: pl.DataFrame) -> pl.DataFrame:
     """One row per VM: when each lifecycle step happened and the teardown span by markers.
 
     Columns: vm_seq, vm, vmm_pid, ipa_bits, vcpus, create_ts, enter_ts (first vCPU),
-    poweroff_ts, teardown_start_ts, teardown_end_ts, teardown_marker_ns (null when a
-    marker is missing, e.g. the trace ended first).
+    poweroff_ts, stop_ts (a stop request, when the guest never powered off),
+    teardown_start_ts, teardown_end_ts, teardown_marker_ns (null when a marker is missing,
+    e.g. the trace ended first).
     """
     tagged = _with_vm_seq(markers).filter(pl.col("vm_seq").is_not_null())
 
@@ -113,6 +115,7 @@ def vm_windows(markers: pl.DataFrame) -> pl.DataFrame:
             first("create"),
             first("enter"),
             first("poweroff"),
+            first("stop"),
             first("teardown-start"),
             first("teardown-end"),
         )
@@ -205,7 +208,8 @@ def lifecycle(
         "ipa_bits",
         "vcpus",
         (pl.col("enter_ts") - pl.col("create_ts")).alias("setup_ns"),
-        (pl.col("poweroff_ts") - pl.col("enter_ts")).alias("run_ns"),
+        (pl.coalesce("poweroff_ts", "stop_ts") - pl.col("enter_ts")).alias("run_ns"),
+        (pl.col("stop_ts").is_not_null() & pl.col("poweroff_ts").is_null()).alias("stopped"),
         "teardown_marker_ns",
     )
     for column in COUNTED:

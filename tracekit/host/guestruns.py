@@ -7,8 +7,10 @@
   finished, and a line says so.
 - A during phase starts its guest before the phase's runs and stops it after them. The
   guest counts as running once the VMM has its vCPU threads (one per vCPU, beside the
-  main thread); it is stopped with SIGTERM, and the kernel tears the VM down as the VMM
-  exits, inside the traced stop run.
+  main thread). It is stopped with SIGTERM: the VMM kicks its vCPUs out of KVM_RUN, tears
+  the VM down in full with its usual markers (`stop`, `teardown-start`, `teardown-end`),
+  prints its `vm` record (result=stopped) and ends by that signal, all inside the traced
+  stop run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from tracekit.host.cleanup import stop_process_group
 STOP_GRACE_SECONDS = 300
 # How long a background guest may take to start its vCPUs (TCG is slow to create VMs).
 START_TIMEOUT_SECONDS = 120
-VM_RECORD = re.compile(rb"^record=vm ", re.MULTILINE)
+# A VM that ran to its power-off; one stopped by a signal (result=stopped) is not counted.
+VM_RECORD = re.compile(rb"^record=vm .* result=ok$", re.MULTILINE)
 
 
 @dataclass
@@ -41,7 +44,7 @@ class BudgetOutcome:
 
 
 def vms_recorded(output: Path) -> int:
-    """How many record=vm lines (VMs torn down) the VMM has written so far."""
+    """How many VMs the VMM has run to completion and torn down so far (record=vm, ok)."""
     try:
         return len(VM_RECORD.findall(output.read_bytes()))
     except OSError:
@@ -68,6 +71,14 @@ def wait_within_budget(
             f"{expected_vms} VMs; see its output in the bundle ({output.name})"
         )
     return BudgetOutcome("ok", code, vms_recorded(output))
+
+
+def stopped_in_order(output: Path) -> bool:
+    """Whether the VMM answered its stop signal itself: a summary line with stopped=1."""
+    try:
+        return re.search(rb"^record=summary .*\bstopped=1\b", output.read_bytes(), re.M) is not None
+    except OSError:
+        return False
 
 
 class BackgroundGuest:

@@ -9,7 +9,8 @@
   stands for, timed as tracekit.analysis.cacheflush times them (the flush function's
   entry/return kprobes when recorded, else the span to the neighbouring event: an upper
   bound, said in the slice's `method`).
-- Per CPU: a tlbi-loop guest's run (enter..poweroff), when the variant is known.
+- Per CPU: a tlbi-loop guest's run (enter..poweroff, or ..teardown when stopped by a
+  signal), when the variant is known.
 """
 
 from __future__ import annotations
@@ -297,7 +298,8 @@ def write_tlbi_loops(
         run = vmm_runs[life.invocation]
         for ts, pid, args in life.enters:
             cpu = args.get("cpu", "?")
-            stop = life.poweroffs.get(args.get("vcpu", "?")) or max(end_ts or 0, ts)
+            ended = life.teardown[:1] or [max(end_ts or 0, ts)]  # stopped: until teardown
+            stop = life.poweroffs.get(args.get("vcpu", "?")) or ended[0]
             info = {"vm": life.vm, "thread": pid, **args, "tlbi_count": run.get("tlbi_count", "?")}
             name = f"CPU {cpu}: guest TLBI loop"
             write_spans(tracks, f"{scope}tlbi:{cpu}", name, parent, [(ts, stop, "TLBI loop", info)])

@@ -118,6 +118,7 @@ def _per_vm(found: VmRun) -> tuple[pl.DataFrame, list[str], list[str]]:
         "ipa_bits",
         "ram_mb",
         pl.col("teardown_ns").alias("vmm_ns"),
+        "result",
     )
     if found.windows is None:
         return base, [], [f"{found.label}: no VMM markers: teardown not checked against the trace"]

@@ -155,7 +155,8 @@ def _lifecycle_findings(table: pl.DataFrame, label: str) -> list[str]:
         vmid = f", VMID {row['vmid']}" if row.get("vmid") is not None else ""
         out.append(
             f"{label}: VM {row['vm_seq']} ({row['ipa_bits']}-bit IPA, {row['vcpus']} vCPU"
-            f"{vmid}): create {_ms(row['setup_ns'])}, run {_ms(row['run_ns'])}, teardown "
+            f"{vmid}): create {_ms(row['setup_ns'])}, run {_ms(row['run_ns'])}"
+            f"{' (stopped by a signal)' if row.get('stopped') else ''}, teardown "
             f"{_ms(row['teardown_marker_ns'])}; {_count(row['exits'], 'exits')}, "
             f"{_count(row['guest_faults'], 'guest faults')}, "
             f"{_count(row['cache_toggles'], 'cache toggles')}"
