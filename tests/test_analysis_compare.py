@@ -157,6 +157,14 @@ def test_large_phases_use_seeded_permutations() -> None:
     assert 0 < p1 < 0.001
 
 
+def test_describe_names_the_groups_it_divides() -> None:
+    """A during-phase comparison never reads as after/before."""
+    during = compare([10.0] * 4, [12.0] * 4, "cyclictest p99", ratio_label="during/before")
+    assert during.describe().startswith("cyclictest p99 during/before 1.20x")
+    named = compare([10.0] * 4, [12.0] * 4, "during/before cyclictest p99", ratio_label="")
+    assert named.describe().startswith("during/before cyclictest p99 1.20x")
+
+
 def test_describe_fits_72_columns() -> None:
     """Every line of describe() fits in a mail reply, with a long name and exclusions."""
     rng = np.random.default_rng(3)

@@ -39,6 +39,7 @@ def latency_comparisons(
             f"{phase}/{BASELINE} cyclictest {metric}",
             before_runs=per[BASELINE]["run_id"].to_list(),
             after_runs=per[phase]["run_id"].to_list(),
+            ratio_label="",  # the name says f"{phase}/{BASELINE}"
         )
         for metric in RUN_METRICS
     ]
@@ -70,6 +71,7 @@ def probe_comparisons(samples: pl.DataFrame, phase: str = "during") -> list[Comp
                     f"{phase}/{BASELINE} probe {mode} cpu{cpu} {metric}",
                     before_runs=b["run_id"].to_list(),
                     after_runs=t["run_id"].to_list(),
+                    ratio_label="",
                 )
             )
     return secondary_family(found) if found else []

@@ -95,12 +95,15 @@ class Comparison:
     excluded: tuple[Excluded, ...] = ()
     role: str = "primary"
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
+    # What the ratio divides, for describe(); "" when the metric's name already says it.
+    ratio_label: str = "after/before"
 
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
         p_name = "p" if self.role == "primary" else "p(Holm)"
         text = (
-            f"{self.metric} after/before {self.ratio:.2f}x [{self.ci_low:.2f},"
+            f"{self.metric} {self.ratio_label + ' ' if self.ratio_label else ''}"
+            f"{self.ratio:.2f}x [{self.ci_low:.2f},"
             f" {self.ci_high:.2f}], {p_name}={_p_text(self.p_adjusted)} ({self.test},"
             f" {self.n_before}+{self.n_after} runs): {self.verdict}"
         )
@@ -127,8 +130,13 @@ def compare(
     before_runs: list[str] | None = None,
     after_runs: list[str] | None = None,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    ratio_label: str = "after/before",
 ) -> Comparison:
-    """Compare one metric's per-run values; runs with lost events are excluded and listed."""
+    """Compare one metric's per-run values; runs with lost events are excluded and listed.
+
+    "before" and "after" are the two groups; `ratio_label` names them for describe()
+    (e.g. "during/before"; "" when `metric` already says what is divided by what).
+    """
     b, b_out = _clean_phase("before", before, before_lost, before_runs, metric)
     a, a_out = _clean_phase("after", after, after_lost, after_runs, metric)
     if b.mean() <= 0:
@@ -154,6 +162,7 @@ def compare(
         needed_runs=needed if short else None,
         excluded=b_out + a_out,
         thresholds=thresholds,
+        ratio_label=ratio_label,
     )
 
 

@@ -245,6 +245,7 @@ def concentration(per_run: pl.DataFrame, lost: dict[str, int] | None = None) -> 
                 after_runs=runs,
                 before_lost=lost_of,
                 after_lost=lost_of,
+                ratio_label="",  # the name says with/without
             )
         )
     return out

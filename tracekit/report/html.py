@@ -99,7 +99,7 @@ def _section(section: Section) -> str:
 
 def _comparisons(comparisons: list[Comparison]) -> str:
     """Comparisons as a table: ratio, interval, test, runs, verdict."""
-    head = ("metric", "after/before", "CI", "p", "test", "runs", "verdict", "note")
+    head = ("metric", "ratio", "CI", "p", "test", "runs", "verdict", "note")
     rows = []
     for c in comparisons:
         note = f"needs {c.needed_runs}+{c.needed_runs} runs" if c.needed_runs else ""
@@ -110,7 +110,7 @@ def _comparisons(comparisons: list[Comparison]) -> str:
         p = f"{c.p_adjusted:.3g}" + (" (Holm)" if c.role == "secondary" else "")
         cells = [
             _td(c.metric, text=True),
-            _td(f"{c.ratio:.2f}x"),
+            _td(f"{c.ratio:.2f}x" + (f" {c.ratio_label}" if c.ratio_label else "")),
             _td(f"[{c.ci_low:.2f}, {c.ci_high:.2f}]"),
             _td(p),
             _td(c.test, text=True),
@@ -120,7 +120,7 @@ def _comparisons(comparisons: list[Comparison]) -> str:
         ]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     header = "".join(f"<th>{h}</th>" for h in head)
-    caption = "<caption>Before/after comparisons</caption>"
+    caption = "<caption>Comparisons between groups of runs</caption>"
     return f'<div class="scroll"><table>{caption}<tr>{header}</tr>{"".join(rows)}</table></div>'
 
 
