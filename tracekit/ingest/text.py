@@ -1,4 +1,4 @@
-"""ftrace text -> the same tables as the binary path, parsed with vectorised polars regexes.
+"""ftrace text -> the same tables as the binary path, parsed with vectorised polars.
 
 Reads the tracefs `trace` file (with or without the irq-info columns, with or without
 the tgid column) and `trace-cmd report` output (with or without -t, with an instance
@@ -6,6 +6,7 @@ prefix, raw -R). Loss markers — tracefs `CPU:N [LOST n EVENTS]` and trace-cmd
 `CPU:N [n EVENTS DROPPED]` / `CPU:N [EVENTS DROPPED]` — become lost-table rows.
 Every line that is neither an event, a loss marker, a comment nor blank is counted and
 reported (never dropped silently); with no event line at all it is an error.
+Splitting lines into event columns is textsplit.py's job.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import polars as pl
 from tracekit.errors import TracekitError
 from tracekit.ingest.funcgraph import is_graph_text, read_graph_text
 from tracekit.ingest.tables import LOST_SCHEMA, Tables
+from tracekit.ingest.textsplit import (
+    SPLIT_SCHEMA,
+    decode_prefixes,
+    parse_slow,
+    scan_lines,
+    split_events,
+)
 
 READER = "ftrace text"
-EVENT_RE = (
-    r"^(?:(?<inst>[\w.-]+):\s)?\s*(?<comm>.*?)-(?<pid>\d+)\s+(?:\(\s*(?<tgid>[-\d]+)\)\s+)?"
-    r"\[(?<cpu>\d+)\]\s+(?:(?<irq>[.a-zA-Z][.a-zA-Z0-9]{3,4})\s+)?"
-    r"(?<sec>\d+)\.(?<frac>\d+):\s+(?<event>[\w:-]+):\s?(?<fields>.*)$"
-)
 LOST_RE = r"CPU:(?<cpu>\d+) \[(?:LOST (?<lost>\d+) EVENTS|(?:(?<dropped>\d+) )?EVENTS DROPPED)\]"
 KEY_RE = r"(?:^|\s)(\w+)="
 
@@ -44,95 +47,11 @@ def read_lines(path: Path, reader: str = READER) -> pl.DataFrame:
     return lines.with_row_index("lineno", 1)
 
 
-TASK_RE = r"^(?<comm>.*)-(?<pid>\d+)(?:\s+\(\s*(?<tgid>-?\d+)\))?$"
-
-
-def _split_fast(lines: pl.LazyFrame) -> pl.LazyFrame:
-    """The EVENT_RE groups from cheap string operations, one stage at a time.
-
-    Only for ASCII lines: `find` gives byte offsets and `slice` counts characters.
-    """
-    line, col = pl.col("line"), pl.col
-    return (
-        lines.with_columns(inst=line.str.extract(r"^([\w.-]+): ", 1))
-        .with_columns(
-            body=pl.when(col("inst").is_not_null())
-            .then(line.str.slice(col("inst").str.len_bytes() + 2))
-            .otherwise(line)
-        )
-        .with_columns(lb=col("body").str.find(r"\[\d+\]"))
-        .with_columns(
-            left=col("body").str.slice(0, col("lb")).str.strip_chars(),
-            rest=col("body").str.slice(col("lb")),
-        )
-        .with_columns(rb=col("rest").str.find("]", literal=True))
-        .with_columns(
-            cpu=col("rest").str.slice(1, col("rb") - 1),
-            parts=col("rest").str.slice(col("rb") + 1).str.splitn(": ", 3),
-            task=col("left").str.extract_groups(TASK_RE),
-        )
-        .unnest("task")
-        .with_columns(
-            head=col("parts").struct.field("field_0").str.strip_chars().str.split(" "),
-            event=col("parts").struct.field("field_1"),
-            fields=col("parts").struct.field("field_2").str.strip_chars_start(),
-        )
-        .with_columns(
-            ts=col("head").list.last().str.split_exact(".", 1),
-            irq=pl.when(col("head").list.len() > 1).then(col("head").list.first()),
-        )
-        .with_columns(sec=col("ts").struct.field("field_0"), frac=col("ts").struct.field("field_1"))
-    )
-
-
-def _parse(lines: pl.DataFrame) -> pl.DataFrame:
-    """Event columns for every line (null where a line is not an event)."""
-    line = pl.col("line")
-    ascii_ = (line.str.len_bytes() == line.str.len_chars()).fill_null(False)
-    cols = ["lineno", "line", "comm", "pid", "tgid", "cpu", "irq", "sec", "frac", "event", "fields"]
-    both = _split_fast(lines.lazy().filter(ascii_)).select(cols).collect()
-    slow = lines.filter(~ascii_)
-    if slow.height:  # non-ASCII lines (a comm in UTF-8, say): the full regex
-        slow = slow.with_columns(line.str.extract_groups(EVENT_RE).alias("m")).unnest("m")
-        both = pl.concat([both, slow.select(cols)]).sort("lineno")
-    valid = (
-        pl.col("pid").cast(pl.Int64, strict=False).is_not_null()
-        & pl.col("cpu").cast(pl.Int64, strict=False).is_not_null()
-        & pl.col("sec").cast(pl.Int64, strict=False).is_not_null()
-        & pl.col("frac").cast(pl.Int64, strict=False).is_not_null()
-        & pl.col("event").str.contains(r"^[\w:-]+$")
-    ).fill_null(False)
-    return both.with_columns(pl.when(valid).then(pl.col("event")).alias("event"))
-
-
-def _events(parsed: pl.DataFrame) -> pl.DataFrame:
-    """The events table from the matched event lines."""
-    frac = pl.col("frac")
-    scale = pl.lit(10, pl.Int64).pow(pl.lit(9) - frac.str.len_chars().cast(pl.Int64))
-    ts = pl.col("sec").cast(pl.Int64) * 1_000_000_000 + frac.cast(pl.Int64) * scale
-    irq = pl.col("irq")
-    depth = irq.str.slice(3, 1).str.replace(r"^\.$", "0")  # '.' in the column means 0
-    preempt = depth.str.to_integer(base=16, strict=False).cast(pl.UInt8)
-    return parsed.select(
-        row=pl.int_range(pl.len(), dtype=pl.Int64),
-        ts=ts,
-        cpu=pl.col("cpu").cast(pl.Int32),
-        pid=pl.col("pid").cast(pl.Int32),
-        tgid=pl.col("tgid").cast(pl.Int32, strict=False),
-        comm=pl.col("comm").str.strip_chars(),
-        event=pl.col("event"),
-        system=pl.lit(None, pl.String),
-        flags=pl.lit(None, pl.UInt8),
-        preempt_count=preempt,
-        irq_info=irq,
-        fields=pl.col("fields"),
-    )
-
-
 def typed_tables(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """One table per event: key=value fields become columns (integers when all are)."""
     out: dict[str, pl.DataFrame] = {}
-    for (name,), group in events.group_by("event", maintain_order=True):
+    used = events.select("row", "ts", "cpu", "pid", "event", "fields")  # gather no more
+    for (name,), group in used.group_by("event", maintain_order=True):
         head = group.select("row", "ts", "cpu", common_pid="pid")
         keys = group["fields"].head(1).str.extract_all(KEY_RE).explode().drop_nulls()
         cols = []
@@ -158,6 +77,8 @@ def _probe_site(fields: pl.Series) -> list[pl.Series]:
     `__probe_ip_sym` = `do_sys_openat2`, a kretprobe `__probe_func_sym` (the probed
     function) and `__probe_ret_ip_sym` (its caller, `__arm64_sys_openat`).
     """
+    if fields.head(1).str.extract_groups(PROBE_SITE_RE).struct.field("at").null_count():
+        return []  # the first line is no probe: skip the regex over the others
     site = fields.str.extract_groups(PROBE_SITE_RE)
     at = site.struct.field("at")
     if at.null_count():
@@ -192,35 +113,71 @@ def skipped_lines(other: pl.DataFrame, what: str) -> list[str]:
     ]
 
 
+def _head(path: Path, n: int = 50) -> pl.DataFrame:
+    """The first lines of the file (enough to recognise its kind)."""
+    try:
+        return scan_lines(path).head(n).collect()
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise TracekitError(f"{READER} reader: {path}: {err}") from None
+
+
+def _reread(path: Path, linenos: pl.Series) -> pl.DataFrame:
+    """The text of some lines again (those the cheap cuts misread: rare)."""
+    wanted = scan_lines(path).filter(pl.col("lineno").is_in(linenos.implode()))
+    return wanted.collect()
+
+
+def _split(path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(event columns of every event line in line order, the lines that are no event)."""
+    try:
+        fit, rest = split_events(scan_lines(path))
+        fast, bad = decode_prefixes(fit)
+        if bad.len():
+            rest = pl.concat([rest, _reread(path, bad)]).sort("lineno")
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise TracekitError(f"{READER} reader: {path}: {err}") from None
+    slow, other = parse_slow(rest)
+    if slow.is_empty():
+        return fast, other
+    both = pl.concat([fast.cast(SPLIT_SCHEMA), slow.cast(SPLIT_SCHEMA)])  # type: ignore[arg-type]
+    return both.sort("lineno"), other
+
+
+def _events(split: pl.DataFrame) -> pl.DataFrame:
+    """The events table (plus `fields`, for the typed tables) from the event columns."""
+    return split.select(
+        row=pl.int_range(pl.len(), dtype=pl.Int64),
+        ts="ts", cpu="cpu", pid="pid", tgid="tgid", comm="comm", event="event",
+        system=pl.lit(None, pl.Categorical), flags=pl.lit(None, pl.UInt8),
+        preempt_count="preempt_count", fields="fields",
+    )  # fmt: skip
+
+
 def read_text(path: Path, salvage: bool = False) -> Tables:
     """Parse a tracefs or trace-cmd report text file into Tables."""
-    lines = read_lines(path)
-    marks = lines.filter(pl.col("line").str.contains("CPU:", literal=True))
-    marks = marks.with_columns(pl.col("line").str.extract_groups(LOST_RE).alias("m")).unnest("m")
-    is_mark = pl.col("cpu").is_not_null()
-    if is_graph_text(lines):
-        found = marks.filter(is_mark)
+    if is_graph_text(_head(path)):
+        lines = read_lines(path)
+        marks = lines.filter(pl.col("line").str.contains("CPU:", literal=True))
+        marks = marks.with_columns(pl.col("line").str.extract_groups(LOST_RE).alias("m"))
+        found = marks.unnest("m").filter(pl.col("cpu").is_not_null())
         return read_graph_text(lines, path, _lost(found, path), found["lineno"])
-    parsed = _parse(lines)
-    is_event = pl.col("event").is_not_null()
-    ev_lines = parsed.filter(is_event)
-    if ev_lines.is_empty():
+    split, rest = _split(path)
+    if split.is_empty():
         raise TracekitError(
             f"{READER} reader: {path}: no event lines found (expected tracefs `trace` or "
             "`trace-cmd report` text, or a trace.dat / raw capture directory)"
         )
-    events = _events(ev_lines)
+    events = _events(split)
+    del split
+    marks = rest.filter(pl.col("line").str.contains("CPU:", literal=True))
+    marks = marks.with_columns(pl.col("line").str.extract_groups(LOST_RE).alias("m")).unnest("m")
+    marks = marks.filter(pl.col("cpu").is_not_null())
     blank = pl.col("line").is_null() | pl.col("line").str.contains(r"^\s*(#|$|cpus=|version =)")
-    mark_lines = marks.filter(is_mark)["lineno"]
-    other = parsed.filter(~is_event & ~blank & ~pl.col("lineno").is_in(mark_lines.implode()))
-    skipped = skipped_lines(other, "events")
+    other = rest.filter(~blank & ~pl.col("lineno").is_in(marks["lineno"].implode()))
     meta = {
         "reader": READER, "format": "text", "clock": "", "instance": "",
-        "cpus": sorted(events["cpu"].unique().to_list()), "skipped": skipped,
-        "unparsed_lines": other.height,
+        "cpus": sorted(events["cpu"].unique().to_list()),
+        "skipped": skipped_lines(other, "events"), "unparsed_lines": other.height,
     }  # fmt: skip
     tables = typed_tables(events)
-    events = events.drop("irq_info", "fields").with_columns(
-        pl.col("comm", "event", "system").cast(pl.Categorical)
-    )
-    return Tables(events, tables, _lost(marks.filter(is_mark), path), meta)
+    return Tables(events.drop("fields"), tables, _lost(marks, path), meta)

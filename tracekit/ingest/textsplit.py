@@ -1,0 +1,175 @@
+"""ftrace text lines -> event columns, in one streaming polars pass over the file.
+
+An event line is `[INST: ]COMM-PID [(TGID)] [CPU] [IRQ] SEC.FRAC: EVENT: FIELDS`. The
+part before the timestamp's dot (instance, task, CPU, irq-info column, whole seconds)
+takes few distinct values in a trace (a task keeps its CPU for long and seconds change
+slowly), so each line only cuts that prefix out as a Categorical and the per-line work
+is a handful of byte searches and slices; the prefix regex then runs once per distinct
+prefix, not once per line. Offsets come from `str.find` (bytes) and are used with the
+`bin` slices (bytes too), so lines with UTF-8 comm names take the same path.
+
+A line the cheap cuts do not fit (an unusual timestamp, a comm that fools the searches)
+keeps its text and goes through the full regex (`EVENT_RE`), so the result never depends
+on which path a line took.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+# The part before the timestamp's dot; comm is greedy like the kernel's `%s-%d`
+# (a comm may itself contain `-digits`).
+PREFIX_RE = (
+    r"^(?:(?<inst>[\w.-]+):\s)?\s*(?<comm>.*)-(?<pid>\d+)(?:\s+\(\s*(?<tgid>-?\d+)\))?"
+    r"\s+\[(?<cpu>\d+)\]\s+(?:(?<irq>\S+)\s+)?(?<sec>\d+)$"
+)
+EVENT_RE = (
+    r"^(?:(?<inst>[\w.-]+):\s)?\s*(?<comm>.*)-(?<pid>\d+)(?:\s+\(\s*(?<tgid>-?\d+)\))?"
+    r"\s+\[(?<cpu>\d+)\]\s+(?:(?<irq>\S+)\s+)?"
+    r"(?<sec>\d+)\.(?<frac>\d+):\s+(?<event>[\w-]+):(?:\s+(?<fields>.*)|$)"
+)
+EVENT_NAME_RE = r"^[\w-]+$"
+COLON = ord(":")
+
+# The columns of one event line, from either path.
+SPLIT_SCHEMA = {
+    "lineno": pl.UInt32, "comm": pl.Categorical, "pid": pl.Int32, "tgid": pl.Int32,
+    "cpu": pl.Int32, "preempt_count": pl.UInt8, "ts": pl.Int64, "event": pl.Categorical,
+    "fields": pl.String,
+}  # fmt: skip
+
+
+def scan_lines(path: Path) -> pl.LazyFrame:
+    """The file's lines (null for blank ones) with 1-based line numbers, lazily.
+
+    polars' CSV reader with a separator that does not occur splits lines in Rust; invalid
+    UTF-8 is replaced, not dropped.
+    """
+    return pl.scan_csv(
+        path, has_header=False, separator="\x1f", quote_char=None, new_columns=["line"],
+        schema={"line": pl.String}, encoding="utf8-lossy", truncate_ragged_lines=True,
+    ).with_row_index("lineno", 1)  # fmt: skip
+
+
+def _cut(lines: pl.LazyFrame) -> pl.LazyFrame:
+    """Prefix, fraction, event and the text after it, by byte offsets (null: no fit).
+
+    `dot` is the timestamp's dot (the first `.digits: `), `end` the colon after its 6
+    (µs) or 9 (ns, `trace-cmd report -t`) fraction digits, `colon` the event name's
+    colon (`: `; an event at the end of its line takes the regex path).
+    """
+    line, col = pl.col("line"), pl.col
+    raw = line.cast(pl.Binary)
+    dot = col("dot")
+    at = {n: raw.bin.get(dot + n, null_on_oob=True) for n in (7, 10)}
+    end = pl.when(at[7] == COLON).then(dot + 7).when(at[10] == COLON).then(dot + 10)
+    return (
+        lines.with_columns(dot=line.str.find(r"\.\d+: ").cast(pl.Int64))
+        .with_columns(end=end.otherwise(None))
+        .with_columns(tail=raw.bin.slice(col("end") + 2))  # after `: `
+        .with_columns(colon=col("tail").cast(pl.String).str.find(": ", literal=True))
+        .with_columns(
+            prefix=raw.bin.head(dot).cast(pl.String).cast(pl.Categorical),
+            frac=raw.bin.slice(dot + 1, col("end") - dot - 1).cast(pl.String),
+            event=col("tail").bin.head(col("colon")).cast(pl.String).cast(pl.Categorical),
+        )
+    )
+
+
+def split_events(lines: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(event columns of the lines the cheap cuts fit, the other lines with their text).
+
+    The first frame still has the raw `prefix` (decoded by `decode_prefixes`).
+    """
+    col = pl.col
+    micro = col("end") - col("dot") == 7  # 6 fraction digits: µs, else ns
+    frac_ns = col("frac").str.to_integer(strict=False) * pl.when(micro).then(1000).otherwise(1)
+    fits = (frac_ns.is_not_null() & col("event").is_not_null()).fill_null(False)
+    fields = col("tail").bin.slice(col("colon") + 1).cast(pl.String).str.strip_chars_start()
+    cut = _cut(lines).select(
+        "lineno", "prefix", "event", fits=fits, frac_ns=pl.when(fits).then(frac_ns),
+        fields=pl.when(fits).then(fields), line=pl.when(~fits).then(col("line")),
+    )  # fmt: skip
+    frame = cut.collect(engine="streaming")
+    fit = frame.filter("fits")
+    rest = frame.filter(~col("fits")).select("lineno", "line")
+    return fit.drop("fits", "line"), rest
+
+
+def _frac_ns(frac: pl.Expr) -> pl.Expr:
+    """ns from a timestamp's fraction digits (6 for µs, 9 for ns)."""
+    scale = pl.lit(10, pl.Int64).pow(pl.lit(9) - frac.str.len_bytes().cast(pl.Int64))
+    return frac.str.to_integer(strict=False) * scale
+
+
+def _preempt(irq: pl.Expr) -> pl.Expr:
+    """The preempt depth: the irq-info column's 4th character ('.' means 0)."""
+    depth = irq.str.slice(3, 1).str.replace(r"^\.$", "0")
+    return depth.str.to_integer(base=16, strict=False).cast(pl.UInt8)
+
+
+def _prefix_parts(prefixes: pl.Series) -> pl.DataFrame:
+    """Task, CPU, preempt depth and whole seconds of each distinct prefix (null: no match)."""
+    col = pl.col
+    parts = prefixes.cast(pl.String).str.extract_groups(PREFIX_RE).struct.unnest()
+    return parts.select(
+        comm=col("comm").str.strip_chars().cast(pl.Categorical),
+        pid=col("pid").cast(pl.Int32, strict=False),
+        tgid=col("tgid").cast(pl.Int32, strict=False),
+        cpu=col("cpu").cast(pl.Int32, strict=False),
+        preempt_count=_preempt(col("irq")),
+        sec_ns=col("sec").cast(pl.Int64, strict=False) * 1_000_000_000,
+    )
+
+
+def decode_prefixes(fit: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+    """Event columns of the fitting lines, and the line numbers whose prefix did not parse.
+
+    PREFIX_RE runs on the distinct prefixes only; their Categorical codes index the result.
+    """
+    col = pl.col
+    distinct = fit["prefix"].unique().drop_nulls()
+    parts = _prefix_parts(distinct)
+    at = fit["prefix"].to_physical().replace_strict(
+        distinct.to_physical(), pl.int_range(len(distinct), dtype=pl.UInt32, eager=True),
+        default=None, return_dtype=pl.UInt32,
+    )  # fmt: skip
+    names = fit["event"].unique().drop_nulls()
+    bad_names = names.filter(~names.cast(pl.String).str.contains(EVENT_NAME_RE))
+    events = fit.select(
+        "lineno", *(parts[c].gather(at) for c in ("comm", "pid", "tgid", "cpu", "preempt_count")),
+        ts=parts["sec_ns"].gather(at) + col("frac_ns"), event="event", fields="fields",
+    )  # fmt: skip
+    ok = col("pid").is_not_null() & col("cpu").is_not_null() & col("ts").is_not_null()
+    if len(bad_names):
+        ok = ok & ~col("event").is_in(bad_names.implode())
+    good = events.select(ok.all()).item()
+    if good:
+        return events, pl.Series("lineno", [], pl.UInt32)
+    return events.filter(ok), events.filter(~ok)["lineno"]
+
+
+def parse_slow(rest: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(event columns of the lines EVENT_RE matches, the lines it does not match)."""
+    col = pl.col
+    m = rest.with_columns(col("line").str.extract_groups(EVENT_RE).alias("m")).unnest("m")
+    is_event = (
+        col("pid").cast(pl.Int32, strict=False).is_not_null()
+        & col("cpu").cast(pl.Int32, strict=False).is_not_null()
+        & col("frac").str.to_integer(strict=False).is_not_null()
+        & col("sec").cast(pl.Int64, strict=False).is_not_null()
+    ).fill_null(False)
+    events = m.filter(is_event).select(
+        "lineno",
+        comm=col("comm").str.strip_chars().cast(pl.Categorical),
+        pid=col("pid").cast(pl.Int32),
+        tgid=col("tgid").cast(pl.Int32, strict=False),
+        cpu=col("cpu").cast(pl.Int32),
+        preempt_count=_preempt(col("irq")),
+        ts=col("sec").cast(pl.Int64) * 1_000_000_000 + _frac_ns(col("frac")),
+        event=col("event").cast(pl.Categorical),
+        fields=col("fields").fill_null("").str.strip_chars_start(),
+    )
+    return events, m.filter(~is_event).select("lineno", "line")
