@@ -161,3 +161,19 @@ def test_section_lists_each_vm_run(tmp_path: Path) -> None:
     assert any("EL2" in u for u in section.unknowns)
     plain = make_bundle(tmp_path / "plain", runs=2, factor=1.0)
     assert vm_section.section([load_bundle(plain)]) is None
+
+
+def test_hvc_calls_of_an_event_enabled_but_never_fired() -> None:
+    """No kvm_hvc_arm64 row (so no field columns): no calls, not an error."""
+    empty = pl.DataFrame(schema={"row": pl.Int64, "ts": pl.Int64, "vm_seq": pl.Int64})
+    assert vm.hvc_calls(empty).is_empty()
+
+
+def test_tracepoint_found_under_its_qualified_name() -> None:
+    """kvm_toggle_cache is both a tracepoint and a kprobe: the tracepoint is the one read."""
+    from tracekit.report.sections.vmruns import tracepoint_name
+
+    names = ["kvm:kvm_toggle_cache", "kvm_exit", "tracekit:kvm_toggle_cache"]
+    assert tracepoint_name(names, "kvm_toggle_cache") == "kvm:kvm_toggle_cache"
+    assert tracepoint_name(names, "kvm_exit") == "kvm_exit"
+    assert tracepoint_name(["tracekit:kvm_toggle_cache"], "kvm_toggle_cache") is None

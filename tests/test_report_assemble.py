@@ -37,6 +37,26 @@ def test_builder_failures_become_sections_and_none_is_left_out(
     assert heard[-2:] == ["report: test_report_assemble"] * 2
 
 
+def _buggy(bundles: list[BundleData]) -> Section | None:
+    """A builder with a bug (not the user's data): a KeyError."""
+    return {}["r0"]  # type: ignore[no-any-return]
+
+
+def test_a_builder_bug_is_named_but_hides_no_other_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(assemble, "SECTION_BUILDERS", [_buggy, _fails])
+    monkeypatch.delenv("TRACEKIT_DEBUG", raising=False)
+    bundles = [load_bundle(copy_real_bundle(tmp_path / "b"))]
+    report = assemble.build_report(bundles)
+    assert len(report.sections) == 2
+    assert report.sections[0].findings[0].startswith(f"not computed: {assemble.INTERNAL_ERROR}")
+    assert "KeyError" in report.sections[0].findings[0]
+    monkeypatch.setenv("TRACEKIT_DEBUG", "1")
+    with pytest.raises(KeyError):
+        assemble.build_report(bundles)
+
+
 def test_header_names_each_bundle_and_says_emulated_first(tmp_path: Path) -> None:
     board = load_bundle(make_bundle(tmp_path / "board", 2, 1.0, emulated=False, guest="mmu-off"))
     emulated = load_bundle(make_bundle(tmp_path / "qemu", 2, 1.0, guest="mmu-on"))

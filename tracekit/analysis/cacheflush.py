@@ -64,7 +64,10 @@ def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl
                 "cpu",
                 "common_pid",
                 pl.lit("toggle").alias("source"),
-                (pl.col("was") != pl.col("now")).alias("flushed"),
+                # An event that never fired comes without its field columns.
+                (pl.col("was") != pl.col("now")).alias("flushed")
+                if "was" in toggles.columns
+                else pl.lit(None, pl.Boolean).alias("flushed"),
             )
         )
     if setways is not None:

@@ -312,6 +312,8 @@ def hvc_calls(hvcs: pl.DataFrame) -> pl.DataFrame:
         {"r0": list(PSCI_CALLS), "call": list(PSCI_CALLS.values())},
         schema={"r0": pl.UInt64, "call": pl.String},
     )
+    if "r0" not in hvcs.columns:  # enabled but never fired: no field columns to read
+        return pl.DataFrame(schema={"vm_seq": pl.Int64, "call": pl.String, "count": pl.UInt32})
     named = hvcs.filter(pl.col("vm_seq").is_not_null()).with_columns(pl.col("r0").cast(pl.UInt64))
     named = named.join(names, on="r0", how="left").with_columns(
         pl.col("call").fill_null(pl.format("x0={}", pl.col("r0")))

@@ -7,6 +7,7 @@ topic's gap never hides the others.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from tracekit.errors import TracekitError
@@ -24,6 +25,9 @@ from tracekit.report.sections import (
     vm,
     wakeup,
 )
+
+# How a section that failed on a bug (not on the user's data) begins its reason.
+INTERNAL_ERROR = "internal error"
 
 # Report order: headline numbers first, then attribution, then the related cases.
 SECTION_BUILDERS: list[SectionBuilder] = [
@@ -60,17 +64,33 @@ def build_report(
 
 
 def _run_builder(builder: SectionBuilder, bundles: list[BundleData]) -> Section | None:
-    """The builder's section, or one that says why it could not be made."""
+    """The builder's section, or one that says why it could not be made.
+
+    A bug in one builder must not hide the other sections: it becomes a section that
+    names it as an internal error (TRACEKIT_DEBUG=1 re-raises it, with its traceback).
+    """
     try:
         return builder(bundles)
     except TracekitError as err:
-        name = _builder_name(builder)
-        return Section(
-            key=name,
-            title=f"{name}: not computed",
-            findings=[f"not computed: {err}"],
-            unknowns=[f"{name}: everything this section would show ({err})"],
+        return _not_computed(_builder_name(builder), str(err))
+    except Exception as err:
+        if os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        why = (
+            f"{INTERNAL_ERROR} ({type(err).__name__}: {err}); a tracekit bug: please report "
+            "it with the bundle (TRACEKIT_DEBUG=1 shows the traceback)"
         )
+        return _not_computed(_builder_name(builder), why)
+
+
+def _not_computed(name: str, why: str) -> Section:
+    """A section that says why it is missing, so the report shows the gap."""
+    return Section(
+        key=name,
+        title=f"{name}: not computed",
+        findings=[f"not computed: {why}"],
+        unknowns=[f"{name}: everything this section would show ({why})"],
+    )
 
 
 def _builder_name(builder: SectionBuilder) -> str:
