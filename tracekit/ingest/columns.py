@@ -47,9 +47,45 @@ class Gatherer:
         self.payload = payload
         self.length = length
         self.endian = endian
+        self.fixed: tuple[int, np.ndarray] | None = None  # see prefetch()
+
+    def prefetch(self, lo: int, hi: int) -> None:
+        """Read payload bytes [lo, hi) of every event in one gather of 4-byte words.
+
+        The integer fields inside are then sliced out of that (events x words) matrix:
+        one pass over the ring buffer per event type instead of one per field.
+        """
+        lo, hi = lo // 4 * 4, -(-hi // 4) * 4
+        m = self._word_matrix(self.payload + lo, hi - lo) if hi > lo else None
+        self.fixed = None if m is None else (lo, m)
+
+    def fixed_words(self, rel: int, nbytes: int) -> np.ndarray | None:
+        """(events x nbytes/4) words at payload offset rel from the prefetched matrix."""
+        if self.fixed is None or rel % 4 or nbytes % 4:
+            return None
+        lo, m = self.fixed
+        if rel < lo or rel + nbytes > lo + 4 * m.shape[1]:
+            return None
+        k = (rel - lo) // 4
+        return np.ascontiguousarray(m[:, k : k + nbytes // 4])
+
+    def _from_fixed(self, rel: int, size: int) -> np.ndarray | None:
+        """An unsigned field of `size` bytes from the prefetched matrix (None: not in it)."""
+        if size >= 4:
+            words = self.fixed_words(rel, size)
+            return None if words is None else words.view(np.dtype(f"u{size}")).ravel()
+        lane = rel % 4
+        word = self.fixed_words(rel - lane, 4) if lane + size <= 4 else None
+        if word is None:
+            return None
+        shifted = word.ravel() >> np.uint32(8 * lane)
+        return (shifted & np.uint32((1 << (8 * size)) - 1)).astype(np.dtype(f"u{size}"))
 
     def _bytes(self, offset: np.ndarray, width: int) -> np.ndarray:
         """An (events x width) matrix of the bytes at each absolute offset."""
+        if len(offset) and int(offset.min()) >= 0 and int(offset.max()) + width <= len(self.buf):
+            # One index per event into a sliding window: no (events x width) index matrix.
+            return sliding_window_view(self.buf, width)[offset]
         idx = np.minimum(offset[:, None] + np.arange(width), len(self.buf) - 1)
         return self.buf[idx]
 
@@ -57,6 +93,9 @@ class Gatherer:
         """An integer field at payload offset `rel` for every event."""
         if size not in (1, 2, 4, 8):
             raise ValueError(f"integer field of {size} bytes")
+        fixed = self._from_fixed(rel, size)
+        if fixed is not None:
+            return fixed.view(np.dtype(f"{'i' if signed else 'u'}{size}"))
         return self.read(self.payload + rel, size, signed)
 
     def read(self, addr: np.ndarray, size: int, signed: bool) -> np.ndarray:
@@ -103,9 +142,9 @@ class Gatherer:
         width = int(count.max()) if len(count) else 0
         if width == 0:
             return pl.Series([""] * len(start), dtype=pl.String)
-        raw = self._bytes(start, width).copy()
+        raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
         raw[np.arange(width)[None, :] >= count[:, None]] = 0
-        raw[np.cumsum(raw == 0, axis=1) > 0] = 0  # everything after the first NUL
+        raw[np.logical_or.accumulate(raw == 0, axis=1)] = 0  # everything after the first NUL
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
 
@@ -151,8 +190,9 @@ def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
 
 def field_column(g: Gatherer, spec: FieldSpec, printk: dict[int, str], long_size: int) -> pl.Series:
     """Decode one field of one event type into a named polars Series."""
-    col = _field_values(g, spec, printk, long_size)
-    return col.alias(spec.name).cast(polars_dtype(spec))
+    col = _field_values(g, spec, printk, long_size).alias(spec.name)
+    dtype = polars_dtype(spec)
+    return col if col.dtype == dtype else col.cast(dtype)
 
 
 def _field_values(
@@ -173,6 +213,9 @@ def _field_values(
             return g.strings(g.payload + spec.offset, rest)
         return g.arrays(g.payload + spec.offset, rest, spec.elem_size, spec.signed)
     if k == Kind.INT_ARRAY:
+        words = g.fixed_words(spec.offset, spec.size) if spec.elem_size in (4, 8) else None
+        if words is not None and spec.size // spec.elem_size:  # as arrays() would, prefetched
+            return pl.Series(words.view(np.dtype(f"{'i' if spec.signed else 'u'}{spec.elem_size}")))
         nbytes = np.full(len(g.payload), spec.size)
         return g.arrays(g.payload + spec.offset, nbytes, spec.elem_size, spec.signed)
     loc = g.ints(spec.offset, 4, False).astype(np.int64)
@@ -197,6 +240,21 @@ def common_columns(g: Gatherer, fmt: EventFormat) -> dict[str, np.ndarray]:
         if spec.kind == Kind.INT and spec.size in (1, 2, 4, 8):
             out[spec.name] = g.ints(spec.offset, spec.size, spec.signed)
     return out
+
+
+FIXED_KINDS = (Kind.INT, Kind.POINTER, Kind.BOOL, Kind.CONST_STR, Kind.INT_ARRAY)
+PREFETCH_MAX = 128  # bytes: a wider span would mostly gather bytes no field uses
+
+
+def fixed_span(fmt: EventFormat) -> tuple[int, int] | None:
+    """The payload bytes holding the format's fixed-size integer fields, when there are
+    at least two (else a prefetch saves nothing)."""
+    specs = [s for s in fmt.own if s.kind in FIXED_KINDS and s.size > 0]
+    if len(specs) < 2:
+        return None
+    lo = min(s.offset for s in specs)
+    hi = max(s.offset + s.size for s in specs)
+    return (lo, hi) if hi - lo <= PREFETCH_MAX else None
 
 
 STANDARD_COMMON = (
@@ -227,5 +285,6 @@ def standard_header(g: Gatherer) -> dict[str, np.ndarray] | None:
         "common_type": (w0 & 0xFFFF).astype(np.uint16),  # ids are 16-bit: a quarter of int64
         "common_flags": ((w0 >> 16) & 0xFF).astype(np.uint8),
         "common_preempt_count": (w0 >> 24).astype(np.uint8),
-        "common_pid": m[:, 1].view(np.int32),
+        # A copy, not a strided view: a view would keep the whole (events x 2) matrix.
+        "common_pid": np.ascontiguousarray(m[:, 1]).view(np.int32),
     }

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import TracekitError
+from tracekit.ingest import membuf
 from tracekit.ingest.formats import FormatSet, checked_format, parse_header_event, parse_header_page
 from tracekit.ingest.tables import (
     BinaryTrace,
@@ -73,6 +74,19 @@ def _optional(path: Path) -> str:
         return ""
 
 
+def _read_back_to_back(files: list[Path]) -> list[np.ndarray]:
+    """Each file's bytes, laid back to back in one releasable array (no merge copy later)."""
+    sizes = [f.stat().st_size for f in files]
+    whole = membuf.alloc(sum(sizes))
+    out, pos = [], 0
+    for f, size in zip(files, sizes, strict=True):
+        with open(f, "rb") as fh:
+            got = fh.readinto(memoryview(whole[pos : pos + size]))
+        out.append(whole[pos : pos + got])
+        pos += size
+    return out
+
+
 def read_raw_capture(path: Path, salvage: bool = False) -> BinaryTrace:
     """Read a raw capture directory into a BinaryTrace."""
     meta = _meta(path)
@@ -81,11 +95,15 @@ def read_raw_capture(path: Path, salvage: bool = False) -> BinaryTrace:
     cpus: list[CpuData] = []
     stats: dict[int, dict[str, str]] = {}
     skipped: list[str] = []
-    for cpu in meta.get("cpus", []):  # type: ignore[union-attr]
+    listed = [int(c) for c in meta.get("cpus", [])]  # type: ignore[union-attr]
+    raws = {c: path / "per_cpu" / f"cpu{c}" / "trace_pipe_raw" for c in listed}
+    present = [c for c in listed if raws[c].exists()]
+    datas = dict(zip(present, _read_back_to_back([raws[c] for c in present]), strict=True))
+    for cpu in listed:
         cdir = path / "per_cpu" / f"cpu{cpu}"
-        raw = cdir / "trace_pipe_raw"
-        if raw.exists():
-            data = np.fromfile(raw, dtype=np.uint8)
+        raw = raws[cpu]
+        if cpu in datas:
+            data = datas[cpu]
             if len(data) % page_size:
                 if not salvage:
                     raise TracekitError(

@@ -6,9 +6,9 @@ flags) followed by records. A record starts with a 32-bit word: type_len (5 low 
 and time_delta (27 high bits). type_len 1..28 is an event of type_len*4 bytes; 0 is an
 event whose length is in the next word; 29 is padding, 30 a time extend, 31 an absolute
 time stamp. The records of one page form a chain (each one's position depends on the
-previous length), so this walks all pages at once: step k reads the k-th record of
-every page still active, with numpy. The Python loop runs (records per page) times,
-never once per event.
+previous length), so this walks many pages at once (PAGES_PER_WALK, to bound the
+memory of the walk): step k reads the k-th record of every page still active, with
+numpy. The Python loop runs (records per page) times per batch, never once per event.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class Records:
 
     ts: np.ndarray  # uint64 raw clock value of each event
     payload: np.ndarray  # int64 byte offset of each event's payload in the buffer
-    length: np.ndarray  # int64 payload length in bytes
-    page: np.ndarray  # int64 page index of each event
+    length: np.ndarray  # int32 payload length in bytes (an event fits in a page)
+    page: np.ndarray  # int32 page index of each event
     page_ts: np.ndarray  # uint64 timestamp of every page
     page_missed: np.ndarray  # bool: lost events before this page
     page_lost: np.ndarray  # int64: how many, -1 when the kernel did not store it
@@ -112,7 +112,7 @@ def decode_pages(
             raise ValueError(f"offset {base_offset + first * page_size}: {reason}")
         damage = Damage(base_offset + first * page_size, reason)
         ts, size, missed, lost = ts[:first], size[:first], missed[:first], lost[:first]
-    rec = _walk(_words(buf, endian), ts, size, hp, he, page_size)
+    rec = _walk_batches(_words(buf, endian), ts, size, hp, he, page_size)
     if rec.bad_page >= 0:
         if not salvage:
             raise ValueError(f"offset {base_offset + rec.bad_pos}: {rec.bad_reason}")
@@ -135,10 +135,44 @@ class _Walk:
     bad_pos: int = 0
     bad_reason: str = ""
 
+    ARRAYS = ("ts", "payload", "length", "page")
+
     def apply(self, keep: np.ndarray) -> None:
         """Keep only the records selected by a boolean mask."""
         self.ts, self.payload = self.ts[keep], self.payload[keep]
         self.length, self.page = self.length[keep], self.page[keep]
+
+
+# Pages walked together: bounds the walk's per-step arrays and its (pages x steps) grid
+# (about 20 bytes per record slot) to tens of MB however big the CPU's buffer is.
+PAGES_PER_WALK = 8192
+
+
+def _walk_batches(
+    words: np.ndarray,
+    page_ts: np.ndarray,
+    size: np.ndarray,
+    hp: HeaderPage,
+    he: HeaderEvent,
+    page_size: int,
+) -> _Walk:
+    """_walk over batches of pages, joined; stops after the first batch with a bad page."""
+    walks: list[_Walk] = []
+    for first in range(0, len(size), PAGES_PER_WALK):
+        last = first + PAGES_PER_WALK
+        w = _walk(words, page_ts[first:last], size[first:last], hp, he, page_size, first)
+        walks.append(w)
+        if w.bad_page >= 0:
+            break
+    if len(walks) == 1:
+        return walks[0]
+    if not walks:
+        return _assemble([], page_ts, -1, 0, "")
+    joined = _Walk(*(np.concatenate([getattr(w, k) for w in walks]) for k in _Walk.ARRAYS))
+    last_walk = walks[-1]
+    joined.bad_page, joined.bad_pos = last_walk.bad_page, last_walk.bad_pos
+    joined.bad_reason = last_walk.bad_reason
+    return joined
 
 
 def _walk(
@@ -148,24 +182,19 @@ def _walk(
     hp: HeaderPage,
     he: HeaderEvent,
     page_size: int,
+    first: int = 0,
 ) -> _Walk:
-    """Follow the record chains of all pages at once; returns data records in order."""
+    """Follow the record chains of pages first.. at once; returns data records in order."""
     n_pages = len(size)
     page = np.arange(n_pages, dtype=np.int64)
-    pos = page * page_size + hp.data_offset  # byte position of each page's next record
+    pos = (page + first) * page_size + hp.data_offset  # byte position of each page's next record
     end = pos + size
     active = pos < end
     page, pos, end = page[active], pos[active], end[active]
     steps: list[tuple[np.ndarray, ...]] = []
     bad_page, bad_pos, bad_reason = -1, 0, ""
-    delta_mask = np.uint64((1 << he.time_delta_bits) - 1)
     while len(page):
-        head = words[pos // 4].astype(np.uint64)
-        arg = words[np.minimum(pos // 4 + 1, len(words) - 1)].astype(np.uint64)
-        type_len = (head & np.uint64((1 << he.type_len_bits) - 1)).astype(np.int64)
-        delta = (head >> np.uint64(he.type_len_bits)) & delta_mask
-        nxt, payload, length, kind = _step(pos, type_len, delta, arg, end, he)
-        delta = np.where(kind > 0, (arg << np.uint64(TS_SHIFT)) | delta, delta)
+        nxt, payload, length, delta, kind, type_len = _records_at(words, pos, end, he)
         overrun = nxt > end
         if overrun.any():
             i = int(np.flatnonzero(overrun)[0])
@@ -176,7 +205,40 @@ def _walk(
         pos = nxt
         live = pos < end
         page, pos, end = page[live], pos[live], end[live]
-    return _assemble(steps, page_ts, bad_page, bad_pos, bad_reason)
+    walk = _assemble(steps, page_ts, bad_page, bad_pos, bad_reason)
+    walk.page += first
+    walk.bad_page += first if walk.bad_page >= 0 else 0
+    return walk
+
+
+def _records_at(
+    words: np.ndarray, pos: np.ndarray, end: np.ndarray, he: HeaderEvent
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """Next position, payload, length, time delta, kind (None: all events) and type_len
+    of the record at each position.
+
+    Most records are small events (type_len 1..28, length in the header word), so
+    those are computed for everyone and only the others (big events, padding, time
+    extends and stamps) go through _step, which also reads their second word.
+    """
+    head = words[pos >> 2]
+    type_len = (head & np.uint32((1 << he.type_len_bits) - 1)).astype(np.int64)
+    delta = (head >> np.uint32(he.type_len_bits)) & np.uint32((1 << he.time_delta_bits) - 1)
+    delta = delta.astype(np.uint64)
+    payload = pos + 4
+    length = type_len * 4
+    nxt = payload + length
+    odd = np.flatnonzero((type_len < 1) | (type_len > he.data_max_type_len))
+    if not len(odd):
+        return nxt, payload, length, delta, None, type_len
+    p_odd = pos[odd]
+    arg = words[np.minimum((p_odd >> 2) + 1, len(words) - 1)].astype(np.uint64)
+    o_nxt, o_payload, o_length, o_kind = _step(p_odd, type_len[odd], delta[odd], arg, end[odd], he)
+    nxt[odd], payload[odd], length[odd] = o_nxt, o_payload, o_length
+    delta[odd] = np.where(o_kind > 0, (arg << np.uint64(TS_SHIFT)) | delta[odd], delta[odd])
+    kind = np.zeros(len(pos), dtype=np.int64)
+    kind[odd] = o_kind
+    return nxt, payload, length, delta, kind, type_len
 
 
 def _step(
@@ -219,8 +281,11 @@ def _assemble(
 ) -> _Walk:
     """Order the records page by page and turn deltas into absolute timestamps."""
     if not steps:
-        empty = np.zeros(0, dtype=np.int64)
-        return _Walk(empty.astype(np.uint64), empty, empty, empty, bad_page, bad_pos, bad_reason)
+        empty = np.zeros(0, dtype=np.int32)
+        return _Walk(
+            empty.astype(np.uint64), empty.astype(np.int64), empty, empty,
+            bad_page, bad_pos, bad_reason,
+        )  # fmt: skip
     walk = _assemble_grid(steps, page_ts)
     walk.bad_page, walk.bad_pos, walk.bad_reason = bad_page, bad_pos, bad_reason
     return walk
@@ -239,9 +304,12 @@ def _assemble_grid(steps: list[tuple[np.ndarray, ...]], page_ts: np.ndarray) -> 
     length = np.zeros(shape, dtype=np.int32)
     stamps: list[tuple[int, np.ndarray, np.ndarray]] = []
     for k, (page, pay, ln, dl, kind) in enumerate(steps):
+        payload[page, k] = pay
+        if kind is None:  # only events in this step (see _records_at)
+            delta[page, k], length[page, k] = dl, ln
+            continue
         is_abs = kind == 2
         delta[page, k] = np.where(is_abs, np.uint64(0), dl)
-        payload[page, k] = pay
         length[page, k] = np.where(kind == 0, ln, 0)  # padding/extends are not events
         if is_abs.any():
             stamps.append((k, page[is_abs], dl[is_abs]))
@@ -253,5 +321,5 @@ def _assemble_grid(steps: list[tuple[np.ndarray, ...]], page_ts: np.ndarray) -> 
         target = value | (page_ts[pages] & TS_MSB_MASK)
         ts[pages, k:] += (target - ts[pages, k])[:, None]
     is_event = length > 0
-    page_of = np.nonzero(is_event)[0]
-    return _Walk(ts[is_event], payload[is_event], length[is_event].astype(np.int64), page_of)
+    page_of = np.nonzero(is_event)[0].astype(np.int32)
+    return _Walk(ts[is_event], payload[is_event], length[is_event], page_of)

@@ -7,7 +7,8 @@ both. The table schemas are the contract documented in docs/tables.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,23 @@ import numpy as np
 import polars as pl
 
 from tracekit.errors import TracekitError
-from tracekit.ingest.columns import (
-    Gatherer,
-    common_columns,
-    field_column,
-    has_standard_common,
-    standard_header,
+from tracekit.ingest import membuf
+from tracekit.ingest.bytype import (
+    Common,
+    CpuSpan,
+    Decoder,
+    release_cuts,
+    releaser,
+    typed_tables,
 )
-from tracekit.ingest.formats import EventFormat, FormatSet
+from tracekit.ingest.columns import Gatherer, standard_header
+from tracekit.ingest.formats import FormatSet
 from tracekit.ingest.ringbuf import Records, decode_pages
-from tracekit.ingest.symcols import Symbols, add_symbol_columns, load_symbols
+from tracekit.ingest.symcols import load_symbols
+
+# Rows decoded together; after each block the ring-buffer pages behind it are released
+# (bytype, membuf). A block of syscall events holds about 50 MB of ring buffer.
+ROWS_PER_BLOCK = 1 << 19
 
 LOST_SCHEMA = {
     "cpu": pl.Int32,
@@ -161,60 +169,87 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     """Decode all CPUs and build the events, per-event and lost tables.
 
     Address fields get `_sym` columns from `symbols` (a kallsyms copy or vmlinux), or
-    from the trace's own kallsyms copy when none is given.
+    from the trace's own kallsyms copy when none is given. `trace` is consumed: its
+    ring-buffer data and kallsyms text are dropped once decoded (peak memory).
     """
     syms = load_symbols(trace.kallsyms, symbols, trace.path)
+    trace.kallsyms = ""  # parsed into syms: megabytes of text nothing reads again
     parts = [(c, _decode_cpu(trace, c, salvage)) for c in trace.cpus]
     lost = _lost_table(trace, parts)
-    buf, ts, payload, length, cpu = _merge(parts)
-    del parts  # the per-CPU record arrays: peak memory matters on big traces
-    order = np.argsort(ts, kind="stable")  # ties: lower CPU first, then record order
-    # One array at a time, so only one old copy is alive at once (peak memory).
-    ts = ts[order]
-    payload = payload[order]
-    length = length[order].astype(np.int32)  # an event is shorter than a page
-    cpu = cpu[order]
-    del order
-    g = Gatherer(buf, payload, length, trace.endian)
-    header = standard_header(g) if len(payload) else None
-    if header is not None:
-        ids = header["common_type"]
-    else:
-        ids = g.ints(0, 2, False).astype(np.uint16) if len(payload) else np.zeros(0, np.uint16)
     meta = dict(trace.meta)
     meta.update(
         reader=trace.reader, clock=trace.clock, instance=trace.instance, symbols=syms.source,
         page_size=trace.page_size, cpus=[c.cpu for c in trace.cpus], skipped=trace.skipped,
         cpu_bytes=sum(len(c.data) for c in trace.cpus),
     )  # fmt: skip
-    del buf
-    events, by_event = _event_tables(trace, g, ids, ts, cpu, header, syms)
+    merged = _merge(parts)
+    del parts  # the per-CPU record arrays: peak memory matters on big traces
+    order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
+    after_block = releaser(
+        merged.buf, merged.spans, release_cuts(order, merged.payload, merged.spans, ROWS_PER_BLOCK)
+    )
+    merged.sort(order)
+    del order
+    g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
+    header = standard_header(g) if len(g.payload) else None
+    if header is not None:
+        ids = header["common_type"]
+    else:
+        ids = g.ints(0, 2, False).astype(np.uint16) if len(g.payload) else np.zeros(0, np.uint16)
+    dec = Decoder(trace.formats, trace.printk, trace.long_size, syms)
+    del syms  # dec holds it only until the typed tables are built
+    ts, cpu = merged.ts, merged.cpu
+    del merged
+    events, by_event = _event_tables(trace, dec, g, ids, ts, cpu, header, after_block)
     return Tables(events, by_event, lost, meta)
 
 
-def _merge(
-    parts: list[tuple[CpuData, Records]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One buffer and one set of record arrays for all CPUs (offsets rebased)."""
-    bufs, ts, payload, length, cpu = [], [], [], [], []
-    base = 0
-    for c, rec in parts:
-        bufs.append(c.data)
-        ts.append(rec.ts)
-        payload.append(rec.payload + base)
-        length.append(rec.length)
-        cpu.append(np.full(len(rec.ts), c.cpu, dtype=np.int32))
-        base += len(c.data)
-    if not parts:
-        z = np.zeros(0, dtype=np.int64)
-        return np.zeros(0, np.uint8), z.astype(np.uint64), z, z, z.astype(np.int32)
-    buf = _contiguous(bufs)
-    if buf is None:
-        buf = np.concatenate(bufs)
-    return (
-        buf, np.concatenate(ts), np.concatenate(payload), np.concatenate(length),
-        np.concatenate(cpu),
+@dataclass
+class _Merged:
+    """All CPUs' records in buffer order (CPU by CPU), offsets into one buffer."""
+
+    buf: np.ndarray
+    ts: np.ndarray  # uint64 raw clock
+    payload: np.ndarray  # int32 (int64 when the buffer is 2 GiB or more)
+    length: np.ndarray  # int32: an event is shorter than a page
+    cpu: np.ndarray  # int32
+    spans: list[CpuSpan]
+
+    def sort(self, order: np.ndarray) -> None:
+        """Put the records in time order; one array at a time, so only one old copy is
+        alive at once (peak memory)."""
+        self.ts = self.ts[order]
+        self.payload = self.payload[order]
+        self.length = self.length[order]
+        self.cpu = self.cpu[order]
+
+
+def _merge(parts: list[tuple[CpuData, Records]]) -> _Merged:
+    """One buffer and one set of record arrays for all CPUs (offsets rebased).
+
+    The merged arrays are filled CPU by CPU and each CPU's own arrays are dropped once
+    copied, so the records are never all there twice.
+    """
+    total = sum(len(c.data) for c, _ in parts)
+    n = sum(len(rec.ts) for _, rec in parts)
+    m = _Merged(
+        np.zeros(0, np.uint8), np.empty(n, np.uint64),
+        np.empty(n, np.int32 if total < 2**31 else np.int64), np.empty(n, np.int32),
+        np.empty(n, np.int32), [],
     )  # fmt: skip
+    base = at = 0
+    for c, rec in parts:
+        end = at + len(rec.ts)
+        m.ts[at:end], m.payload[at:end] = rec.ts, rec.payload + base
+        m.length[at:end], m.cpu[at:end] = rec.length, c.cpu
+        rec.ts = rec.payload = rec.length = rec.page = np.zeros(0, np.int64)
+        m.spans.append(CpuSpan(at, end, base, base + len(c.data)))
+        base, at = base + len(c.data), end
+    bufs = [c.data for c, _ in parts]
+    if bufs:
+        joined = _contiguous(bufs)
+        m.buf = np.concatenate(bufs) if joined is None else joined
+    return m
 
 
 def _contiguous(bufs: list[np.ndarray]) -> np.ndarray | None:
@@ -233,98 +268,38 @@ def _contiguous(bufs: list[np.ndarray]) -> np.ndarray | None:
     return whole[start : start + sum(len(b) for b in bufs)]
 
 
-def _table_name(fmt: EventFormat, names: dict[str, int]) -> str:
-    """The per-event table name: the event name, qualified by system when ambiguous."""
-    return fmt.name if names.get(fmt.name, 0) <= 1 else f"{fmt.system}:{fmt.name}"
-
-
-@dataclass
-class _Common:
-    """Per-event arrays shared by the events table and every typed table (row order)."""
-
-    ts: np.ndarray  # int64 ns
-    cpu: np.ndarray
-    pid: np.ndarray
-    flags: np.ndarray
-    preempt: np.ndarray
-
-
 def _event_tables(
     trace: BinaryTrace,
+    dec: Decoder,
     g: Gatherer,
     ids: np.ndarray,
     raw_ts: np.ndarray,
     cpu: np.ndarray,
     header: dict[str, np.ndarray] | None,
-    syms: Symbols,
+    after_block: Callable[[int], None],
 ) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     """The events table and one typed table per event type present."""
     n = len(ids)
     raw_ts += np.uint64(trace.ts_offset & 0xFFFFFFFFFFFFFFFF)  # in place: no second copy
     ts = raw_ts.view(np.int64)
     if header is not None:
-        c = _Common(ts, cpu, header["common_pid"], header["common_flags"],
-                    header["common_preempt_count"])  # fmt: skip
+        c = Common(ts, cpu, header["common_pid"], header["common_flags"],
+                   header["common_preempt_count"])  # fmt: skip
     else:
-        c = _Common(ts, cpu, np.zeros(n, np.int32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))
-    by_event, id_name = _typed_tables(trace, g, ids, c, header is not None, syms)
-    # Every field is decoded: free the ring-buffer bytes before the events table.
-    g.buf = np.zeros(0, np.uint8)
+        c = Common(ts, cpu, np.zeros(n, np.int32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))
+    by_event, id_name = typed_tables(
+        dec, g, ids, c, header is not None, after_block, ROWS_PER_BLOCK
+    )
+    # Every field is decoded: free the ring-buffer bytes, offsets and symbol index before
+    # the events table (the last big allocation: peak memory is reached there).
+    g.buf = g.payload = g.length = np.zeros(0, np.uint8)
+    dec.symbols = replace(dec.symbols, table=None)
     for cpu_data in trace.cpus:
         cpu_data.data = cpu_data.data[:0]
-    return _events_frame(trace, ids, c, id_name), by_event
-
-
-def _typed_tables(
-    trace: BinaryTrace,
-    g: Gatherer,
-    ids: np.ndarray,
-    c: _Common,
-    have_header: bool,
-    syms: Symbols,
-) -> tuple[dict[str, pl.DataFrame], dict[int, tuple[str, str]]]:
-    """One typed table per event id present, and each id's (table name, system).
-
-    Also fills the common arrays for formats whose common fields are not the standard
-    8-byte header (have_header=False or an unusual layout).
-    """
-    names: dict[str, int] = {}
-    for f_name in trace.formats.names.values():
-        names[f_name] = names.get(f_name, 0) + 1
-    by_event: dict[str, pl.DataFrame] = {}
-    id_name: dict[int, tuple[str, str]] = {}
-    # Rows grouped by event id, in row order. Ids are 16-bit (common_type): as uint16,
-    # numpy's stable sort is a radix sort, several times faster than on int64.
-    by_id = np.argsort(ids.astype(np.uint16), kind="stable")
-    uniq, starts = _runs(ids[by_id])
-    for ev_id, lo, hi in zip(uniq, starts, [*starts[1:], len(ids)], strict=True):
-        idx = by_id[lo:hi]
-        fmt = trace.formats.get(int(ev_id))
-        if fmt is None:  # kept, never dropped: the summary shows unknown ids
-            id_name[int(ev_id)] = (f"unknown_id_{int(ev_id)}", "")
-            continue
-        sub = Gatherer(g.buf, g.payload[idx], g.length[idx], g.endian)
-        if not have_header or not has_standard_common(fmt):
-            common = common_columns(sub, fmt)
-            c.flags[idx] = common.get("common_flags", 0)
-            c.preempt[idx] = common.get("common_preempt_count", 0)
-            c.pid[idx] = common.get("common_pid", 0)
-        name = _table_name(fmt, names)
-        id_name[int(ev_id)] = (name, fmt.system)
-        head = {"row": idx.astype(np.int64, copy=False), "ts": c.ts[idx], "cpu": c.cpu[idx]}
-        head["common_pid"] = c.pid[idx]
-        cols = [field_column(sub, s, trace.printk, trace.long_size) for s in fmt.own]
-        cols = add_symbol_columns(cols, fmt.own, syms, trace.long_size)
-        by_event[name] = pl.DataFrame(head).with_columns(_unique_names(cols, set(head)))
-    return by_event, id_name
-
-
-def _runs(grouped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of an array of equal runs, and where each run starts."""
-    if not len(grouped):
-        return grouped, np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
-    return grouped[starts], starts
+    membuf.trim()
+    events = _events_frame(trace, ids, c, id_name)
+    membuf.trim()
+    return events, by_event
 
 
 # Small non-negative keys (pids up to pid_max, 16-bit event ids) use a lookup table.
@@ -347,40 +322,29 @@ def _codes(values: np.ndarray) -> tuple[list[int], pl.Series]:
 
 
 def _events_frame(
-    trace: BinaryTrace, ids: np.ndarray, c: _Common, id_name: dict[int, tuple[str, str]]
+    trace: BinaryTrace, ids: np.ndarray, c: Common, id_name: dict[int, tuple[str, str]]
 ) -> pl.DataFrame:
     """The events table; comm/tgid/event/system are gathered from small per-pid and
     per-id columns, so no string is built per event."""
     events = pl.DataFrame(
         {"row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu, "pid": c.pid}
     )
+    # One lookup at a time: each per-row index array is freed before the next is made.
     pids, pid_at = _codes(c.pid)
     comms = {**trace.cmdlines, 0: "<idle>"}
-    uniq, id_at = _codes(ids)
     comm = pl.Series([comms.get(int(p)) for p in pids], dtype=pl.Categorical)
     tgid = pl.Series([trace.tgids.get(int(p)) for p in pids], dtype=pl.Int32)
+    events = events.with_columns(tgid=tgid.gather(pid_at), comm=comm.gather(pid_at))
+    del pid_at
+    uniq, id_at = _codes(ids)
     event = pl.Series([id_name[int(i)][0] for i in uniq], dtype=pl.Categorical)
     system = pl.Series([id_name[int(i)][1] for i in uniq], dtype=pl.Categorical)
+    events = events.with_columns(event=event.gather(id_at), system=system.gather(id_at))
+    del id_at
     return events.with_columns(
-        tgid=tgid.gather(pid_at),
-        comm=comm.gather(pid_at),
-        event=event.gather(id_at),
-        system=system.gather(id_at),
         flags=pl.Series(c.flags, dtype=pl.UInt8),
         preempt_count=pl.Series(c.preempt, dtype=pl.UInt8),
     )
-
-
-def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
-    """Rename fields that clash with the key columns (or, if corrupt, with each other)."""
-    out = []
-    for col in cols:
-        name = col.name if col.name not in taken else f"field_{col.name}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        out.append(col.alias(name))
-    return out
 
 
 def _lost_table(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> pl.DataFrame:

@@ -14,12 +14,14 @@ import contextlib
 import mmap
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tracekit.errors import TracekitError
+from tracekit.ingest import membuf
 from tracekit.ingest.formats import FormatSet, parse_header_event, parse_header_page
 from tracekit.ingest.tables import BinaryTrace, CpuData, parse_cmdlines, parse_printk, parse_stats
 
@@ -116,6 +118,7 @@ class TraceDat:
         self.meta: dict[str, object] = {}
         self.ts_offset = 0
         self.n_cpus = 0
+        self._zstd: object | None = None  # one decompression context for every chunk
 
     @property
     def reader(self) -> str:
@@ -238,19 +241,21 @@ class TraceDat:
         """One compressed block: u32 compressed size, u32 uncompressed size, data."""
         csize, usize = cur.uint(4), cur.uint(4)
         at = cur.offset
-        out = self._decompress(bytes(cur.take(csize)), at)
+        out = self._decompress(cur.take(csize), at)
         if len(out) != usize:
             raise Truncated(f"block at offset {at} gave {len(out)} bytes, header says {usize}")
         return out
 
-    def _decompress(self, data: bytes, at: int) -> bytes:
+    def _decompress(self, data: bytes | memoryview, at: int) -> bytes:
         """Decompress with the file's algorithm, naming the offset on failure."""
         try:
             if self.compression == "zlib":
                 return zlib.decompress(data)
-            import zstandard
+            if self._zstd is None:
+                import zstandard
 
-            return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+                self._zstd = zstandard.ZstdDecompressor()
+            return self._zstd.decompressobj().decompress(data)  # type: ignore[attr-defined]
         except Exception as err:  # the libraries raise their own error types
             raise Truncated(f"{self.compression} data at offset {at} is corrupt: {err}") from None
 
@@ -362,34 +367,60 @@ class TraceDat:
         return out
 
     def _decompress_cpus(self, buf: _Buffer) -> list[CpuData]:
-        """All CPUs' chunks decompressed into one array (no joins, no merge copy later)."""
-        plan: list[tuple[int, int, list[tuple[int, int, int]]]] = []  # cpu, offset, chunks
-        total = 0
-        for cpu, offset, size in buf.cpus:
-            if size == 0:
-                continue
-            cur = Cursor(self.raw[offset:], self.endian, offset)
-            chunks = []
-            for _ in range(cur.uint(4)):
-                csize, usize = cur.uint(4), cur.uint(4)
-                chunks.append((cur.offset, csize, usize))
-                cur.take(csize)
-                total += usize
-            plan.append((cpu, offset, chunks))
-        out = np.empty(total, dtype=np.uint8)
+        """All CPUs' chunks decompressed into one releasable array (see membuf).
+
+        Chunks are small (trace-cmd writes about ten pages each), so each is inflated
+        to bytes and copied in place: one chunk of transient memory, no joins.
+        """
+        plan = [(cpu, offset, self._chunk_plan(offset)) for cpu, offset, size in buf.cpus if size]
+        out = membuf.alloc(sum(usize for *_, chunks in plan for _, _, usize in chunks))
+        view = memoryview(out)
+        inflate = self._inflater()
         pos = 0
         cpus = []
         for cpu, offset, chunks in plan:
             start = pos
             for at, csize, usize in chunks:
-                data = self._decompress(bytes(self.raw[at : at + csize]), at)
+                try:
+                    data = inflate(self.raw[at : at + csize], usize)
+                except Exception as err:  # the libraries raise their own error types
+                    raise Truncated(
+                        f"{self.compression} data at offset {at} is corrupt: {err}"
+                    ) from None
                 if len(data) != usize:
                     raise Truncated(f"block at offset {at} gave {len(data)} bytes, not {usize}")
-                out[pos : pos + usize] = np.frombuffer(data, dtype=np.uint8)
+                view[pos : pos + usize] = data
                 pos += usize
             where = f"{self.path} (instance {buf.name or 'top'}, CPU {cpu} data at {offset})"
             cpus.append(CpuData(cpu, out[start:pos], 0, where))
         return cpus
+
+    def _chunk_plan(self, offset: int) -> list[tuple[int, int, int]]:
+        """(file offset, compressed size, size) of each chunk of one CPU's data."""
+        head = struct.Struct(self.endian + "II")
+        if offset + 4 > len(self.raw):
+            raise Truncated(f"need 4 bytes at offset {offset}")
+        (count,) = struct.unpack_from(self.endian + "I", self.raw, offset)
+        at = offset + 4
+        chunks = []
+        for _ in range(count):
+            if at + 8 > len(self.raw):
+                raise Truncated(f"need 8 bytes at offset {at}")
+            csize, usize = head.unpack_from(self.raw, at)
+            if at + 8 + csize > len(self.raw):
+                raise Truncated(f"need {csize} bytes at offset {at + 8}")
+            chunks.append((at + 8, csize, usize))
+            at += 8 + csize
+        return chunks
+
+    def _inflater(self) -> Callable[[memoryview, int], bytes]:
+        """The file's decompression as f(chunk, expected size), with one reused context."""
+        if self.compression == "zlib":
+            return lambda data, _size: zlib.decompress(data)
+        import zstandard
+
+        dctx = zstandard.ZstdDecompressor()
+        return lambda data, size: dctx.decompress(data, max_output_size=size)
 
     def _cpu_bytes(self, offset: int, size: int) -> np.ndarray:
         """One CPU's pages: a zero-copy view, or the decompressed chunks."""

@@ -1,0 +1,91 @@
+"""Block-wise binary decoding (ringbuf page batches, bytype row blocks, membuf release).
+
+The decoder walks pages in batches and builds the typed tables a block of rows at a
+time, releasing the ring-buffer pages behind each block. Shrinking both to a few pages
+and a few rows must not change a single value: released bytes read back as zeros, so
+releasing a page still needed would show up here as a changed field.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+import tracekit
+from tracekit.ingest import membuf, ringbuf, tables
+from tracekit.ingest.formats import HeaderEvent, HeaderPage
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
+BINARY = ["small.v7zstd.dat", "small.v6.dat", "overrun.v7zstd.dat", "rawcap",
+          "vhost/graph.rawcap", "vhost/kprobe.rawcap"]  # fmt: skip
+
+
+def _frames(path: Path) -> dict[str, pl.DataFrame]:
+    """Every table of a trace, by name."""
+    t = tracekit.open(path, use_cache=False)
+    out = {"events": t.events, "lost": t.lost}
+    out.update({f"event:{n}": t.event(n) for n in t.event_names})
+    return out
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_tiny_blocks_and_batches_change_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One page per walk and 7 rows per block give the same tables as the defaults."""
+    whole = _frames(FIXTURES / name)
+    monkeypatch.setattr(ringbuf, "PAGES_PER_WALK", 1)
+    monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    blocks = _frames(FIXTURES / name)
+    assert whole.keys() == blocks.keys()
+    assert whole["events"].height > 7  # several blocks really ran
+    for key, frame in whole.items():
+        assert blocks[key].schema == frame.schema, key
+        assert_frame_equal(blocks[key], frame, categorical_as_str=True)
+
+
+def test_release_drops_whole_pages_inside_the_range_only() -> None:
+    """Pages wholly inside [start, stop) read back as zeros; partial pages are kept."""
+    page = membuf.PAGE
+    buf = membuf.alloc(4 * page)
+    buf[:] = 7
+    dropped = membuf.release(buf, page // 2, 3 * page + 1)
+    assert dropped == 2 * page
+    assert (buf[:page] == 7).all() and (buf[3 * page :] == 7).all()
+    assert (buf[page : 3 * page] == 0).all()
+
+
+def test_release_leaves_ordinary_arrays_alone() -> None:
+    """An array membuf did not map is never touched (nothing to hand back)."""
+    plain = np.full(4 * membuf.PAGE, 7, dtype=np.uint8)
+    assert membuf.release(plain, 0, len(plain)) == 0
+    assert (plain == 7).all()
+
+
+def test_release_works_through_views() -> None:
+    """A slice of a mapped buffer releases the right pages of the whole mapping."""
+    page = membuf.PAGE
+    whole = membuf.alloc(4 * page)
+    whole[:] = 1
+    view = whole[page:]
+    assert membuf.release(view, 0, page) == page
+    assert (whole[page : 2 * page] == 0).all() and (whole[2 * page :] == 1).all()
+    assert (whole[:page] == 1).all()
+
+
+def test_bad_page_in_a_later_batch_stops_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One page per walk: damage on page 2 keeps pages 0-1, names page 2's offset."""
+    monkeypatch.setattr(ringbuf, "PAGES_PER_WALK", 1)
+    hp, he = HeaderPage(), HeaderEvent()
+    good = struct.pack("<I", (5 << 5) | 2) + struct.pack("<HHI", 7, 0, 1)  # 8-byte event
+    pages = [struct.pack("<QQ", 10 * (p + 1), len(good)) + good for p in range(2)]
+    pages.append(struct.pack("<QQ", 30, 8) + struct.pack("<II", 0, 4000))  # runs past commit
+    buf = np.frombuffer(b"".join(p.ljust(hp.page_size, b"\0") for p in pages), np.uint8)
+    with pytest.raises(ValueError, match=f"offset {2 * hp.page_size + 16}: record"):
+        ringbuf.decode_pages(buf, hp, he, page_size=hp.page_size)
+    rec = ringbuf.decode_pages(buf, hp, he, page_size=hp.page_size, salvage=True)
+    assert rec.page.tolist() == [0, 1] and rec.ts.tolist() == [15, 25]
+    assert rec.damage is not None and rec.damage.offset == 2 * hp.page_size + 16

@@ -1,0 +1,194 @@
+"""The per-event-type tables of a binary trace, built a block of rows at a time.
+
+Rows are in time order; each CPU's pages are in time order too, so decoding rows block
+by block walks every CPU's ring-buffer data from its start to its end. After each block
+the pages behind it are released (membuf): the ring buffer shrinks while the tables
+grow, instead of both being whole at once (peak memory on big traces). Within a block
+the rows are grouped by event id, so each field is still read for thousands of events at
+once with numpy; the blocks of a table are joined without copying (one polars chunk each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.ingest import membuf
+from tracekit.ingest.columns import (
+    Gatherer,
+    common_columns,
+    field_column,
+    fixed_span,
+    has_standard_common,
+)
+from tracekit.ingest.formats import EventFormat, FormatSet
+from tracekit.ingest.symcols import Symbols, add_symbol_columns
+
+
+@dataclass
+class Common:
+    """Per-event arrays shared by the events table and every typed table (row order)."""
+
+    ts: np.ndarray  # int64 ns
+    cpu: np.ndarray
+    pid: np.ndarray
+    flags: np.ndarray
+    preempt: np.ndarray
+
+
+@dataclass
+class Decoder:
+    """What decoding fields needs besides the rows: formats, strings, symbols."""
+
+    formats: FormatSet
+    printk: dict[int, str]
+    long_size: int
+    symbols: Symbols
+
+
+@dataclass
+class CpuSpan:
+    """Where one CPU's records and bytes are in the merged (buffer-order) arrays."""
+
+    first_event: int
+    end_event: int
+    first_byte: int
+    end_byte: int
+
+
+def release_cuts(
+    order: np.ndarray, payload: np.ndarray, spans: list[CpuSpan], rows_per_block: int
+) -> np.ndarray:
+    """(blocks x CPUs) byte offsets: once block k is decoded, CPU c's bytes before
+    cuts[k, c] are never read again.
+
+    `order` sorts the buffer-order records by time. A CPU's byte is done once every
+    record of that CPU up to it has a row in a finished block: a running maximum of
+    the records' rows, searched for each block's end.
+    """
+    n = len(order)
+    rank = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+    rank[order] = np.arange(n, dtype=rank.dtype)
+    ends = np.minimum(np.arange(1, -(-n // rows_per_block) + 1) * rows_per_block, n)
+    cuts = np.zeros((len(ends), len(spans)), dtype=np.int64)
+    for c, s in enumerate(spans):
+        if s.end_event == s.first_event:
+            cuts[:, c] = s.end_byte
+            continue
+        done_upto = np.maximum.accumulate(rank[s.first_event : s.end_event])
+        first_open = np.searchsorted(done_upto, ends, side="left")  # records before it are done
+        open_at = payload[s.first_event + np.minimum(first_open, len(done_upto) - 1)]
+        cuts[:, c] = np.where(first_open < len(done_upto), open_at, s.end_byte)
+    return cuts
+
+
+def table_names(formats: FormatSet) -> dict[str, int]:
+    """How many formats share each event name (names used twice get their system)."""
+    names: dict[str, int] = {}
+    for f_name in formats.names.values():
+        names[f_name] = names.get(f_name, 0) + 1
+    return names
+
+
+def table_name(fmt: EventFormat, names: dict[str, int]) -> str:
+    """The per-event table name: the event name, qualified by system when ambiguous."""
+    return fmt.name if names.get(fmt.name, 0) <= 1 else f"{fmt.system}:{fmt.name}"
+
+
+def typed_tables(
+    dec: Decoder,
+    g: Gatherer,
+    ids: np.ndarray,
+    c: Common,
+    have_header: bool,
+    after_block: Callable[[int], None],
+    rows_per_block: int,
+) -> tuple[dict[str, pl.DataFrame], dict[int, tuple[str, str]]]:
+    """One typed table per event id present, and each id's (table name, system).
+
+    Also fills the common arrays for formats whose common fields are not the standard
+    8-byte header (have_header=False or an unusual layout). after_block(k) is called
+    when block k's rows are decoded (to release the bytes behind them).
+    """
+    names = table_names(dec.formats)
+    pieces: dict[int, list[pl.DataFrame]] = {}
+    id_name: dict[int, tuple[str, str]] = {}
+    for k, lo in enumerate(range(0, len(ids), rows_per_block)):
+        block = ids[lo : lo + rows_per_block]
+        # Ids are 16-bit: as uint16, numpy's stable sort is a radix sort.
+        by_id = np.argsort(block.astype(np.uint16, copy=False), kind="stable")
+        uniq, starts = _runs(block[by_id])
+        by_id += lo
+        for ev_id, a, b in zip(uniq.tolist(), starts, [*starts[1:], len(block)], strict=True):
+            fmt = dec.formats.get(ev_id)
+            if fmt is None:  # kept, never dropped: the summary shows unknown ids
+                id_name[ev_id] = (f"unknown_id_{ev_id}", "")
+                continue
+            id_name[ev_id] = (table_name(fmt, names), fmt.system)
+            piece = _piece(dec, g, fmt, by_id[a:b], c, have_header)
+            pieces.setdefault(ev_id, []).append(piece)
+        after_block(k)
+    by_event = {
+        id_name[i][0]: pl.concat(pieces[i], rechunk=False) if len(pieces[i]) > 1 else pieces[i][0]
+        for i in sorted(pieces)
+    }
+    return by_event, id_name
+
+
+def _piece(
+    dec: Decoder, g: Gatherer, fmt: EventFormat, idx: np.ndarray, c: Common, have_header: bool
+) -> pl.DataFrame:
+    """The rows `idx` (all of one event type) of that type's table."""
+    sub = Gatherer(g.buf, g.payload[idx], g.length[idx], g.endian)
+    if not have_header or not has_standard_common(fmt):
+        common = common_columns(sub, fmt)
+        c.flags[idx] = common.get("common_flags", 0)
+        c.preempt[idx] = common.get("common_preempt_count", 0)
+        c.pid[idx] = common.get("common_pid", 0)
+    span = fixed_span(fmt)
+    if span is not None:
+        sub.prefetch(*span)
+    head = [
+        pl.Series("row", idx.astype(np.int64, copy=False)), pl.Series("ts", c.ts[idx]),
+        pl.Series("cpu", c.cpu[idx]), pl.Series("common_pid", c.pid[idx]),
+    ]  # fmt: skip
+    cols = [field_column(sub, s, dec.printk, dec.long_size) for s in fmt.own]
+    cols = add_symbol_columns(cols, fmt.own, dec.symbols, dec.long_size)
+    sub.fixed = None  # the prefetched words: not needed once the columns exist
+    # Built from Series directly: with_columns would go through a lazy query per piece.
+    return pl.DataFrame([*head, *_unique_names(cols, {s.name for s in head})])
+
+
+def _runs(grouped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of an array of equal runs, and where each run starts."""
+    if not len(grouped):
+        return grouped, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    return grouped[starts], starts
+
+
+def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
+    """Rename fields that clash with the key columns (or, if corrupt, with each other)."""
+    out = []
+    for col in cols:
+        name = col.name if col.name not in taken else f"field_{col.name}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        out.append(col.alias(name))
+    return out
+
+
+def releaser(buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray) -> Callable[[int], None]:
+    """after_block for typed_tables: release each CPU's bytes up to its cut."""
+
+    def after_block(k: int) -> None:
+        """Drop the bytes block k finished with (from the CPU's start: membuf rounds
+        inwards to whole pages, so a page cut at the last block's end goes now)."""
+        for c, s in enumerate(spans):
+            membuf.release(buf, s.first_byte, int(cuts[k, c]))
+
+    return after_block

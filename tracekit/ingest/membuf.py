@@ -1,0 +1,75 @@
+"""Byte buffers whose pages can be handed back to the OS while the rest is still in use.
+
+The ring-buffer data of a big trace is as large as the tables decoded from it. The
+per-event tables are built in row order, which walks every CPU's pages from the start to
+the end, so the pages behind the last row decoded are no longer needed: `release` drops
+them (madvise MADV_DONTNEED) instead of keeping the whole buffer alive until the end.
+That only works for memory we map ourselves (anonymous or file mappings); for any other
+array `release` does nothing, which is always correct, only less frugal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+
+
+def alloc(nbytes: int) -> np.ndarray:
+    """A writable uint8 array of nbytes backed by an anonymous mapping (releasable)."""
+    if nbytes <= 0:
+        return np.zeros(0, dtype=np.uint8)
+    if not hasattr(mmap, "MAP_PRIVATE"):  # not a POSIX system: an ordinary array
+        return np.empty(nbytes, dtype=np.uint8)
+    # Private: MADV_DONTNEED then frees the pages (on a shared mapping they would stay
+    # allocated in shmem, only unmapped from this process). Populated: every page is
+    # written anyway, and one bulk fault costs less system time than one per page.
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    mapping = mmap.mmap(-1, nbytes, flags=flags)
+    return np.frombuffer(mapping, dtype=np.uint8)
+
+
+def _mapping(arr: np.ndarray) -> mmap.mmap | None:
+    """The mmap an array's memory belongs to, or None (numpy collapses view chains)."""
+    base = arr.base
+    if isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def release(arr: np.ndarray, start: int, stop: int) -> int:
+    """Drop the whole pages of arr[start:stop] from memory; returns the bytes dropped.
+
+    The caller promises never to read those bytes again: an anonymous mapping reads
+    back as zeros afterwards.
+    """
+    mm = _mapping(arr)
+    if mm is None or stop <= start or not hasattr(mm, "madvise"):
+        return 0
+    origin = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+    first = arr.ctypes.data - origin + max(start, 0)
+    last = arr.ctypes.data - origin + min(stop, len(arr))
+    first = -(-first // PAGE) * PAGE  # round inwards: never touch a page still in use
+    last = last // PAGE * PAGE
+    if last <= first:
+        return 0
+    mm.madvise(mmap.MADV_DONTNEED, first, last - first)
+    return last - first
+
+
+def trim() -> None:
+    """Hand the C heap's free memory back to the OS (glibc only; elsewhere a no-op).
+
+    numpy's temporaries of a few MB come from the heap, and glibc keeps what they leave
+    behind; after a big decode that is tens of MB of peak memory nobody uses.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
