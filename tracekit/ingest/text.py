@@ -53,6 +53,10 @@ def typed_tables(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     used = events.select("row", "ts", "cpu", "pid", "event", "fields")  # gather no more
     for (name,), group in used.group_by("event", maintain_order=True):
         head = group.select("row", "ts", "cpu", common_pid="pid")
+        printed = _print_columns(group["fields"]) if name == "print" else []
+        if printed:  # a message's words are not fields
+            out["print"] = head.with_columns(*printed, fields=group["fields"])
+            continue
         keys = group["fields"].head(1).str.extract_all(KEY_RE).explode().drop_nulls()
         cols = []
         for key in dict.fromkeys(k.strip().rstrip("=") for k in keys.to_list()):
@@ -64,6 +68,19 @@ def typed_tables(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
         out[str(name)] = head.with_columns(*_probe_site(group["fields"]), *cols,
                                            fields=group["fields"])  # fmt: skip
     return out
+
+
+# ftrace's `print` event (trace markers, trace_printk) as `trace-cmd report` shows it:
+# the caller's symbol, then the message (the binary reader's ip_sym and buf).
+PRINT_RE = r"^(?<ip_sym>[\w.$]+): (?<buf>.*)$"
+
+
+def _print_columns(fields: pl.Series) -> list[pl.Series]:
+    """ip_sym and buf of `print` lines; none unless every line has that shape."""
+    parts = fields.str.extract_groups(PRINT_RE)
+    if parts.struct.field("buf").null_count():
+        return []
+    return [parts.struct.field("ip_sym"), parts.struct.field("buf")]
 
 
 # A kprobe's `(sym+0xoff/0xsize)`, a kretprobe's `(caller+0xoff/0xsize <- func)`.
