@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from ringbuf_decoder import decoded_events
+from tracefs_recording import recording_instance
 
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import CleanupStack
@@ -32,11 +33,9 @@ def test_raw_capture_holds_the_events_markers_and_metadata(
     capture_dir = tmp_path / "capture"
     markers = [f"tracekit-test-marker-{n:04d}" for n in range(300)]
     with CleanupStack() as stack:
-        instance = Instance.create(Tracefs.open(stack))
-        instance.set_buffer_size_kb(1024)
-        instance.set_trace_clock()
-        instance.record_task_names()
-        instance.enable_events(["sched/sched_switch", "sched/sched_waking", "irq"])
+        instance = recording_instance(
+            stack, 1024, ["sched/sched_switch", "sched/sched_waking", "irq"]
+        )
         capture = RawCapture(instance, capture_dir)
         capture.start()
         assert json.loads((capture_dir / "capture.json").read_text())["complete"] is False

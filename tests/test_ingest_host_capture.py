@@ -10,12 +10,11 @@ import subprocess
 from pathlib import Path
 
 import polars as pl
+from tracefs_recording import recording_instance
 
 import tracekit
 from tracekit.host.cleanup import CleanupStack
-from tracekit.host.instance import Instance
 from tracekit.host.rawcapture import RawCapture
-from tracekit.host.tracefs import Tracefs
 
 pytest_plugins = ["host_tracefs_support"]
 
@@ -28,11 +27,9 @@ def test_host_capture_decodes_with_every_marker(
     capture_dir = tmp_path / "capture"
     markers = [f"tracekit-ingest-marker-{n:04d}" for n in range(400)]
     with CleanupStack() as stack:
-        instance = Instance.create(Tracefs.open(stack))
-        instance.set_buffer_size_kb(1024)
-        instance.set_trace_clock()
-        instance.record_task_names()
-        instance.enable_events(["sched/sched_switch", "sched/sched_process_exec"])
+        instance = recording_instance(
+            stack, 1024, ["sched/sched_switch", "sched/sched_process_exec"]
+        )
         capture = RawCapture(instance, capture_dir, kallsyms=False)
         capture.start()
         instance.start()

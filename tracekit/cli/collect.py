@@ -69,6 +69,14 @@ def _int_list(text: str | None, option: str) -> list[int]:
     is_flag=True,
     help="Follow the TLB-flush/teardown paths (function_graph on 6.11+, else kprobes).",
 )
+@click.option(
+    "--capture",
+    default="raw",
+    show_default=True,
+    type=click.Choice(["raw", "trace-cmd"]),
+    help="How traced runs are read out: tracekit's raw capture (runs/<run>/trace) or "
+    "`trace-cmd extract` of the same instance (runs/<run>/trace.dat).",
+)
 @click.option("--events", multiple=True, help="Extra events (system/event), repeatable.")
 @click.option("--kprobe", multiple=True, help="Extra kprobe definition, repeatable.")
 @click.option("--perf-counters", is_flag=True, help="Record perf stat per CPU.")
@@ -106,6 +114,7 @@ def collect(
     tlbi_count: int | None,
     vm_budget: int | None,
     function_graph: bool,
+    capture: str,
     events: tuple[str, ...],
     kprobe: tuple[str, ...],
     perf_counters: bool,
@@ -144,6 +153,7 @@ def collect(
         probe_args=probe_args,
         rollover_max_vms=rollover_max_vms,
         function_graph=function_graph,
+        capture=capture,
         ipa_bits=_int_list(ipa_bits, "--ipa-bits"),
         vcpus=_int_list(vcpus, "--vcpus"),
         touch_kb=_int_list(touch_kb, "--touch-kb"),

@@ -23,6 +23,7 @@ from tracekit.errors import TracekitError
 from tracekit.guests import GuestVariant, read_variant
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
+from tracekit.host.capture import Capture, capture_record, check_capture, new_capture
 from tracekit.host.cleanup import CleanupStack, Interrupted
 from tracekit.host.facts import (
     check_freshness,
@@ -32,7 +33,12 @@ from tracekit.host.facts import (
     online_cpus,
 )
 from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
-from tracekit.host.guestruns import BackgroundGuest, BudgetOutcome, wait_within_budget
+from tracekit.host.guestruns import (
+    BackgroundGuest,
+    BudgetOutcome,
+    stopped_in_order,
+    wait_within_budget,
+)
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
@@ -45,7 +51,6 @@ from tracekit.host.protocol import (
     plan_runs,
     scenario_named,
 )
-from tracekit.host.rawcapture import RawCapture
 from tracekit.host.tracefs import Tracefs, require_root
 
 # Slack on top of a run's duration before a tool that did not stop is an error.
@@ -88,6 +93,7 @@ class CollectOptions:
     probe_args: Path | None = None  # `tracekit symbols probe-args` output
     rollover_max_vms: int = 70000  # 16-bit VMIDs roll over after 65535 VMs
     function_graph: bool = False
+    capture: str = "raw"  # one of CAPTURES
     # Scenario parameters; empty or None: the scenario's default.
     ipa_bits: list[int] = field(default_factory=list)
     vcpus: list[int] = field(default_factory=list)
@@ -117,6 +123,7 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
     scenario = scenario_named(options.scenario)
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
+    check_capture(options.capture, options.after_guest)
     roles = Roles(options.rt_cpu, tuple(options.stress_cpus), tuple(options.guest_cpus))
     roles.check(online_cpus())
     params = scenario.defaults.merged(
@@ -182,7 +189,9 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
         return None
     require_root()
     require_kvm()
-    tools = toolbox.find_tools(options.vmm, options.probe, options.perf_counters)
+    tools = toolbox.find_tools(
+        options.vmm, options.probe, options.perf_counters, options.capture == "trace-cmd"
+    )
     with CleanupStack() as stack:
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
@@ -201,6 +210,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 "guest_variant": variant.variant,
                 "guest": str(guest_path),
                 "parameters": jsonable(asdict(params)),
+                "capture": capture_record(options.capture, tools.trace_cmd),
             },
         )
         writer = BundleWriter.create(options.output, manifest)
@@ -264,7 +274,7 @@ class Session:
         self.tracefs = tracefs
         self.instance: Instance | None = None
         self.tracing = False  # trace_marker refuses writes (EBADF) while tracing is off
-        self.capture: RawCapture | None = None
+        self.capture: Capture | None = None
         self.echo = echo
 
     def setup(self, writer: BundleWriter) -> None:
@@ -361,16 +371,18 @@ class Session:
         if self.instance is not None and self.tracing:
             self.instance.write_marker(text)
 
-    def _start_capture(self, writer: BundleWriter, rundir: Path) -> RawCapture:
-        """Start recording this run into its own raw capture directory."""
+    def _start_capture(self, writer: BundleWriter, rundir: Path) -> Capture:
+        """Start recording this run, read out by the chosen capture when it ends."""
         assert self.instance is not None
-        capture = RawCapture(self.instance, writer.path(str(rundir / "trace")))
+        capture = new_capture(
+            self.options.capture, self.instance, writer.path(str(rundir)), self.tools.trace_cmd
+        )
         capture.start()
         self.instance.start()
         self.tracing = True
         return capture
 
-    def _finish_capture(self, capture: RawCapture, run: RunRecord) -> None:
+    def _finish_capture(self, capture: Capture, run: RunRecord) -> None:
         """Stop recording, drain the buffers, and count what was lost per CPU."""
         assert self.instance is not None
         self.instance.stop()
@@ -506,9 +518,18 @@ class Session:
             raise TracekitError("guest-stop without a running background guest (plan error)")
         self._marker("tracekit: stopping the background guest")
         code = self.background.stop()
+        in_order = stopped_in_order(self.background.output)
         self.background = None
         writer.path(str(rundir / "guest-stop.json")).write_text(
-            json.dumps({"vmm_exit_status": code, "stopped_by": "SIGTERM"}) + "\n"
+            json.dumps(
+                {
+                    "vmm_exit_status": code,
+                    "stopped_by": "SIGTERM",
+                    # False: the VMM had to be killed, so its teardown markers are missing.
+                    "torn_down_by_vmm": in_order,
+                }
+            )
+            + "\n"
         )
 
     def _after_guest(self, writer: BundleWriter, rundir: Path) -> None:

@@ -37,6 +37,8 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
         "cyclictest": toolbox.tool_version([tools.cyclictest, "--help"]),
         "stress-ng": toolbox.tool_version([tools.stress_ng, "--version"]),
     }
+    if tools.trace_cmd:
+        facts["tools"]["trace-cmd"] = toolbox.tool_version([tools.trace_cmd, "--version"])
     facts["ipa_limit_bits"] = read_ipa_limit()
     vmids = read_vmid_state(tracefs)
     facts["vmid_bits"] = vmids.bits

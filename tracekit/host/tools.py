@@ -28,6 +28,7 @@ class ToolPaths:
     vmm: str
     probe: str
     perf: str | None  # only needed with --perf-counters
+    trace_cmd: str | None = None  # only needed with --capture trace-cmd
 
 
 def _which(name: str, package: str) -> str:
@@ -50,7 +51,12 @@ def _reproducer(name: str, given: str | None) -> str:
     )
 
 
-def find_tools(vmm: str | None = None, probe: str | None = None, perf: bool = False) -> ToolPaths:
+def find_tools(
+    vmm: str | None = None,
+    probe: str | None = None,
+    perf: bool = False,
+    trace_cmd: bool = False,
+) -> ToolPaths:
     """Locate every program up front, so nothing on the host changes before a failure."""
     return ToolPaths(
         cyclictest=_which("cyclictest", "rt-tests"),
@@ -58,7 +64,19 @@ def find_tools(vmm: str | None = None, probe: str | None = None, perf: bool = Fa
         vmm=_reproducer("vmm", vmm),
         probe=_reproducer("tlbiprobe", probe),
         perf=_which("perf", "linux-perf") if perf else None,
+        trace_cmd=find_trace_cmd() if trace_cmd else None,
     )
+
+
+def find_trace_cmd() -> str:
+    """trace-cmd for --capture trace-cmd, or one line saying how to get it or do without."""
+    path = shutil.which("trace-cmd")
+    if path is None:
+        raise TracekitError(
+            "--capture trace-cmd: trace-cmd not found on PATH; install Debian's trace-cmd "
+            "package, or leave --capture at raw (tracekit reads the buffers itself)"
+        )
+    return path
 
 
 def tool_version(argv: list[str]) -> str:

@@ -2,7 +2,8 @@
 
 The files a bundle's runs hold (cyclictest `-v -N` samples, stress-ng YAML, the probe's
 JSON summary) become tables keyed by run, phase and kind, so analyses get plain frames
-and never read files. Traces are opened separately with `tracekit.open(run/trace)`.
+and never read files. A traced run's trace is opened separately (`open_run_trace`): a raw
+capture directory `runs/<run>/trace`, or `runs/<run>/trace.dat` from `--capture trace-cmd`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
 
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
+
+# A traced run's trace, by capture method: raw capture directory, then trace-cmd's file.
+RUN_TRACE_NAMES = ("trace", "trace.dat")
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -79,12 +83,18 @@ def load_bundle(path: Path) -> BundleData:
     )
 
 
+def run_trace_path(bundle: Path, run: RunRecord) -> Path | None:
+    """Where a run's trace is (raw capture directory or trace.dat), or None without one."""
+    rundir = bundle / "runs" / run.run_id
+    return next((rundir / n for n in RUN_TRACE_NAMES if (rundir / n).exists()), None)
+
+
 def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[RunRecord]:
     """The bundle's runs of these kinds that recorded a trace, in run order."""
     return [
         run
         for run in data.manifest.runs
-        if run.kind in kinds and (data.path / "runs" / run.run_id / "trace").exists()
+        if run.kind in kinds and run_trace_path(data.path, run) is not None
     ]
 
 
@@ -92,7 +102,32 @@ def open_run_trace(data: BundleData, run: RunRecord) -> Trace:
     """Ingest one run's trace (cached as Parquet beside it after the first time)."""
     from tracekit.ingest.trace import open_trace
 
-    return open_trace(data.path / "runs" / run.run_id / "trace")
+    path = run_trace_path(data.path, run)
+    if path is None:
+        raise TracekitError(
+            f"{data.path}: run {run.run_id} has no trace (runs/{run.run_id}/trace or "
+            "trace.dat); only traced runs have one"
+        )
+    trace = open_trace(path)
+    if path.is_file():
+        _add_collect_meta(trace, data.manifest)
+    return trace
+
+
+def _add_collect_meta(trace: Trace, manifest: Manifest) -> None:
+    """Give a trace-cmd capture what only the bundle knows: the instance's clock, its events.
+
+    trace-cmd stores the top-level buffer's trace_clock in trace.dat, not that of the
+    instance it extracted, and no list of enabled events; the raw capture has both.
+    """
+    capture = manifest.scenario.get("capture") or {}
+    clock = capture.get("trace_clock")
+    if clock and clock != trace.meta.get("clock"):
+        trace.meta["clock_in_file"] = trace.meta.get("clock")
+        trace.meta["clock"] = clock
+    enabled = manifest.scenario.get("events_enabled")
+    if enabled and not trace.meta.get("events_enabled"):
+        trace.meta["events_enabled"] = list(enabled)
 
 
 def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:

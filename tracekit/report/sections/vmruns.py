@@ -14,7 +14,7 @@ from tracekit.analysis import vm
 from tracekit.analysis.kvmtext import kvm_fields
 from tracekit.bundle import RunRecord
 from tracekit.errors import TracekitError
-from tracekit.ingest.bundle import BundleData, open_run_trace
+from tracekit.ingest.bundle import BundleData, open_run_trace, run_trace_path
 from tracekit.ingest.trace import Trace
 from tracekit.ingest.vmm import VmmOutput, vmm_runs
 from tracekit.report.header import bundle_label
@@ -41,11 +41,16 @@ class VmRun:
         return sum(self.run.lost_events.values())
 
     def event(self, name: str) -> pl.DataFrame | None:
-        """The event's table; empty when enabled but never fired; None when not recorded."""
-        if name in self.trace.event_names:
-            return kvm_fields(name, self.trace.event(name))
+        """The event's table; empty when enabled but never fired; None when not recorded.
+
+        A tracepoint that shares its name with one of tracekit's kprobes is ingested as
+        `<system>:<name>` (e.g. kvm:kvm_toggle_cache); the tracepoint is the one meant.
+        """
+        recorded = tracepoint_name(self.trace.event_names, name)
+        if recorded is not None:
+            return kvm_fields(name, self.trace.event(recorded))
         if name in self.available:
-            return pl.DataFrame(schema=EMPTY_EVENT)
+            return pl.DataFrame(schema=EMPTY_EVENT)  # no row, so no field columns either
         return None
 
     def attributed(self, name: str) -> pl.DataFrame | None:
@@ -60,6 +65,14 @@ class VmRun:
         if self.windows is None or self.threads is None:
             raise TracekitError(f"{self.label}: no VMM markers in the trace ({vm.MARKER_HOW})")
         return vm.attribute(rows, self.windows, self.threads)
+
+
+def tracepoint_name(recorded: list[str], name: str) -> str | None:
+    """The table name under which a trace holds tracepoint `name`, or None."""
+    if name in recorded:
+        return name
+    qualified = [n for n in recorded if n.endswith(f":{name}") and not n.startswith("tracekit:")]
+    return qualified[0] if qualified else None
 
 
 def open_vm_run(data: BundleData, run: RunRecord, vmm: VmmOutput, label: str) -> VmRun:
@@ -83,6 +96,6 @@ def vm_runs(bundles: list[BundleData]) -> list[VmRun]:
     for data in bundles:
         prefix = f"{bundle_label(data)}: " if many else ""
         for run, vmm in vmm_runs(data):
-            if (data.path / "runs" / run.run_id / "trace").exists():
+            if run_trace_path(data.path, run) is not None:
                 out.append(open_vm_run(data, run, vmm, f"{prefix}{run.run_id}"))
     return out
