@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
@@ -28,6 +29,9 @@ from tracekit.host.protocol import (
     ram_mb_for,
 )
 from tracekit.host.tools import compact_histogram
+
+if TYPE_CHECKING:
+    from tracekit.report.model import Section
 
 NVHE = "nvhe-a76-scenarios"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -223,6 +227,17 @@ def _bundle(boot: VhostBoot, name: str, bundle: str = "bundle") -> tuple[Path, M
     return root, manifest
 
 
+def _report_sections(root: Path) -> dict[str, Section]:
+    """The report's sections on a real bundle, none of them failed on a tracekit bug."""
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.report.assemble import INTERNAL_ERROR, build_report
+
+    report = build_report([load_bundle(root)])
+    bugs = [f for s in report.sections for f in s.findings if INTERNAL_ERROR in f]
+    assert bugs == []
+    return {s.key: s for s in report.sections}
+
+
 def _vm_records(vmm_txt: Path) -> list[dict[str, str]]:
     """The VMM's record=vm lines as dicts."""
     lines = [line for line in vmm_txt.read_text().splitlines() if line.startswith("record=vm ")]
@@ -237,6 +252,7 @@ def test_teardown_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
 
     boot = vhost_boot(NVHE)
     root, manifest = _bundle(boot, "collect_teardown")
+    assert "not computed" not in _report_sections(root)["teardown"].title
     assert manifest.host["ipa_limit_bits"] == 40  # cortex-a76: 40-bit physical addresses
     assert manifest.scenario["name"] == "teardown"
     assert manifest.scenario["parameters"]["ipa_bits"] == [32, 36, 40]
@@ -265,8 +281,13 @@ def test_teardown_budget_stops_and_says_so(vhost_boot) -> None:  # type: ignore[
     assert manifest.complete
     (run,) = manifest.runs
     assert run.status == "over-budget" and "time budget of 1 s" in run.note
-    done = len(_vm_records(here / "budget" / "runs" / run.run_id / "vmm.txt"))
+    records = _vm_records(here / "budget" / "runs" / run.run_id / "vmm.txt")
+    done = sum(vm["result"] == "ok" for vm in records)
     assert f"after {done} of 200 VMs" in run.note and done < 200
+    # A VM cut short by the budget is torn down by the VMM and recorded as stopped (it may
+    # also have been between VMs or in a teardown: then none is).
+    assert [vm["result"] for vm in records[:-1]] == ["ok"] * (len(records) - 1)
+    assert records[-1]["result"] in ("ok", "stopped")
 
 
 @pytest.mark.vhost
@@ -277,6 +298,7 @@ def test_cache_toggle_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def
 
     boot = vhost_boot(NVHE)
     root, manifest = _bundle(boot, "collect_cache_toggle")
+    assert "not computed" not in _report_sections(root)["cacheflush"].title
     assert [r.run_id for r in manifest.runs] == [
         "sweep-vcpus1-touch256kb",
         "sweep-vcpus2-touch256kb",
@@ -298,6 +320,11 @@ def test_guest_broadcast_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-
 
     boot = vhost_boot(NVHE)
     root, manifest = _bundle(boot, "collect_guest_broadcast")
+    sections = _report_sections(root)
+    assert "not computed" not in sections["broadcast"].title
+    assert any(
+        "background guest stopped by a signal, torn down in" in f for f in sections["vm"].findings
+    )
     runs = {r.run_id: r for r in manifest.runs}
     start, stop = runs["during-guest-start"], runs["during-guest-stop"]
     during = [r for r in manifest.runs if r.phase == "during" and r.kind in ("quiet", "probe")]
@@ -309,7 +336,11 @@ def test_guest_broadcast_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-
     )
     assert "variant=tlbi-loop" in (root / "runs" / "during-guest-start" / "vmm.txt").read_text()
     stopped = json.loads((root / "runs" / "during-guest-stop" / "guest-stop.json").read_text())
-    assert stopped["stopped_by"] == "SIGTERM"
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["torn_down_by_vmm"] is True
+    assert stopped["vmm_exit_status"] == -15  # ended by the signal, after its own teardown
+    ends = tracekit.open(root / "runs" / "during-guest-stop" / "trace").event("print")
+    vmm_events = [t.split("event=")[1].split()[0] for t in ends["buf"] if "tracekit-vmm:" in t]
+    assert vmm_events == ["stop", "teardown-start", "teardown-end"]
     for phase in ("before", "during", "after"):
         assert (root / "runs" / f"{phase}-quiet-0" / "cyclictest-hist.txt").read_text()
         assert {f"{phase}-probe-page-cpu{cpu}" for cpu in (3, 0, 2)} <= set(runs)
@@ -333,6 +364,7 @@ def test_teardown_bundle_on_612_uses_instance_function_graph(vhost_boot) -> None
 
     boot = vhost_boot(TRIXIE)
     root, manifest = _bundle(boot, "collect_teardown_trixie")
+    assert "not computed" not in _report_sections(root)["teardown"].title
     assert manifest.host["kernel_release"].startswith("6.12")
     assert manifest.host["ipa_limit_bits"] > 40  # max: a large physical address range
     assert manifest.scenario["parameters"]["ipa_bits"] == [36, 40, 44]

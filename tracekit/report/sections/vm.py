@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import vm
-from tracekit.ingest.bundle import BundleData
+from tracekit.ingest.bundle import BundleData, open_run_trace, run_trace_path
 from tracekit.ingest.trace import Trace
 from tracekit.ingest.vmm import run_extra
 from tracekit.report.header import is_emulated
@@ -38,6 +38,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         findings += lines
         tables += more
         unknowns += missing
+    findings += [line for data in bundles for line in _background_stops(data)]
     if any(is_emulated(b) for b in bundles):
         findings.append("emulated host: these durations are QEMU TCG times, not hardware times")
     return Section(
@@ -48,6 +49,32 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns=sorted(set(unknowns)),
         lost_events=sum(found.lost for found in runs),
     )
+
+
+def _background_stops(data: BundleData) -> list[str]:
+    """How each background guest (a during phase's) ended, from its stop run's markers.
+
+    Its create and vCPU entries are in the guest-start run, its stop and teardown in the
+    guest-stop run; the quiet runs between them are untraced, so only the ends are told.
+    """
+    out = []
+    for run in data.manifest.runs:
+        if run.kind != "guest-stop" or run_trace_path(data.path, run) is None:
+            continue
+        trace = open_run_trace(data, run)
+        name = next((n for n in vm.MARKER_EVENTS if n in trace.event_names), None)
+        steps = vm.vmm_markers(trace.event(name)) if name else None
+        at = {} if steps is None else dict(zip(steps["event"], steps["ts"], strict=True))
+        if "teardown-start" in at and "teardown-end" in at:
+            took = (at["teardown-end"] - at["teardown-start"]) / 1e6
+            how = "stopped by a signal" if "stop" in at else "ended"
+            out.append(f"{run.run_id}: the background guest {how}, torn down in {took:.1f} ms")
+        else:
+            out.append(
+                f"{run.run_id}: the background guest's teardown is not in the trace (its VMM "
+                "was killed, or predates teardown on SIGTERM): teardown not measured"
+            )
+    return out
 
 
 def _run(found: VmRun) -> tuple[list[str], list[Table], list[str]]:
