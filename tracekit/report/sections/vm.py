@@ -182,13 +182,20 @@ def _lifecycle_findings(table: pl.DataFrame, label: str) -> list[str]:
         vmid = f", VMID {row['vmid']}" if row.get("vmid") is not None else ""
         out.append(
             f"{label}: VM {row['vm_seq']} ({row['ipa_bits']}-bit IPA, {row['vcpus']} vCPU"
-            f"{vmid}): create {_ms(row['setup_ns'])}, run {_ms(row['run_ns'])}"
-            f"{' (stopped by a signal)' if row.get('stopped') else ''}, teardown "
-            f"{_ms(row['teardown_marker_ns'])}; {_count(row['exits'], 'exits')}, "
+            f"{vmid}): create {_ms(row['setup_ns'])}, {_run_and_teardown(row)}; "
+            f"{_count(row['exits'], 'exits')}, "
             f"{_count(row['guest_faults'], 'guest faults')}, "
             f"{_count(row['cache_toggles'], 'cache toggles')}"
         )
     return out
+
+
+def _run_and_teardown(row: dict[str, object]) -> str:
+    """'run X, teardown Y', or that the VM outlived the run's trace (a background guest)."""
+    if row["run_ns"] is None and row["teardown_marker_ns"] is None and row["setup_ns"] is not None:
+        return "still running when this run's trace ended"
+    stopped = " (stopped by a signal)" if row.get("stopped") else ""
+    return f"run {_ms(row['run_ns'])}{stopped}, teardown {_ms(row['teardown_marker_ns'])}"  # type: ignore[arg-type]
 
 
 def _lifecycle_tables(table: pl.DataFrame, label: str) -> list[Table]:
