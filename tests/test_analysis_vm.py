@@ -177,3 +177,13 @@ def test_tracepoint_found_under_its_qualified_name() -> None:
     assert tracepoint_name(names, "kvm_toggle_cache") == "kvm:kvm_toggle_cache"
     assert tracepoint_name(names, "kvm_exit") == "kvm_exit"
     assert tracepoint_name(["tracekit:kvm_toggle_cache"], "kvm_toggle_cache") is None
+
+
+def test_a_vm_that_outlives_its_run_is_said_to_be_running() -> None:
+    """A background guest's start run has its create and entry, not its end."""
+    from tracekit.report.sections.vm import _run_and_teardown
+
+    running = {"setup_ns": 30_000_000, "run_ns": None, "teardown_marker_ns": None}
+    assert _run_and_teardown(running) == "still running when this run's trace ended"
+    stopped = {"setup_ns": 1, "run_ns": 2_000_000, "teardown_marker_ns": 500_000, "stopped": True}
+    assert _run_and_teardown(stopped) == "run 2.0 ms (stopped by a signal), teardown 0.5 ms"
