@@ -62,3 +62,14 @@ def test_not_a_bundle(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps({"schema": "other"}))
     with pytest.raises(TracekitError, match="not a tracekit bundle manifest"):
         read_manifest(tmp_path)
+
+
+def test_library_takes_a_path_as_text(tmp_path: Path) -> None:
+    """A notebook passes str: load_bundle and read_manifest accept it like a Path."""
+    from report_bundles import copy_real_bundle
+
+    from tracekit.ingest.bundle import load_bundle
+
+    root = copy_real_bundle(tmp_path / "b")
+    assert load_bundle(str(root)).manifest == read_manifest(root)
+    assert read_manifest(str(root)).complete

@@ -157,9 +157,9 @@ class BundleWriter:
         self.manifest.files = files
 
 
-def read_manifest(root: Path) -> Manifest:
+def read_manifest(root: str | Path) -> Manifest:
     """Read a bundle's manifest, with one clear error for anything that is not one."""
-    path = root / MANIFEST
+    path = Path(root) / MANIFEST
     if not path.is_file():
         raise TracekitError(f"{root} is not a tracekit bundle: it has no {MANIFEST}")
     try:

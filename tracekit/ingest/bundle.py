@@ -46,8 +46,9 @@ class BundleData:
     cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
 
 
-def load_bundle(path: Path) -> BundleData:
+def load_bundle(path: str | Path) -> BundleData:
     """Read a bundle's manifest and its runs' tool outputs into tables."""
+    path = Path(path)  # a notebook passes a str
     manifest = read_manifest(path)
     latencies, stress, probes, lost, cycles = [], [], [], [], []
     for run in manifest.runs:
