@@ -198,3 +198,62 @@ def test_bulk_index_names_like_the_symbol_table() -> None:
     assert any(e and "[" in e for e in expected) and None in expected
     shifted = AddressIndex.from_table(table.shifted(0x1000))
     assert shifted.names_of(addresses + np.uint64(0x1000)) == expected
+
+
+# Every kallsyms copy the fixtures hold (real boots, cut), for the bulk parser.
+KALLSYMS_COPIES = [*sorted(FIXTURES.glob("**/kallsyms")), OTHER_BOOT]
+# Lines the bulk parser must read as parse_line does: hidden (zero) and `$x` addresses,
+# a tab before the module, upper-case hex, short addresses, junk, CRLF, no final newline.
+ODD_KALLSYMS = (
+    "0000000000000000 T hidden\n"
+    "ffff800008010000 T _stext\n"
+    "ffff800008010000 t alias_listed_second\n"
+    "FFFF800008010040 W Upper\n"
+    "zzzz800008010080 T not_hex\n"
+    "\n"
+    "ffff800008010100 t short_line\r\n"
+    "ffff800000001000 d $d\t[9p]\n"
+    "ffff800000001000 t p9_first\t[9p]\n"
+    "ffff800000001800 T p9_last\t[9p]\n"
+    "1000 A tiny\n"
+    "ffff800008010200 T no_final_newline"
+)
+
+
+def _probes(addresses: list[int]) -> list[int]:
+    """Addresses at, just past, inside and around each symbol, and far outside all."""
+    return sorted(
+        {a + d for a in addresses for d in (0, 1, 0x40)}
+        | {addresses[0] - 1, addresses[-1] + 0x10_0000, 0xFFFF000012345678}
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [pytest.param(p.read_text(), id=str(p.relative_to(FIXTURES))) for p in KALLSYMS_COPIES]
+    + [pytest.param(ODD_KALLSYMS, id="odd-lines")],
+)
+def test_bulk_kallsyms_parse_names_like_parse_line(text: str) -> None:
+    """The numpy kallsyms parser names every address as the line-by-line SymbolTable does,
+    on real copies and on odd lines."""
+    import numpy as np
+
+    from tracekit.ingest.symcols import AddressIndex
+    from tracekit.symbols.kallsyms import parse_kallsyms
+
+    table = parse_kallsyms(text, "test")
+    index = AddressIndex.from_kallsyms(text)
+    assert index is not None
+    assert index.addresses.tolist() == table.addresses
+    probes = _probes(table.addresses)
+    assert index.names_of(np.array(probes, dtype=np.uint64)) == [
+        _ps(table.lookup(a)) for a in probes
+    ]
+
+
+def test_bulk_kallsyms_parse_of_hidden_addresses_is_none() -> None:
+    """A copy read without privilege (every address zero) gives no index at all."""
+    from tracekit.ingest.symcols import AddressIndex
+
+    assert AddressIndex.from_kallsyms("0000000000000000 T _stext\n0000000000000000 t x\n") is None
+    assert AddressIndex.from_kallsyms("") is None

@@ -28,6 +28,10 @@ ADDRESS_FIELDS = frozenset(
 )
 SUFFIX = "_sym"
 
+# kallsyms_rows: address, name start and end in the packed names, the names, module per
+# row (an index into the module names, 0: the kernel itself), the module names.
+KallsymsRows = tuple[np.ndarray, np.ndarray, np.ndarray, bytes, np.ndarray, tuple[str, ...]]
+
 
 @dataclass(frozen=True)
 class Symbols:
@@ -43,11 +47,16 @@ class AddressIndex:
 
     Same rules as tracekit.symbols.table.SymbolTable.lookup: the closest symbol at or
     below (the first alias listed wins), within a covered span, under a KASLR shift.
+    Names stay packed in one UTF-8 buffer (a distribution kernel lists 100k+ symbols:
+    as Python strings they would cost tens of MB); only those looked up are decoded.
     """
 
     addresses: np.ndarray  # uint64 link addresses, sorted, one per symbol
-    names: list[str]  # symbol names, and their modules ("" for the kernel itself)
-    modules: list[str]
+    name_at: np.ndarray  # int64: symbol i's name is names[name_at[i]:name_end[i]]
+    name_end: np.ndarray
+    names: bytes  # the names, UTF-8, back to back
+    module_of: np.ndarray  # int32 index into modules, per symbol
+    modules: tuple[str, ...]  # module names ("" for the kernel itself)
     span_lo: np.ndarray  # uint64, sorted; span_hi[i] ends span i (excluded)
     span_hi: np.ndarray
     shift: int = 0
@@ -59,35 +68,41 @@ class AddressIndex:
         if table.spans is not None and table.end is not None:
             spans = [(lo, min(hi, table.end)) for lo, hi in spans]
         lo, hi = zip(*spans, strict=True) if spans else ((), ())
+        encoded = [s.name.encode() for s in table.symbols]
+        ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
+        modules = tuple(dict.fromkeys(["", *(s.module for s in table.symbols)]))
+        number = {m: i for i, m in enumerate(modules)}
         return cls(
-            np.array(table.addresses, dtype=np.uint64), [s.name for s in table.symbols],
-            [s.module for s in table.symbols], _u64(lo), _u64(hi), table.shift,
+            np.array(table.addresses, dtype=np.uint64), ends - [len(e) for e in encoded], ends,
+            b"".join(encoded), np.array([number[s.module] for s in table.symbols], np.int32),
+            modules, _u64(lo), _u64(hi), table.shift,
         )  # fmt: skip
 
     @classmethod
     def from_kallsyms(cls, text: str) -> AddressIndex | None:
-        """From kallsyms text, parsed in bulk (a distribution kernel lists 100k+ symbols)."""
-        parts = pl.Series("line", text.splitlines(), dtype=pl.String).str.extract_groups(
-            r"^(?<addr>[0-9a-fA-F]+) \S+ (?<name>[^\s$]\S*)(?:\s+\[(?<module>[^\]]+)\])?"
-        )
-        frame = (
-            parts.struct.unnest()
-            .drop_nulls("addr")
-            .with_columns(
-                address=pl.col("addr").str.to_integer(base=16, dtype=pl.UInt64, strict=False),
-                module=pl.col("module").fill_null(""),
-            )
-        )
-        frame = frame.filter(pl.col("address").fill_null(0) > 0, pl.col("name").is_not_null())
-        if frame.is_empty():
+        """From kallsyms text, parsed with numpy in a few passes over its bytes."""
+        rows = kallsyms_rows(text)
+        if rows is None:
             return None
-        spans = frame.group_by("module").agg(lo=pl.col("address").min(), hi=pl.col("address").max())
-        spans = spans.sort("lo")
-        first = frame.unique("address", keep="first", maintain_order=True).sort("address")
+        addr, name_at, name_end, names, module_of, modules = rows
+        lo = np.full(len(modules), np.iinfo(np.uint64).max, np.uint64)
+        hi = np.zeros(len(modules), np.uint64)
+        np.minimum.at(lo, module_of, addr)
+        np.maximum.at(hi, module_of, addr)
+        present = np.flatnonzero(hi >= lo)  # the kernel itself may list nothing
+        by_lo = present[np.argsort(lo[present], kind="stable")]
+        order = np.argsort(addr, kind="stable")  # aliases: the first listed comes first
+        keep = order[np.r_[True, addr[order][1:] != addr[order][:-1]]]
         return cls(
-            first["address"].to_numpy(), first["name"].to_list(), first["module"].to_list(),
-            spans["lo"].to_numpy(), spans["hi"].to_numpy() + np.uint64(1),
+            addr[keep], name_at[keep], name_end[keep], names, module_of[keep], modules,
+            lo[by_lo], hi[by_lo] + np.uint64(1),
         )  # fmt: skip
+
+    def name(self, i: int) -> str:
+        """Symbol i as %ps prints it: `name`, or `name [module]`."""
+        text = self.names[self.name_at[i] : self.name_end[i]].decode("utf-8", "replace")
+        module = self.modules[self.module_of[i]]
+        return f"{text} [{module}]" if module else text
 
     def names_of(self, link: np.ndarray) -> list[str | None]:
         """`name [module]` for each (distinct) run-time address, as the kernel's %ps prints
@@ -96,20 +111,114 @@ class AddressIndex:
         at = np.searchsorted(self.addresses, link, side="right") - 1
         span = np.searchsorted(self.span_lo, link, side="right") - 1
         inside = (span >= 0) & (link < self.span_hi[np.maximum(span, 0)]) & (at >= 0)
-        out: list[str | None] = []
-        for ok, i in zip(inside.tolist(), at.tolist(), strict=True):
-            if not ok:
-                out.append(None)
-            elif self.modules[i]:
-                out.append(f"{self.names[i]} [{self.modules[i]}]")
-            else:
-                out.append(self.names[i])
-        return out
+        return [
+            self.name(i) if ok else None for ok, i in zip(inside.tolist(), at.tolist(), strict=True)
+        ]
 
 
 def _u64(values: tuple[int, ...]) -> np.ndarray:
     """A uint64 array (values up to 2**64 - 1; 2**64 itself is clipped)."""
     return np.array([min(v, (1 << 64) - 1) for v in values], dtype=np.uint64)
+
+
+# Byte -> hex digit value (255: not a hex digit), and which bytes are whitespace.
+_HEX = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+_SPACE = np.zeros(256, bool)
+_SPACE[np.frombuffer(b" \t\n\v\f\r", np.uint8)] = True
+_ADDRESS_DIGITS = 16  # a 64-bit address in hex
+
+
+def kallsyms_rows(text: str) -> KallsymsRows | None:
+    """The `ADDRESS TYPE NAME [MODULE]` lines with a non-zero address and a name not
+    starting with `$`, as arrays (None: there are none, e.g. addresses hidden as zero).
+
+    Works on the text's bytes with numpy: no Python object per line.
+    """
+    if not text:
+        return None
+    raw = np.frombuffer(text.encode("utf-8", "replace"), np.uint8)
+    ends = np.flatnonzero(raw == ord("\n"))
+    if not len(raw) or raw[-1] != ord("\n"):
+        ends = np.r_[ends, len(raw)]
+    starts = np.r_[0, ends[:-1] + 1]
+    gaps = np.r_[np.flatnonzero(_SPACE[raw]), [len(raw)] * 3]  # whitespace bytes, sentinels
+    first = np.searchsorted(gaps, starts)
+    after_addr, after_type, after_name = gaps[first], gaps[first + 1], gaps[first + 2]
+    after_name = np.minimum(after_name, ends)
+    ok = (
+        (_byte(raw, after_addr) == ord(" ")) & (after_type < ends)
+        & (_byte(raw, after_type) == ord(" ")) & (after_type > after_addr + 1)
+        & (after_name > after_type + 1)
+        & (_byte(raw, after_type + 1) != ord("$")) & (after_addr > starts)
+        & (after_addr - starts <= _ADDRESS_DIGITS)
+    )  # fmt: skip
+    address, hex_ok = _hex_before(raw, after_addr, after_addr - starts)
+    ok &= hex_ok & (address > 0)
+    if not ok.any():
+        return None
+    keep = np.flatnonzero(ok)
+    name_at, name_end = after_type[keep] + 1, after_name[keep]
+    module_of, modules = _modules(raw, gaps, after_name[keep], ends[keep])
+    names, name_at, name_end = _packed(raw, name_at, name_end)
+    return address[keep], name_at, name_end, names, module_of, modules
+
+
+def _byte(raw: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The bytes at `at`; past the end, the last byte (never the space or name a check
+    there needs: a line running to the end has no whitespace after it)."""
+    return raw[np.minimum(at, len(raw) - 1)]
+
+
+def _hex_before(
+    raw: np.ndarray, stop: np.ndarray, width: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The hex number of `width` digits ending before each `stop`, and whether all were hex."""
+    value = np.zeros(len(stop), np.uint64)
+    ok = np.ones(len(stop), bool)
+    for k in range(_ADDRESS_DIGITS, 0, -1):  # most significant digit first
+        used = width >= k
+        digit = _HEX[raw[np.where(used, stop - k, 0)]]
+        ok &= ~used | (digit != 255)
+        value = (value << np.uint64(4)) | np.where(used, digit, 0).astype(np.uint64)
+    return value, ok
+
+
+def _modules(
+    raw: np.ndarray, gaps: np.ndarray, after_name: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Each line's module (`\\s+[name]` after the symbol name) as an index into the names."""
+    opens = np.r_[np.flatnonzero(raw == ord("[")), len(raw)]
+    closes = np.r_[np.flatnonzero(raw == ord("]")), len(raw)]
+    bra = opens[np.searchsorted(opens, after_name)]
+    ket = closes[np.searchsorted(closes, bra)]
+    blank = np.searchsorted(gaps, bra) - np.searchsorted(gaps, after_name) == bra - after_name
+    has = (after_name < ends) & (bra < ends) & blank & (ket < ends) & (ket > bra + 1)
+    module_of = np.zeros(len(after_name), np.int32)
+    if not has.any():
+        return module_of, ("",)
+    at, width = bra[has] + 1, ket[has] - bra[has] - 1
+    cols = np.arange(width.max())
+    grid = raw[np.minimum(at[:, None] + cols, len(raw) - 1)] * (cols < width[:, None])
+    fixed = np.ascontiguousarray(grid).view(f"S{grid.shape[1]}").ravel()
+    unique, inverse = np.unique(fixed, return_inverse=True)
+    module_of[has] = inverse.ravel() + 1
+    return module_of, ("", *(u.decode("utf-8", "replace") for u in unique.tolist()))
+
+
+def _packed(
+    raw: np.ndarray, at: np.ndarray, end: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The byte ranges [at, end) (in order, not overlapping) copied back to back, and where
+    each now lies: the rest of the text is not kept."""
+    inside = np.zeros(len(raw) + 1, np.int8)
+    inside[at] = 1
+    inside[end] -= 1
+    packed = raw[np.cumsum(inside[:-1], dtype=np.int8).view(bool)].tobytes()
+    new_end = np.cumsum(end - at)
+    return packed, new_end - (end - at), new_end
 
 
 def is_address_field(spec: FieldSpec, long_size: int) -> bool:
