@@ -51,6 +51,7 @@ struct vm {
 	bool stopping;			/* failure or timeout: every thread must return */
 	bool powered_off;
 	uint64_t poweroff_at;
+	int fail_errno;			/* errno when the first failure was recorded */
 	struct vm_result result;
 };
 
@@ -60,11 +61,13 @@ static void vm_fail(struct vm *vm, int code, const char *fmt, ...)
 
 static void vm_fail(struct vm *vm, int code, const char *fmt, ...)
 {
+	int err = errno;	/* before anything below can change it */
 	va_list ap;
 
 	pthread_mutex_lock(&vm->lock);
 	if (!vm->result.code) {
 		vm->result.code = code;
+		vm->fail_errno = err;
 		va_start(ap, fmt);
 		vsnprintf(vm->result.message, sizeof(vm->result.message), fmt, ap);
 		va_end(ap);
@@ -506,6 +509,13 @@ struct vm_result vm_run_one(const struct kvm_host *host, const struct vmm_option
 			check_markers(vm);
 	} else {
 		t1 = now_ns(opts->clock);
+		/* The stop signal can interrupt a creation ioctl (KVM_CREATE_VM returns EINTR on
+		 * 6.1): that VM was asked to stop, it did not fail. */
+		if (vmm_stop_signal && vm->fail_errno == EINTR) {
+			vm->result.code = 0;
+			vm->result.message[0] = '\0';
+			vm->result.stopped = true;
+		}
 	}
 	t2 = vm->powered_off ? vm->poweroff_at : now_ns(opts->clock);
 	trace_marker(opts->trace_fd, "tracekit-vmm: vm=%d event=teardown-start", index);
