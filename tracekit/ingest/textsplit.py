@@ -66,7 +66,8 @@ def _cut(lines: pl.LazyFrame) -> pl.LazyFrame:
     at = {n: raw.bin.get(dot + n, null_on_oob=True) for n in (7, 10)}
     end = pl.when(at[7] == COLON).then(dot + 7).when(at[10] == COLON).then(dot + 10)
     return (
-        lines.with_columns(dot=line.str.find(r"\.\d+: ").cast(pl.Int64))
+        # [0-9], not \d: ASCII digits only, a smaller automaton and a faster search.
+        lines.with_columns(dot=line.str.find(r"\.[0-9]+: ").cast(pl.Int64))
         .with_columns(end=end.otherwise(None))
         .with_columns(tail=raw.bin.slice(col("end") + 2))  # after `: `
         .with_columns(colon=col("tail").cast(pl.String).str.find(": ", literal=True))
@@ -124,6 +125,21 @@ def _prefix_parts(prefixes: pl.Series) -> pl.DataFrame:
     )
 
 
+def _category_index(values: pl.Series, distinct: pl.Series) -> pl.Series:
+    """Each value's position in `distinct` (a Categorical's distinct values).
+
+    Categorical codes are small integers, so a lookup table indexed by code beats a hash
+    join several times over; codes grown large in a long session fall back to the join.
+    """
+    codes, known = values.to_physical(), distinct.to_physical()
+    positions = pl.int_range(len(distinct), dtype=pl.UInt32, eager=True)
+    top = int(known.max() or 0) + 1
+    if top > 2 * len(values) + 65536:
+        return codes.replace_strict(known, positions, default=None, return_dtype=pl.UInt32)
+    table = pl.repeat(None, top, dtype=pl.UInt32, eager=True).scatter(known, positions)
+    return table.gather(codes)
+
+
 def decode_prefixes(fit: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
     """Event columns of the fitting lines, and the line numbers whose prefix did not parse.
 
@@ -132,10 +148,7 @@ def decode_prefixes(fit: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
     col = pl.col
     distinct = fit["prefix"].unique().drop_nulls()
     parts = _prefix_parts(distinct)
-    at = fit["prefix"].to_physical().replace_strict(
-        distinct.to_physical(), pl.int_range(len(distinct), dtype=pl.UInt32, eager=True),
-        default=None, return_dtype=pl.UInt32,
-    )  # fmt: skip
+    at = _category_index(fit["prefix"], distinct)
     names = fit["event"].unique().drop_nulls()
     bad_names = names.filter(~names.cast(pl.String).str.contains(EVENT_NAME_RE))
     events = fit.select(
