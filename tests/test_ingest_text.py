@@ -105,3 +105,31 @@ def test_report_variants_match_binary(binary: Trace, tmp_path: Path, flags: list
     assert text["ts"].to_list() == binary.events["ts"].to_list()
     assert text["event"].cast(str).to_list() == binary.events["event"].cast(str).to_list()
     assert text["comm"].cast(str).to_list() == binary.events["comm"].cast(str).to_list()
+
+
+def test_key_values_by_position_agree_with_the_regex() -> None:
+    """Plain `k=v` lines take the split, the others the regex; the values never differ."""
+    import polars as pl
+
+    from tracekit.ingest.text import _key_by_regex, _key_values
+
+    fields = pl.Series(
+        [
+            "irq=11 name=arch_timer",  # plain: the first line decides the fast path
+            "irq=12 name=virtio0",
+            "irq=13 name=a\tb",  # a tab ends a value for the regex: this line takes it
+            "name=swapped irq=14",  # another order
+            "irq=15 name=x extra",  # more tokens
+            "irq=16",  # fewer
+            None,
+        ]
+    )
+    keys = ["irq", "name"]
+    fast = _key_values(fields, keys)
+    slow = [_key_by_regex(fields, key) for key in keys]
+    for got, want in zip(fast, slow, strict=True):
+        assert got.to_list() == want.to_list()
+    assert fast[1].to_list()[:4] == ["arch_timer", "virtio0", "a", "swapped"]
+    # A first line of another shape sends the whole group to the regex.
+    odd = pl.Series(["vec=1 [action=RCU]", "vec=7 [action=SCHED]"])
+    assert _key_values(odd, ["vec"])[0].to_list() == ["1", "7"]
