@@ -5,10 +5,12 @@ Records a large real trace on this machine's tracefs (an instance of its own wit
 syscall, sched, timer and irq events and a big buffer, then `trace-cmd extract`; run
 as root), or uses the trace.dat given with --dat. Each contender runs in its own
 process so that its peak memory (ru_maxrss) is its own, --repeat times; the figures are
-the medians. Prints events per CPU second, peak RSS and the ratio to trace-cmd, and the
-binary ingest's peak RSS over the ring-buffer data with and without the fixed cost of
-the interpreter and its libraries (RSS of a process that only imports tracekit and
-polars): the target is on the plain ratio, the other shows what grows with the trace.
+the medians. Prints events per second (wall clock: what a user waits; polars uses every
+core) and per CPU second (trace-cmd uses one core: the ratio to it is taken on CPU
+time), peak RSS, and the binary ingest's peak RSS over the ring-buffer data with and
+without the fixed cost of the interpreter and its libraries (RSS of a process that only
+imports tracekit and polars): the target is on the plain ratio, the other shows what
+grows with the trace.
 Data goes under $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
 
     python3 benchmarks/ingest.py [--dat FILE] [--buffer-mb 160] [--seconds 8] [--repeat 3]
@@ -138,8 +140,18 @@ def main() -> None:
         f"{data_bytes / 1e6:.1f} MB ring-buffer data, {events} events; "
         f"medians of {args.repeat} runs)"
     )
-    head = ("contender", "wall s", "CPU s", "events/CPU s", "peak RSS MB", "vs trace-cmd")
-    print(f"{head[0]:<26}{head[1]:>8}{head[2]:>8}{head[3]:>14}{head[4]:>13}{head[5]:>14}")
+    head = (
+        "contender",
+        "wall s",
+        "CPU s",
+        "events/s",
+        "events/CPU s",
+        "peak RSS MB",
+        "vs trace-cmd",
+    )
+    print(
+        f"{head[0]:<26}{head[1]:>8}{head[2]:>8}{head[3]:>12}{head[4]:>14}{head[5]:>13}{head[6]:>14}"
+    )
     rows = [
         ("trace-cmd report (text)", tc, events),
         ("tracekit binary ingest", binary, events),
@@ -147,8 +159,8 @@ def main() -> None:
     ]
     for name, (wall, cpu, mem, _), n in rows:
         print(
-            f"{name:<26}{wall:>8.2f}{cpu:>8.2f}{n / cpu:>14,.0f}{mem / 1e6:>13.0f}"
-            f"{tc[1] / cpu:>13.1f}x"
+            f"{name:<26}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{n / cpu:>14,.0f}"
+            f"{mem / 1e6:>13.0f}{tc[1] / cpu:>13.1f}x"
         )
     m_bin, data = binary[2], max(data_bytes, 1)
     print(f"baseline RSS (a process that only imports tracekit, polars): {base / 1e6:.0f} MB")
