@@ -16,6 +16,7 @@ APT_PACKAGES=(
     trace-cmd                  # ground truth for the ingest tests
     python3-venv
     zstd
+    cpio                       # checks the initramfs writer against GNU cpio
     xz-utils
     chromium                   # headless: the HTML report's screenshot test (~45 s to install)
 )

@@ -13,6 +13,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def test_list_guests_rejects_renamed_and_empty(build: Path, tmp_path: Path) -> N
 
 def test_guests_module_does_not_import_polars() -> None:
     code = "import sys, tracekit.guests; sys.exit('polars' in sys.modules)"
-    assert subprocess.run(["python3", "-c", code], check=False).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int, text: str) -> None:
