@@ -25,8 +25,8 @@ mkdir -p "$OUT"
     --runs 2 --traced-runs 1 --duration 5 -o /out/bundle
 
 echo
-echo "demo: the guest's run, as recorded (ftrace raw capture, decoded by tracekit):"
-"$TK" ingest "$OUT/bundle/runs/guest/trace"
+echo "demo: the bundle, as recorded (every run's ftrace raw capture, decoded by tracekit):"
+"$TK" ingest "$OUT/bundle"
 echo
 echo "demo: the VMM's own account of the guest:"
 cat "$OUT/bundle/runs/guest/vmm.txt"

@@ -124,6 +124,28 @@ def test_collect_records_what_the_analyses_need(vhost_boot) -> None:  # type: ig
 
 
 @pytest.mark.vhost
+def test_ingest_of_the_collected_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    """`tracekit ingest BUNDLE`: every traced run, in its phase, EMULATED said first."""
+    import polars as pl
+
+    import tracekit
+
+    bundle = _check_dir(vhost_boot(NVHE), "collect_main") / "bundle"
+    result = CliRunner().invoke(main, ["ingest", str(bundle)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("EMULATED HOST")
+    trace = tracekit.open(bundle)  # from the caches the command left in the bundle
+    assert trace.from_cache
+    with_trace = [r["run"] for r in trace.meta["runs"]]
+    assert {"before-traced-0", "guest", "after-traced-0"} <= set(with_trace)
+    for run in with_trace:
+        assert f"  {run} " in result.output
+    kvm = trace.event("kvm_entry").group_by(pl.col("phase").cast(pl.String)).len()
+    assert "guest" in dict(kvm.iter_rows())  # the guest ran in the guest phase
+    assert "cyclictest_latency" in trace.tools and "probe" in trace.tools
+
+
+@pytest.mark.vhost
 def test_report_on_the_collected_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
     boot = vhost_boot(NVHE)
     bundle = _check_dir(boot, "collect_main") / "bundle"

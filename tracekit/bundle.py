@@ -24,6 +24,10 @@ SCHEMA = "tracekit-bundle"
 SCHEMA_VERSION = 1
 
 
+# The first line of everything said about a bundle whose host.emulated is set.
+EMULATED_LINE = "EMULATED HOST (QEMU): timings are not hardware timings."
+
+
 @dataclass
 class RunRecord:
     """One run of a phase: quiet (headline numbers) or traced (attribution)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -99,8 +99,11 @@ def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[
     ]
 
 
-def open_run_trace(data: BundleData, run: RunRecord) -> Trace:
-    """Ingest one run's trace (cached as Parquet beside it after the first time)."""
+def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
+    """Ingest one run's trace (cached as Parquet beside it after the first time).
+
+    `options` go to open_trace: salvage, use_cache, symbols.
+    """
     from tracekit.ingest.trace import open_trace
 
     path = run_trace_path(data.path, run)
@@ -109,7 +112,7 @@ def open_run_trace(data: BundleData, run: RunRecord) -> Trace:
             f"{data.path}: run {run.run_id} has no trace (runs/{run.run_id}/trace or "
             "trace.dat); only traced runs have one"
         )
-    trace = open_trace(path)
+    trace = open_trace(path, **options)
     if path.is_file():
         _add_collect_meta(trace, data.manifest)
     return trace

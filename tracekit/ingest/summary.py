@@ -6,8 +6,15 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from tracekit.bundle import EMULATED_LINE
+
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
+
+
+def _is_tool_output(trace: Trace) -> bool:
+    """A tool's output (cyclictest, stress-ng, perf stat): tool tables and no events."""
+    return bool(trace.tools) and trace.meta.get("reader") != "bundle"
 
 
 def _header(trace: Trace) -> list[str]:
@@ -16,8 +23,16 @@ def _header(trace: Trace) -> list[str]:
     cpus = m.get("cpus") or []
     where = f"instance {m['instance']!r}, " if m.get("instance") else ""
     cached = " (from cache)" if trace.from_cache else ""
-    if trace.tools:
+    if _is_tool_output(trace):
         return [f"{m.get('reader')} output: {trace.path}{cached}"]
+    if m.get("reader") == "bundle":
+        emulated = [EMULATED_LINE] if m.get("emulated") else []
+        return [
+            *emulated,
+            f"bundle: {trace.path}{cached}",
+            f"format: bundle of {len(m['runs'])} run trace(s), clock {m.get('clock') or '?'}, "
+            f"{len(cpus)} CPU(s) with data",
+        ]
     lines = [
         f"trace: {trace.path}{cached}",
         f"format: {m.get('reader', '?')}, {where}clock {m.get('clock') or '?'}, "
@@ -84,13 +99,45 @@ def _lost(lost: pl.DataFrame, reader: str) -> list[str]:
     return lines
 
 
+def _runs(trace: Trace) -> list[str]:
+    """A bundle's runs in order: phase, kind, events, span and losses of each."""
+    runs = trace.meta.get("runs")
+    if not runs:
+        return ["runs with a trace: none (the bundle's tool results are below)"]
+    stats = {
+        r["run"]: r
+        for r in trace.events.group_by(pl.col("run").cast(pl.String))
+        .agg(n=pl.len(), first=pl.col("ts").min(), last=pl.col("ts").max())
+        .iter_rows(named=True)
+    }
+    lost = {
+        r["run"]: r["reports"]
+        for r in trace.lost.group_by(pl.col("run").cast(pl.String))
+        .agg(reports=pl.len())
+        .iter_rows(named=True)
+    }
+    width = max(len(r["run"]) for r in runs)
+    lines = [f"runs ({len(runs)}, phases {', '.join(trace.meta.get('phases') or [])}):"]
+    for r in runs:
+        s = stats.get(r["run"])
+        span = f"{(s['last'] - s['first']) / 1e9:9.3f} s" if s else f"{'-':>11}"
+        losses = f"{lost[r['run']]} loss report(s)" if r["run"] in lost else "no losses"
+        lines.append(
+            f"  {r['run']:<{width}}  {r['phase']:<8} {r['kind']:<12}"
+            f"{s['n'] if s else 0:>10} events {span}  {losses}"
+        )
+    return lines
+
+
 def summarise(trace: Trace) -> str:
     """The whole summary as one string."""
-    if trace.tools:
+    if _is_tool_output(trace):
         lines = _header(trace)
     else:
         lines = _header(trace) + _span(trace.events) + _per_type(trace.events)
         lines += _lost(trace.lost, str(trace.meta.get("reader", "")))
+    if trace.meta.get("reader") == "bundle":
+        lines += _runs(trace)
     unknown = trace.events.filter(pl.col("event").cast(pl.String).str.starts_with("unknown_id_"))
     if unknown.height:
         lines.append(f"events without a format file (kept as unknown_id_N): {unknown.height}")

@@ -74,8 +74,9 @@ def _kind(path: Path) -> str:
         if is_raw_capture(path):
             return "rawcap"
         raise TracekitError(
-            f"{path}: a directory without capture.json; give a raw capture directory "
-            "(docs/raw-capture.md), a trace.dat or a text trace"
+            f"{path}: a directory with neither capture.json nor manifest.json; give a "
+            "collect bundle, a raw capture directory (docs/raw-capture.md), a trace.dat or "
+            "a text trace"
         )
     if not path.exists():
         raise TracekitError(f"{path}: no such file or directory")
@@ -141,16 +142,21 @@ def open_trace(
     use_cache: bool = True,
     symbols: str | Path | None = None,
 ) -> Trace:
-    """Open a trace.dat, a raw capture directory or a text trace (cached as Parquet).
+    """Open a trace.dat, a raw capture directory, a text trace (cached as Parquet) or a
+    whole collect bundle (every run's trace, with run and phase columns).
 
     `symbols`, a kallsyms copy or a vmlinux, names address fields in `<field>_sym`
     columns; without it the trace's own kallsyms copy does, when it has one.
     """
     path = Path(path)
-    kind = _kind(path)
     sym_path = Path(symbols) if symbols is not None else None
     if sym_path is not None and not sym_path.is_file():
         raise TracekitError(f"symbols: {sym_path} does not exist; give a vmlinux or kallsyms copy")
+    from tracekit.ingest.bundletrace import is_bundle, open_bundle
+
+    if is_bundle(path):
+        return open_bundle(path, salvage=salvage, use_cache=use_cache, symbols=sym_path)
+    kind = _kind(path)
     if use_cache:
         hit = cache.load(path, salvage, sym_path)
         if hit is not None:

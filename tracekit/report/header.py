@@ -5,9 +5,8 @@ Every string here comes from a manifest; renderers escape it as their format nee
 
 from __future__ import annotations
 
+from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
-
-EMULATED_LINE = "EMULATED HOST (QEMU): timings are not hardware timings."
 
 
 def is_emulated(data: BundleData) -> bool:

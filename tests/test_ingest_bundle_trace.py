@@ -1,0 +1,101 @@
+"""A whole bundle through tracekit.open and `tracekit ingest`: every run's trace, tagged.
+
+The bundles are built here from real recordings: the rawcap fixture (a raw capture made
+by collect's capture code on this machine's tracefs) and the small trace.dat fixture,
+plus real cyclictest -v and stress-ng --yaml outputs (tests/fixtures/ingest/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import polars as pl
+from click.testing import CliRunner
+
+import tracekit
+from tracekit.bundle import EMULATED_LINE, Manifest, RunRecord
+from tracekit.cli import main
+
+FIX = Path(__file__).parent / "fixtures" / "ingest"
+
+
+def _bundle(tmp_path: Path, emulated: bool = False, traces: bool = True) -> Path:
+    """Three runs: a traced run with a raw capture, a quiet one, a traced one with trace.dat."""
+    root = tmp_path / "bundle"
+    runs = [
+        RunRecord("before-traced-0", "before", "traced", 0, status="ok"),
+        RunRecord("before-quiet-0", "before", "quiet", 0, status="ok"),
+        RunRecord("after-traced-0", "after", "traced", 0, status="ok"),
+    ]
+    for run in runs:
+        (root / "runs" / run.run_id).mkdir(parents=True)
+    if traces:
+        shutil.copytree(FIX / "rawcap", root / "runs" / "before-traced-0" / "trace")
+        shutil.copyfile(FIX / "small.v7zstd.dat", root / "runs" / "after-traced-0" / "trace.dat")
+    quiet = root / "runs" / "before-quiet-0"
+    shutil.copyfile(FIX / "tools" / "cyclictest-verbose.txt", quiet / "cyclictest.txt")
+    shutil.copyfile(FIX / "tools" / "stress-ng.yaml", quiet / "stress-ng.yaml")
+    manifest = Manifest(host={"emulated": emulated}, runs=runs, complete=True)
+    (root / "manifest.json").write_text(json.dumps(manifest.to_json()))
+    return root
+
+
+def test_a_bundle_opens_as_its_runs_traces_stacked(tmp_path: Path) -> None:
+    root = _bundle(tmp_path)
+    before = tracekit.open(FIX / "rawcap", use_cache=False)
+    after = tracekit.open(FIX / "small.v7zstd.dat", use_cache=False)
+    trace = tracekit.open(root)
+    events = trace.events
+    assert events.height == before.events.height + after.events.height
+    assert events["row"].to_list() == list(range(events.height))  # still a unique key
+    per_run = events.group_by(pl.col("run").cast(pl.String), pl.col("phase").cast(pl.String))
+    counts = {(r, p): n for r, p, n in per_run.len().iter_rows()}
+    assert counts == {
+        ("before-traced-0", "before"): before.events.height,
+        ("after-traced-0", "after"): after.events.height,
+    }
+    # A typed table's rows point at the same events in the stacked table.
+    switch = trace.event("sched_switch")
+    joined = switch.join(events, on="row", suffix="_ev")
+    assert joined.height == switch.height
+    assert (joined["ts"] == joined["ts_ev"]).all() and (joined["run"] == joined["run_ev"]).all()
+    assert switch.filter(pl.col("run") == "after-traced-0").height == (
+        after.event("sched_switch").height
+    )
+    assert "run" in trace.lost.columns
+    assert trace.meta["phases"] == ["before", "after"]
+    assert set(trace.tools) == {"cyclictest_latency", "stress_ng"}
+    assert trace.tools["cyclictest_latency"]["run_id"].unique().to_list() == ["before-quiet-0"]
+
+
+def test_a_bundle_is_cached_in_the_bundle(tmp_path: Path) -> None:
+    root = _bundle(tmp_path)
+    assert not tracekit.open(root).from_cache
+    again = tracekit.open(root)
+    assert again.from_cache and again.meta["cache"] == "beside each run's trace, in the bundle"
+    assert list((root / "runs" / "after-traced-0").glob(".trace.dat.tracekit/*.parquet"))
+
+
+def test_ingest_summarises_a_bundle_with_its_runs(tmp_path: Path) -> None:
+    root = _bundle(tmp_path, emulated=True)
+    result = CliRunner().invoke(main, ["ingest", str(root)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == EMULATED_LINE
+    assert lines[1].startswith("bundle: ") and "2 run trace(s)" in lines[2]
+    assert "runs (2, phases before, after):" in lines
+    run_lines = [line.split() for line in lines if line.startswith("  ") and "events" in line]
+    assert [r[:3] for r in run_lines] == [
+        ["before-traced-0", "before", "traced"],
+        ["after-traced-0", "after", "traced"],
+    ]
+    assert any(line.startswith("cyclictest_latency: ") for line in lines)
+
+
+def test_a_bundle_without_traces_still_opens(tmp_path: Path) -> None:
+    trace = tracekit.open(_bundle(tmp_path, traces=False))
+    assert trace.events.is_empty() and {"run", "phase"} <= set(trace.events.columns)
+    assert "runs with a trace: none (the bundle's tool results are below)" in trace.summary()
+    assert "stress_ng" in trace.tools

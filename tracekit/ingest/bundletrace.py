@@ -1,0 +1,104 @@
+"""A whole collect bundle as one Trace: every run's trace, tagged with its run and phase.
+
+`tracekit.open(BUNDLE)` and `tracekit ingest BUNDLE` come here. Each run's trace is
+ingested on its own and cached as Parquet beside it, inside the bundle (a second open
+reads the caches); this module only stacks them. `row` stays a unique key (offset by the
+rows of the runs before), `run` and `phase` columns say where every row came from, and
+the bundle's tool results (cyclictest samples, stress-ng throughput, probe summaries)
+are the Trace's tool tables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from tracekit.bundle import RunRecord
+from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace, run_trace_path
+from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables
+from tracekit.ingest.trace import Trace
+
+
+def is_bundle(path: Path) -> bool:
+    """Whether PATH is a collect bundle (a directory with manifest.json)."""
+    return path.is_dir() and (path / "manifest.json").is_file()
+
+
+def open_bundle(
+    path: Path, *, salvage: bool = False, use_cache: bool = True, symbols: Path | None = None
+) -> Trace:
+    """Every run trace of the bundle at PATH as one Trace (each run cached beside it)."""
+    data = load_bundle(path)
+    runs = [run for run in data.manifest.runs if run_trace_path(path, run) is not None]
+    options = {"salvage": salvage, "use_cache": use_cache, "symbols": symbols}
+    traces = [(run, open_run_trace(data, run, **options)) for run in runs]
+    tables = _stack(traces)
+    tables.tools = _tool_tables(data)
+    tables.meta.update(_meta(data, traces, use_cache))
+    return Trace(path, tables, from_cache=bool(traces) and all(t.from_cache for _, t in traces))
+
+
+def _tag(frame: pl.DataFrame, run: RunRecord, offset: int | None) -> pl.DataFrame:
+    """FRAME with its run and phase (and `row` shifted by OFFSET when it has rows)."""
+    shifted = [pl.col("row") + offset] if offset is not None else []
+    return frame.with_columns(
+        *shifted,
+        run=pl.lit(run.run_id, pl.Categorical),
+        phase=pl.lit(run.phase, pl.Categorical),
+    )
+
+
+def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
+    """Frames stacked (columns one run lacks are null there); SCHEMA's when there is none."""
+    if not frames:
+        tagged = {**schema, "run": pl.Categorical, "phase": pl.Categorical}
+        return pl.DataFrame(schema=tagged)
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def _stack(traces: list[tuple[RunRecord, Trace]]) -> Tables:
+    """The runs' events, per-event and lost tables stacked in run order."""
+    events, lost, by_event = [], [], {}  # type: ignore[var-annotated]
+    offset = 0
+    for run, trace in traces:
+        events.append(_tag(trace.events, run, offset))
+        lost.append(_tag(trace.lost, run, None))
+        for name in trace.event_names:
+            by_event.setdefault(name, []).append(_tag(trace.event(name), run, offset))
+        offset += trace.events.height
+    return Tables(
+        _concat(events, EVENTS_SCHEMA),
+        {name: _concat(frames, {}) for name, frames in sorted(by_event.items())},
+        _concat(lost, LOST_SCHEMA),
+        {},
+    )
+
+
+def _tool_tables(data: BundleData) -> dict[str, pl.DataFrame]:
+    """The bundle's tool results, by name; empty ones left out."""
+    tools = {
+        "cyclictest_latency": data.latencies,
+        "cyclictest_cycles": data.cycles,
+        "stress_ng": data.stress,
+        "probe": data.probes,
+    }
+    return {name: table for name, table in tools.items() if table.height}
+
+
+def _meta(data: BundleData, traces: list[tuple[RunRecord, Trace]], cached: bool) -> dict[str, Any]:
+    """What the bundle says about the stacked traces: runs, phases, clock, CPUs, losses."""
+    clocks = sorted({str(t.meta.get("clock") or "?") for _, t in traces})
+    return {
+        "reader": "bundle",
+        "format": "bundle",
+        "clock": clocks[0] if len(clocks) == 1 else f"mixed ({', '.join(clocks)})",
+        "instance": "",
+        "cpus": sorted({int(c) for _, t in traces for c in t.meta.get("cpus") or []}),
+        "runs": [{"run": r.run_id, "phase": r.phase, "kind": r.kind} for r, _ in traces],
+        "phases": list(dict.fromkeys(run.phase for run, _ in traces)),
+        "emulated": bool(data.manifest.host.get("emulated")),
+        "skipped": [f"{run.run_id}: {n}" for run, t in traces for n in t.meta.get("skipped") or []],
+        "cache": "beside each run's trace, in the bundle" if cached and traces else None,
+    }
