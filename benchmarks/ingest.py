@@ -4,13 +4,14 @@
 Records a large real trace on this machine's tracefs (an instance of its own with
 syscall, sched, timer and irq events and a big buffer, then `trace-cmd extract`; run
 as root), or uses the trace.dat given with --dat. Each contender runs in its own
-process so that its peak memory (ru_maxrss) is its own, --repeat times; the figures are
-the medians. Prints events per second (wall clock: what a user waits; polars uses every
-core) and per CPU second (trace-cmd uses one core: the ratio to it is taken on CPU
-time), peak RSS, and the binary ingest's peak RSS over the ring-buffer data with and
-without the fixed cost of the interpreter and its libraries (RSS of a process that only
-imports tracekit and polars): the target is on the plain ratio, the other shows what
-grows with the trace.
+process so that its peak memory (ru_maxrss) is its own: once to warm up, then --repeat
+times, the contenders taking turns (a shared machine's speed drifts, and memory a VM
+touches first costs more); the figures are the medians. Prints events per second (wall
+clock: what a user waits; polars uses every core) and per CPU second (trace-cmd uses
+one core: the ratio to it is taken on CPU time), peak RSS, and the binary ingest's peak
+RSS over the ring-buffer data with and without the fixed cost of the interpreter and
+its libraries (RSS of a process that only imports tracekit and polars): the target is
+on the plain ratio, the other shows what grows with the trace.
 Data goes under $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
 
     python3 benchmarks/ingest.py [--dat FILE] [--buffer-mb 160] [--seconds 8] [--repeat 3]
@@ -100,13 +101,29 @@ TRACEKIT_CHILD = (
 Figures = tuple[float, float, int, str]
 
 
-def median_of(argv: list[str], repeat: int, stdout: Path | None = None) -> Figures:
-    """measure() `repeat` times; the median wall, CPU and peak RSS (the last run's stderr)."""
-    runs = [measure(argv, stdout) for _ in range(max(repeat, 1))]
-    return (
-        statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
-        int(statistics.median(r[2] for r in runs)), runs[-1][3],
-    )  # fmt: skip
+def medians(contenders: list[tuple[list[str], Path | None]], repeat: int) -> list[Figures]:
+    """measure() each contender once to warm up, then `repeat` times taking turns, so that a
+    machine whose speed drifts (shared, throttled) slows every contender alike; per
+    contender the median wall, CPU and peak RSS (and the last run's stderr).
+
+    In order: the text contender reads what trace-cmd report (the first) wrote.
+    """
+    for argv, stdout in contenders:  # one warm-up each, not counted: caches, first touch
+        measure(argv, stdout)
+    runs: list[list[Figures]] = [[] for _ in contenders]
+    for _ in range(max(repeat, 1)):
+        for (argv, stdout), done in zip(contenders, runs, strict=True):
+            done.append(measure(argv, stdout))
+            os.sync()  # written output goes back to disk now, not under the next contender
+    return [
+        (
+            statistics.median(r[0] for r in done),
+            statistics.median(r[1] for r in done),
+            int(statistics.median(r[2] for r in done)),
+            done[-1][3],
+        )
+        for done in runs
+    ]
 
 
 def main() -> None:
@@ -129,11 +146,17 @@ def main() -> None:
     if args.dat is None:
         record(dat, args.buffer_mb, args.seconds)
     text = root / "bench.report.txt"
-    tc = median_of(["trace-cmd", "report", str(dat)], args.repeat, stdout=text)
-    binary = median_of([sys.executable, "-c", TRACEKIT_CHILD, str(dat)], args.repeat)
+    tc, binary, txt, baseline = medians(
+        [
+            (["trace-cmd", "report", str(dat)], text),
+            ([sys.executable, "-c", TRACEKIT_CHILD, str(dat)], None),
+            ([sys.executable, "-c", TRACEKIT_CHILD, str(text)], None),
+            ([sys.executable, "-c", BASELINE_CHILD], None),
+        ],
+        args.repeat,
+    )
     events, data_bytes = (int(x) for x in binary[3].split()[-2:])
-    txt = median_of([sys.executable, "-c", TRACEKIT_CHILD, str(text)], args.repeat)
-    base = median_of([sys.executable, "-c", BASELINE_CHILD], args.repeat)[2]
+    base = baseline[2]
     text_events = int(txt[3].split()[-2])
     print(
         f"trace: {dat} ({dat.stat().st_size / 1e6:.1f} MB file, "
