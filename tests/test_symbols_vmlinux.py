@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from tracekit.cli import main
+from tracekit.errors import TracekitError
 from tracekit.symbols import cache, hypcalls, probeargs
-from tracekit.symbols.fetch import fetch_debug_vmlinux
+from tracekit.symbols.fetch import dbg_package, fetch_debug_vmlinux
 from tracekit.symbols.kallsyms import read_kallsyms
 from tracekit.symbols.offsets import offsetof
 from tracekit.symbols.resolve import load_table
@@ -39,9 +40,21 @@ def source_enum() -> list[str]:
 
 @pytest.fixture(scope="module")
 def vmlinux() -> Path:
-    """The debug vmlinux of the fixtures' kernel, fetched into the cache when missing."""
+    """The debug vmlinux of the fixtures' kernel, fetched into the cache when missing.
+
+    Debian keeps only the current ABI's -dbg package: once bookworm moves past the
+    fixtures' kernel, these tests say so and wait for fixtures of the new one (README).
+    """
     release = (FIXTURES / "uname").read_text().strip()
-    return fetch_debug_vmlinux("bookworm", release, print)
+    try:
+        return fetch_debug_vmlinux("bookworm", release, print)
+    except TracekitError as err:
+        if "has no arm64 package" not in str(err):
+            raise
+        pytest.skip(
+            f"{dbg_package(release)} has left Debian's mirror: regenerate "
+            "tests/fixtures/symbols from the current bookworm kernel (its README says how)"
+        )
 
 
 def test_hypcalls_match_kernel_source(vmlinux: Path) -> None:
