@@ -17,17 +17,20 @@ from click.testing import CliRunner
 import tracekit
 from tracekit.bundle import EMULATED_LINE, Manifest, RunRecord
 from tracekit.cli import main
+from tracekit.ingest.summary import INCOMPLETE_LINE
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 
 
-def _bundle(tmp_path: Path, emulated: bool = False, traces: bool = True) -> Path:
+def _bundle(
+    tmp_path: Path, emulated: bool = False, traces: bool = True, complete: bool = True
+) -> Path:
     """Three runs: a traced run with a raw capture, a quiet one, a traced one with trace.dat."""
     root = tmp_path / "bundle"
     runs = [
         RunRecord("before-traced-0", "before", "traced", 0, status="ok"),
         RunRecord("before-quiet-0", "before", "quiet", 0, status="ok"),
-        RunRecord("after-traced-0", "after", "traced", 0, status="ok"),
+        RunRecord("after-traced-0", "after", "traced", 0, status="ok" if complete else "running"),
     ]
     for run in runs:
         (root / "runs" / run.run_id).mkdir(parents=True)
@@ -37,7 +40,7 @@ def _bundle(tmp_path: Path, emulated: bool = False, traces: bool = True) -> Path
     quiet = root / "runs" / "before-quiet-0"
     shutil.copyfile(FIX / "tools" / "cyclictest-verbose.txt", quiet / "cyclictest.txt")
     shutil.copyfile(FIX / "tools" / "stress-ng.yaml", quiet / "stress-ng.yaml")
-    manifest = Manifest(host={"emulated": emulated}, runs=runs, complete=True)
+    manifest = Manifest(host={"emulated": emulated}, runs=runs, complete=complete)
     (root / "manifest.json").write_text(json.dumps(manifest.to_json()))
     return root
 
@@ -99,3 +102,12 @@ def test_a_bundle_without_traces_still_opens(tmp_path: Path) -> None:
     assert trace.events.is_empty() and {"run", "phase"} <= set(trace.events.columns)
     assert "runs with a trace: none (the bundle's tool results are below)" in trace.summary()
     assert "stress_ng" in trace.tools
+
+
+def test_an_interrupted_bundle_says_so_first(tmp_path: Path) -> None:
+    summary = tracekit.open(_bundle(tmp_path, complete=False)).summary().splitlines()
+    assert summary[0] == INCOMPLETE_LINE
+    (after,) = [line for line in summary if line.startswith("  after-traced-0 ")]
+    assert after.endswith("no losses  (run running)")
+    (before,) = [line for line in summary if line.startswith("  before-traced-0 ")]
+    assert before.endswith("no losses")

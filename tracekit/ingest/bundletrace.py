@@ -96,7 +96,11 @@ def _meta(data: BundleData, traces: list[tuple[RunRecord, Trace]], cached: bool)
         "clock": clocks[0] if len(clocks) == 1 else f"mixed ({', '.join(clocks)})",
         "instance": "",
         "cpus": sorted({int(c) for _, t in traces for c in t.meta.get("cpus") or []}),
-        "runs": [{"run": r.run_id, "phase": r.phase, "kind": r.kind} for r, _ in traces],
+        "runs": [
+            {"run": r.run_id, "phase": r.phase, "kind": r.kind, "status": r.status}
+            for r, _ in traces
+        ],
+        "complete": data.manifest.complete,
         "phases": list(dict.fromkeys(run.phase for run, _ in traces)),
         "emulated": bool(data.manifest.host.get("emulated")),
         "skipped": [f"{run.run_id}: {n}" for run, t in traces for n in t.meta.get("skipped") or []],

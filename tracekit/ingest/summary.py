@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
 
 
+# Said first about a bundle whose collection did not finish (manifest.complete false).
+INCOMPLETE_LINE = "INCOMPLETE BUNDLE: the collection was interrupted; runs may be missing"
+
+
 def _is_tool_output(trace: Trace) -> bool:
     """A tool's output (cyclictest, stress-ng, perf stat): tool tables and no events."""
     return bool(trace.tools) and trace.meta.get("reader") != "bundle"
@@ -27,8 +31,10 @@ def _header(trace: Trace) -> list[str]:
         return [f"{m.get('reader')} output: {trace.path}{cached}"]
     if m.get("reader") == "bundle":
         emulated = [EMULATED_LINE] if m.get("emulated") else []
+        incomplete = [] if m.get("complete") else [INCOMPLETE_LINE]
         return [
             *emulated,
+            *incomplete,
             f"bundle: {trace.path}{cached}",
             f"format: bundle of {len(m['runs'])} run trace(s), clock {m.get('clock') or '?'}, "
             f"{len(cpus)} CPU(s) with data",
@@ -122,9 +128,10 @@ def _runs(trace: Trace) -> list[str]:
         s = stats.get(r["run"])
         span = f"{(s['last'] - s['first']) / 1e9:9.3f} s" if s else f"{'-':>11}"
         losses = f"{lost[r['run']]} loss report(s)" if r["run"] in lost else "no losses"
+        status = "" if r.get("status", "ok") == "ok" else f"  (run {r['status']})"
         lines.append(
             f"  {r['run']:<{width}}  {r['phase']:<8} {r['kind']:<12}"
-            f"{s['n'] if s else 0:>10} events {span}  {losses}"
+            f"{s['n'] if s else 0:>10} events {span}  {losses}{status}"
         )
     return lines
 
