@@ -111,3 +111,20 @@ def test_an_interrupted_bundle_says_so_first(tmp_path: Path) -> None:
     assert after.endswith("no losses  (run running)")
     (before,) = [line for line in summary if line.startswith("  before-traced-0 ")]
     assert before.endswith("no losses")
+
+
+def test_events_of_one_phase_or_run(tmp_path: Path) -> None:
+    root = str(_bundle(tmp_path))
+    res = CliRunner().invoke(main, ["events", root, "--phase", "after", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == tracekit.open(FIX / "small.v7zstd.dat").events.height
+    assert {r["run"] for r in rows} == {"after-traced-0"}
+    res = CliRunner().invoke(
+        main, ["events", root, "--run", "before-traced-0", "-e", "sched_switch", "--format", "csv"]
+    )
+    assert res.exit_code == 0 and len(res.output.splitlines()) == 1 + 38  # header + rows
+    res = CliRunner().invoke(main, ["events", root, "--phase", "guest"])
+    assert res.exit_code == 2 and "this bundle's traced phases are before, after" in res.output
+    res = CliRunner().invoke(main, ["events", str(FIX / "small.v7zstd.dat"), "--run", "x"])
+    assert res.exit_code == 2 and "--run needs a bundle" in res.output

@@ -33,6 +33,8 @@ def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> Non
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--event", "-e", "event", help="Show this event's typed table (its fields).")
 @click.option("--cpu", type=int, help="Only this CPU.")
+@click.option("--phase", help="A bundle: only the runs of this phase (before, guest, after, ...).")
+@click.option("--run", "run_id", help="A bundle: only this run (its id, as `ingest` lists them).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @click.option("--limit", type=int, help=f"At most this many rows (table default {TABLE_ROWS}).")
 @click.option("--salvage", is_flag=True, help="Read up to damage in a corrupt file.")
@@ -41,6 +43,8 @@ def events(
     path: str,
     event: str | None,
     cpu: int | None,
+    phase: str | None,
+    run_id: str | None,
     fmt: str,
     limit: int | None,
     salvage: bool,
@@ -55,6 +59,9 @@ def events(
     df = trace.event(event) if event else trace.events
     if cpu is not None:
         df = df.filter(pl.col("cpu") == cpu)
+    for column, wanted in (("phase", phase), ("run", run_id)):
+        if wanted is not None:
+            df = df.filter(pl.col(column).cast(pl.String) == _known(trace, column, wanted))
     if limit is None and fmt == "table":
         limit = TABLE_ROWS
     if limit is not None:
@@ -66,6 +73,21 @@ def events(
     else:
         with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
             click.echo(df)
+
+
+def _known(trace: "Trace", column: str, wanted: str) -> str:  # noqa: F821, UP037
+    """WANTED if the bundle has that run or phase; otherwise one line saying what it has."""
+    from tracekit.errors import TracekitError
+
+    runs = trace.meta.get("runs")
+    if runs is None:
+        raise TracekitError(f"--{column} needs a bundle; {trace.path} is a single trace")
+    have = list(dict.fromkeys(r[column] for r in runs))
+    if wanted not in have:
+        raise TracekitError(
+            f"--{column} {wanted!r}: this bundle's traced {column}s are {', '.join(have)}"
+        )
+    return wanted
 
 
 def _flat(df: "pl.DataFrame") -> "pl.DataFrame":  # noqa: F821, UP037
