@@ -60,7 +60,9 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
 
 def _stack(traces: list[tuple[RunRecord, Trace]]) -> Tables:
     """The runs' events, per-event and lost tables stacked in run order."""
-    events, lost, by_event = [], [], {}  # type: ignore[var-annotated]
+    events: list[pl.DataFrame] = []
+    lost: list[pl.DataFrame] = []
+    by_event: dict[str, list[pl.DataFrame]] = {}
     offset = 0
     for run, trace in traces:
         events.append(_tag(trace.events, run, offset))
