@@ -144,6 +144,10 @@ def test_ingest_finds_a_runs_trace_dat(tmp_path: Path) -> None:
     assert trace.meta["clock_in_file"] == "local" and trace.meta["clock"] == "boot"
     assert trace.meta["events_enabled"] == ["sched/sched_switch", "sched/sched_wakeup"]
     assert trace.events.height == tracekit.open(FIX / "small.v7zstd.dat").events.height
+    # Opened by its path, from the cache now, the run's file still gets the bundle's clock.
+    direct = tracekit.open(root / "runs" / "before-traced-0" / TRACE_DAT)
+    assert direct.from_cache and direct.meta["clock"] == "boot"
+    assert tracekit.open(FIX / "small.v7zstd.dat").meta["clock"] == "local"  # no bundle
 
 
 def test_a_run_without_a_trace_is_one_line(tmp_path: Path) -> None:

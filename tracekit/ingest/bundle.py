@@ -112,13 +112,10 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
             f"{data.path}: run {run.run_id} has no trace (runs/{run.run_id}/trace or "
             "trace.dat); only traced runs have one"
         )
-    trace = open_trace(path, **options)
-    if path.is_file():
-        _add_collect_meta(trace, data.manifest)
-    return trace
+    return open_trace(path, **options)  # a trace.dat gets the bundle's clock there
 
 
-def _add_collect_meta(trace: Trace, manifest: Manifest) -> None:
+def add_collect_meta(trace: Trace, manifest: Manifest) -> None:
     """Give a trace-cmd capture what only the bundle knows: the instance's clock, its events.
 
     trace-cmd stores the top-level buffer's trace_clock in trace.dat, not that of the

@@ -160,9 +160,23 @@ def open_trace(
     if use_cache:
         hit = cache.load(path, salvage, sym_path)
         if hit is not None:
-            return Trace(path, hit[0], from_cache=True)
+            return _with_bundle_meta(Trace(path, hit[0], from_cache=True))
     tables = _parse(path, kind, salvage, sym_path)
     if use_cache:
         where = cache.save(path, tables, salvage, sym_path)
         tables.meta["cache"] = str(where) if where else None
-    return Trace(path, tables, from_cache=False)
+    return _with_bundle_meta(Trace(path, tables, from_cache=False))
+
+
+def _with_bundle_meta(trace: Trace) -> Trace:
+    """A run's trace.dat inside a bundle (BUNDLE/runs/RUN/trace.dat) gets what the bundle
+    knows and the file does not: the instance's clock, the events enabled."""
+    from tracekit.bundle import read_manifest
+    from tracekit.ingest.bundle import add_collect_meta
+
+    path = trace.path
+    root = path.parent.parent.parent
+    in_runs = path.is_file() and path.parent.parent.name == "runs"
+    if in_runs and (root / "manifest.json").is_file():
+        add_collect_meta(trace, read_manifest(root))
+    return trace
