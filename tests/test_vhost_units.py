@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -269,3 +273,38 @@ def test_notes_say_emulated_mode_mismatch_and_no_kvm() -> None:
         "kernel bookworm:rt: Debian builds the PREEMPT_RT flavour "
         "without KVM; guests cannot run there"
     )
+
+
+def test_qemu_dies_with_a_killed_parent(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL cannot stop its child: the kernel must (PDEATHSIG)."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tracekit.vhost.process import run_pumping; "
+            "run_pumping(['sh', '-c', 'echo $$; exec sleep 60'], "
+            "lambda b: (sys.stdout.buffer.write(b), sys.stdout.flush()), 120)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert Path(f"/proc/{child}").exists()
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(50):
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its killed parent")
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie, already dead), '' once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2]
