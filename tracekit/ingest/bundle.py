@@ -90,6 +90,13 @@ def run_trace_path(bundle: Path, run: RunRecord) -> Path | None:
     return next((rundir / n for n in RUN_TRACE_NAMES if (rundir / n).exists()), None)
 
 
+def bundle_of(trace_path: Path) -> Path | None:
+    """The bundle a run's trace.dat sits in (BUNDLE/runs/RUN/trace.dat), or None."""
+    root = trace_path.parent.parent.parent
+    in_runs = trace_path.is_file() and trace_path.parent.parent.name == "runs"
+    return root if in_runs and (root / "manifest.json").is_file() else None
+
+
 def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[RunRecord]:
     """The bundle's runs of these kinds that recorded a trace, in run order."""
     return [

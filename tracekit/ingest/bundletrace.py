@@ -90,7 +90,7 @@ def _tool_tables(data: BundleData) -> dict[str, pl.DataFrame]:
 
 
 def _meta(data: BundleData, traces: list[tuple[RunRecord, Trace]], cached: bool) -> dict[str, Any]:
-    """What the bundle says about the stacked traces: runs, phases, clock, CPUs, losses."""
+    """What the bundle says about the stacked traces: runs, phases, clock, CPUs, state."""
     clocks = sorted({str(t.meta.get("clock") or "?") for _, t in traces})
     return {
         "reader": "bundle",

@@ -16,9 +16,14 @@ if TYPE_CHECKING:
 INCOMPLETE_LINE = "INCOMPLETE BUNDLE: the collection was interrupted; runs may be missing"
 
 
+def _is_bundle(trace: Trace) -> bool:
+    """A whole collect bundle (ingest/bundletrace.py): runs' traces and tool tables."""
+    return trace.meta.get("reader") == "bundle"
+
+
 def _is_tool_output(trace: Trace) -> bool:
     """A tool's output (cyclictest, stress-ng, perf stat): tool tables and no events."""
-    return bool(trace.tools) and trace.meta.get("reader") != "bundle"
+    return bool(trace.tools) and not _is_bundle(trace)
 
 
 def _header(trace: Trace) -> list[str]:
@@ -29,7 +34,7 @@ def _header(trace: Trace) -> list[str]:
     cached = " (from cache)" if trace.from_cache else ""
     if _is_tool_output(trace):
         return [f"{m.get('reader')} output: {trace.path}{cached}"]
-    if m.get("reader") == "bundle":
+    if _is_bundle(trace):
         emulated = [EMULATED_LINE] if m.get("emulated") else []
         incomplete = [] if m.get("complete") else [INCOMPLETE_LINE]
         return [
@@ -143,7 +148,7 @@ def summarise(trace: Trace) -> str:
     else:
         lines = _header(trace) + _span(trace.events) + _per_type(trace.events)
         lines += _lost(trace.lost, str(trace.meta.get("reader", "")))
-    if trace.meta.get("reader") == "bundle":
+    if _is_bundle(trace):
         lines += _runs(trace)
     unknown = trace.events.filter(pl.col("event").cast(pl.String).str.starts_with("unknown_id_"))
     if unknown.height:

@@ -172,11 +172,9 @@ def _with_bundle_meta(trace: Trace) -> Trace:
     """A run's trace.dat inside a bundle (BUNDLE/runs/RUN/trace.dat) gets what the bundle
     knows and the file does not: the instance's clock, the events enabled."""
     from tracekit.bundle import read_manifest
-    from tracekit.ingest.bundle import add_collect_meta
+    from tracekit.ingest.bundle import add_collect_meta, bundle_of
 
-    path = trace.path
-    root = path.parent.parent.parent
-    in_runs = path.is_file() and path.parent.parent.name == "runs"
-    if in_runs and (root / "manifest.json").is_file():
+    root = bundle_of(trace.path)
+    if root is not None:
         add_collect_meta(trace, read_manifest(root))
     return trace
