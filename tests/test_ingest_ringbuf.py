@@ -99,8 +99,8 @@ def test_every_record_kind() -> None:
     assert rec.length.tolist() == [8, 200, 12, 8]
 
 
-def test_grid_and_sorted_assembly_agree() -> None:
-    """The sort-free grid assembly equals the reference one on a random mix of pages."""
+def test_flat_and_sorted_assembly_agree() -> None:
+    """The sort-free flat assembly equals the reference one on a random mix of pages."""
     rng = np.random.default_rng(7)
     pages = []
     for p in range(40):
@@ -118,20 +118,21 @@ def test_grid_and_sorted_assembly_agree() -> None:
         pages.append(w.page())
     buf = np.frombuffer(b"".join(pages), dtype=np.uint8)
     rec = ringbuf.decode_pages(buf, HP, HE, page_size=PAGE)
-    steps: list[tuple[np.ndarray, ...]] = []
+    steps: list[tuple[np.ndarray, np.ndarray]] = []
     original = ringbuf._assemble
 
-    def spy(s: list[tuple[np.ndarray, ...]], *args: object) -> ringbuf._Walk:
+    def spy(words: np.ndarray, s: list[tuple[np.ndarray, ...]], *args: object) -> ringbuf._Walk:
         steps.extend(s)
-        return original(s, *args)  # type: ignore[arg-type]
+        return original(words, s, *args)  # type: ignore[arg-type]
 
     ringbuf._assemble = spy  # type: ignore[assignment]
     try:
         ringbuf.decode_pages(buf, HP, HE, page_size=PAGE)
     finally:
         ringbuf._assemble = original  # type: ignore[assignment]
-    ref = _assemble_sorted(steps, rec.page_ts, -1, 0, "")
+    ref = _assemble_sorted(buf.view(np.uint32), steps, rec.page_ts)
     assert np.array_equal(ref.ts, rec.ts) and np.array_equal(ref.payload, rec.payload)
+    assert np.array_equal(ref.length, rec.length) and np.array_equal(ref.page, rec.page)
     assert len(rec.ts) > 500
 
 
@@ -170,19 +171,15 @@ def test_partial_page_is_an_error() -> None:
 
 
 def _assemble_sorted(
-    steps: list[tuple[np.ndarray, ...]],
-    page_ts: np.ndarray,
-    bad_page: int,
-    bad_pos: int,
-    bad_reason: str,
+    words: np.ndarray, steps: list[tuple[np.ndarray, np.ndarray]], page_ts: np.ndarray
 ) -> ringbuf._Walk:
-    """Test oracle for ringbuf._assemble_grid (concatenate, sort by page, segmented sum)."""
-    # A step of events only carries kind None (ringbuf._records_at): all zeros.
-    steps = [(*s[:4], np.zeros(len(s[0]), np.int64) if s[4] is None else s[4]) for s in steps]
-    page, payload, length, delta, kind = (np.concatenate(c) for c in zip(*steps, strict=True))
+    """Test oracle for ringbuf._assemble (concatenate, sort by page, segmented sum)."""
+    page, pos = (np.concatenate(c) for c in zip(*steps, strict=True))
     order = np.argsort(page, kind="stable")  # steps are already in order within a page
-    page, payload, length = page[order], payload[order], length[order]
-    delta, kind = delta[order], kind[order]
+    page, pos = page[order], pos[order]
+    end = (page + 1) * PAGE  # only padding reads it, and the oracle keeps no padding
+    _, payload, length, delta, kind, _ = ringbuf._records_at(words, pos, end, HE)
+    kind = np.zeros(len(pos), np.int64) if kind is None else kind
     # Each page restarts the clock at its header timestamp; an absolute stamp restarts
     # it at its own value (its top bits come from the page's timestamp).
     first = np.ones(len(page), dtype=bool)
@@ -198,7 +195,4 @@ def _assemble_sorted(
     base = csum[reset_idx] - value[reset_idx]
     ts = csum - base[np.cumsum(reset) - 1]
     is_event = (kind == 0) & (length > 0)
-    return ringbuf._Walk(
-        ts[is_event], payload[is_event], length[is_event], page[is_event],
-        bad_page, bad_pos, bad_reason,
-    )  # fmt: skip
+    return ringbuf._Walk(ts[is_event], payload[is_event], length[is_event], page[is_event])

@@ -143,7 +143,7 @@ class _Walk:
         self.length, self.page = self.length[keep], self.page[keep]
 
 
-# Pages walked together: bounds the walk's per-step arrays and its (pages x steps) grid
+# Pages walked together: bounds the walk's per-step arrays and its assembly
 # (about 20 bytes per record slot) to tens of MB however big the CPU's buffer is.
 PAGES_PER_WALK = 8192
 
@@ -167,7 +167,7 @@ def _walk_batches(
     if len(walks) == 1:
         return walks[0]
     if not walks:
-        return _assemble([], page_ts, -1, 0, "")
+        return _walk(words, page_ts, size, hp, he, page_size)  # no pages: empty arrays
     joined = _Walk(*(np.concatenate([getattr(w, k) for w in walks]) for k in _Walk.ARRAYS))
     last_walk = walks[-1]
     joined.bad_page, joined.bad_pos = last_walk.bad_page, last_walk.bad_pos
@@ -184,31 +184,48 @@ def _walk(
     page_size: int,
     first: int = 0,
 ) -> _Walk:
-    """Follow the record chains of pages first.. at once; returns data records in order."""
+    """Follow the record chains of pages first.. at once; returns data records in order.
+
+    The walk only finds where each record starts; the records are decoded afterwards,
+    in page order, in one vectorised pass (_assemble).
+    """
     n_pages = len(size)
     page = np.arange(n_pages, dtype=np.int64)
     pos = (page + first) * page_size + hp.data_offset  # byte position of each page's next record
-    end = pos + size
-    active = pos < end
-    page, pos, end = page[active], pos[active], end[active]
-    steps: list[tuple[np.ndarray, ...]] = []
+    page_end = pos + size
+    active = pos < page_end
+    page, pos, end = page[active], pos[active], page_end[active]
+    steps: list[tuple[np.ndarray, np.ndarray]] = []
     bad_page, bad_pos, bad_reason = -1, 0, ""
     while len(page):
-        nxt, payload, length, delta, kind, type_len = _records_at(words, pos, end, he)
+        nxt = _next_at(words, pos, end, he)
         overrun = nxt > end
         if overrun.any():
             i = int(np.flatnonzero(overrun)[0])
             if bad_page < 0 or page[i] < bad_page:
+                type_len = int(words[pos[i] >> 2]) & ((1 << he.type_len_bits) - 1)
                 bad_page, bad_pos = int(page[i]), int(pos[i])
-                bad_reason = f"record (type_len {int(type_len[i])}) runs past the page data"
-        steps.append((page, payload, length, delta, kind))
+                bad_reason = f"record (type_len {type_len}) runs past the page data"
+        steps.append((page, pos))
         pos = nxt
         live = pos < end
         page, pos, end = page[live], pos[live], end[live]
-    walk = _assemble(steps, page_ts, bad_page, bad_pos, bad_reason)
+    walk = _assemble(words, steps, page_ts, page_end, he)
     walk.page += first
+    walk.bad_page, walk.bad_pos, walk.bad_reason = bad_page, bad_pos, bad_reason
     walk.bad_page += first if walk.bad_page >= 0 else 0
     return walk
+
+
+def _next_at(words: np.ndarray, pos: np.ndarray, end: np.ndarray, he: HeaderEvent) -> np.ndarray:
+    """Where the record after each position starts: the walk's only question, answered
+    with the fewest array passes for small events (the rest go through _records_at)."""
+    type_len = (words[pos >> 2] & np.uint32((1 << he.type_len_bits) - 1)).astype(np.int64)
+    nxt = pos + 4 + (type_len << 2)
+    odd = np.flatnonzero((type_len - 1).astype(np.uint64) >= he.data_max_type_len)
+    if len(odd):
+        nxt[odd] = _records_at(words, pos[odd], end[odd], he)[0]
+    return nxt
 
 
 def _records_at(
@@ -272,54 +289,56 @@ def _step(
     return nxt, payload, np.where(is_pad | is_ext | is_abs, 0, length), kind
 
 
-def _assemble(
-    steps: list[tuple[np.ndarray, ...]],
-    page_ts: np.ndarray,
-    bad_page: int,
-    bad_pos: int,
-    bad_reason: str,
-) -> _Walk:
-    """Order the records page by page and turn deltas into absolute timestamps."""
-    if not steps:
-        empty = np.zeros(0, dtype=np.int32)
-        return _Walk(
-            empty.astype(np.uint64), empty.astype(np.int64), empty, empty,
-            bad_page, bad_pos, bad_reason,
-        )  # fmt: skip
-    walk = _assemble_grid(steps, page_ts)
-    walk.bad_page, walk.bad_pos, walk.bad_reason = bad_page, bad_pos, bad_reason
-    return walk
+def _in_page_order(
+    steps: list[tuple[np.ndarray, np.ndarray]], n_pages: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The walk's record positions in page order, and the number of records of each page.
 
-
-def _assemble_grid(steps: list[tuple[np.ndarray, ...]], page_ts: np.ndarray) -> _Walk:
-    """_assemble without a sort: a (page x step) grid, summed along each page's row.
-
-    Step k holds every page's k-th record, so column k of the grid is filled from step
-    k; a cumulative sum along a row is that page's running clock, and reading the grid
-    row by row is page order.
+    Step k holds every active page's k-th record, so a page's record k goes to
+    (records before that page) + k: a scatter, no sort.
     """
-    shape = (len(page_ts), len(steps))
-    delta = np.zeros(shape, dtype=np.uint64)
-    payload = np.zeros(shape, dtype=np.int64)
-    length = np.zeros(shape, dtype=np.int32)
-    stamps: list[tuple[int, np.ndarray, np.ndarray]] = []
-    for k, (page, pay, ln, dl, kind) in enumerate(steps):
-        payload[page, k] = pay
-        if kind is None:  # only events in this step (see _records_at)
-            delta[page, k], length[page, k] = dl, ln
-            continue
-        is_abs = kind == 2
-        delta[page, k] = np.where(is_abs, np.uint64(0), dl)
-        length[page, k] = np.where(kind == 0, ln, 0)  # padding/extends are not events
-        if is_abs.any():
-            stamps.append((k, page[is_abs], dl[is_abs]))
-    ts = np.cumsum(delta, axis=1, dtype=np.uint64)
+    count = np.zeros(n_pages, dtype=np.int64)
+    for k, (page, _) in enumerate(steps):
+        count[page] = k + 1  # pages leave the walk for good: the last step a page is in
+    start = np.cumsum(count) - count
+    pos = np.empty(int(count.sum()), dtype=np.int64)
+    for k, (page, at) in enumerate(steps):
+        pos[start[page] + k] = at
+    return pos, count
+
+
+def _assemble(
+    words: np.ndarray,
+    steps: list[tuple[np.ndarray, np.ndarray]],
+    page_ts: np.ndarray,
+    page_end: np.ndarray,
+    he: HeaderEvent,
+) -> _Walk:
+    """Decode the walked records in page order and turn deltas into absolute timestamps.
+
+    The clock is one running sum over all records, cut into segments that restart at
+    each page's header timestamp and at each absolute stamp (rare); a segment's offset
+    turns the running sum into its clock.
+    """
+    pos, count = _in_page_order(steps, len(page_ts))
+    page_of = np.repeat(np.arange(len(page_ts), dtype=np.int32), count)
+    _, payload, length, delta, kind, _ = _records_at(words, pos, page_end[page_of], he)
+    del pos
+    restart = np.zeros(len(delta), dtype=bool)  # a segment starts here: page start or stamp
+    restart[(np.cumsum(count) - count)[count > 0]] = True
+    stamp = np.flatnonzero(kind == 2) if kind is not None else np.zeros(0, np.int64)
+    restart[stamp] = True
+    del kind
+    segment = np.flatnonzero(restart)
+    base = page_ts[page_of[segment]].astype(np.uint64)  # the clock where a segment starts
+    if len(stamp):  # an absolute stamp sets it (its top bits from the page), also at a start
+        value = delta[stamp] | (page_ts[page_of[stamp]] & TS_MSB_MASK)
+        base[np.searchsorted(segment, stamp)] = value
+        delta[stamp] = 0
+    ts = np.cumsum(delta, dtype=np.uint64)
+    base -= ts[segment] - delta[segment]  # minus the running sum before the segment
     del delta
-    ts += page_ts[:, None].astype(np.uint64)
-    # An absolute stamp (rare) sets its page's clock: shift that page from there on.
-    for k, pages, value in stamps:
-        target = value | (page_ts[pages] & TS_MSB_MASK)
-        ts[pages, k:] += (target - ts[pages, k])[:, None]
-    is_event = length > 0
-    page_of = np.nonzero(is_event)[0].astype(np.int32)
-    return _Walk(ts[is_event], payload[is_event], length[is_event], page_of)
+    ts += base[np.cumsum(restart, dtype=np.int64) - 1]
+    is_event = length > 0  # padding, extends and stamps have length 0
+    return _Walk(ts[is_event], payload[is_event], length[is_event].astype(np.int32),
+                 page_of[is_event])  # fmt: skip
