@@ -26,6 +26,7 @@ from tracekit.ingest.columns import (
 )
 from tracekit.ingest.formats import EventFormat, FormatSet
 from tracekit.ingest.symcols import Symbols, add_symbol_columns
+from tracekit.ingest.threads import map_threads
 
 
 @dataclass
@@ -122,13 +123,18 @@ def typed_tables(
         by_id = np.argsort(block.astype(np.uint16, copy=False), kind="stable")
         uniq, starts = _runs(block[by_id])
         by_id += lo
+        known: list[tuple[int, EventFormat, np.ndarray]] = []
         for ev_id, a, b in zip(uniq.tolist(), starts, [*starts[1:], len(block)], strict=True):
             fmt = dec.formats.get(ev_id)
             if fmt is None:  # kept, never dropped: the summary shows unknown ids
                 id_name[ev_id] = (f"unknown_id_{ev_id}", "")
                 continue
             id_name[ev_id] = (table_name(fmt, names), fmt.system)
-            piece = _piece(dec, g, fmt, by_id[a:b], c, have_header)
+            known.append((ev_id, fmt, by_id[a:b]))
+        # The event types of a block are decoded in parallel (numpy releases the GIL);
+        # they write disjoint rows of the common arrays.
+        done = map_threads(lambda job: _piece(dec, g, job[1], job[2], c, have_header), known)
+        for (ev_id, _, _), piece in zip(known, done, strict=True):
             pieces.setdefault(ev_id, []).append(piece)
         after_block(k)
     by_event = {

@@ -29,6 +29,7 @@ from tracekit.ingest.columns import Gatherer, standard_header
 from tracekit.ingest.formats import FormatSet
 from tracekit.ingest.ringbuf import Records, decode_pages
 from tracekit.ingest.symcols import load_symbols
+from tracekit.ingest.threads import map_threads
 
 # Rows decoded together; after each block the ring-buffer pages behind it are released
 # (bytype, membuf). A block of syscall events holds about 50 MB of ring buffer.
@@ -157,11 +158,6 @@ def _decode_cpu(trace: BinaryTrace, cpu: CpuData, salvage: bool) -> Records:
             f"{trace.reader} reader: {cpu.where}: CPU {cpu.cpu}: byte {err}; the file is "
             "truncated or corrupt (use --salvage to read up to the damage)"
         ) from None
-    if rec.damage:
-        trace.skipped.append(
-            f"CPU {cpu.cpu}: pages from byte offset {rec.damage.offset} of {cpu.where} on "
-            f"({rec.damage.reason})"
-        )
     return rec
 
 
@@ -174,7 +170,14 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     """
     syms = load_symbols(trace.kallsyms, symbols, trace.path)
     trace.kallsyms = ""  # parsed into syms: megabytes of text nothing reads again
-    parts = [(c, _decode_cpu(trace, c, salvage)) for c in trace.cpus]
+    decoded = map_threads(lambda c: _decode_cpu(trace, c, salvage), trace.cpus)  # GIL released
+    parts = list(zip(trace.cpus, decoded, strict=True))
+    for c, rec in parts:
+        if rec.damage:
+            trace.skipped.append(
+                f"CPU {c.cpu}: pages from byte offset {rec.damage.offset} of {c.where} on "
+                f"({rec.damage.reason})"
+            )
     lost = _lost_table(trace, parts)
     meta = dict(trace.meta)
     meta.update(

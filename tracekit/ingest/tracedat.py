@@ -24,6 +24,7 @@ from tracekit.errors import TracekitError
 from tracekit.ingest import membuf
 from tracekit.ingest.formats import FormatSet, parse_header_event, parse_header_page
 from tracekit.ingest.tables import BinaryTrace, CpuData, parse_cmdlines, parse_printk, parse_stats
+from tracekit.ingest.threads import map_threads
 
 MAGIC = b"\x17\x08\x44tracing"
 OPT_DONE, OPT_DATE, OPT_CPUSTAT, OPT_BUFFER, OPT_TRACECLOCK, OPT_UNAME = 0, 1, 2, 3, 4, 5
@@ -370,30 +371,37 @@ class TraceDat:
         """All CPUs' chunks decompressed into one releasable array (see membuf).
 
         Chunks are small (trace-cmd writes about ten pages each), so each is inflated
-        to bytes and copied in place: one chunk of transient memory, no joins.
+        to bytes and copied in place: one chunk of transient memory, no joins. The CPUs
+        are inflated in parallel (the libraries release the GIL while they work).
         """
         plan = [(cpu, offset, self._chunk_plan(offset)) for cpu, offset, size in buf.cpus if size]
-        out = membuf.alloc(sum(usize for *_, chunks in plan for _, _, usize in chunks))
+        sizes = [sum(usize for _, _, usize in chunks) for *_, chunks in plan]
+        out = membuf.alloc(sum(sizes))
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        pieces = [out[at : at + n] for at, n in zip(starts, sizes, strict=True)]
+        map_threads(lambda i: self._inflate_into(plan[i][2], pieces[i]), range(len(plan)))
+        return [
+            CpuData(cpu, piece, 0,
+                    f"{self.path} (instance {buf.name or 'top'}, CPU {cpu} data at {offset})")
+            for (cpu, offset, _), piece in zip(plan, pieces, strict=True)
+        ]  # fmt: skip
+
+    def _inflate_into(self, chunks: list[tuple[int, int, int]], out: np.ndarray) -> None:
+        """Decompress one CPU's chunks back to back into `out` (with its own context)."""
         view = memoryview(out)
         inflate = self._inflater()
         pos = 0
-        cpus = []
-        for cpu, offset, chunks in plan:
-            start = pos
-            for at, csize, usize in chunks:
-                try:
-                    data = inflate(self.raw[at : at + csize], usize)
-                except Exception as err:  # the libraries raise their own error types
-                    raise Truncated(
-                        f"{self.compression} data at offset {at} is corrupt: {err}"
-                    ) from None
-                if len(data) != usize:
-                    raise Truncated(f"block at offset {at} gave {len(data)} bytes, not {usize}")
-                view[pos : pos + usize] = data
-                pos += usize
-            where = f"{self.path} (instance {buf.name or 'top'}, CPU {cpu} data at {offset})"
-            cpus.append(CpuData(cpu, out[start:pos], 0, where))
-        return cpus
+        for at, csize, usize in chunks:
+            try:
+                data = inflate(self.raw[at : at + csize], usize)
+            except Exception as err:  # the libraries raise their own error types
+                raise Truncated(
+                    f"{self.compression} data at offset {at} is corrupt: {err}"
+                ) from None
+            if len(data) != usize:
+                raise Truncated(f"block at offset {at} gave {len(data)} bytes, not {usize}")
+            view[pos : pos + usize] = data
+            pos += usize
 
     def _chunk_plan(self, offset: int) -> list[tuple[int, int, int]]:
         """(file offset, compressed size, size) of each chunk of one CPU's data."""
