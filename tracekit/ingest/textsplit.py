@@ -140,6 +140,9 @@ def _category_index(values: pl.Series, distinct: pl.Series) -> pl.Series:
     return table.gather(codes)
 
 
+PREFIX_COLUMNS = ("comm", "pid", "tgid", "cpu", "preempt_count")
+
+
 def decode_prefixes(fit: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
     """Event columns of the fitting lines, and the line numbers whose prefix did not parse.
 
@@ -151,9 +154,11 @@ def decode_prefixes(fit: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
     at = _category_index(fit["prefix"], distinct)
     names = fit["event"].unique().drop_nulls()
     bad_names = names.filter(~names.cast(pl.String).str.contains(EVENT_NAME_RE))
-    events = fit.select(
-        "lineno", *(parts[c].gather(at) for c in ("comm", "pid", "tgid", "cpu", "preempt_count")),
-        ts=parts["sec_ns"].gather(at) + col("frac_ns"), event="event", fields="fields",
+    # One select: polars gathers the columns in parallel.
+    events = fit.with_columns(at=at).select(
+        "lineno", *(pl.lit(parts[c]).gather(col("at")) for c in PREFIX_COLUMNS),
+        ts=pl.lit(parts["sec_ns"]).gather(col("at")) + col("frac_ns"), event="event",
+        fields="fields",
     )  # fmt: skip
     ok = col("pid").is_not_null() & col("cpu").is_not_null() & col("ts").is_not_null()
     if len(bad_names):
