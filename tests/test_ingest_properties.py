@@ -4,8 +4,7 @@ Ring buffer: pages of random records (small and big events, time extends, absolu
 stamps, padding) built by the test encoder, whose expected events and clock are known
 by construction; then the same pages cut short or with a byte flipped. ftrace text:
 event lines with awkward comm names (dashes, digits, dots, colons, brackets, spaces,
-UTF-8),
-with and without the irq-info column, in tracefs and trace-cmd layouts.
+UTF-8), with and without the irq-info column, in tracefs and trace-cmd layouts.
 """
 
 from __future__ import annotations
