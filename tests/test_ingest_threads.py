@@ -28,6 +28,23 @@ def test_an_error_in_a_worker_is_raised() -> None:
         map_threads(work, range(6))
 
 
+def test_items_not_started_are_cancelled_after_an_error() -> None:
+    """Once an item fails, the queue is dropped: the error comes back without waiting for
+    every other item to run."""
+    ran: list[int] = []
+
+    def work(n: int) -> int:
+        if n == 0:
+            raise RuntimeError("first item fails")
+        time.sleep(0.05)
+        ran.append(n)
+        return n
+
+    with pytest.raises(RuntimeError, match="first item fails"):
+        map_threads(work, range(40))
+    assert len(ran) < 10
+
+
 def test_one_item_runs_in_the_calling_thread() -> None:
     """No pool for a single item: it runs where the caller runs."""
     assert map_threads(lambda _: threading.get_ident(), [0]) == [threading.get_ident()]
