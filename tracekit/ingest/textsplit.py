@@ -94,6 +94,8 @@ def split_events(lines: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         fields=pl.when(fits).then(fields), line=pl.when(~fits).then(col("line")),
     )  # fmt: skip
     frame = cut.collect(engine="streaming")
+    if frame["fits"].all():  # the usual case: no copy of millions of rows by a filter
+        return frame.drop("fits", "line"), frame.clear().select("lineno", "line")
     fit = frame.filter("fits")
     rest = frame.filter(~col("fits")).select("lineno", "line")
     return fit.drop("fits", "line"), rest
