@@ -51,6 +51,17 @@ def test_utf8_comm_takes_the_fast_path(tmp_path: Path) -> None:
     assert "pythön3" in fast["comm"].cast(str).to_list()
 
 
+def test_instance_ending_in_a_digit_takes_the_exact_search(tmp_path: Path) -> None:
+    """Every line behind `tk1: `: the fast search stops at the instance's colon, the
+    exact one finds the timestamp, and the events equal the regex's, line for line."""
+    lines = (FIX / "small.report.txt").read_text().splitlines()
+    path = tmp_path / "inst1.txt"
+    path.write_text("".join(f"tk1: {line}\n" if "[00" in line else f"{line}\n" for line in lines))
+    fast, slow = _both_paths(path)
+    assert fast.height == sum("[00" in line for line in lines) > 200
+    assert fast.equals(slow)
+
+
 def _edit(tmp_path: Path, lines: dict[int, str]) -> tuple[Path, int]:
     """small.report.txt with some lines replaced; (its path, its event count)."""
     text = (FIX / "small.report.txt").read_text().splitlines()
