@@ -58,8 +58,8 @@ def _stamp_by_digit(lines: pl.LazyFrame) -> pl.LazyFrame:
 
     A plain search, twice as fast as the pattern `_stamp_by_dot` needs. It is the
     timestamp's colon unless something before it (an instance name, a comm) ends in a
-    digit and a colon; such lines take `_stamp_by_dot`. Where a dot, a digit and 6 or 9
-    digits in all lead up to it, both searches find the same colon.
+    digit and a colon; such lines take `_stamp_by_dot`. Where it fits (a dot, then 6 or
+    9 digits up to it), it is also the first `.digits: `: both find the same colon.
     """
     raw, col = pl.col("line").cast(pl.Binary), pl.col
     end = col("end")
