@@ -7,8 +7,9 @@ and time_delta (27 high bits). type_len 1..28 is an event of type_len*4 bytes; 0
 event whose length is in the next word; 29 is padding, 30 a time extend, 31 an absolute
 time stamp. The records of one page form a chain (each one's position depends on the
 previous length), so this walks many pages at once (PAGES_PER_WALK, to bound the
-memory of the walk): step k reads the k-th record of every page still active, with
-numpy. The Python loop runs (records per page) times per batch, never once per event.
+memory of the walk): step k finds where the k-th record of every page still active
+starts, with numpy. The records are then decoded in page order in one vectorised pass.
+The Python loop runs (records per page) times per batch, never once per event.
 """
 
 from __future__ import annotations
@@ -143,8 +144,8 @@ class _Walk:
         self.length, self.page = self.length[keep], self.page[keep]
 
 
-# Pages walked together: bounds the walk's per-step arrays and its assembly
-# (about 20 bytes per record slot) to tens of MB however big the CPU's buffer is.
+# Pages walked together: bounds the walk's steps (16 bytes per record) and the arrays
+# of its assembly to tens of MB however big the CPU's buffer is.
 PAGES_PER_WALK = 8192
 
 
