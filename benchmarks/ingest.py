@@ -9,10 +9,9 @@ times, the contenders taking turns (a shared machine's speed drifts, and memory 
 touches first costs more); the figures are the medians. Prints events per second (wall
 clock: what a user waits; tracekit uses every core, trace-cmd one) and per CPU second
 (the work done, whatever the cores), the ratio to trace-cmd on both, peak RSS, and the
-binary ingest's peak
-RSS over the ring-buffer data with and without the fixed cost of the interpreter and
-its libraries (RSS of a process that only imports tracekit and polars): the target is
-on the plain ratio, the other shows what grows with the trace.
+binary ingest's peak RSS over the ring-buffer data with and without the fixed cost of
+the interpreter and its libraries (RSS of a process that only imports tracekit and
+polars): the target is on the plain ratio, the other shows what grows with the trace.
 Data goes under $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
 
     python3 benchmarks/ingest.py [--dat FILE] [--buffer-mb 160] [--seconds 8] [--repeat 3]
@@ -168,8 +167,8 @@ def main() -> None:
     head = ("contender", "wall s", "CPU s", "events/s", "events/CPU s", "peak RSS MB",
             "x wall", "x CPU")  # fmt: skip
     widths = (26, 8, 8, 12, 14, 13, 8, 7)
-    print("".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in
-                  enumerate(zip(head, widths, strict=True))))  # fmt: skip
+    cells = zip(head[1:], widths[1:], strict=True)
+    print(f"{head[0]:<{widths[0]}}" + "".join(f"{h:>{w}}" for h, w in cells))
     rows = [
         ("trace-cmd report (text)", tc, events),
         ("tracekit binary ingest", binary, events),

@@ -199,14 +199,13 @@ def _walk(
     steps: list[tuple[np.ndarray, np.ndarray]] = []
     bad_page, bad_pos, bad_reason = -1, 0, ""
     while len(page):
-        nxt = _next_at(words, pos, end, he)
+        nxt, *_, type_len = _records_at(words, pos, end, he)
         overrun = nxt > end
         if overrun.any():
             i = int(np.flatnonzero(overrun)[0])
             if bad_page < 0 or page[i] < bad_page:
-                type_len = int(words[pos[i] >> 2]) & ((1 << he.type_len_bits) - 1)
                 bad_page, bad_pos = int(page[i]), int(pos[i])
-                bad_reason = f"record (type_len {type_len}) runs past the page data"
+                bad_reason = f"record (type_len {int(type_len[i])}) runs past the page data"
         steps.append((page, pos))
         pos = nxt
         live = pos < end
@@ -216,17 +215,6 @@ def _walk(
     walk.bad_page, walk.bad_pos, walk.bad_reason = bad_page, bad_pos, bad_reason
     walk.bad_page += first if walk.bad_page >= 0 else 0
     return walk
-
-
-def _next_at(words: np.ndarray, pos: np.ndarray, end: np.ndarray, he: HeaderEvent) -> np.ndarray:
-    """Where the record after each position starts: the walk's only question, answered
-    with the fewest array passes for small events (the rest go through _records_at)."""
-    type_len = (words[pos >> 2] & np.uint32((1 << he.type_len_bits) - 1)).astype(np.int64)
-    nxt = pos + 4 + (type_len << 2)
-    odd = np.flatnonzero((type_len - 1).astype(np.uint64) >= he.data_max_type_len)
-    if len(odd):
-        nxt[odd] = _records_at(words, pos[odd], end[odd], he)[0]
-    return nxt
 
 
 def _records_at(
@@ -292,8 +280,9 @@ def _step(
 
 def _in_page_order(
     steps: list[tuple[np.ndarray, np.ndarray]], n_pages: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The walk's record positions in page order, and the number of records of each page.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The walk's record positions in page order, and each page's record count and
+    first record.
 
     Step k holds every active page's k-th record, so a page's record k goes to
     (records before that page) + k: a scatter, no sort.
@@ -305,7 +294,7 @@ def _in_page_order(
     pos = np.empty(int(count.sum()), dtype=np.int64)
     for k, (page, at) in enumerate(steps):
         pos[start[page] + k] = at
-    return pos, count
+    return pos, count, start
 
 
 def _assemble(
@@ -321,12 +310,12 @@ def _assemble(
     each page's header timestamp and at each absolute stamp (rare); a segment's offset
     turns the running sum into its clock.
     """
-    pos, count = _in_page_order(steps, len(page_ts))
+    pos, count, start = _in_page_order(steps, len(page_ts))
     page_of = np.repeat(np.arange(len(page_ts), dtype=np.int32), count)
     _, payload, length, delta, kind, _ = _records_at(words, pos, page_end[page_of], he)
     del pos
     restart = np.zeros(len(delta), dtype=bool)  # a segment starts here: page start or stamp
-    restart[(np.cumsum(count) - count)[count > 0]] = True
+    restart[start[count > 0]] = True
     stamp = np.flatnonzero(kind == 2) if kind is not None else np.zeros(0, np.int64)
     restart[stamp] = True
     del kind

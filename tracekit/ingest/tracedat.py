@@ -11,6 +11,7 @@ Layout as documented in trace-cmd's trace-cmd.dat.v6(5) and .v7(5) pages.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import struct
 import zlib
@@ -377,7 +378,7 @@ class TraceDat:
         plan = [(cpu, offset, self._chunk_plan(offset)) for cpu, offset, size in buf.cpus if size]
         sizes = [sum(usize for _, _, usize in chunks) for *_, chunks in plan]
         out = membuf.alloc(sum(sizes))
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        starts = list(itertools.accumulate(sizes, initial=0))[:-1]
         pieces = [out[at : at + n] for at, n in zip(starts, sizes, strict=True)]
         map_threads(lambda i: self._inflate_into(plan[i][2], pieces[i]), range(len(plan)))
         return [
