@@ -105,6 +105,7 @@ def test_a_bundle_without_traces_still_opens(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_bundle_says_so_first(tmp_path: Path) -> None:
+    """manifest.complete false: INCOMPLETE heads the summary; an unfinished run says so."""
     summary = tracekit.open(_bundle(tmp_path, complete=False)).summary().splitlines()
     assert summary[0] == INCOMPLETE_LINE
     (after,) = [line for line in summary if line.startswith("  after-traced-0 ")]
@@ -114,6 +115,7 @@ def test_an_interrupted_bundle_says_so_first(tmp_path: Path) -> None:
 
 
 def test_events_of_one_phase_or_run(tmp_path: Path) -> None:
+    """--phase/--run pick rows; an unknown one, or either on a bare trace, is one line."""
     root = str(_bundle(tmp_path))
     res = CliRunner().invoke(main, ["events", root, "--phase", "after", "--format", "json"])
     assert res.exit_code == 0, res.output
