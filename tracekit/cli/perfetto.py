@@ -87,7 +87,8 @@ def _export(
     kallsyms: str | None,
 ) -> None:
     """Export, then validate the result against the source's counts."""
-    from tracekit.perfetto.bundle import export_bundle, is_bundle
+    from tracekit.bundle import is_bundle
+    from tracekit.perfetto.bundle import export_bundle
     from tracekit.perfetto.export import parse_window
 
     bounds = parse_window(window) if window else (None, None)

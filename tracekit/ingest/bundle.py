@@ -9,21 +9,28 @@ capture directory `runs/<run>/trace`, or `runs/<run>/trace.dat` from `--capture 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.bundle import (
+    MEASURE_KINDS,
+    Manifest,
+    RunFile,
+    RunKind,
+    RunRecord,
+    read_manifest,
+    run_dir,
+    run_trace_path,
+)
 from tracekit.errors import TracekitError
 from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
 
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
-
-# A traced run's trace, by capture method: raw capture directory, then trace-cmd's file.
-RUN_TRACE_NAMES = ("trace", "trace.dat")
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -52,15 +59,15 @@ def load_bundle(path: str | Path) -> BundleData:
     manifest = read_manifest(path)
     latencies, stress, probes, lost, cycles = [], [], [], [], []
     for run in manifest.runs:
-        rundir = path / "runs" / run.run_id
-        if run.kind in ("quiet", "traced") and (rundir / "cyclictest.txt").is_file():
-            latencies.append(_latencies(run, rundir / "cyclictest.txt"))
-            if (rundir / "cyclictest.json").is_file():
-                cycles.append((run.run_id, _cycles(rundir / "cyclictest.json")))
-        if (rundir / "stress-ng.yaml").is_file():
-            stress.append(_stress(run, rundir / "stress-ng.yaml"))
-        if run.kind == "probe" and (rundir / "probe.json").is_file():
-            probes.append(_probe(run, rundir / "probe.json"))
+        rundir = path / run_dir(run.run_id)
+        if run.kind in MEASURE_KINDS and (rundir / RunFile.CYCLICTEST).is_file():
+            latencies.append(_latencies(run, rundir / RunFile.CYCLICTEST))
+            if (rundir / RunFile.CYCLICTEST_JSON).is_file():
+                cycles.append((run.run_id, _cycles(rundir / RunFile.CYCLICTEST_JSON)))
+        if (rundir / RunFile.STRESS_YAML).is_file():
+            stress.append(_stress(run, rundir / RunFile.STRESS_YAML))
+        if run.kind == RunKind.PROBE and (rundir / RunFile.PROBE_SUMMARY).is_file():
+            probes.append(_probe(run, rundir / RunFile.PROBE_SUMMARY))
         if run.lost_events:
             lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
     return BundleData(
@@ -84,25 +91,12 @@ def load_bundle(path: str | Path) -> BundleData:
     )
 
 
-def run_trace_path(bundle: Path, run: RunRecord) -> Path | None:
-    """Where a run's trace is (raw capture directory or trace.dat), or None without one."""
-    rundir = bundle / "runs" / run.run_id
-    return next((rundir / n for n in RUN_TRACE_NAMES if (rundir / n).exists()), None)
-
-
-def bundle_of(trace_path: Path) -> Path | None:
-    """The bundle a run's trace.dat sits in (BUNDLE/runs/RUN/trace.dat), or None."""
-    root = trace_path.parent.parent.parent
-    in_runs = trace_path.is_file() and trace_path.parent.parent.name == "runs"
-    return root if in_runs and (root / "manifest.json").is_file() else None
-
-
-def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[RunRecord]:
+def traced_runs(data: BundleData, kinds: Collection[str] = (RunKind.TRACED,)) -> list[RunRecord]:
     """The bundle's runs of these kinds that recorded a trace, in run order."""
     return [
         run
         for run in data.manifest.runs
-        if run.kind in kinds and run_trace_path(data.path, run) is not None
+        if run.kind in kinds and run_trace_path(data.path, run.run_id) is not None
     ]
 
 
@@ -113,11 +107,11 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
     """
     from tracekit.ingest.trace import open_trace
 
-    path = run_trace_path(data.path, run)
+    path = run_trace_path(data.path, run.run_id)
     if path is None:
         raise TracekitError(
-            f"{data.path}: run {run.run_id} has no trace (runs/{run.run_id}/trace or "
-            "trace.dat); only traced runs have one"
+            f"{data.path}: run {run.run_id} has no trace ({run_dir(run.run_id)}/"
+            f"{RunFile.TRACE} or {RunFile.TRACE_DAT}); only traced runs have one"
         )
     return open_trace(path, **options)  # a trace.dat gets the bundle's clock there
 

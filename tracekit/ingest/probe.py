@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from tracekit.bundle import RunFile, RunKind, run_path
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
@@ -99,8 +100,8 @@ def probe_samples(data: BundleData) -> pl.DataFrame:
     """Every probe sample of a bundle: run_id, phase, cpu, mode, timestamp_ns, duration_ns."""
     frames = []
     for run in data.manifest.runs:
-        path = data.path / "runs" / run.run_id / "probe.bin"
-        if run.kind != "probe" or not path.is_file():
+        path = run_path(data.path, run.run_id, RunFile.PROBE)
+        if run.kind != RunKind.PROBE or not path.is_file():
             continue
         header, samples = read_probe_file(path)
         frames.append(

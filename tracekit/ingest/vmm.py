@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from tracekit.bundle import RunFile, run_path
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
     from tracekit.bundle import RunRecord
     from tracekit.ingest.bundle import BundleData
 
-VMM_FILE = "vmm.txt"  # where the collector keeps a run's VMM stdout
 
 _PAIR = re.compile(r"(\w+)=(\S*)")
 # Parameters of the `run` record copied onto each of its VMs.
@@ -133,7 +133,7 @@ def vmm_runs(data: BundleData) -> list[tuple[RunRecord, VmmOutput]]:
     """A bundle's runs that ran the VMM (their directory holds vmm.txt), in run order."""
     found = []
     for run in data.manifest.runs:
-        path = data.path / "runs" / run.run_id / VMM_FILE
+        path = run_path(data.path, run.run_id, RunFile.VMM)
         if path.is_file():
             found.append((run, read_vmm_output(path)))
     return found
@@ -141,7 +141,7 @@ def vmm_runs(data: BundleData) -> list[tuple[RunRecord, VmmOutput]]:
 
 def run_extra(data: BundleData, run: RunRecord, name: str) -> dict[str, object] | None:
     """A JSON file a run left beside its outputs (e.g. rollover.json), or None."""
-    path = data.path / "runs" / run.run_id / name
+    path = run_path(data.path, run.run_id, name)
     if not path.is_file():
         return None
     try:

@@ -19,7 +19,15 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.bundle import (
+    Manifest,
+    RunFile,
+    RunKind,
+    RunRecord,
+    read_manifest,
+    run_path,
+    run_trace_path,
+)
 from tracekit.errors import TracekitError
 from tracekit.perfetto.export import ExportResult, TracePart, export_parts, read_kallsyms
 from tracekit.perfetto.latency import interval_ns, sleep_timers, timelines, write_latencies
@@ -31,13 +39,6 @@ from tracekit.perfetto.tracks import TrackWriter, write_spans
 EMULATED = "emulated host: its timings are not hardware timings"
 # A trace may start before its run (the instance is armed first) and end after it.
 CLOCK_SLACK_NS = 1_000_000_000
-
-
-def is_bundle(path: Path) -> bool:
-    """A directory with a manifest."""
-    from tracekit.bundle import MANIFEST
-
-    return path.is_dir() and (path / MANIFEST).exists()
 
 
 def select_runs(manifest: Manifest, run_id: str | None, phase: str | None) -> list[RunRecord]:
@@ -54,21 +55,6 @@ def select_runs(manifest: Manifest, run_id: str | None, phase: str | None) -> li
             have = ", ".join(dict.fromkeys(r.phase for r in manifest.runs)) or "none"
             raise TracekitError(f"--phase {phase}: no such run in the bundle (phases: {have})")
     return runs
-
-
-def run_trace(root: Path, run: RunRecord) -> Path | None:
-    """A run's trace: its raw capture directory or its trace.dat (by content), if any."""
-    from tracekit.ingest.tracedat import MAGIC
-
-    for name in run.files:
-        path = root / name
-        if name.endswith("/capture.json") and path.is_file():
-            return path.parent
-        if path.is_file() and path.stat().st_size >= len(MAGIC):
-            with open(path, "rb") as f:
-                if f.read(len(MAGIC)) == MAGIC:
-                    return path
-    return None
 
 
 def check_timeline(spans: Sequence[tuple[RunRecord, int, int]]) -> list[str]:
@@ -144,7 +130,7 @@ class BundleExport:
         self.window = window
         self.symbols = symbols
         self.drawn = [vars(r) for r in selected]
-        traced = [(r, p) for r in selected if (p := run_trace(root, r)) is not None]
+        traced = [(r, p) for r in selected if (p := run_trace_path(root, r.run_id)) is not None]
         self.traced = sorted(traced, key=lambda item: item[0].start_ns or 0)
         self.spans: list[tuple[RunRecord, int, int]] = []  # per trace: run, first, last ts
 
@@ -171,13 +157,13 @@ class BundleExport:
         """Untraced runs' latencies and probe samples; a during phase's guest."""
         traced = {r.run_id for r, _ in self.traced}
         for run in self.selected:
-            rundir = self.root / "runs" / run.run_id
-            if run.run_id not in traced and (rundir / "cyclictest.txt").is_file():
+            cyclictest = run_path(self.root, run.run_id, RunFile.CYCLICTEST)
+            if run.run_id not in traced and cyclictest.is_file():
                 group = run_group(tracks, top, vars(run), self.drawn)
                 self._cyclictest(tracks, group, vars(run), None, None)
-            if (rundir / "probe.bin").is_file():
+            probe = run_path(self.root, run.run_id, RunFile.PROBE)
+            if probe.is_file():
                 group = run_group(tracks, top, vars(run), self.drawn)
-                probe = rundir / "probe.bin"
                 write_probe_samples(tracks, group, run.run_id, probe, run.start_ns, self.window)
         _background_guests(tracks, top, self.root, self.manifest, self.selected)
 
@@ -192,12 +178,12 @@ class BundleExport:
         """One run's cyclictest samples as a latency counter and its worst wake-ups."""
         from tracekit.ingest.tools import read_cyclictest_verbose
 
-        rundir = self.root / "runs" / str(run["run_id"])
+        cyclictest = run_path(self.root, str(run["run_id"]), RunFile.CYCLICTEST)
         options = self.manifest.options
-        interval = interval_ns(rundir, options)
-        if interval is None or not (rundir / "cyclictest.txt").is_file():
+        interval = interval_ns(cyclictest.parent, options)
+        if interval is None or not cyclictest.is_file():
             return
-        samples = read_cyclictest_verbose(rundir / "cyclictest.txt")
+        samples = read_cyclictest_verbose(cyclictest)
         threads = samples["thread"].n_unique()
         timers = sleep_timers(tables, events, threads) if tables and events is not None else []
         lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
@@ -224,7 +210,7 @@ def _span(runs: Sequence[RunRecord]) -> str:
 
 def _vmm_runs(root: Path, run: RunRecord) -> list[dict[str, str]]:
     """The VMM's `run` records of a run (its guest variants), when it kept vmm.txt."""
-    path = root / "runs" / run.run_id / "vmm.txt"
+    path = run_path(root, run.run_id, RunFile.VMM)
     if not path.is_file():
         return []
     from tracekit.ingest.vmm import parse_vmm_output
@@ -236,10 +222,12 @@ def _background_guests(
     tracks: TrackWriter, top: int, root: Path, manifest: Manifest, selected: Sequence[RunRecord]
 ) -> None:
     """A guest kept running through a phase (guest-start .. guest-stop), on its CPUs."""
-    starts = {r.phase: r for r in selected if r.kind == "guest-start" and r.start_ns is not None}
+    starts = {
+        r.phase: r for r in selected if r.kind == RunKind.GUEST_START and r.start_ns is not None
+    }
     for run in selected:
         begin = starts.get(run.phase)
-        if run.kind != "guest-stop" or begin is None or run.end_ns is None:
+        if run.kind != RunKind.GUEST_STOP or begin is None or run.end_ns is None:
             continue
         vmm = _vmm_runs(root, begin) or _vmm_runs(root, run)
         variant = vmm[0].get("variant") if vmm else manifest.scenario.get("guest_variant")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracekit.bundle import RunFile
 from tracekit.perfetto.tracks import TrackWriter, write_spans
 
 WORST = 10
@@ -60,7 +61,7 @@ def grid_steps(latency_ns: np.ndarray, interval_ns: int) -> np.ndarray:
 
 def interval_ns(rundir: Path, options: Mapping[str, Any]) -> int | None:
     """cyclictest's --interval (us) from the run's argv record, else the bundle options."""
-    argv_file = rundir / "cyclictest.txt.argv"
+    argv_file = rundir / f"{RunFile.CYCLICTEST}.argv"
     if argv_file.is_file():
         argv = json.loads(argv_file.read_text())
         for n, arg in enumerate(argv):
