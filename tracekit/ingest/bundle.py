@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,8 @@ from tracekit.bundle import (
     run_trace_path,
 )
 from tracekit.errors import TracekitError
-from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
+from tracekit.ingest.rundata import RunData
+from tracekit.ingest.tools import read_tool
 
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
@@ -42,7 +43,7 @@ LATENCY_SCHEMA = {
 
 @dataclass(frozen=True)
 class BundleData:
-    """Everything a report needs from a bundle, except the traces themselves."""
+    """A bundle's tool results as tables; each run's files through `run(run)`, opened once."""
 
     path: Path
     manifest: Manifest
@@ -51,6 +52,14 @@ class BundleData:
     probes: pl.DataFrame  # run_id, phase, cpu, count, p50_ns, p99_ns, max_ns, mean_ns
     lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
     cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
+    opened: dict[str, RunData] = field(default_factory=dict, repr=False, compare=False)
+
+    def run(self, run: RunRecord) -> RunData:
+        """The run's data: every file it holds, each loaded on first use and kept."""
+        found = self.opened.get(run.run_id)
+        if found is None:
+            found = self.opened[run.run_id] = RunData(self.path, self.manifest, run)
+        return found
 
 
 def load_bundle(path: str | Path) -> BundleData:
@@ -58,18 +67,21 @@ def load_bundle(path: str | Path) -> BundleData:
     path = Path(path)  # a notebook passes a str
     manifest = read_manifest(path)
     latencies, stress, probes, lost, cycles = [], [], [], [], []
+    opened = {run.run_id: RunData(path, manifest, run) for run in manifest.runs}
     for run in manifest.runs:
-        rundir = path / run_dir(run.run_id)
-        if run.kind in MEASURE_KINDS and (rundir / RunFile.CYCLICTEST).is_file():
-            latencies.append(_latencies(run, rundir / RunFile.CYCLICTEST))
-            if (rundir / RunFile.CYCLICTEST_JSON).is_file():
-                cycles.append((run.run_id, _cycles(rundir / RunFile.CYCLICTEST_JSON)))
-        if (rundir / RunFile.STRESS_YAML).is_file():
-            stress.append(_stress(run, rundir / RunFile.STRESS_YAML))
-        if run.kind == RunKind.PROBE and (rundir / RunFile.PROBE_SUMMARY).is_file():
-            probes.append(_probe(run, rundir / RunFile.PROBE_SUMMARY))
+        data = opened[run.run_id]
+        samples = data.cyclictest if run.kind in MEASURE_KINDS else None
+        if samples is not None:
+            latencies.append(_latencies(run, samples))
+            if (counted := data.path(RunFile.CYCLICTEST_JSON)) is not None:
+                cycles.append((run.run_id, _cycles(counted)))
+        if (yaml := data.path(RunFile.STRESS_YAML)) is not None:
+            stress.append(_stress(run, yaml))
+        summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
+        if summary is not None:
+            probes.append(_probe(run, summary))
         if run.lost_events:
-            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
+            lost.append((run.run_id, run.phase, run.kind, data.lost_events))
     return BundleData(
         path=path,
         manifest=manifest,
@@ -88,6 +100,7 @@ def load_bundle(path: str | Path) -> BundleData:
             orient="row",
         ),
         cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
+        opened=opened,
     )
 
 
@@ -113,6 +126,10 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
             f"{data.path}: run {run.run_id} has no trace ({run_dir(run.run_id)}/"
             f"{RunFile.TRACE} or {RunFile.TRACE_DAT}); only traced runs have one"
         )
+    if not options:  # the usual case: opened once, shared by every section and export
+        trace = data.run(run).trace
+        assert trace is not None
+        return trace
     return open_trace(path, **options)  # a trace.dat gets the bundle's clock there
 
 
@@ -132,9 +149,8 @@ def add_collect_meta(trace: Trace, manifest: Manifest) -> None:
         trace.meta["events_enabled"] = list(enabled)
 
 
-def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:
+def _latencies(run: RunRecord, samples: pl.DataFrame) -> pl.DataFrame:
     """One run's cyclictest samples, tagged with the run."""
-    samples = read_cyclictest_verbose(path)
     return samples.select(
         pl.lit(run.run_id).alias("run_id"),
         pl.lit(run.phase).alias("phase"),

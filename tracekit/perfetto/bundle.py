@@ -19,18 +19,12 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.bundle import (
-    Manifest,
-    RunFile,
-    RunKind,
-    RunRecord,
-    read_manifest,
-    run_path,
-    run_trace_path,
-)
+from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.ingest.rundata import RunData
 from tracekit.perfetto.export import ExportResult, TracePart, export_parts, read_kallsyms
-from tracekit.perfetto.latency import interval_ns, sleep_timers, timelines, write_latencies
+from tracekit.perfetto.latency import sleep_timers, timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
@@ -92,7 +86,8 @@ def export_bundle(
     kallsyms: str | None = None,
 ) -> tuple[ExportResult, list[str]]:
     """Export the selected runs of a bundle into one file; returns the result and notes."""
-    manifest = read_manifest(root)
+    data = load_bundle(root)
+    manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
     if not selected:
         raise TracekitError(
@@ -100,7 +95,7 @@ def export_bundle(
             f"{_span(manifest.runs)} s of the trace clock"
         )
     given = read_kallsyms(kallsyms) if kallsyms else None
-    job = BundleExport(root, manifest, selected, window, given)
+    job = BundleExport(data, selected, window, given)
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
@@ -118,36 +113,35 @@ class BundleExport:
 
     def __init__(
         self,
-        root: Path,
-        manifest: Manifest,
+        data: BundleData,
         selected: list[RunRecord],
         window: tuple[int | None, int | None],
         symbols: Mapping[int, str] | None,
     ) -> None:
-        self.root = root
-        self.manifest = manifest
+        self.data = data
+        self.manifest = data.manifest
         self.selected = selected
         self.window = window
         self.symbols = symbols
         self.drawn = [vars(r) for r in selected]
-        traced = [(r, p) for r in selected if (p := run_trace_path(root, r.run_id)) is not None]
-        self.traced = sorted(traced, key=lambda item: item[0].start_ns or 0)
+        traced = [r for r in selected if data.run(r).trace_path is not None]
+        self.traced = sorted(traced, key=lambda run: run.start_ns or 0)
         self.spans: list[tuple[RunRecord, int, int]] = []  # per trace: run, first, last ts
 
     def parts(self) -> Iterator[TracePart]:
         """One traced run at a time, with its own kallsyms copy unless one was given."""
-        import tracekit
-
-        for run, path in self.traced:
-            trace = tracekit.open(path)
+        for run in self.traced:
+            found = self.data.run(run)
+            trace = found.trace
+            assert trace is not None and found.trace_path is not None
             ts = trace.events["ts"]
             if not ts.is_empty():
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
-            own = path / "kallsyms"
+            own = found.trace_path / "kallsyms"
             symbols = self.symbols
             if symbols is None and own.is_file():
                 symbols = read_kallsyms(own)
-            yield TracePart(trace, symbols, vars(run), _vmm_runs(self.root, run))
+            yield TracePart(trace, symbols, vars(run), _vmm_runs(found))
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""
@@ -155,17 +149,18 @@ class BundleExport:
 
     def without_trace(self, tracks: TrackWriter, top: int) -> None:
         """Untraced runs' latencies and probe samples; a during phase's guest."""
-        traced = {r.run_id for r, _ in self.traced}
+        traced = {r.run_id for r in self.traced}
         for run in self.selected:
-            cyclictest = run_path(self.root, run.run_id, RunFile.CYCLICTEST)
-            if run.run_id not in traced and cyclictest.is_file():
+            found = self.data.run(run)
+            if run.run_id not in traced and found.cyclictest is not None:
                 group = run_group(tracks, top, vars(run), self.drawn)
                 self._cyclictest(tracks, group, vars(run), None, None)
-            probe = run_path(self.root, run.run_id, RunFile.PROBE)
-            if probe.is_file():
+            if found.probe is not None:
                 group = run_group(tracks, top, vars(run), self.drawn)
-                write_probe_samples(tracks, group, run.run_id, probe, run.start_ns, self.window)
-        _background_guests(tracks, top, self.root, self.manifest, self.selected)
+                write_probe_samples(
+                    tracks, group, run.run_id, found.probe, run.start_ns, self.window
+                )
+        _background_guests(tracks, top, self.data, self.selected)
 
     def _cyclictest(
         self,
@@ -176,18 +171,14 @@ class BundleExport:
         events: pl.DataFrame | None,
     ) -> None:
         """One run's cyclictest samples as a latency counter and its worst wake-ups."""
-        from tracekit.ingest.tools import read_cyclictest_verbose
-
-        cyclictest = run_path(self.root, str(run["run_id"]), RunFile.CYCLICTEST)
-        options = self.manifest.options
-        interval = interval_ns(cyclictest.parent, options)
-        if interval is None or not cyclictest.is_file():
+        found = self.data.opened[str(run["run_id"])]
+        interval, samples = found.cyclictest_interval_ns, found.cyclictest
+        if interval is None or samples is None:
             return
-        samples = read_cyclictest_verbose(cyclictest)
         threads = samples["thread"].n_unique()
         timers = sleep_timers(tables, events, threads) if tables and events is not None else []
         lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
-        rt_cpu = options.get("rt_cpu")
+        rt_cpu = self.manifest.options.get("rt_cpu")
         write_latencies(tracks, parent, str(run["run_id"]), lines, self.window, rt_cpu)
 
 
@@ -208,20 +199,16 @@ def _span(runs: Sequence[RunRecord]) -> str:
     return f"{min(starts) / 1e9:.3f}..{max(ends) / 1e9:.3f}"
 
 
-def _vmm_runs(root: Path, run: RunRecord) -> list[dict[str, str]]:
+def _vmm_runs(found: RunData) -> list[dict[str, str]]:
     """The VMM's `run` records of a run (its guest variants), when it kept vmm.txt."""
-    path = run_path(root, run.run_id, RunFile.VMM)
-    if not path.is_file():
-        return []
-    from tracekit.ingest.vmm import parse_vmm_output
-
-    return parse_vmm_output(path.read_text(errors="replace"), str(path)).runs
+    return found.vmm.runs if found.vmm is not None else []
 
 
 def _background_guests(
-    tracks: TrackWriter, top: int, root: Path, manifest: Manifest, selected: Sequence[RunRecord]
+    tracks: TrackWriter, top: int, data: BundleData, selected: Sequence[RunRecord]
 ) -> None:
     """A guest kept running through a phase (guest-start .. guest-stop), on its CPUs."""
+    manifest = data.manifest
     starts = {
         r.phase: r for r in selected if r.kind == RunKind.GUEST_START and r.start_ns is not None
     }
@@ -229,7 +216,7 @@ def _background_guests(
         begin = starts.get(run.phase)
         if run.kind != RunKind.GUEST_STOP or begin is None or run.end_ns is None:
             continue
-        vmm = _vmm_runs(root, begin) or _vmm_runs(root, run)
+        vmm = _vmm_runs(data.run(begin)) or _vmm_runs(data.run(run))
         variant = vmm[0].get("variant") if vmm else manifest.scenario.get("guest_variant")
         args = {"phase": run.phase, "variant": variant or "?", "timing": "the manifest's runs"}
         if vmm:

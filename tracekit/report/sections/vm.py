@@ -13,7 +13,6 @@ from tracekit.analysis import vm
 from tracekit.bundle import RunFile, run_trace_path
 from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
-from tracekit.ingest.vmm import run_extra
 from tracekit.report.header import is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.vmruns import VmRun, vm_runs
@@ -140,7 +139,7 @@ def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     updates = found.event("kvm_arm_vmid_update")
     if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
         return None, None, ""
-    extra = run_extra(found.data, found.run, RunFile.ROLLOVER)
+    extra = found.data.run(found.run).extra(RunFile.ROLLOVER)
     if extra is not None and isinstance(extra.get("vmid_bits"), int):
         return updates, int(extra["vmid_bits"]), f"the run's {RunFile.ROLLOVER}"  # type: ignore[arg-type]
     bits = vm.infer_vmid_bits(updates)
