@@ -76,6 +76,16 @@ class RunData:
         return open_trace(self.trace_path, **self.trace_options)
 
     @cached_property
+    def kallsyms(self) -> dict[int, str] | None:
+        """Addresses -> names from the kallsyms copy a raw capture keeps, if it has one."""
+        own = self.trace_path / "kallsyms" if self.trace_path is not None else None
+        if own is None or not own.is_file():
+            return None
+        from tracekit.symbols.kallsyms import address_names
+
+        return address_names(own)
+
+    @cached_property
     def vmm(self) -> VmmOutput | None:
         """The VMM's output, when the run ran it."""
         path = self.path(RunFile.VMM)

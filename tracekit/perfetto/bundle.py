@@ -23,7 +23,7 @@ from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.ingest.rundata import RunData
-from tracekit.perfetto.export import ExportResult, TracePart, export_parts, read_kallsyms
+from tracekit.perfetto.export import ExportResult, TracePart, export_parts
 from tracekit.perfetto.latency import sleep_timers, timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
@@ -83,7 +83,7 @@ def export_bundle(
     window: tuple[int | None, int | None] = (None, None),
     run_id: str | None = None,
     phase: str | None = None,
-    kallsyms: str | None = None,
+    symbols: Mapping[int, str] | None = None,
 ) -> tuple[ExportResult, list[str]]:
     """Export the selected runs of a bundle into one file; returns the result and notes."""
     data = load_bundle(root)
@@ -94,8 +94,7 @@ def export_bundle(
             f"{root}: no run of the selection overlaps --window; the runs span "
             f"{_span(manifest.runs)} s of the trace clock"
         )
-    given = read_kallsyms(kallsyms) if kallsyms else None
-    job = BundleExport(data, selected, window, given)
+    job = BundleExport(data, selected, window, symbols)
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
@@ -137,10 +136,7 @@ class BundleExport:
             ts = trace.events["ts"]
             if not ts.is_empty():
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
-            own = found.trace_path / "kallsyms"
-            symbols = self.symbols
-            if symbols is None and own.is_file():
-                symbols = read_kallsyms(own)
+            symbols = self.symbols if self.symbols is not None else found.kallsyms
             yield TracePart(trace, symbols, vars(run), _vmm_runs(found))
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
