@@ -22,7 +22,24 @@ from conftest import VhostBoot, register_vhost_check
 from elftools.elf.elffile import ELFFile
 
 from tracekit.errors import TracekitError
-from tracekit.guests import RAM_BASE, GuestVariant, list_guests, read_variant
+from tracekit.guests import (
+    KNOB_DEFAULTS,
+    KNOB_LAYOUT,
+    KNOB_MAGIC,
+    KNOB_WORD,
+    KNOBS,
+    PRESETS,
+    RAM_BASE,
+    WORD_MARKER,
+    GuestVariant,
+    format_knob,
+    list_guests,
+    pack_knob_block,
+    parse_knob,
+    read_knob_block,
+    read_variant,
+    vmm_guest_argv,
+)
 
 REPRODUCER = Path(__file__).resolve().parent.parent / "reproducer"
 CROSS = "aarch64-linux-gnu-"
@@ -38,11 +55,13 @@ EXPECTED = {
     "mmu-on-nocache": ("on", "off", 0, "none", False, False),
     "mmu-on-off": ("on-then-off", "on", 0, "none", False, False),
     "mmu-on-asid": ("on", "on", 42, "none", False, False),
-    "mmu-on-vmalle1": ("on", "on", 0, "vmalle1", False, False),
-    "mmu-on-vmalle1is": ("on", "on", 0, "vmalle1is", False, False),
+    # Corrected (issue 17 point 2): MMU on, pages read, MMU off, then the TLBI.
+    "mmu-on-vmalle1": ("on-then-off", "on", 0, "vmalle1", False, False),
+    "mmu-on-vmalle1is": ("on-then-off", "on", 0, "vmalle1is", False, False),
     "tlbi-loop": ("off", "off", 0, "loop-vmalle1is", False, False),
     "cache-toggle": ("on", "on", 0, "none", True, True),
     "setway-after-on": ("on", "on", 0, "none", True, True),
+    "mmu-on-report": ("on", "on", 0, "none", False, False),
 }
 
 PROBE_HEADER = struct.Struct("<8sIIIIII QQ II Q")
@@ -73,11 +92,6 @@ def run_arm64(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_build_has_every_variant(build: Path) -> None:
-    names = sorted(path.stem for path in (build / "guests").glob("*.elf"))
-    assert names == sorted(EXPECTED)
-
-
 @pytest.mark.parametrize("tool", ["vmm", "tlbiprobe"])
 def test_tools_are_static_aarch64(build: Path, tool: str) -> None:
     with (build / tool).open("rb") as stream:
@@ -95,22 +109,15 @@ def test_guest_note_reads_back(build: Path, name: str) -> None:
     assert (guest.tlbi, guest.setway, guest.touch) == (tlbi, setway, touch)
     assert guest.entry == RAM_BASE
     assert guest.segments[0][0] == RAM_BASE
-    assert guest.registers[0] == "x0:vcpu" and len(guest.registers) == 5
+    assert guest.registers == ("x0:vcpu", "x4:vcpus")
     assert guest.description
+    assert (guest.preset, guest.revision, guest.knob_layout) == (name, "2", KNOB_LAYOUT)
 
 
 def test_markers_are_distinct_per_variant(build: Path) -> None:
     guests = list_guests(build / "guests")
     assert [guest.variant for guest in guests] == sorted(EXPECTED)
     assert len({guest.marker for guest in guests}) == len(guests)
-
-
-def test_marker_constant_is_in_the_code(build: Path) -> None:
-    """The marker the note announces is the value the guest code stores."""
-    guest = read_variant(build / "guests" / "mmu-on.elf")
-    with guest.path.open("rb") as stream:
-        text = ELFFile(stream).get_section_by_name(".text").data()
-    assert struct.pack("<Q", guest.marker) in text
 
 
 def patched_copy(source: Path, target: Path, edit: Callable[[bytearray], None]) -> Path:
@@ -268,6 +275,155 @@ def test_probe_samples_match_summary(
 )
 def test_probe_rejects_bad_options(build: Path, args: list[str], text: str) -> None:
     assert_one_error_line(run_arm64(build / "tlbiprobe", *args), 2, text)
+
+
+def test_build_is_one_elf_per_preset(build: Path) -> None:
+    """The build makes the presets tracekit.guests lists, and the old variants are among them."""
+    names = sorted(path.stem for path in (build / "guests").glob("*.elf"))
+    assert names == sorted(PRESETS) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_block_matches_its_note(build: Path, name: str) -> None:
+    """The block an ELF links at KNOB_BASE holds the knobs and marker its note states."""
+    path = build / "guests" / f"{name}.elf"
+    guest, words = read_variant(path), read_knob_block(path)
+    assert words[:3] == [KNOB_MAGIC, KNOB_LAYOUT, 256] and words[WORD_MARKER] == guest.marker
+    assert {knob: format_knob(knob, words[KNOB_WORD[knob]]) for knob in KNOBS} == dict(
+        guest.knob_values
+    )
+    assert words[24:] == [0] * 8  # the derived words are the VMM's to fill
+
+
+def test_old_guest_reads_revision_unknown(build: Path, tmp_path: Path) -> None:
+    """A guest whose note has no revision and no knob layout reads as an old guest."""
+
+    def edit(data: bytearray) -> None:
+        replace_once(data, b"\nrevision=2\n", b"\nxevision=2\n")
+        replace_once(data, b"\nknobs=1\n", b"\nxnobs=1\n")
+
+    old = read_variant(patched_copy(build / "guests" / "mmu-on.elf", tmp_path / "mmu-on.elf", edit))
+    assert (old.revision, old.knob_layout, old.variant) == ("unknown", 0, "mmu-on")
+
+
+# (preset, knobs over it, --ram-mb): the VMM's block must be what Python packs.
+DUMP_CASES = [
+    ("mmu-on", {}, 16),
+    ("mmu-on-vmalle1", {"leaf": "4k", "pages": "100"}, 16),
+    (
+        "mmu-off",
+        {
+            "mmu": "1",
+            "leaf": "2m",
+            "irgn": "nc",
+            "orgn": "wt",
+            "sh": "outer",
+            "ng": "1",
+            "asid": "200",
+            "tlbi": "aside1is",
+            "tlbi_count": "7",
+            "on_us": "1500",
+            "spin_us": "30",
+        },
+        64,
+    ),
+    ("cache-toggle", {"touch_kb": "64", "caches": "0"}, 16),
+    ("mmu-on-report", {"leaf": "4k"}, 100),
+]
+
+
+def run_fields(stdout: str) -> dict[str, str]:
+    """The key=value pairs of the VMM's record=run line."""
+    line = next(line for line in stdout.splitlines() if line.startswith("record=run "))
+    return dict(pair.split("=", 1) for pair in line.split())
+
+
+@needs_qemu_user
+@pytest.mark.parametrize(("preset", "knobs", "ram_mb"), DUMP_CASES)
+def test_vmm_writes_the_block_python_packs(
+    build: Path, tmp_path: Path, preset: str, knobs: dict[str, str], ram_mb: int
+) -> None:
+    """--dump-knobs: the C block equals pack_knob_block, and the run line names every knob."""
+    out = tmp_path / "knobs.bin"
+    argv = [*vmm_guest_argv(preset, knobs), "--ram-mb", str(ram_mb), "--dump-knobs", str(out)]
+    # Any guest ELF will do: --preset replaces its block.
+    result = run_arm64(build / "vmm", *argv, str(build / "guests" / "mmu-off.elf"))
+    assert result.returncode == 0, result.stderr
+    run = run_fields(result.stdout)
+    base = read_variant(build / "guests" / f"{preset}.elf")
+    values = {name: parse_knob(name, text) for name, text in base.knob_values.items()}
+    values |= {name: parse_knob(name, text) for name, text in knobs.items()}
+    assert out.read_bytes() == pack_knob_block(values, base.marker, ram_mb, int(run["cntfrq_hz"]))
+    assert {name: run[name] for name in KNOBS} == {n: format_knob(n, v) for n, v in values.items()}
+    assert (run["preset"], run["revision"], run["knobs"]) == (preset, "2", "1")
+    assert run["knobs_set"] == (",".join(knobs) or "none")
+    assert run["marker"] == f"{base.marker:#018x}" and run["backing"] == "default"
+
+
+@needs_qemu_user
+def test_vmm_knob_options_and_order(build: Path, tmp_path: Path) -> None:
+    """--tlbi-count/--touch-kb/--spin-us set their knobs; a later --knob wins over them."""
+    out = tmp_path / "knobs.bin"
+    guest = str(build / "guests" / "tlbi-loop.elf")
+    args = ["--tlbi-count", "5", "--spin-us", "9", "--knob", "spin_us=11", "--dump-knobs"]
+    result = run_arm64(build / "vmm", *args, str(out), guest)
+    assert result.returncode == 0, result.stderr
+    run = run_fields(result.stdout)
+    assert (run["tlbi_count"], run["spin_us"], run["tlbi"], run["mmu"]) == (
+        "5",
+        "11",
+        "vmalle1is",
+        "0",
+    )
+    values = KNOB_DEFAULTS | {"tlbi": 2, "tlbi_count": 5, "spin_us": 11}
+    tlbi_loop = read_variant(guest)
+    assert out.read_bytes() == pack_knob_block(values, tlbi_loop.marker, 16, int(run["cntfrq_hz"]))
+
+
+@needs_qemu_user
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--knob", "leaf=8k"], "--knob leaf='8k': expected one of 4k|2m|1g"),
+        (["--knob", "colour=red"], "--knob 'colour=red': expected NAME=VALUE"),
+        (["--knob", "asid=256"], "asid='256': expected a number from 0 to 255"),
+        (["--preset", "mmu-sideways"], "--preset 'mmu-sideways': expected one of mmu-off,"),
+        (["--knob", "pages=4000"], "--ram-mb 16 is too small for 4000 dose pages"),
+        (["--backing", "huge"], "--backing 'huge'"),
+        (["--backing", "hugetlb", "--ram-mb", "5"], "multiple of 2"),
+    ],
+)
+def test_vmm_rejects_bad_knobs(build: Path, args: list[str], text: str) -> None:
+    guest = str(build / "guests" / "mmu-on.elf")
+    assert_one_error_line(run_arm64(build / "vmm", *args, guest), 2, text)
+
+
+@needs_qemu_user
+def test_vmm_refuses_knobs_for_an_old_guest(build: Path, tmp_path: Path) -> None:
+    """An ELF without a knob block cannot take knobs: one line says to rebuild it."""
+    edit = lambda data: replace_once(data, b"\nknobs=1\n", b"\nxnobs=1\n")  # noqa: E731
+    old = patched_copy(build / "guests" / "mmu-on.elf", tmp_path / "mmu-on.elf", edit)
+    result = run_arm64(build / "vmm", "--knob", "mmu=1", str(old))
+    assert_one_error_line(result, 2, "has no knob block")
+
+
+def test_guest_argv_checks_every_value() -> None:
+    """vmm_guest_argv spells knobs as the VMM takes them and rejects bad input in one line."""
+    argv = vmm_guest_argv("mmu-on", {"leaf": "4k", "pages": 16, "mmu_off": 1}, "thp")
+    assert argv == [
+        *("--preset", "mmu-on", "--knob", "leaf=4k", "--knob", "pages=16"),
+        *("--knob", "mmu_off=1", "--backing", "thp"),
+    ]
+    assert vmm_guest_argv() == []
+    for call, text in [
+        (lambda: vmm_guest_argv("mmu-upside-down"), "unknown guest preset"),
+        (lambda: vmm_guest_argv(knobs={"colour": 1}), "unknown guest knob 'colour'"),
+        (lambda: vmm_guest_argv(knobs={"leaf": "8k"}), "expected one of 4k|2m|1g"),
+        (lambda: vmm_guest_argv(knobs={"asid": 300}), "from 0 to 255"),
+        (lambda: vmm_guest_argv(backing="1g"), "expected one of default, 4k, thp, hugetlb"),
+    ]:
+        with pytest.raises(TracekitError, match=text):
+            call()
 
 
 def test_variant_is_frozen(build: Path) -> None:
