@@ -497,6 +497,46 @@ register_vhost_check(
     'sleep "0.$((i % 7 + 3))$((i * 7 % 10))"; kill -TERM $pid; wait $pid; echo "status=$?"; '
     "cat s.txt; done",
 )
+# Each knob changes what the guest does: one VMM run per knob setting, each with its
+# kvm_exit/kvm_toggle_cache counts (the traps KVM took) after its output.
+KNOB_TRACE = "T=/sys/kernel/tracing/instances/tk-knobs; mkdir -p $T; echo boot > $T/trace_clock"
+KNOB_RUN = (
+    'run() { name=$1; shift; echo > $T/trace; $R/vmm "$@" $G/mmu-off.elf > $name.txt; '
+    'echo "status=$?" >> $name.txt; '
+    "echo \"exits=$(grep -c 'kvm_exit:' $T/trace) dabt=$(grep -c DABT_LOW $T/trace) "
+    "sys64=$(grep -c SYS64 $T/trace) toggles=$(grep -c 'kvm_toggle_cache:' $T/trace) "
+    "cache_on=$(grep -c 'now on' $T/trace)\" >> $name.txt; }"
+)
+KNOB_RUNS = {
+    "off": "--preset mmu-off",
+    "on": "--preset mmu-on",
+    "nocache": "--preset mmu-on-nocache",
+    "report": "--preset mmu-on-report",
+    "vmalle1": "--preset mmu-on-vmalle1",
+    "leaf4k": "--preset mmu-on --knob leaf=4k --knob pages=64",
+    "leaf2m": "--preset mmu-on --knob leaf=2m --knob pages=64",
+    "walk": "--preset mmu-on --knob irgn=nc --knob orgn=wt --knob sh=outer",
+    "asid": "--preset mmu-on --knob ng=1 --knob asid=7 --knob tlbi=aside1is --knob tlbi_count=5",
+    "dose4k": "--preset mmu-on --knob pages=256 --backing 4k",
+    "dosethp": "--preset mmu-on --knob pages=256 --backing thp",
+    "hugetlb_none": "--preset mmu-on --backing hugetlb",
+}
+register_vhost_check(
+    NVHE,
+    "repro_knobs",
+    "\n".join(
+        [
+            INSIDE,
+            KNOB_TRACE,
+            "for e in kvm_exit kvm_toggle_cache; do echo 1 > $T/events/kvm/$e/enable; done",
+            KNOB_RUN,
+            *(f"run {name} {args}" for name, args in KNOB_RUNS.items()),
+            "echo 8 > /proc/sys/vm/nr_hugepages",
+            "run hugetlb --preset mmu-on --knob pages=256 --backing hugetlb",
+            "echo 0 > /proc/sys/vm/nr_hugepages; rmdir $T",
+        ]
+    ),
+)
 register_vhost_check(
     "vhe-max", "repro_vhe", f"{INSIDE}; $R/vmm --repeat 2 --ipa-bits 40,48 $G/mmu-on.elf"
 )
@@ -637,3 +677,78 @@ def test_vhost_rt_kernel_says_kvm_is_missing(vhost_boot) -> None:
     boot = vhost_boot("rt-a76")
     assert "status=3" in vhost_check(boot, "repro_no_kvm")
     assert "KVM is not available" in boot.checks["repro_no_kvm"].stderr
+
+
+def knob_run(boot: VhostBoot, name: str) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+    """One run of repro_knobs: its run record, its vm record, and its trap counts."""
+    text = (boot.result.out_dir / "checks" / "repro_knobs" / f"{name}.txt").read_text()
+    lines = text.splitlines()
+    assert "status=0" in lines, f"{name}:\n{text}"
+    vms = vm_records(text)
+    assert [vm["result"] for vm in vms] == ["ok"], text
+    traps = dict(pair.split("=", 1) for pair in lines[-1].split())
+    return run_fields(text), vms[0], {key: int(value) for key, value in traps.items()}
+
+
+@pytest.mark.vhost
+def test_vhost_knobs_change_what_the_guest_does(vhost_boot) -> None:
+    """Each knob, set on the MMU-off ELF, shows in the guest's own report of what it did."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    runs = {name: knob_run(boot, name) for name in KNOB_RUNS if name != "hugetlb_none"}
+    sctlr_m, sctlr_c = 1, 1 << 2
+    _, off, _ = runs["off"]
+    assert int(off["sctlr_on"], 16) == 0 and int(off["sctlr_end"], 16) & sctlr_m == 0
+    _, on, _ = runs["on"]
+    assert int(on["sctlr_on"], 16) & (sctlr_m | sctlr_c) == sctlr_m | sctlr_c
+    _, nocache, _ = runs["nocache"]
+    assert int(nocache["sctlr_on"], 16) & (sctlr_m | sctlr_c) == sctlr_m
+    # The report's pre-enable TLBI is the only TLBI mmu-on-report issues; mmu-on has none.
+    assert (runs["report"][1]["tlbis"], on["tlbis"]) == ("1", "0")
+    # mmu-on-vmalle1: pages read with the MMU on, then off before its one TLBI.
+    _, vmalle1, _ = runs["vmalle1"]
+    assert (vmalle1["pages_read"], vmalle1["tlbis"]) == ("16", "1")
+    assert int(vmalle1["sctlr_on"], 16) & sctlr_m and not int(vmalle1["sctlr_end"], 16) & sctlr_m
+    # Leaf sizes: the guest walked the VMM's tables (its TTBR0) and read every dose page.
+    for name, leaf in (("leaf4k", "4k"), ("leaf2m", "2m"), ("on", "1g")):
+        run, vm, _ = runs[name]
+        assert run["leaf"] == leaf and vm["guest_ttbr0"] == run["ttbr0"]
+    assert runs["leaf4k"][1]["pages_read"] == runs["leaf2m"][1]["pages_read"] == "64"
+    ttbr = {name: int(runs[name][1]["guest_ttbr0"], 16) for name in ("leaf4k", "leaf2m", "on")}
+    assert ttbr["leaf4k"] < ttbr["leaf2m"] < ttbr["on"]  # more table levels, more pages
+    # Walk attributes and ASID reach TCR_EL1 and TTBR0_EL1; aside1is issued 5 times.
+    tcr = int(runs["walk"][1]["guest_tcr"], 16)
+    assert ((tcr >> 8) & 3, (tcr >> 10) & 3, (tcr >> 12) & 3) == (0, 2, 2)
+    _, asid, _ = runs["asid"]
+    assert int(asid["guest_ttbr0"], 16) >> 48 == 7 and asid["tlbis"] == "5"
+
+
+@pytest.mark.vhost
+def test_vhost_knobs_show_in_kvm_traps(vhost_boot) -> None:
+    """The traps KVM takes follow the knobs: VM-register writes, cache toggles, stage-2 faults."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    traps = {name: knob_run(boot, name)[2] for name in ("off", "on", "nocache", "dose4k")}
+    # cortex-a76 has no FWB: KVM traps MAIR/TCR/TTBR0/SCTLR writes (TVM) until M and C.
+    assert traps["off"]["sys64"] == 0 and traps["off"]["toggles"] == 0
+    assert traps["on"]["sys64"] >= 4 and traps["on"]["cache_on"] >= 1
+    assert traps["nocache"]["sys64"] >= 4 and traps["nocache"]["cache_on"] == 0
+    # 256 dose pages on 4 KiB backing: a stage-2 fault each, at least.
+    assert traps["dose4k"]["dabt"] >= 256 > traps["on"]["dabt"]
+
+
+@pytest.mark.vhost
+def test_vhost_backing_is_applied_and_printed(vhost_boot) -> None:
+    """--backing is printed; hugetlb without reserved pages fails in one line, with them runs."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    faults = {}
+    for name, backing in (("dose4k", "4k"), ("dosethp", "thp"), ("hugetlb", "hugetlb")):
+        run, vm, traps = knob_run(boot, name)
+        assert run["backing"] == backing and vm["pages_read"] == "256"
+        faults[backing] = traps["dabt"]
+    # Stage 2 follows the backing: a fault per 4 KiB page, or 2 MiB blocks (seen: 259, 1, 1).
+    assert faults["4k"] >= 256 and faults["thp"] < 32 and faults["hugetlb"] < 32
+    folder = boot.result.out_dir / "checks" / "repro_knobs"
+    assert "status=10" in (folder / "hugetlb_none.txt").read_text().splitlines()
+    assert "reserve them first" in boot.checks["repro_knobs"].stderr
