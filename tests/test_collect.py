@@ -285,3 +285,16 @@ def test_every_guest_parameter_reaches_the_vmm() -> None:
     assert sweep[:4] == ["--ipa-bits", "44", "--touch-kb", "0"]
     with pytest.raises(TracekitError, match="give one value"):
         SCENARIOS["main"].defaults.merged(vcpus=(1, 2)).single("vcpus")
+
+
+def test_guest_knobs_and_backing_reach_the_plan_and_bad_ones_are_one_line(tmp_path: Path) -> None:
+    if not (REPRODUCER_BUILD / "guests" / "mmu-on.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    argv = [*ROLES, "--dry-run", "-o", str(tmp_path / "b")]
+    result = CliRunner().invoke(main, [*argv, "--knob", "pages=64", "--backing", "thp"])
+    assert result.exit_code == 0, result.output
+    assert "--knob pages=64 --backing thp" in result.output
+    assert "--backing 4k" in CliRunner().invoke(main, argv).output  # the default, stated
+    for bad in ("pages", "nosuch=1"):
+        result = CliRunner().invoke(main, [*argv, "--knob", bad])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1

@@ -27,7 +27,7 @@ from tracekit.bundle import (
     run_path,
 )
 from tracekit.errors import TracekitError
-from tracekit.guests import GuestVariant, read_variant
+from tracekit.guests import GuestVariant, read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
 from tracekit.host.capture import Capture, capture_record, check_capture, new_capture
 from tracekit.host.cleanup import CleanupStack, Interrupted
@@ -97,6 +97,8 @@ class CollectOptions:
     repeat: int | None = None
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
+    knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
+    backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
 
 
 def boottime_ns() -> int:
@@ -143,6 +145,17 @@ def check_guest(variant: GuestVariant, params: ScenarioParams) -> None:
             f"guest {variant.variant} issues --tlbi-count TLBIs, and that is 0 here; "
             "give --tlbi-count N"
         )
+
+
+def guest_options(options: CollectOptions) -> list[str]:
+    """The VMM options for the guest's knobs and RAM backing, checked before anything runs."""
+    knobs = {}
+    for text in options.knobs:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise TracekitError(f"--knob {text!r}: write NAME=VALUE, e.g. --knob pages=64")
+        knobs[name] = value
+    return vmm_guest_argv(None, knobs, options.backing)
 
 
 def require_arm64() -> None:
@@ -194,6 +207,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
     check_guest(variant, params)
+    guest_options(options)  # bad knobs fail here
     params = resolve_ipa_sizes(scenario, params)
     plan = plan_runs(
         scenario, roles, options.runs, options.traced_runs, options.after_guest, params
@@ -202,7 +216,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
         echo(f"parameters: {describe_params(scenario, params)}")
-        echo(f"guest {guest_path} (variant {variant.variant})")
+        echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(guest_options(options))}")
         for planned in plan:
             echo("  " + planned.describe())
         return None
@@ -301,6 +315,7 @@ class Session:
         self.capture: Capture | None = None
         self.echo = echo
         self.now = boottime_ns
+        self.guest_options = guest_options(options)  # knobs and backing of every guest run
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""

@@ -108,6 +108,11 @@ class ScenarioParams:
     repeat: int = 1  # VMs per sweep point
     tlbi_count: int = 0
     vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
+    given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
+
+    def explicit(self, name: str) -> bool:
+        """Whether a parameter was given, or the scenario's default differs from the VMM's."""
+        return name in self.given or getattr(self, name) != getattr(ScenarioParams(), name)
 
     def single(self, axis: str) -> int | None:
         """A swept parameter's one value outside a sweep (None: none given), or an error."""
@@ -125,7 +130,7 @@ class ScenarioParams:
         unknown = set(chosen) - set(self.__dataclass_fields__)
         if unknown:
             raise TracekitError(f"unknown scenario parameter(s): {', '.join(sorted(unknown))}")
-        merged = replace(self, **chosen)  # type: ignore[arg-type]
+        merged = replace(self, **chosen, given=tuple(sorted(chosen)))  # type: ignore[arg-type]
         merged.check()
         return merged
 

@@ -124,22 +124,24 @@ def run_probe(session: Session, ctx: RunContext) -> None:
 
 
 def guest_settings(params: ScenarioParams, **point: int) -> list[str]:
-    """The VMM options of every guest parameter: the sweep point's, else the scenario's.
+    """The VMM options of the guest parameters: the sweep point's, else the scenario's.
 
-    Every value is passed, default or not, so a run's argv record says what ran.
+    A parameter reaches the VMM in every scenario once it was given (or the scenario's
+    default is not the VMM's); otherwise the guest preset's own value stands (the VMM
+    prints every knob it ran with, so the run's vmm.txt says what ran).
     """
-    values = {
-        "ipa_bits": point.get("ipa_bits", params.single("ipa_bits")),
-        "touch_kb": point.get("touch_kb", params.single("touch_kb")),
-        "tlbi_count": params.tlbi_count,
-        **{k: v for k, v in point.items() if k not in ("ipa_bits", "touch_kb", "vcpus")},
-    }
+    values: dict[str, int | None] = {}
+    for name in ("ipa_bits", "touch_kb"):
+        values[name] = point.get(name, params.single(name) if params.explicit(name) else None)
+    values["tlbi_count"] = params.tlbi_count if params.explicit("tlbi_count") else None
+    values |= {k: v for k, v in point.items() if k not in values}
     return toolbox.vmm_settings(**{k: v for k, v in values.items() if v is not None})
 
 
 def run_guest(session: Session, ctx: RunContext) -> None:
     """Run the guest once on the guest CPUs; its markers go into the trace."""
     settings = guest_settings(session.params, timeout=GUEST_TIMEOUT_SECONDS)
+    settings += session.guest_options
     argv = toolbox.vmm_argv(
         session.tools,
         session.guest_path,
@@ -161,6 +163,7 @@ def run_sweep_point(session: Session, ctx: RunContext) -> Outcome:
         touch_kb=ctx.detail_int("touch_kb"),
         timeout=0,  # the VMM's watchdog off: the budget decides, and says so
     )
+    settings += session.guest_options
     argv = toolbox.vmm_argv(
         session.tools,
         session.guest_path,
@@ -185,7 +188,7 @@ def run_guest_start(session: Session, ctx: RunContext) -> None:
         session.guest_path,
         list(session.roles.guest_cpus),
         session.trace_marker(),
-        extra=guest_settings(session.params, timeout=0),
+        extra=[*guest_settings(session.params, timeout=0), *session.guest_options],
         vcpus=session.guest_vcpus(),
     )
     output = ctx.path(RunFile.VMM)
