@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analysis.calls import pair_calls
 from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
 from tracekit.analysis.requires import require_events
 from tracekit.bundle import PROBE_GROUP
@@ -133,9 +134,10 @@ def _entry_return_names(events: list[str]) -> dict[str, tuple[str, str]]:
 def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """Entry/return kprobe pairs as (function, cpu, pid, start_ns, duration_ns), and unpaired.
 
-    Pairs are matched per CPU and task in time order: an entry followed by its return.
-    An entry without a return (or a return without an entry: lost events, a call that
-    started before tracing) is not guessed at; the count of them is returned.
+    Pairs are matched per task as a call stack (tracekit.analysis.calls), not per CPU: a
+    call that migrated keeps its duration. An entry without a return (or a return
+    without an entry: lost events, a call that started before tracing) is not guessed
+    at; the count of them is returned.
     """
     # Text traces do not name the system (null): their pairs are found by name alone.
     system = pl.col("system").cast(pl.String)
@@ -145,25 +147,24 @@ def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     pairs = _entry_return_names(ours["event"].unique().to_list())
     if not pairs:
         return pl.DataFrame(schema=DURATION_SCHEMA), 0
-    role = {e: (fn, "entry") for fn, (e, _) in pairs.items()}
-    role |= {r: (fn, "return") for fn, (_, r) in pairs.items()}
-    tagged = ours.filter(pl.col("event").is_in(list(role))).with_columns(
-        pl.col("event").replace_strict({k: v[0] for k, v in role.items()}).alias("function"),
-        pl.col("event").replace_strict({k: v[1] for k, v in role.items()}).alias("edge"),
-    )
-    ordered = tagged.sort("function", "cpu", "pid", "ts", "row").with_columns(
-        pl.col("edge").shift(-1).over("function", "cpu", "pid").alias("next_edge"),
-        pl.col("ts").shift(-1).over("function", "cpu", "pid").alias("next_ts"),
-    )
-    matched = ordered.filter((pl.col("edge") == "entry") & (pl.col("next_edge") == "return"))
-    durations = matched.select(
-        "function",
-        pl.col("cpu").cast(pl.Int32),
-        pl.col("pid").cast(pl.Int32),
-        pl.col("ts").alias("start_ns"),
-        (pl.col("next_ts") - pl.col("ts")).alias("duration_ns"),
-    )
-    return durations, tagged.height - 2 * durations.height
+    frames, unpaired = [], 0
+    as_events = ours.rename({"pid": "common_pid"}) if "common_pid" not in ours.columns else ours
+    for function, (entry, ret) in sorted(pairs.items()):
+        calls, orphans = pair_calls(
+            as_events.filter(pl.col("event") == entry), as_events.filter(pl.col("event") == ret)
+        )
+        done = calls.filter(pl.col("end_ts").is_not_null())
+        unpaired += orphans + calls.height - done.height
+        frames.append(
+            done.select(
+                pl.lit(function).alias("function"),
+                "cpu",
+                "pid",
+                pl.col("start_ts").alias("start_ns"),
+                pl.col("dur_ns").alias("duration_ns"),
+            )
+        )
+    return pl.concat(frames).cast(DURATION_SCHEMA), unpaired  # type: ignore[arg-type]
 
 
 def funcgraph_durations(exits: pl.DataFrame) -> pl.DataFrame:

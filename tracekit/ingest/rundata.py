@@ -127,6 +127,13 @@ class RunData:
         value = self.manifest.options.get("interval_us")
         return int(value) * 1000 if value else None
 
+    @cached_property
+    def vmid_bits(self) -> int | None:
+        """The VMID width a rollover run recorded (its rollover.json), else None."""
+        extra = self.extra(RunFile.ROLLOVER)
+        bits = extra.get("vmid_bits") if extra is not None else None
+        return bits if isinstance(bits, int) else None
+
     def extra(self, name: str) -> dict[str, Any] | None:
         """A JSON object the run left beside its outputs (e.g. rollover.json), or None."""
         path = self.path(name)

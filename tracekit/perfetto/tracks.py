@@ -8,13 +8,13 @@ from files here. VM lifecycles and the scenarios' spans are in scenario.py.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
 
 from tracekit.analysis.exits import exit_reason
+from tracekit.analysis.vm import marker_table, tracekit_markers
 from tracekit.perfetto.protos import CounterDescriptor, TracePacket, TrackDescriptor, TrackEvent
 from tracekit.perfetto.writer import (
     SEQ_INCREMENTAL_STATE_CLEARED,
@@ -24,7 +24,6 @@ from tracekit.perfetto.writer import (
 
 # Track uuids live in a range of their own so they never meet another producer's.
 _UUID_BASE = 0x7472_6B00_0000_0000
-_MARKER = re.compile(r"^(tracekit-vmm|tracekit-probe):\s*(.*)$")
 
 
 class TrackWriter:
@@ -204,6 +203,7 @@ def write_trace_tracks(
     scope: str = "",
     events: pl.DataFrame | None = None,
     vmm_runs: Sequence[Mapping[str, str]] = (),
+    vmid_bits: int | None = None,
 ) -> None:
     """Every track one trace allows, under PARENT; SCOPE keeps one run's tracks apart.
 
@@ -213,8 +213,10 @@ def write_trace_tracks(
     """
     from tracekit.perfetto.scenario import write_scenario_tracks
 
-    markers = list(markers_of(tables.get("print")))
-    write_scenario_tracks(tracks, parent, tables, markers, events, end_ts, scope, vmm_runs)
+    markers = list(markers_of(marker_table(tables)))
+    write_scenario_tracks(
+        tracks, parent, tables, markers, events, end_ts, scope, vmm_runs, vmid_bits
+    )
     write_probe_runs(tracks, parent, markers, end_ts, scope)
     write_guest_time(tracks, parent, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts, scope)
     write_lost(tracks, parent, lost, scope)
@@ -241,14 +243,12 @@ Marker = tuple[int, int, str, dict[str, str]]
 
 
 def markers_of(prints: pl.DataFrame | None) -> Iterable[Marker]:
-    """Every tracekit trace marker (tracekit-vmm, tracekit-probe) of a print table."""
-    if prints is None or "buf" not in prints.columns:
+    """Every tracekit trace marker (tracekit-vmm, tracekit-probe), as analysis reads them."""
+    if prints is None:
         return
-    for ts, pid, buf in prints.select("ts", "common_pid", "buf").iter_rows():
-        match = _MARKER.match((buf or "").strip())
-        if match:
-            fields = dict(p.split("=", 1) for p in match.group(2).split() if "=" in p)
-            yield ts, pid, match.group(1), fields
+    for ts, pid, tool, text in tracekit_markers(prints).iter_rows():
+        fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
+        yield ts, pid, tool, fields
 
 
 def write_probe_runs(

@@ -139,10 +139,10 @@ def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     updates = found.event("kvm_arm_vmid_update")
     if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
         return None, None, ""
-    extra = found.data.run(found.run).extra(RunFile.ROLLOVER)
-    if extra is not None and isinstance(extra.get("vmid_bits"), int):
-        return updates, int(extra["vmid_bits"]), f"the run's {RunFile.ROLLOVER}"  # type: ignore[arg-type]
-    bits = vm.infer_vmid_bits(updates)
+    recorded = found.data.run(found.run).vmid_bits
+    bits = vm.vmid_width(updates, recorded)
+    if recorded is not None:
+        return updates, bits, f"the run's {RunFile.ROLLOVER}"
     return updates, bits, "inferred from the smallest VMID seen (generation 1 assumed)"
 
 
