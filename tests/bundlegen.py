@@ -41,6 +41,8 @@ class Spec:
     kvm_mode: str = "nvhe"
     guest_cpu: int = 1  # CPU 1 is in the other cluster than rt CPU 3, CPU 2 in the same
     kernel: str = "6.1.0-50-arm64"
+    guest_revision: str | None = "1"  # None: a bundle from before guests had revisions
+    backing: str | None = "4k"  # None: a bundle from before collect recorded it
     runs: int = 8
     factor: float = 2.0
     clears: tuple[str, ...] = ("hotplug",)  # after-guest actions that remove the effect
@@ -111,6 +113,10 @@ def _manifest(spec: Spec) -> Manifest:
         "guest": f"/tracekit/reproducer/build/guests/{spec.variant}.elf",
         "probe_modes": ["page"],
     }
+    # Recorded only by newer collects: absent, the condition reads them as unknown.
+    for key in ("guest_revision", "backing"):
+        if getattr(spec, key) is not None:
+            scenario[key] = getattr(spec, key)
     return Manifest(host=host, options=options, scenario=scenario)
 
 

@@ -43,10 +43,13 @@ class Rule:
     b_verdict: str
     conclusion: str  # may name {a} and {b}
     implies: str  # what it says about where the state is
+    # Fields the contrast cannot hold equal (another cluster is another guest CPU).
+    entails: tuple[str, ...] = ()
 
     def matches(self, a: Condition, b: Condition) -> bool:
-        """Whether A and B differ only in this rule's field, with the rule's values."""
-        if a.differs_only_in(b) != self.field:
+        """Whether A and B differ in this rule's field and nothing else, with its values."""
+        diff = set(a.differing(b))
+        if self.field not in diff or not diff <= {self.field, *self.entails}:
             return False
         return self.a in (None, getattr(a, self.field)) and self.b in (None, getattr(b, self.field))
 
@@ -57,9 +60,18 @@ class Rule:
         return f"{head} -> {self.conclusion.format(a=va, b=vb)}"
 
 
-def _rule(field: str, a: str | None, av: str, b: str | None, bv: str, c: str, i: str) -> Rule:
+def _rule(
+    field: str,
+    a: str | None,
+    av: str,
+    b: str | None,
+    bv: str,
+    c: str,
+    i: str,
+    entails: tuple[str, ...] = (),
+) -> Rule:
     """Shorthand for the table below."""
-    return Rule(field, a, av, b, bv, c, i)
+    return Rule(field, a, av, b, bv, c, i, entails)
 
 
 # The conclusions tracekit may draw, each with its evidence pattern. Order: creation,
@@ -102,10 +114,10 @@ RULES: tuple[Rule, ...] = (
     _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
           "also when the guest ran in another cluster",
           "the state slows broadcasts for the whole inner-shareable domain, not a"
-          " structure private to the guest CPU's cluster"),
+          " structure private to the guest CPU's cluster", ("placement",)),
     _rule("guest_cluster", "same", PRESENT, "other", ABSENT,
           "only when the guest ran in the rt CPU's cluster",
-          "the state sits in something the cluster shares"),
+          "the state sits in something the cluster shares", ("placement",)),
     _rule("kvm_mode", "nvhe", PRESENT, "vhe", ABSENT,
           "specific to nVHE: absent with VHE",
           "it depends on how nVHE switches between host and guest (host at EL1 beside"
