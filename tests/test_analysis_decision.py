@@ -21,7 +21,7 @@ from tracekit.analysis.conditions import (
     bundle_condition,
     varying_fields,
 )
-from tracekit.analysis.decision import ConditionEffect, conclusions
+from tracekit.analysis.decision import RULES, ConditionEffect, conclusions
 from tracekit.bundle import Manifest
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.sections.decision import section
@@ -97,9 +97,9 @@ def test_decision_table_names_the_injected_condition(tmp_path: Path) -> None:
     assert s.findings[0].startswith(
         "Effect on cyclictest p99.9 by condition: present: mmu-on none;"
     )
-    assert "created only when the guest's stage-1 MMU is on" in text
+    assert "created by what an MMU-on guest does and an MMU-off guest does not" in text
     assert "present for mmu-on, absent for mmu-off" in text  # the rule, stated
-    assert "re-initialising EL2" in text
+    assert "not cleared by hotplugging" not in text  # hotplug did clear it
 
 
 def test_too_few_runs_is_inconclusive_and_says_how_many(tmp_path: Path) -> None:
@@ -141,8 +141,8 @@ def test_rules_need_exactly_one_difference_and_their_verdicts() -> None:
     found = conclusions([_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)])
     texts = {c.text for c in found if c.settled}
     assert texts == {
-        "created only when the guest's stage-1 MMU is on",
-        "not cleared by the guest's own VMALLE1",
+        "created by what an MMU-on guest does and an MMU-off guest does not",
+        "not cleared by the guest's own TLBI VMALLE1 (executed as broadcast: KVM sets HCR_EL2.FB)",
     }
     two_apart = replace(BASE, variant="mmu-off", after_guest="hotplug")
     assert conclusions([_effect(BASE, PRESENT), _effect(two_apart, ABSENT)]) == []
@@ -227,3 +227,21 @@ def test_cluster_rule_allows_the_guest_cpu_it_moves_and_nothing_else() -> None:
     assert [c.text for c in found] == ["also when the guest ran in another cluster"]
     big_little = replace(other, guest_core="Cortex-A55", cpu_model="Cortex-A55+Cortex-A76")
     assert conclusions([_effect(BASE, PRESENT), _effect(big_little, PRESENT)]) == []
+
+
+def test_implications_claim_only_what_their_contrast_shows() -> None:
+    """No guest TLBI is local (HCR_EL2.FB); hotplug, rollover, cluster, MMU say no more."""
+    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    everything = " ".join(said.values())
+    assert "local" not in everything.replace("local TLBI ALLE2", "")
+    for overreach in ("tagged with a VMID", "re-initialising EL2", "table walks leave"):
+        assert overreach not in everything
+    hotplug = said[("after_guest", "hotplug", ABSENT)]
+    assert "power cycle" in hotplug and "6.12" in hotplug and "6.1 " in hotplug
+    assert "ALLE2 and ALLE1" in hotplug
+    rollover = said[("after_guest", "rollover", ABSENT)]
+    assert "does not separate" in rollover and "throwaway VMs" in rollover
+    cluster = said[("guest_cluster", "other", ABSENT)]
+    assert "does not say where the state is" in cluster
+    mmu = said[("variant", "mmu-off", ABSENT)]
+    assert "VM-register writes" in mmu and "stage-2 flush" in mmu
