@@ -95,6 +95,7 @@ def test_one_slot_per_phase_is_inconclusive_and_says_how_many() -> None:
     found = probe_comparisons(_slots(3.0, 1))
     assert {c.verdict for c in found} == {INCONCLUSIVE}
     assert {c.needed_runs for c in found} == {4}
+    assert {c.interval() for c in found} == {"n/a"}  # one slot a side: no spread to estimate
 
 
 def test_injected_probe_cost_is_found_with_enough_slots() -> None:

@@ -11,6 +11,7 @@ open question, with the runs needed when that is known.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -247,8 +248,8 @@ def decision_table(effects: list[ConditionEffect], varying: tuple[str, ...]) -> 
             "condition": e.condition.label(varying),
             "n": f"{e.comparison.n_before}+{e.comparison.n_after} {e.unit}",
             "ratio": round(e.comparison.ratio, 2),
-            "ci_low": round(e.comparison.ci_low, 2),
-            "ci_high": round(e.comparison.ci_high, 2),
+            "ci_low": _rounded(e.comparison.ci_low),
+            "ci_high": _rounded(e.comparison.ci_high),
             "verdict": e.comparison.verdict,
         }
         for e in effects
@@ -256,6 +257,11 @@ def decision_table(effects: list[ConditionEffect], varying: tuple[str, ...]) -> 
     schema = {"condition": pl.String, "n": pl.String, "ratio": pl.Float64}
     schema |= {"ci_low": pl.Float64, "ci_high": pl.Float64, "verdict": pl.String}
     return pl.DataFrame(rows, schema=schema)
+
+
+def _rounded(value: float) -> float | None:
+    """To two decimals; None (shown as n/a) for an interval a phase of one run cannot give."""
+    return round(value, 2) if math.isfinite(value) else None
 
 
 def conclusions(

@@ -6,6 +6,7 @@ tracekit/analysis/decision.py. One bundle has nothing to decide between: None.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import polars as pl
@@ -147,6 +148,7 @@ def _plot(effects: list[ConditionEffect], varying: tuple[str, ...]) -> Plot:
             ("ratio", e.comparison.ratio),
             ("ci_high", e.comparison.ci_high),
         )
+        if math.isfinite(value)  # a 1+1 comparison has no interval ends to draw
     ]
     frame = pl.DataFrame(rows, schema=["condition", "series", "ratio"], orient="row")
     return Plot(

@@ -29,6 +29,12 @@ from tracekit.report.header import bundle_label
 from tracekit.report.model import Plot, Section, Table
 
 TRACED_KINDS = ("traced", "guest", "after-guest")
+# What a probe sample is (reproducer/tlbiprobe.c): said wherever probe numbers are shown.
+PROBE_NOTE = (
+    "a sample is one whole mprotect/munmap syscall with the kernel's TLBI and DSB ISH"
+    " inside; the DSB waits for every CPU, so the cpu column is the issuer, never the"
+    " slow responder"
+)
 
 
 def section(bundles: list[BundleData]) -> Section | None:
@@ -77,9 +83,9 @@ def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
     for (mode,), rows in per.group_by("mode", maintain_order=True):
         out.append(
             Table(
-                f"{prefix}probe ({mode} mode): duration of one broadcast-TLBI call (us)",
+                f"{prefix}probe ({mode} mode): one syscall per sample, per issuing CPU (us)",
                 rows.select("cpu", "phase", "samples", "p50_us", "p99_us", "max_us"),
-                note="percentiles of every sample of the phase's slots on that CPU",
+                note="percentiles of every sample of the phase's slots on that CPU; " + PROBE_NOTE,
             )
         )
     return out
@@ -92,14 +98,14 @@ def _probe_plots(samples: pl.DataFrame, prefix: str) -> list[Plot]:
     for (mode, cpu), rows in frame.group_by("mode", "cpu", maintain_order=True):
         out.append(
             Plot(
-                f"{prefix}probe ({mode}) on CPU {cpu}: call duration per phase",
+                f"{prefix}probe ({mode}) issued on CPU {cpu}: syscall duration per phase",
                 "histogram",
                 rows.select("phase", "duration_us"),
                 x="duration_us",
                 series="phase",
                 log_x=True,
-                x_label="one call (us)",
-                y_label="calls",
+                x_label="one syscall (us)",
+                y_label="syscalls",
             )
         )
     return out
