@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from tracekit.analysis.tlbi import (
 )
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import load_bundle
-from tracekit.ingest.probe import read_probe_file
+from tracekit.ingest.probe import HEADER, read_probe_file
 from tracekit.report.sections.tlbi import section
 
 FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
@@ -44,6 +45,32 @@ def test_probe_file_reads_every_sample() -> None:
     raw = np.frombuffer(PROBE.read_bytes()[64:], dtype="<u8").reshape(-1, 2)
     assert samples["duration_ns"].to_list() == raw[:, 1].tolist()
     assert samples["timestamp_ns"].is_sorted()
+
+
+def _v2_file(path: Path, directions: list[int], durations: list[int], version: int = 2) -> Path:
+    """A version-2 probe.bin as reproducer/README.md lays it out (24-byte records)."""
+    header = HEADER.pack(
+        b"TKPROBE\0", version, HEADER.size, 24, 3, 1, 1, 62_500_000, len(durations), 7, 2, 0
+    )
+    body = b"".join(
+        struct.pack("<QQII", 1_000 * (i + 1), d, k, 0)
+        for i, (k, d) in enumerate(zip(directions, durations, strict=True))
+    )
+    path.write_bytes(header + body)
+    return path
+
+
+def test_probe_file_versions_and_directions(tmp_path: Path) -> None:
+    """Version 2 keeps RW->RO and RO->RW apart; version 1 reads as unknown; others refused."""
+    header, samples = read_probe_file(_v2_file(tmp_path / "v2.bin", [1, 2, 1], [10, 20, 30]))
+    assert header.version == 2
+    assert samples["direction"].to_list() == ["rw-ro", "ro-rw", "rw-ro"]
+    assert samples["duration_ns"].to_list() == [10, 20, 30]
+    assert set(read_probe_file(PROBE)[1]["direction"]) == {"unknown"}  # a version-1 file
+    with pytest.raises(TracekitError, match="version 3"):
+        read_probe_file(_v2_file(tmp_path / "v3.bin", [1], [10], version=3))
+    with pytest.raises(TracekitError, match="direction 7"):
+        read_probe_file(_v2_file(tmp_path / "bad.bin", [1, 7], [10, 20]))
 
 
 def test_truncated_or_foreign_probe_file_is_refused(tmp_path: Path) -> None:
