@@ -24,7 +24,7 @@ from tracekit.analysis.conditions import (
 from tracekit.analysis.decision import RULES, ConditionEffect, conclusions
 from tracekit.bundle import Manifest
 from tracekit.ingest.bundle import BundleData, load_bundle
-from tracekit.report.sections.decision import section
+from tracekit.report.sections.decision import _where, section
 
 BUILT_GUESTS = Path(__file__).parent.parent / "reproducer" / "build" / "guests"
 INJECTED = 3.0
@@ -243,5 +243,7 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert "does not separate" in rollover and "throwaway VMs" in rollover
     cluster = said[("guest_cluster", "other", ABSENT)]
     assert "does not say where the state is" in cluster
+    found = conclusions([_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-off"), ABSENT)])
+    assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
     assert "VM-register writes" in mmu and "stage-2 flush" in mmu

@@ -57,7 +57,8 @@ def section(bundles: list[BundleData]) -> Section | None:
             Table(
                 "TLBI probe per issuing CPU: one syscall per sample (ns), one slot per phase",
                 _stack(probes, many),
-                note=PROBE_NOTE,
+                note=PROBE_NOTE + "; the probe's own summary pools every direction (the TLBI"
+                " section keeps RW->RO and RO->RW apart)",
             )
         )
     unknowns += _few_samples(with_latencies)

@@ -102,11 +102,11 @@ def _summary(effects: list[ConditionEffect], varying: tuple[str, ...]) -> str:
 
 
 def _where(found: list[Conclusion]) -> list[str]:
-    """What the settled conclusions together say about where the state is."""
+    """What the settled conclusions imply, each only what its own contrast shows."""
     implied = list(dict.fromkeys(c.implies for c in found if c.settled))
     if not implied:
         return []
-    return ["Where the state is, from the rules above: " + "; ".join(implied) + "."]
+    return ["What the settled rules above imply, each no more: " + "; ".join(implied) + "."]
 
 
 def _short(effects: list[ConditionEffect], varying: tuple[str, ...]) -> list[str]:
