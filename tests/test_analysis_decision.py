@@ -35,6 +35,7 @@ GENERATED = Condition(
     guest_revision="1", backing="4k", scenario="main", cpu_model="Cortex-A76",
     rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
     stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
+    freshness="fresh",
     protocol="3s@1000us",
 )  # fmt: skip
 
@@ -183,7 +184,7 @@ def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
     cpus = [{"cpu": n, "cluster": n // 2, "name": cores} for n in range(4)]
     host = {"cpus": cpus, "kvm": {"mode": kvm_mode}, "kernel_release": "6.12.48+deb13-arm64"}
     host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
-    host |= {"isolation": [{"cpu": 3, "isolcpus": True}]}
+    host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
     options = {"rt_cpu": 3, "stress_cpus": [0, 1, 2], "guest_cpus": [1], "scenario": "main"}
     options |= {"after_guest": "none", "duration_s": 20, "interval_us": 1000}
     scenario |= {"name": "main", "guest": "/g/mmu-on.elf"}
@@ -247,3 +248,15 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
     assert "VM-register writes" in mmu and "stage-2 flush" in mmu
+
+
+def test_freshness_and_perf_stat_are_condition_fields() -> None:
+    """A dirty host (a VM ran before 'before') and perf stat beside the runs are conditions."""
+    fresh = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    dirty = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    dirty.host["freshness"] = {"state": "dirty"}
+    dirty.options["perf_counters"] = True
+    assert set(bundle_condition(fresh).differing(bundle_condition(dirty))) == {
+        "freshness",
+        "protocol",
+    }

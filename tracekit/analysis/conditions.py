@@ -4,7 +4,8 @@ A decision table compares bundles that differ in one thing. Every field a bundle
 is a condition field: the guest (variant, revision, backing), what was done after it, the
 scenario, the KVM mode, the kernel, the cores (model, the rt and guest CPUs' core types),
 the placement (which CPUs ran rt, stress and guest, and their clusters relative to the rt
-CPU), the rt CPU's isolation, the emulation and the run length and interval. A field an
+CPU), the rt CPU's isolation, the emulation, whether the host was fresh, and the run
+length, interval and perf stat. A field an
 old bundle's manifest lacks reads "unknown", and an unknown equals nothing, not even
 another unknown: such a bundle pools with no other and no rule can call it "differs only
 in" anything, since nobody knows what it held equal.
@@ -76,6 +77,7 @@ FIELD_LABELS = {
     "stress_cluster": "stress cluster",
     "isolation": "rt isolation",
     "host": "host",
+    "freshness": "host freshness",
     "protocol": "runs",
 }
 
@@ -103,6 +105,7 @@ class Condition:
     stress_cluster: str = field(default_factory=Unknown)  # stress CPUs vs the rt cluster
     isolation: str = field(default_factory=Unknown)  # the rt CPU's isolcpus/nohz_full/...
     host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
+    freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
     protocol: str = field(default_factory=Unknown)  # run length @ cyclictest interval
 
     @property
@@ -145,6 +148,7 @@ def bundle_condition(manifest: Manifest) -> Condition:
         stress_cluster=_relation(manifest, options.get("stress_cpus")),
         isolation=rt_isolation(manifest),
         host=host_kind(manifest),
+        freshness=_known((manifest.host.get("freshness") or {}).get("state")),
         protocol=protocol(manifest),
     )
 
@@ -229,12 +233,13 @@ def host_kind(manifest: Manifest) -> str:
 
 
 def protocol(manifest: Manifest) -> str:
-    """Run length and cyclictest interval, which the latency metrics depend on."""
+    """Run length, cyclictest interval and perf stat beside the runs: metrics depend on them."""
     duration = manifest.options.get("duration_s")
     interval = manifest.options.get("interval_us")
     if duration is None or interval is None:
         return Unknown()
-    return f"{duration}s@{interval}us"
+    perf = "+perf" if manifest.options.get("perf_counters") else ""
+    return f"{duration}s@{interval}us{perf}"
 
 
 def varying_fields(conditions: list[Condition]) -> tuple[str, ...]:
