@@ -17,8 +17,8 @@ import polars as pl
 
 from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
 from tracekit.analysis.requires import require_events
+from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
-from tracekit.host.probes import PROBE_GROUP
 from tracekit.ingest.probe import UNKNOWN_DIRECTION
 
 PHASE_ORDER = {"before": 0, "guest": 1, "after": 2}
