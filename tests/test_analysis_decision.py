@@ -139,12 +139,17 @@ def test_rules_need_exactly_one_difference_and_their_verdicts() -> None:
     """Settled for the rule's verdicts; nothing when two fields differ or verdicts disagree."""
     off = replace(BASE, variant="mmu-off")
     vmalle1 = replace(BASE, variant="mmu-on-vmalle1")
-    found = conclusions([_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)])
+    on_off = replace(BASE, variant="mmu-on-off")
+    effects = [_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)]
+    found = conclusions([*effects, _effect(on_off, PRESENT)])
     texts = {c.text for c in found if c.settled}
     assert texts == {
         "created by what an MMU-on guest does and an MMU-off guest does not",
+        "created even when the guest turns its MMU off again",
         "not cleared by the guest's own TLBI VMALLE1 (executed as broadcast: KVM sets HCR_EL2.FB)",
     }
+    # mmu-on is not the TLBI presets' control (another dose, MMU left on): no TLBI rule.
+    assert not any("VMALLE1" in c.text for c in conclusions(effects))
     two_apart = replace(BASE, variant="mmu-off", after_guest="hotplug")
     assert conclusions([_effect(BASE, PRESENT), _effect(two_apart, ABSENT)]) == []
     assert conclusions([_effect(BASE, ABSENT), _effect(off, PRESENT)]) == []
@@ -260,3 +265,17 @@ def test_freshness_and_perf_stat_are_condition_fields() -> None:
         "freshness",
         "protocol",
     }
+
+
+def test_pre_enable_tlbi_is_a_factor_of_its_own() -> None:
+    """mmu-on vs the report's guest (pre-enable TLBI VMALLE1): the one difference is named."""
+    report = replace(BASE, variant="mmu-on-report")
+    found = conclusions([_effect(BASE, ABSENT), _effect(report, PRESENT)])
+    assert [c.text for c in found] == [
+        "created only with the report's TLBI VMALLE1 before the MMU goes on"
+        " (executed as broadcast: KVM sets HCR_EL2.FB)"
+    ]
+    both = conclusions([_effect(BASE, PRESENT), _effect(report, PRESENT)])
+    assert [c.text for c in both] == [
+        "created with or without the report's TLBI VMALLE1 before the MMU goes on"
+    ]
