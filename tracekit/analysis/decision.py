@@ -86,8 +86,9 @@ def _rule(
 #   on, kvm_toggle_cache (mmu.c) flushes the whole stage 2 (stage2_flush_vm).
 # - hotplug is PSCI CPU_OFF then CPU_ON, a power cycle of the core (in QEMU a CPU
 #   reset); what EL2 runs afterwards differs per kernel: 6.12 re-initialises EL2 on the
-#   re-plugged CPU with a local TLBI ALLE2 and ALLE1 (nvhe/hyp-init.S), 6.1 runs no EL2
-#   invalidation once no VM is alive (it brings EL2 up again only when a VM is created).
+#   re-plugged CPU, whose init (nvhe/hyp-init.S, "Invalidate the stale TLBs") issues a
+#   local TLBI ALLE2 and, as issue 17's emulated count shows, ALLE1; 6.1 runs no EL2
+#   invalidation once no VM is alive (it brings EL2 up only when a VM is created).
 # - a rollover is about 2^VMID-bits throwaway VMs, then one TLBI ALLE1IS
 #   (__kvm_flush_vm_context from vmid.c): eviction by those VMs is not separated from it.
 _FB = " (executed as broadcast: KVM sets HCR_EL2.FB)"
