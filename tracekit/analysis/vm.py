@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import polars as pl
 
+from tracekit.analysis.cacheflush import cache_state_changes
 from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.requires import require_events
 
@@ -44,7 +45,7 @@ COUNTED = {
     "exits": "kvm_exit",
     "userspace_exits": "kvm_userspace_exit",
     "guest_faults": "kvm_guest_fault",
-    "cache_toggles": "kvm_toggle_cache",
+    "cache_toggles": "kvm_toggle_cache",  # only those that changed the cache state
     "set_way_flushes": "kvm_set_way_flush",
     "hvcs": "kvm_hvc_arm64",
     "mmio": "kvm_mmio",
@@ -229,6 +230,8 @@ def lifecycle(
 
     `counted` maps a COUNTED column name to that event's attributed rows (absent events
     are left out and their column is null, never 0). `vmids` is `vm_vmids()` or None.
+    cache_toggles counts the kvm_toggle_cache events that changed the cache state, as
+    the cache-flush analysis does: a trapped MAIR/TCR/TTBR0 write fires the event too.
     """
     table = windows.select(
         "vm_seq",
@@ -242,6 +245,8 @@ def lifecycle(
     )
     for column in COUNTED:
         rows = counted.get(column)
+        if rows is not None and column == "cache_toggles":
+            rows = cache_state_changes(rows)
         if rows is None:
             table = table.with_columns(pl.lit(None, pl.Int64).alias(column))
             continue

@@ -109,8 +109,8 @@ def _statement(per_run: pl.DataFrame, comparisons: list[Comparison]) -> str:
     else:
         verdict = "whether excess latency concentrates with broadcast activity is not shown"
     return (
-        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x [{p99.ci_low:.2f},"
-        f" {p99.ci_high:.2f}] over {p99.n_after} run(s), verdict {p99.verdict}"
+        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x {p99.interval()}"
+        f" over {p99.n_after} run(s), verdict {p99.verdict}"
         f" ({100 * share:.0f}% of wake-ups had broadcast work on another CPU within a"
         " fixed window of the run's median latency after their expiry)"
     )
