@@ -107,6 +107,8 @@ def _manifest(spec: Spec) -> Manifest:
     options = dict(real["options"])
     options |= {"guest_cpus": [spec.guest_cpu], "after_guest": spec.after_guest}
     options |= {"runs": spec.runs, "traced_runs": 0, "scenario": "main"}
+    if spec.backing is not None:  # a collect that records the backing records its knobs too
+        options |= {"knobs": [], "backing": spec.backing}
     scenario = {
         "name": "main",
         "phases": ["before", "guest", "after"],

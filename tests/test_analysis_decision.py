@@ -32,7 +32,7 @@ RUNS = 10
 # A generated bundle's condition with its guest on CPU 2 (the rt CPU's cluster).
 GENERATED = Condition(
     "mmu-on", "none", "nvhe", "same", "6.1.0-50-arm64",
-    guest_revision="1", backing="4k", scenario="main", cpu_model="Cortex-A76",
+    guest_revision="1", backing="4k", knobs="none", scenario="main", cpu_model="Cortex-A76",
     rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
     stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
     freshness="fresh",
@@ -191,7 +191,7 @@ def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
     host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
     host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
     options = {"rt_cpu": 3, "stress_cpus": [0, 1, 2], "guest_cpus": [1], "scenario": "main"}
-    options |= {"after_guest": "none", "duration_s": 20, "interval_us": 1000}
+    options |= {"after_guest": "none", "duration_s": 20, "interval_us": 1000, "knobs": []}
     scenario |= {"name": "main", "guest": "/g/mmu-on.elf"}
     return Manifest(host=host, options=options, scenario=scenario)
 
@@ -214,11 +214,11 @@ def test_a_field_an_old_bundle_lacks_is_unknown_and_pools_with_nothing(tmp_path:
     a, b = (_bundle(tmp_path, f"old{n}", spec) for n, spec in enumerate(old))
     ca, cb = bundle_condition(a.manifest), bundle_condition(b.manifest)
     assert (str(ca.backing), str(ca.guest_revision)) == ("unknown", "unknown")
-    assert ca != cb and set(ca.differing(cb)) == {"guest_revision", "backing"}
+    assert ca != cb and set(ca.differing(cb)) == {"guest_revision", "backing", "knobs"}
     s = section([a, b])
     assert s is not None
     assert s.tables[0].frame.height == 2  # not pooled into one condition of 2 boots
-    assert varying_fields([ca, cb]) == ("guest_revision", "backing")
+    assert varying_fields([ca, cb]) == ("guest_revision", "backing", "knobs")
     off = bundle_condition(_manifest("Cortex-A76", "nvhe"))
     assert (
         conclusions([_effect(ca, PRESENT), _effect(replace(ca, variant="mmu-off"), ABSENT)]) == []

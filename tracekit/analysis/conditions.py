@@ -67,6 +67,7 @@ FIELD_LABELS = {
     "variant": "guest",
     "guest_revision": "guest revision",
     "backing": "guest backing",
+    "knobs": "guest knobs",
     "after_guest": "after-guest",
     "scenario": "scenario",
     "kvm_mode": "KVM",
@@ -99,6 +100,7 @@ class Condition:
     # Fields the first bundles did not record; absent, each is its own Unknown.
     guest_revision: str = field(default_factory=Unknown)  # the guest ELF note's revision
     backing: str = field(default_factory=Unknown)  # guest RAM backing: 4k, thp, hugetlb
+    knobs: str = field(default_factory=Unknown)  # --knob settings over the preset, or none
     scenario: str = field(default_factory=Unknown)  # main, teardown, ...
     cpu_model: str = field(default_factory=Unknown)  # the host's cores: Cortex-A55+Cortex-A76
     rt_core: str = field(default_factory=Unknown)  # the rt CPU's core
@@ -142,6 +144,7 @@ def bundle_condition(manifest: Manifest) -> Condition:
         kernel=_known(manifest.host.get("kernel_release")),
         guest_revision=_known(scenario.get("guest_revision")),
         backing=_known(scenario.get("backing") or options.get("backing")),
+        knobs=guest_knobs(options),
         scenario=_known(scenario.get("name") or options.get("scenario")),
         cpu_model=_cores(manifest, None),
         rt_core=_cores(manifest, [options.get("rt_cpu")]),
@@ -158,6 +161,14 @@ def bundle_condition(manifest: Manifest) -> Condition:
 def _known(value: Any) -> str:
     """The recorded value as text, or a fresh Unknown when it is absent."""
     return Unknown() if value is None or value == "" else str(value)
+
+
+def guest_knobs(options: dict[str, Any]) -> str:
+    """The knobs set over the guest's preset, sorted ("none"); unknown where not recorded."""
+    knobs = options.get("knobs")
+    if not isinstance(knobs, list):
+        return Unknown()
+    return ",".join(sorted(str(k) for k in knobs)) or "none"
 
 
 def guest_variant(manifest: Manifest) -> str:
