@@ -118,7 +118,7 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
 
     `options` go to open_trace: salvage, use_cache, symbols.
     """
-    from tracekit.ingest.trace import open_trace
+    from tracekit.ingest.opening import open_trace
 
     path = run_trace_path(data.path, run.run_id)
     if path is None:

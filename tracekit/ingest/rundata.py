@@ -71,7 +71,7 @@ class RunData:
         """The run's trace, ingested once (Parquet-cached beside it)."""
         if self.trace_path is None:
             return None
-        from tracekit.ingest.trace import open_trace
+        from tracekit.ingest.opening import open_trace
 
         return open_trace(self.trace_path, **self.trace_options)
 

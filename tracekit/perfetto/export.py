@@ -20,7 +20,8 @@ from tracekit.errors import TracekitError
 from tracekit.perfetto.ftrace import FtraceSequence, write_ftrace, write_stats
 from tracekit.perfetto.runs import run_group, write_phases
 from tracekit.perfetto.system import collect_tasks, process_tree_packet, system_info_packet
-from tracekit.perfetto.tracks import TrackWriter, write_trace_tracks
+from tracekit.perfetto.timeline import write_trace_tracks
+from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
 
 if TYPE_CHECKING:

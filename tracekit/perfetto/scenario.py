@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from tracekit.analysis.calls import pair_calls
 from tracekit.analysis.vm import marker_table, vmids_per_vm
 from tracekit.perfetto.events import is_derived
-from tracekit.perfetto.tracks import Marker, Span, TrackWriter, write_spans
+from tracekit.perfetto.tracks import Span, TrackWriter, write_spans
+
+if TYPE_CHECKING:
+    from tracekit.perfetto.timeline import Marker
 
 VMID_EVENT = "kvm_arm_vmid_update"
 TLBI_LOOP = "tlbi-loop"
