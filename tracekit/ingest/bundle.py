@@ -81,7 +81,8 @@ def load_bundle(path: str | Path) -> BundleData:
         if summary is not None:
             probes.append(_probe(run, summary))
         if run.lost_events:
-            lost.append((run.run_id, run.phase, run.kind, data.lost_events))
+            # As the collector recorded it; RunData.lost_events adds the trace's own reports.
+            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
     return BundleData(
         path=path,
         manifest=manifest,

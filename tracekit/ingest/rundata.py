@@ -12,10 +12,11 @@ number silently.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
     from tracekit.ingest.vmm import VmmOutput
 
+T = TypeVar("T")
+
 
 @dataclass(eq=False)
 class RunData:
@@ -36,16 +39,31 @@ class RunData:
     manifest: Manifest
     run: RunRecord
     trace_options: dict[str, Any] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> str:
         """The run's id."""
         return self.run.run_id
 
+    @cached_property
+    def lost_per_cpu(self) -> dict[int, int]:
+        """CPU -> events the run's trace lost (tracekit.ingest.lost: the one definition)."""
+        from tracekit.ingest.lost import lost_per_cpu
+
+        trace = self.trace
+        return lost_per_cpu(trace.lost if trace is not None else None, self.run.lost_events)
+
     @property
     def lost_events(self) -> int:
-        """Events the run's trace lost: overrun + dropped, summed over its CPUs (manifest)."""
-        return sum(int(n) for n in self.run.lost_events.values())
+        """Events the run's trace lost, over its CPUs."""
+        return sum(self.lost_per_cpu.values())
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """A value derived from this run's data, made once per report (e.g. its event tables)."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]  # type: ignore[no-any-return]
 
     def path(self, name: str) -> Path | None:
         """A file of this run, checked against the manifest's size; None when absent."""

@@ -150,11 +150,11 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
             durations = pl.concat([durations, graph])
         if durations.height == 0 and unpaired == 0:
             continue
-        run_lost = max(run.lost_events.values(), default=0)
+        run_lost = data.run(run).lost_events
         if run_lost:
             lines.append(
                 f"{prefix}{run.run_id} excluded from flush-path durations: it lost"
-                f" {sum(run.lost_events.values())} events"
+                f" {run_lost} events"
             )
             continue
         if unpaired:

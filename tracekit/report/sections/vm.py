@@ -14,7 +14,7 @@ from tracekit.bundle import RunFile, run_trace_path
 from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
 from tracekit.report.header import is_emulated
-from tracekit.report.model import Section, Table
+from tracekit.report.model import Section, Table, run_key, used_runs
 from tracekit.report.sections.vmruns import VmRun, vm_runs
 
 # Above this many VMs a run's steps are summarised per IPA size instead of listed.
@@ -47,7 +47,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         findings=findings,
         tables=tables,
         unknowns=sorted(set(unknowns)),
-        lost_events=sum(found.lost for found in runs),
+        **used_runs({run_key(f.data, f.run): f.lost for f in runs}),
     )
 
 
