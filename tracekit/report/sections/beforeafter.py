@@ -18,6 +18,7 @@ from tracekit.analysis.beforeafter import (
     stress_comparison,
 )
 from tracekit.analysis.compare import Comparison
+from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table
@@ -80,13 +81,13 @@ def section(bundles: list[BundleData]) -> Section | None:
 
 def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[str]]:
     """The bundle's quiet-run comparisons (primary first) and what they cannot tell."""
-    quiet = data.latencies.filter(pl.col("kind") == "quiet")
+    quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
     phases = set(quiet["phase"].unique())
     if not {"before", "after"} <= phases:
         return [], [f"{prefix}no before/after verdict: quiet runs only in {sorted(phases)}"]
     found = latency_comparisons(data.latencies)
     found.sort(key=lambda c: c.role != "primary")
-    quiet_stress = data.stress.filter(pl.col("kind") == "quiet")
+    quiet_stress = data.stress.filter(pl.col("kind") == RunKind.QUIET.value)
     if set(quiet_stress["phase"].unique()) >= {"before", "after"}:
         found.append(stress_comparison(data.stress))
     found = [replace(c, metric=prefix + c.metric) for c in found] if prefix else found
@@ -152,8 +153,8 @@ def _observer_effect(data: BundleData) -> list[str]:
     for phase in ("before", "after"):
         rows = summary.filter(pl.col("phase") == phase)
         kinds = dict(zip(rows["kind"], rows["p99_9_us"], strict=True))
-        if kinds.get("quiet") and kinds.get("traced") is not None:
-            ratio = kinds["traced"] / kinds["quiet"]
+        if kinds.get(RunKind.QUIET) and kinds.get(RunKind.TRACED) is not None:
+            ratio = kinds[RunKind.TRACED] / kinds[RunKind.QUIET]
             out.append(
                 f"observer effect, {phase}: traced runs' p99.9 is {ratio:.2f}x the quiet"
                 " runs' (mean of per-run values); headline numbers use quiet runs only"
@@ -182,7 +183,7 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
     samples, per_run = [], []
     for data in bundles:
         tag = pl.lit(f"{bundle_label(data)} " if many else "")
-        quiet = data.latencies.filter(pl.col("kind") == "quiet")
+        quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
         samples.append(
             quiet.select(
                 (tag + pl.col("phase")).alias("series"),

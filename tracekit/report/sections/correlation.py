@@ -21,6 +21,7 @@ from tracekit.analysis.correlation import (
     window_activity,
     with_without,
 )
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, traced_runs
 from tracekit.ingest.probe import probe_samples
@@ -33,7 +34,7 @@ from tracekit.report.sections.wakeup import (
 )
 
 WORST = 8
-GUEST_KINDS = ("guest", "after-guest")
+GUEST_KINDS = (RunKind.GUEST, RunKind.AFTER_GUEST)
 TIMELINE_MARGIN = 0.25  # of the window, shown before the expiry and after the switch-in
 
 

@@ -28,6 +28,7 @@ from tracekit.analysis.decision import (
     describe_conclusion,
     field_names,
 )
+from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label
 from tracekit.report.model import Plot, Section, Table
@@ -87,7 +88,7 @@ def section(bundles: list[BundleData]) -> Section | None:
 
 def _has_quiet_phases(data: BundleData) -> bool:
     """Whether the bundle has quiet runs before and after the guest."""
-    quiet = data.latencies.filter(pl.col("kind") == "quiet")
+    quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
     return {"before", "after"} <= set(quiet["phase"].unique())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import teardown as td
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
@@ -79,7 +80,7 @@ def _kernel(data: BundleData) -> str:
 def _is_teardown_run(found: VmRun) -> bool:
     """A sweep run of VMs (the teardown scenario: one IPA size per run) or one VMM run
     that cycled several IPA sizes itself."""
-    return found.run.kind == "vms" or found.vmm.vms["ipa_bits"].n_unique() >= 2
+    return found.run.kind == RunKind.VMS or found.vmm.vms["ipa_bits"].n_unique() >= 2
 
 
 def _teardown_runs(bundles: list[BundleData]) -> list[tuple[str, str, list[VmRun]]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import vm
-from tracekit.bundle import RunFile, run_trace_path
+from tracekit.bundle import RunFile, RunKind, run_trace_path
 from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
 from tracekit.report.header import is_emulated
@@ -59,7 +59,7 @@ def _background_stops(data: BundleData) -> list[str]:
     """
     out = []
     for run in data.manifest.runs:
-        if run.kind != "guest-stop" or run_trace_path(data.path, run.run_id) is None:
+        if run.kind != RunKind.GUEST_STOP or run_trace_path(data.path, run.run_id) is None:
             continue
         trace = open_run_trace(data, run)
         name = next((n for n in vm.MARKER_EVENTS if n in trace.event_names), None)

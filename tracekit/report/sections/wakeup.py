@@ -13,7 +13,7 @@ import polars as pl
 
 from tracekit.analysis.wakecheck import against_cyclictest, paired_offset
 from tracekit.analysis.wakeup import COMPONENTS, Wakeups, decompose
-from tracekit.bundle import RunRecord
+from tracekit.bundle import RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
 from tracekit.report.header import bundle_label, is_emulated
@@ -86,7 +86,7 @@ def decomposed_runs(bundles: list[BundleData]) -> tuple[list[RunWakeups], list[s
     """Every traced run with cyclictest, decomposed; and why any could not be."""
     done, problems = [], []
     for data in bundles:
-        for run in traced_runs(data, kinds=("traced",)):
+        for run in traced_runs(data, kinds=(RunKind.TRACED,)):
             try:
                 rt_cpu = rt_cpu_of(data)
                 trace = run_events(data, run)
