@@ -41,7 +41,7 @@ def main() -> None:
 
 def _register() -> None:
     """Attach the command groups that exist; each module owns its commands."""
-    from tracekit.cli import campaign, collect, ingest, perfetto, report, symbols, vhost
+    from tracekit.cli import campaign, collect, ingest, perfetto, report, symbols, verify, vhost
 
     main.add_command(vhost.vhost)
     main.add_command(collect.collect)
@@ -49,6 +49,7 @@ def _register() -> None:
     main.add_command(perfetto.perfetto)
     main.add_command(symbols.symbols)
     main.add_command(report.report)
+    main.add_command(verify.verify)
     main.add_command(campaign.campaign)
 
 

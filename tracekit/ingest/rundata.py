@@ -38,6 +38,7 @@ class RunData:
     root: Path
     manifest: Manifest
     run: RunRecord
+    damaged: set[str] = field(default_factory=set)  # files found missing or changed: not read
     trace_options: dict[str, Any] = field(default_factory=dict)
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -66,23 +67,30 @@ class RunData:
         return self.derived[key]  # type: ignore[no-any-return]
 
     def path(self, name: str) -> Path | None:
-        """A file of this run, checked against the manifest's size; None when absent."""
+        """A file of this run; None when absent, resized or (verified) changed.
+
+        A resized file is never read: its numbers would change silently. It is one of the
+        bundle's problems (bundle.bundle_problems), which every output shows first.
+        """
         rel = run_file(self.run_id, name)
         path = self.root / rel
-        if not path.exists():
+        if not path.exists() or rel in self.damaged:
             return None
         recorded = self.manifest.files.get(rel)
         if recorded is not None and path.is_file() and path.stat().st_size != recorded["size"]:
-            raise TracekitError(
-                f"{self.root}: {rel} is {path.stat().st_size} bytes, the manifest recorded "
-                f"{recorded['size']}: changed since collection; `tracekit verify` checks all"
-            )
+            return None
         return path
 
     @cached_property
     def trace_path(self) -> Path | None:
-        """The run's trace (raw capture directory or trace.dat), if it recorded one."""
-        return run_trace_path(self.root, self.run_id)
+        """The run's trace (raw capture directory or trace.dat); None without one, or when
+        a file of it is missing or changed (a bundle problem every output shows)."""
+        path = run_trace_path(self.root, self.run_id)
+        if path is None:
+            return None
+        rel = path.relative_to(self.root).as_posix()
+        hit = any(d == rel or d.startswith(f"{rel}/") for d in self.damaged)
+        return None if hit else path
 
     @cached_property
     def trace(self) -> Trace | None:

@@ -102,6 +102,7 @@ def export_bundle(
         job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title
     )
     notes = check_timeline(job.spans)
+    notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]
     if manifest.host.get("emulated"):
         notes.append(f"the bundle was recorded on an {EMULATED}")
     return result, notes
