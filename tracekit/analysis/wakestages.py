@@ -18,6 +18,12 @@ MEASURER = "cyclictest"
 SLEEP_TIMER = "hrtimer_wakeup"  # the hrtimer function of nanosleep's sleeper
 
 
+def due_column(starts: pl.DataFrame) -> str:
+    """The column holding the time a sleep asked for: `softexpires` (`expires` adds the
+    task's timer slack, 0 for real-time tasks such as cyclictest's), else `expires`."""
+    return "softexpires" if "softexpires" in starts.columns else "expires"
+
+
 def sleeps(starts: pl.DataFrame) -> pl.DataFrame:
     """The measuring threads' sleep timers, one per loop: wake_id, pid, expires, ..."""
     return (
@@ -27,7 +33,7 @@ def sleeps(starts: pl.DataFrame) -> pl.DataFrame:
             pl.col("ts").alias("start_ts"),
             pl.col("common_pid").alias("pid"),
             "hrtimer",
-            "expires",
+            pl.col(due_column(starts)).alias("expires"),
         )
         .with_row_index("wake_id")
         .with_columns(pl.col("start_ts").shift(-1).over("pid").alias("next_start_ts"))
