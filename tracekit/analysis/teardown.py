@@ -113,7 +113,7 @@ def function_spans(entries: pl.DataFrame, returns: pl.DataFrame) -> pl.DataFrame
                 "ts", pl.col("common_pid").cast(pl.Int32).alias("pid"), pl.lit(False).alias("entry")
             ),
         ]
-    ).sort("pid", "ts")
+    ).sort("pid", "ts", maintain_order=True)
     paired = both.with_columns(
         pl.col("entry").shift(-1).over("pid").alias("next_entry"),
         pl.col("ts").shift(-1).over("pid").alias("end_ts"),
@@ -123,7 +123,7 @@ def function_spans(entries: pl.DataFrame, returns: pl.DataFrame) -> pl.DataFrame
         pl.col("ts").alias("start_ts"),
         "end_ts",
         (pl.col("end_ts") - pl.col("ts")).alias("dur_ns"),
-    ).sort("start_ts")
+    ).sort("start_ts", maintain_order=True)
 
 
 def unmatched_entries(entries: pl.DataFrame, spans: pl.DataFrame) -> int:
@@ -133,9 +133,9 @@ def unmatched_entries(entries: pl.DataFrame, spans: pl.DataFrame) -> int:
 
 def spans_in_windows(spans: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """vm_seq, kernel_ns: the function's time inside each VM's teardown markers (summed)."""
-    joined = spans.sort("start_ts").join_asof(
+    joined = spans.sort("start_ts", maintain_order=True).join_asof(
         windows.select("vm_seq", "vmm_pid", "teardown_start_ts", "teardown_end_ts").sort(
-            "teardown_start_ts"
+            "teardown_start_ts", maintain_order=True
         ),
         left_on="start_ts",
         right_on="teardown_start_ts",
