@@ -336,3 +336,22 @@ def test_a_spawned_tool_dies_with_a_sigkilled_parent() -> None:
     while _group_exists(tool) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _group_exists(tool)
+
+
+def test_a_scoped_stack_records_in_the_outer_journal_and_leaves_it_open(tmp_path: Path) -> None:
+    setting = tmp_path / "setting"
+    setting.write_text("old\n")
+    outer = CleanupStack(Journal.create(tmp_path / "j"))
+    with outer.scoped() as inner:
+        inner.change(
+            "restore",
+            lambda: setting.write_text("old\n"),
+            lambda: setting.write_text("new\n"),
+            journal.setting(setting, "old"),
+        )
+    assert setting.read_text() == "old\n"
+    assert outer.journal is not None
+    assert pending_entries(outer.journal.path.read_text()) == []
+    outer.push("later", lambda: None, {"kind": "x"})  # still open for the outer stack's changes
+    outer.close()
+    assert list((tmp_path / "j").iterdir()) == []

@@ -83,11 +83,18 @@ class CleanupStack:
         self._late_signal: int | None = None
         self.failures: list[str] = []
         self.journal = journal
+        self._owns_journal = True
 
     @classmethod
     def journaled(cls) -> CleanupStack:
         """A stack whose every recorded undo is also on disk (journal.py) for the next run."""
         return cls(Journal.create())
+
+    def scoped(self) -> CleanupStack:
+        """A stack for a step that restores its own changes early, in this run's journal."""
+        inner = CleanupStack(self.journal)
+        inner._owns_journal = False  # the journal lives as long as this, the outer stack
+        return inner
 
     def push(self, description: str, undo: Callable[[], None], record: Entry | None = None) -> None:
         """Remember how to undo a change; `record` is written to the journal first."""
@@ -181,7 +188,7 @@ class CleanupStack:
                 action = self._actions.pop()
                 self._run(action)
         finally:
-            if self.journal:
+            if self.journal and self._owns_journal:
                 # Kept (for the next run) if an undo failed; removed otherwise.
                 self.journal.close()
             self._restore_signal_handlers()
