@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from host_kill_support import NONE, PHASES, leftovers, run_until
 from host_uprobes import libc_uprobe_target
 
 from tracekit.errors import TracekitError
@@ -34,143 +35,6 @@ from tracekit.host.tracefs import Tracefs, snapshot
 
 # `root` (skips without root or tracefs).
 pytest_plugins = ["host_tracefs_support"]
-
-PHASES = ("opened", "instance", "clock", "task_names", "probe", "events", "child", "tracing")
-
-# The child: each phase's changes, then "PHASE <name>"; the child tool carries a marker
-# in its environment so that the test finds it and its grandchild in /proc.
-CHILD_SETUP = textwrap.dedent(
-    """
-    import os, subprocess, sys
-    from tracekit.host.cleanup import CleanupStack, Interrupted
-    from tracekit.host.instance import Instance
-    from tracekit.host.probes import ProbeSet, parse_probe
-    from tracekit.host.tracefs import Tracefs
-
-    def phase(name):
-        print("PHASE", name, flush=True)
-
-    uprobe, marker = sys.argv[1], sys.argv[2]
-    try:
-        with CleanupStack.journaled() as stack:
-            tracefs = Tracefs.open(stack)
-            phase("opened")
-            instance = Instance.create(tracefs)
-            phase("instance")
-            instance.set_trace_clock()
-            instance.set_buffer_size_kb(256)
-            phase("clock")
-            instance.record_task_names()
-            phase("task_names")
-            probe = parse_probe(f"p:tracekit/tk_kill_{os.getpid()} {uprobe}")
-            ProbeSet(tracefs, "uprobe_events").define(probe)
-            phase("probe")
-            instance.enable_events(
-                ["sched/sched_switch", probe.group_event], {"sched/sched_switch": "prev_pid >= 0"}
-            )
-            phase("events")
-            env = {**os.environ, "TK_KILL_TEST": marker}
-            quiet = subprocess.DEVNULL  # the grandchild must not hold the test's pipes
-            stack.spawn(["sh", "-c", "sleep 1000 & wait"], env=env, stdout=quiet, stderr=quiet)
-            phase("child")
-            instance.start()
-            phase("tracing")
-            while True:
-                instance.write_marker("tracing")
-                os.getppid()
-    except Interrupted as stop:
-        sys.exit(stop.exit_code)
-    """
-)
-
-
-def _marked_processes(marker: str) -> list[int]:
-    """Live processes whose environment carries the test's marker."""
-    needle = f"TK_KILL_TEST={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def _flat(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
-    """A snapshot as "top/saved_cmdlines_size" -> value, one entry per setting."""
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-# Counted as instances and probes of the child's own (other runs, e.g. a suite running
-# beside this one on the same machine, add and remove theirs meanwhile).
-SCOPED = {"instances", "top/kprobe_events", "top/uprobe_events", "top/dynamic_events"}
-
-
-def _changed(before: dict[str, object], now: dict[str, object]) -> list[str]:
-    """The settings whose value differs (or that appeared or went)."""
-    keys = (before.keys() | now.keys()) - SCOPED
-    return sorted(key for key in keys if before.get(key) != now.get(key))
-
-
-def _leftovers(
-    root: Path, before: dict[str, object], pid: int, marker: str, journals: Path
-) -> dict[str, list[str]]:
-    """Every kind of thing the killed child may have left, by kind (empty lists: none)."""
-    now = snapshot(root)
-    return {
-        "instances": [n for n in os.listdir(root / "instances") if n.startswith(f"tracekit-{pid}")],
-        "probes": [
-            line
-            for line in (root / "uprobe_events").read_text().splitlines()
-            if f"tk_kill_{pid}" in line
-        ],
-        "settings": _changed(_flat(before), _flat(now)),
-        "children": [str(p) for p in _marked_processes(marker)],
-        "journals": sorted(p.name for p in journals.iterdir()) if journals.is_dir() else [],
-    }
-
-
-def _run_until(phase: str, signum: int, uprobe: str, marker: str, env: dict[str, str]) -> int:
-    """Start the child, signal it when it announces `phase`, wait for it; its pid."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD_SETUP, uprobe, marker],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert child.stdout is not None
-    for line in child.stdout:
-        if line.strip() == f"PHASE {phase}":
-            break
-    else:
-        _, stderr = child.communicate(timeout=60)
-        pytest.fail(f"the child ended before phase {phase}: {stderr}")
-    child.send_signal(signum)
-    _, stderr = child.communicate(timeout=120)
-    expected = -signum if signum == signal.SIGKILL else 128 + signum
-    assert child.returncode == expected, stderr
-    return child.pid
-
-
-NONE: dict[str, list[str]] = {
-    "instances": [],
-    "probes": [],
-    "settings": [],
-    "children": [],
-    "journals": [],
-}
 
 
 @pytest.fixture
@@ -220,8 +84,8 @@ def test_a_signal_at_each_setup_phase_leaves_nothing_after_the_next_start(
     monkeypatch.setenv(JOURNAL_DIR_ENV, str(journals))
     marker = f"{os.getpid()}-{phase}-{signum}"
     before = snapshot(root)
-    pid = _run_until(phase, signum, uprobe, marker, dict(os.environ))
-    left = _leftovers(root, before, pid, marker, journals)
+    pid = run_until(phase, signum, uprobe, marker, dict(os.environ))
+    left = leftovers(root, before, pid, marker, journals)
     if signum != signal.SIGKILL:
         assert left == NONE
         return
@@ -229,7 +93,7 @@ def test_a_signal_at_each_setup_phase_leaves_nothing_after_the_next_start(
     assert len(left["children"]) <= 1
     with CleanupStack() as stack:
         remove_leftovers(Tracefs.open(stack))
-    assert _leftovers(root, before, pid, marker, journals) == NONE
+    assert leftovers(root, before, pid, marker, journals) == NONE
 
 
 @pytest.mark.usefixtures("small_saved_cmdlines")
@@ -239,8 +103,8 @@ def test_sigkill_leftovers_are_counted_and_tracekit_cleanup_removes_them(
     env = {**os.environ, JOURNAL_DIR_ENV: str(journals)}
     marker = f"{os.getpid()}-cli"
     before = snapshot(root)
-    pid = _run_until("tracing", signal.SIGKILL, uprobe, marker, env)
-    left = _leftovers(root, before, pid, marker, journals)
+    pid = run_until("tracing", signal.SIGKILL, uprobe, marker, env)
+    left = leftovers(root, before, pid, marker, journals)
     # Everything but the child tool itself, which died with its parent.
     assert len(left["instances"]) == 1 and len(left["probes"]) == 1
     assert left["settings"] == ["top/saved_cmdlines_size"]
@@ -256,7 +120,7 @@ def test_sigkill_leftovers_are_counted_and_tracekit_cleanup_removes_them(
     assert f"remove tracefs instance {root}/instances/tracekit-{pid}" in result.stdout
     assert f"remove probe tracekit/tk_kill_{pid}" in result.stdout
     assert f"restore {root}/saved_cmdlines_size" in result.stdout
-    assert _leftovers(root, before, pid, marker, journals) == NONE
+    assert leftovers(root, before, pid, marker, journals) == NONE
     again = subprocess.run(
         [sys.executable, "-m", "tracekit", "cleanup"], capture_output=True, text=True, env=env
     )
@@ -269,7 +133,7 @@ def test_what_cannot_be_undone_is_named_with_the_command(
 ) -> None:
     monkeypatch.setenv(JOURNAL_DIR_ENV, str(journals))
     before = snapshot(root)
-    pid = _run_until("tracing", signal.SIGKILL, uprobe, "cannot", dict(os.environ))
+    pid = run_until("tracing", signal.SIGKILL, uprobe, "cannot", dict(os.environ))
     # Somebody holds the dead run's instance open: rmdir gets EBUSY.
     busy = open(root / "instances" / f"tracekit-{pid}" / "trace_pipe", "rb")  # noqa: SIM115
     with (
@@ -284,7 +148,7 @@ def test_what_cannot_be_undone_is_named_with_the_command(
     # Once it is free, the next start finishes the job.
     with CleanupStack() as stack:
         remove_leftovers(Tracefs.open(stack))
-    assert _leftovers(root, before, pid, "cannot", journals) == NONE
+    assert leftovers(root, before, pid, "cannot", journals) == NONE
 
 
 # Inside a private mount namespace: unmount tracefs, let the child mount it, SIGKILL the
