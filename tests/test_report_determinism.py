@@ -23,6 +23,7 @@ from report_bundles import copy_real_bundle
 from vm_bundles import make_vm_bundle
 
 from tracekit.analysis import vm
+from tracekit.ingest.lost import lost_per_cpu
 from tracekit.report.sections import wakeup
 
 WAKEUP_BUNDLE = Path(__file__).parent / "fixtures" / "analysis" / "wakeup-bundle"
@@ -122,11 +123,11 @@ def test_lost_counts_and_ranked_causes_ignore_row_order() -> None:
     lost = pl.DataFrame(
         {"cpu": [3, 1, 2, 1, 0], "source": ["stats", "stats", "page", "page", "stats"]},
     ).with_columns(count=pl.Series([5, 2, 0, 4, 1]))
-    expected = wakeup.lost_per_cpu(lost)
+    expected = lost_per_cpu(lost, {})
     assert list(expected) == [0, 1, 2, 3] and expected[1] == 4
     causes = pl.Series("cause", ["irq", "late_arm", "irq", "late_arm", "switch", "switch"])
     top = wakeup.ranked(causes)
     assert top.rows() == [("irq", 2), ("late_arm", 2), ("switch", 2)]
     for seed in range(5):
-        assert list(wakeup.lost_per_cpu(_shuffled(lost, seed)).items()) == list(expected.items())
+        assert list(lost_per_cpu(_shuffled(lost, seed), {}).items()) == list(expected.items())
         assert wakeup.ranked(causes.sample(fraction=1.0, shuffle=True, seed=seed)).equals(top)

@@ -61,3 +61,17 @@ def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
     )
+
+
+def saturated_phases(latencies: pl.DataFrame, interval_us: float) -> pl.DataFrame:
+    """Phases and kinds whose median wake-up is later than cyclictest's interval.
+
+    Columns phase, kind, median_us. Such a thread wakes after its next period was already
+    due: the CPU cannot keep up with the timer, and latencies then measure its backlog.
+    """
+    return (
+        latencies.group_by("phase", "kind")
+        .agg((pl.col("latency_ns").median() / 1000).round(1).alias("median_us"))
+        .filter(pl.col("median_us") > interval_us)
+        .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
+    )

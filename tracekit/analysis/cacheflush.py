@@ -49,6 +49,21 @@ def check_events(available: Iterable[str]) -> None:
         )
 
 
+def toggle_changed() -> pl.Expr:
+    """True for a kvm_toggle_cache that switched the caches: only those flush stage 2."""
+    # mmu.c kvm_toggle_cache flushes when now != was; every trapped VM-register write
+    # (MAIR, TCR, TTBR0, SCTLR) fires the event, changed or not.
+    return pl.col("was") != pl.col("now")
+
+
+def cache_state_changes(toggles: pl.DataFrame) -> pl.DataFrame | None:
+    """The kvm_toggle_cache rows that changed the cache state; None when fields are absent."""
+    if "was" in toggles.columns:
+        return toggles.filter(toggle_changed())
+    # An event that never fired comes without its field columns: nothing changed.
+    return toggles if toggles.is_empty() else None
+
+
 def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl.DataFrame:
     """Every flush event with its kind: row, ts, cpu, common_pid, source, flushed.
 
@@ -65,7 +80,7 @@ def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl
                 "common_pid",
                 pl.lit("toggle").alias("source"),
                 # An event that never fired comes without its field columns.
-                (pl.col("was") != pl.col("now")).alias("flushed")
+                toggle_changed().alias("flushed")
                 if "was" in toggles.columns
                 else pl.lit(None, pl.Boolean).alias("flushed"),
             )

@@ -16,14 +16,17 @@ generation above them; a new generation appearing is a VMID rollover.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import polars as pl
 
+from tracekit.analysis.cacheflush import cache_state_changes
+from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.requires import require_events
-from tracekit.perfetto.exits import exit_reason
 
 MARKER_PREFIX = "tracekit-vmm:"
+# Markers tracekit's own programs write: `TOOL: key=value ...`.
+_TOOL_MARKER = r"^(tracekit-vmm|tracekit-probe):\s*(.*)$"
 MARKER_HOW = (
     "the VMM's trace markers: run reproducer/build/vmm with --trace-marker "
     "<instance>/trace_marker (tracekit collect does) and record ftrace `print`"
@@ -42,7 +45,7 @@ COUNTED = {
     "exits": "kvm_exit",
     "userspace_exits": "kvm_userspace_exit",
     "guest_faults": "kvm_guest_fault",
-    "cache_toggles": "kvm_toggle_cache",
+    "cache_toggles": "kvm_toggle_cache",  # only those that changed the cache state
     "set_way_flushes": "kvm_set_way_flush",
     "hvcs": "kvm_hvc_arm64",
     "mmio": "kvm_mmio",
@@ -61,13 +64,39 @@ def available_events(event_names: Iterable[str], meta: dict[str, object]) -> set
     return set(event_names) | {str(e).rsplit("/", 1)[-1] for e in enabled}  # type: ignore[union-attr]
 
 
+def marker_table(tables: Mapping[str, pl.DataFrame]) -> pl.DataFrame | None:
+    """The trace_marker writes of a trace's tables: `print` (binary) or its text name."""
+    return next((tables[n] for n in MARKER_EVENTS if n in tables), None)
+
+
+def _marker_text(prints: pl.DataFrame) -> pl.Expr:
+    """A marker's text: `buf` in binary traces, the line's `fields` in text ones."""
+    column = "buf" if "buf" in prints.columns else "fields"
+    return pl.col(column).cast(pl.String).str.strip_chars()
+
+
+def tracekit_markers(prints: pl.DataFrame) -> pl.DataFrame:
+    """Every tracekit marker (VMM and probe): ts, pid, tool, text (its key=value part)."""
+    text = _marker_text(prints)
+    found = prints.with_columns(text.str.extract(_TOOL_MARKER, 1).alias("tool"))
+    return (
+        found.filter(pl.col("tool").is_not_null())
+        .sort("ts", "row")
+        .select(
+            "ts",
+            pl.col("common_pid").cast(pl.Int32).alias("pid"),
+            "tool",
+            text.str.extract(_TOOL_MARKER, 2).alias("text"),
+        )
+    )
+
+
 def vmm_markers(prints: pl.DataFrame) -> pl.DataFrame:
     """The VMM's lifecycle markers: ts, pid, vm, event, vcpu, cpu, ipa_bits, vcpus.
 
     `prints` is the `print` table of a binary trace or `tracing_mark_write` of a text one.
     """
-    column = "buf" if "buf" in prints.columns else "fields"
-    text = pl.col(column).cast(pl.String).str.strip_chars()
+    text = _marker_text(prints)
     found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts", maintain_order=True)
     fields = [text.str.extract(p, 1).cast(pl.Int32).alias(name) for name, p in _FIELD.items()]
     return found.select(
@@ -203,6 +232,8 @@ def lifecycle(
 
     `counted` maps a COUNTED column name to that event's attributed rows (absent events
     are left out and their column is null, never 0). `vmids` is `vm_vmids()` or None.
+    cache_toggles counts the kvm_toggle_cache events that changed the cache state, as
+    the cache-flush analysis does: a trapped MAIR/TCR/TTBR0 write fires the event too.
     """
     table = windows.select(
         "vm_seq",
@@ -216,6 +247,8 @@ def lifecycle(
     )
     for column in COUNTED:
         rows = counted.get(column)
+        if rows is not None and column == "cache_toggles":
+            rows = cache_state_changes(rows)
         if rows is None:
             table = table.with_columns(pl.lit(None, pl.Int64).alias(column))
             continue
@@ -242,6 +275,29 @@ def vm_vmids(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
         (pl.col("vmid_id").last() % span).cast(pl.Int64).alias("vmid"),
         (pl.col("vmid_id").last() // span).cast(pl.Int64).alias("vmid_generation"),
         (pl.col("vmid_id").n_unique() - 1).cast(pl.Int64).alias("vmid_changes"),
+    )
+
+
+def vmid_width(updates: pl.DataFrame, recorded: int | None) -> int | None:
+    """The VMID width: as a rollover run recorded it, else inferred from the trace."""
+    return recorded if recorded is not None else infer_vmid_bits(updates)
+
+
+def vmids_per_vm(
+    prints: pl.DataFrame, updates: pl.DataFrame, recorded_bits: int | None
+) -> pl.DataFrame:
+    """Per VM of a trace (by its markers): vm_seq, create_ts, vmid, vmid_generation, changes.
+
+    The kvm_arm_vmid_update rows are given to VMs as every other event is (`attribute`).
+    """
+    markers = vmm_markers(prints)
+    bits = vmid_width(updates, recorded_bits)
+    windows, threads = vm_windows(markers), vcpu_threads(markers)
+    if bits is None or windows.is_empty() or "vmid_id" not in updates.columns:
+        return pl.DataFrame(schema={"vm_seq": pl.Int32, "create_ts": pl.Int64})
+    found = vm_vmids(attribute(updates, windows, threads), bits)
+    return windows.select("vm_seq", "create_ts").join(
+        found, on="vm_seq", how="inner", maintain_order="left"
     )
 
 

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
 from tracekit.host import journal
 from tracekit.host.tracefs import Tracefs, unmount_tracefs
 
-PROBE_GROUP = "tracekit"
 KALLSYMS = Path("/proc/kallsyms")
 
 # "p[:[GRP/]EVENT] TARGET [ARGS...]" and "r[MAXACTIVE][:[GRP/]EVENT] TARGET [ARGS...]".

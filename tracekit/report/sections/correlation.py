@@ -24,7 +24,7 @@ from tracekit.analysis.correlation import (
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, traced_runs
 from tracekit.ingest.probe import probe_samples
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 from tracekit.report.sections.wakeup import (
     RunWakeups,
     decomposed_runs,
@@ -87,7 +87,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=plots,
         unknowns=problems + _unknowns(),
-        lost_events=sum(r.lost for r in runs if r.lost == 0) + guest_lost,
+        **used_runs({run_key(r.data, r.run): r.lost for r in runs if r.lost == 0} | guest_lost),
     )
 
 
@@ -109,8 +109,8 @@ def _statement(per_run: pl.DataFrame, comparisons: list[Comparison]) -> str:
     else:
         verdict = "whether excess latency concentrates with broadcast activity is not shown"
     return (
-        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x [{p99.ci_low:.2f},"
-        f" {p99.ci_high:.2f}] over {p99.n_after} run(s), verdict {p99.verdict}"
+        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x {p99.interval()}"
+        f" over {p99.n_after} run(s), verdict {p99.verdict}"
         f" ({100 * share:.0f}% of wake-ups had broadcast work on another CPU within a"
         " fixed window of the run's median latency after their expiry)"
     )
@@ -162,9 +162,12 @@ def _overview(run_id: str, phase: str, intervals: pl.DataFrame, span_ns: int) ->
     )
 
 
-def _guest_overviews(bundles: list[BundleData], problems: list[str]) -> tuple[list[Table], int]:
+def _guest_overviews(
+    bundles: list[BundleData], problems: list[str]
+) -> tuple[list[Table], dict[str, int]]:
     """The guest runs' activity per CPU (what running the guest did), and events lost."""
-    out, lost = [], 0
+    out: list[Table] = []
+    lost: dict[str, int] = {}
     for data in bundles:
         for run in traced_runs(data, kinds=GUEST_KINDS):
             try:
@@ -180,7 +183,7 @@ def _guest_overviews(bundles: list[BundleData], problems: list[str]) -> tuple[li
             if dropped:
                 table = Table(table.title, table.frame, f"{table.note}; {dropped} events lost")
             out.append(table)
-            lost += dropped
+            lost[run_key(data, run)] = dropped
     return out, lost
 
 

@@ -14,7 +14,7 @@ from tracekit.analysis import teardown as td
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 from tracekit.report.sections.vmruns import VmRun, vm_runs
 
 EMULATED_NOTE = "emulated host: teardown times are QEMU TCG times, not hardware times"
@@ -67,7 +67,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=[_plot(pl.concat(points))],
         unknowns=sorted(set(unknowns)),
-        lost_events=sum(found.lost for found in runs),
+        **used_runs({run_key(f.data, f.run): f.lost for f in runs}),
     )
 
 

@@ -17,10 +17,9 @@ from tracekit.bundle import RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
 from tracekit.report.header import bundle_label, is_emulated
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 
 WORST = 8  # wake-ups shown in the worst-wake-ups table
-CACHED_RUNS = 8  # traced runs kept in memory between the wake-up and correlation sections
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,9 @@ class RunEvents:
 
     events: dict[str, pl.DataFrame]
     clock: str
-    lost_per_cpu: dict[int, int]  # per CPU, the largest count over loss sources
+    lost_per_cpu: dict[int, int]  # per CPU, as RunData defines it (ingest/lost.py)
     span_ns: int
     enabled: tuple[str, ...]  # events the recording enabled (some may never have fired)
-
-
-_LOADED: dict[tuple[str, str], RunEvents] = {}
 
 
 @dataclass(frozen=True)
@@ -59,33 +55,20 @@ class RunWakeups:
 
 
 def run_events(data: BundleData, run: RunRecord) -> RunEvents:
-    """A traced run's event tables, loaded once per report (both sections use them)."""
-    key = (str(data.path), run.run_id)
-    if key not in _LOADED:
-        if len(_LOADED) >= CACHED_RUNS:
-            _LOADED.pop(next(iter(_LOADED)))
+    """A traced run's event tables, made once per report (both sections use them)."""
+    found = data.run(run)
+
+    def make() -> RunEvents:
+        """The tables, clock, losses, span and enabled events of the run's trace."""
         trace = open_run_trace(data, run)
         events = {name: trace.event(name) for name in trace.event_names}
         ts = trace.events["ts"]
         span = int(ts.max() - ts.min()) if ts.len() else 0  # type: ignore[operator]
         clock = str(trace.meta.get("clock", ""))
         enabled = tuple(trace.meta.get("events_enabled") or ())
-        _LOADED[key] = RunEvents(events, clock, lost_per_cpu(trace.lost), span, enabled)
-    return _LOADED[key]
+        return RunEvents(events, clock, found.lost_per_cpu, span, enabled)
 
-
-def lost_per_cpu(lost: pl.DataFrame) -> dict[int, int]:
-    """Per CPU, the largest lost count over sources (sources overlap: never add them)."""
-    if lost.height == 0:
-        return {}
-    per = (
-        lost.group_by("cpu", "source")
-        .agg(pl.col("count").fill_null(0).sum())
-        .group_by("cpu")
-        .agg(pl.col("count").max())
-        .sort("cpu")
-    )
-    return {int(c): int(n) for c, n in per.iter_rows()}
+    return found.memo("wakeup-events", make)
 
 
 def rt_cpu_of(data: BundleData) -> int:
@@ -153,7 +136,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=plots,
         unknowns=problems + _unknowns(),
-        lost_events=sum(r.lost for r in used),
+        **used_runs({run_key(r.data, r.run): r.lost for r in used}),
     )
 
 
