@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -258,19 +259,33 @@ def test_signal_while_restoring_after_success_still_ends_as_stopped(tmp_path: Pa
     assert out.read_text() == "restored"
 
 
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "with-a-thread"])
 def test_a_signal_during_a_change_is_handled_after_it_with_the_undo_in_place(
-    tmp_path: Path,
+    tmp_path: Path, other_thread: bool
 ) -> None:
+    # With another thread (polars' pool, say) the kernel gives it the signal, which the
+    # main thread masks; CPython still runs the handler in the main thread.
     setting = tmp_path / "setting"
     setting.write_text("old")
+    made: list[str] = []
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:
+        helper.start()
 
     def change_and_get_signalled() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # held: handled once the change is made
+        time.sleep(0.05)  # time for another thread to take it
         setting.write_text("new")
+        made.append(setting.read_text())
 
-    with pytest.raises(Interrupted), CleanupStack() as stack:
-        stack.change("restore", lambda: setting.write_text("old"), change_and_get_signalled)
-        raise AssertionError("the signal should have been handled right after the change")
+    try:
+        with pytest.raises(Interrupted), CleanupStack() as stack:
+            stack.change("restore", lambda: setting.write_text("old"), change_and_get_signalled)
+            raise AssertionError("the signal should have been handled right after the change")
+    finally:
+        stop.set()
+    assert made == ["new"]
     assert setting.read_text() == "old"
 
 

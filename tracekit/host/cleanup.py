@@ -227,6 +227,9 @@ class CleanupStack:
                 flush=True,
             )
             return
+        if _Held.depth:
+            _Held.pending = signum
+            return
         raise Interrupted(signum)
 
     def _restore_signal_handlers(self) -> None:
@@ -238,12 +241,29 @@ class CleanupStack:
 
 @contextlib.contextmanager
 def hold_stop_signals() -> Iterator[None]:
-    """Hold the stop signals back while inside; they are handled on the way out."""
+    """Hold the stop signals back while inside; they are handled on the way out.
+
+    The mask keeps them off this thread (no EINTR, no handler in mid-call). Another
+    thread (a library's worker pool) may still take a signal sent to the process, and
+    CPython then runs the handler here at the next bytecode: it sees the hold and defers.
+    """
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _Held.depth += 1
     try:
         yield
     finally:
+        _Held.depth -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if _Held.depth == 0 and _Held.pending is not None:
+            signum, _Held.pending = _Held.pending, None
+            signal.raise_signal(signum)  # handled now, by whoever handles it
+
+
+class _Held:
+    """How deep the stop signals are held in the main thread, and one that came meanwhile."""
+
+    depth = 0
+    pending: int | None = None
 
 
 def die_with_parent() -> None:
@@ -286,17 +306,15 @@ def open_fd(path: Path | str, flags: int) -> Iterator[int]:
     leaked descriptor on a tracefs file makes the instance impossible to remove (EBUSY).
     So the stop signals are held back until the descriptor is safely owned here.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    fd = -1
     try:
-        fd = os.open(path, flags)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with hold_stop_signals():
+            fd = os.open(path, flags)
+        # A signal held meanwhile is raised as the hold ends: fd is already ours to close.
         yield fd
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_SECONDS) -> None:
