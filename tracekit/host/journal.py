@@ -58,13 +58,16 @@ class Journal:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             # The time keeps a reused pid from meeting its predecessor's journal.
             path = directory / f"{os.getpid()}-{time.time_ns():x}{SUFFIX}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            # Locked under another name first: a recoverer must never find it unlocked.
+            fresh = path.with_suffix(".new")
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fresh.rename(path)
         except OSError as err:
             raise TracekitError(
                 f"cannot write the cleanup journal in {directory}: {err.strerror}; "
                 f"make it writable or set {JOURNAL_DIR_ENV} to a directory on tmpfs"
             ) from None
-        fcntl.flock(fd, fcntl.LOCK_EX)
         return cls(path, fd)
 
     def record(self, entry: Entry) -> int:
@@ -77,8 +80,11 @@ class Journal:
 
     def done(self, entry_id: int) -> None:
         """Note that the change `entry_id` has been undone (or was never made)."""
-        self._append({"done": entry_id})
         self._pending.discard(entry_id)
+        # Unrecorded, the undo is merely done again by the next run: every undo is
+        # idempotent, and a failure here must not stop the unwinding.
+        with contextlib.suppress(TracekitError):
+            self._append({"done": entry_id})
 
     def close(self) -> None:
         """Delete the journal if everything in it was undone, else keep it for the next run."""
@@ -91,8 +97,15 @@ class Journal:
 
     def _append(self, line: Entry) -> None:
         """One write(2) of one line, then fsync: the record is there before the change."""
-        os.write(self._fd, (json.dumps(line, sort_keys=True) + "\n").encode())
-        os.fsync(self._fd)
+        try:
+            os.write(self._fd, (json.dumps(line, sort_keys=True) + "\n").encode())
+            os.fsync(self._fd)
+        except OSError as err:
+            raise TracekitError(
+                f"cannot write the cleanup journal {self.path}: {err.strerror}; the change it "
+                "was to record was not made (free space in /run, or set "
+                f"{JOURNAL_DIR_ENV})"
+            ) from None
 
 
 # --- what each kind of record is, how to undo it, and how a person would -----------------
