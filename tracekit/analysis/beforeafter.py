@@ -49,8 +49,8 @@ def stress_comparison(stress: pl.DataFrame, kind: str = "quiet") -> Comparison:
 
 def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
     """Per phase and kind: runs, samples, and the mean of per-run max/p99.9 (us)."""
-    runs = latencies.select("run_id", "phase", "kind").unique()
-    per_run = run_metrics(latencies).join(runs, on="run_id")
+    runs = latencies.select("run_id", "phase", "kind").unique(maintain_order=True)
+    per_run = run_metrics(latencies).join(runs, on="run_id", maintain_order="left")
     return (
         per_run.group_by("phase", "kind")
         .agg(

@@ -108,7 +108,9 @@ def neighbour_durations(flushes: pl.DataFrame, events: pl.DataFrame) -> pl.DataF
         pl.col("ts").shift(1).over("cpu").alias("prev_ts"),
         pl.col("ts").shift(-1).over("cpu").alias("next_ts"),
     )
-    joined = flushes.join(order.select("row", "prev_ts", "next_ts"), on="row", how="left")
+    joined = flushes.join(
+        order.select("row", "prev_ts", "next_ts"), on="row", how="left", maintain_order="left"
+    )
     dur = (
         pl.when(pl.col("source") == "toggle")
         .then(pl.col("ts") - pl.col("prev_ts"))
@@ -126,9 +128,13 @@ def probe_durations(flushes: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     starting first after it.
     """
     by_pid = spans.rename({"pid": "common_pid"}).with_columns(pl.col("common_pid").cast(pl.Int32))
-    flushes = flushes.with_columns(pl.col("common_pid").cast(pl.Int32)).sort("ts")
+    flushes = flushes.with_columns(pl.col("common_pid").cast(pl.Int32)).sort(
+        "ts", maintain_order=True
+    )
     before = flushes.join_asof(
-        by_pid.select("common_pid", "end_ts", pl.col("dur_ns").alias("dur_before")).sort("end_ts"),
+        by_pid.select("common_pid", "end_ts", pl.col("dur_ns").alias("dur_before")).sort(
+            "end_ts", maintain_order=True
+        ),
         left_on="ts",
         right_on="end_ts",
         by="common_pid",
@@ -137,7 +143,7 @@ def probe_durations(flushes: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     )
     after = before.join_asof(
         by_pid.select("common_pid", "start_ts", pl.col("dur_ns").alias("dur_after")).sort(
-            "start_ts"
+            "start_ts", maintain_order=True
         ),
         left_on="ts",
         right_on="start_ts",
@@ -209,8 +215,11 @@ def mark_redundant(
         ),
         on=["vm_seq", "epoch"],
         how="left",
+        maintain_order="left",
     ).with_columns(pl.col("new_mappings").fill_null(0).cast(pl.Int64))
-    out = flushes.join(found.select("row", "new_mappings"), on="row", how="left")
+    out = flushes.join(
+        found.select("row", "new_mappings"), on="row", how="left", maintain_order="left"
+    )
     return out.with_columns(
         pl.when(pl.col("flushed") & pl.col("vm_seq").is_not_null())
         .then(pl.col("new_mappings") == 0)
@@ -227,7 +236,7 @@ def per_vm(flushes: pl.DataFrame, vms: pl.DataFrame) -> pl.DataFrame:
         (pl.col("dur_ns").sum().cast(pl.Float64) / 1e6).alias("flush_ms"),
     )
     return (
-        vms.join(totals, on="vm_seq", how="left")
+        vms.join(totals, on="vm_seq", how="left", maintain_order="left")
         .with_columns(
             pl.col("flushes", "redundant").fill_null(0), pl.col("flush_ms").fill_null(0.0)
         )

@@ -118,9 +118,9 @@ def unmatched_entries(entries: pl.DataFrame, spans: pl.DataFrame) -> int:
 
 def spans_in_windows(spans: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """vm_seq, kernel_ns: the function's time inside each VM's teardown markers (summed)."""
-    joined = spans.sort("start_ts").join_asof(
+    joined = spans.sort("start_ts", maintain_order=True).join_asof(
         windows.select("vm_seq", "vmm_pid", "teardown_start_ts", "teardown_end_ts").sort(
-            "teardown_start_ts"
+            "teardown_start_ts", maintain_order=True
         ),
         left_on="start_ts",
         right_on="teardown_start_ts",

@@ -157,7 +157,7 @@ def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     ours = events.filter((system == PROBE_GROUP) | system.is_null()).with_columns(
         pl.col("event").cast(pl.String)
     )
-    pairs = _entry_return_names(ours["event"].unique().to_list())
+    pairs = _entry_return_names(sorted(ours["event"].unique().to_list()))
     if not pairs:
         return pl.DataFrame(schema=DURATION_SCHEMA), 0
     frames, unpaired = [], 0

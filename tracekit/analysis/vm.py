@@ -97,7 +97,7 @@ def vmm_markers(prints: pl.DataFrame) -> pl.DataFrame:
     `prints` is the `print` table of a binary trace or `tracing_mark_write` of a text one.
     """
     text = _marker_text(prints)
-    found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts")
+    found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts", maintain_order=True)
     fields = [text.str.extract(p, 1).cast(pl.Int32).alias(name) for name, p in _FIELD.items()]
     return found.select(
         "ts",
@@ -115,7 +115,7 @@ def _with_vm_seq(markers: pl.DataFrame) -> pl.DataFrame:
         .with_row_index("vm_seq")
         .with_columns(pl.col("vm_seq").cast(pl.Int32))
     )
-    return markers.sort("ts").join_asof(
+    return markers.sort("ts", maintain_order=True).join_asof(
         creates, on="ts", by="vm", strategy="backward", check_sortedness=False
     )
 
@@ -177,17 +177,19 @@ def attribute(events: pl.DataFrame, windows: pl.DataFrame, threads: pl.DataFrame
         pl.col("create_ts").alias("start_ts"),
         end.alias("end_ts"),
     )
-    vcpus = threads.join(windows.select("vm_seq", "teardown_end_ts"), on="vm_seq").select(
+    vcpus = threads.join(
+        windows.select("vm_seq", "teardown_end_ts"), on="vm_seq", maintain_order="left"
+    ).select(
         "pid",
         "vm_seq",
         pl.col("vcpu").cast(pl.Int32),
         pl.col("enter_ts").alias("start_ts"),
         end.alias("end_ts"),
     )
-    spans = pl.concat([main, vcpus]).sort("start_ts")
+    spans = pl.concat([main, vcpus]).sort("start_ts", maintain_order=True)
     joined = (
         events.with_columns(pl.col("common_pid").cast(pl.Int32).alias("_pid"))
-        .sort("ts")
+        .sort("ts", maintain_order=True)
         .join_asof(
             spans,
             left_on="ts",
@@ -210,7 +212,7 @@ def exit_reasons(exits: pl.DataFrame) -> pl.DataFrame:
     kinds = exits.select(keys).unique()
     names = [exit_reason(row) for row in kinds.iter_rows(named=True)]
     table = kinds.with_columns(pl.Series("reason", names, dtype=pl.String))
-    return exits.join(table, on=keys, how="left", nulls_equal=True)
+    return exits.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
 
 def exits_by_reason(exits: pl.DataFrame) -> pl.DataFrame:
@@ -219,7 +221,7 @@ def exits_by_reason(exits: pl.DataFrame) -> pl.DataFrame:
     return (
         named.group_by("vm_seq", "vcpu", "reason")
         .agg(pl.len().cast(pl.Int64).alias("count"))
-        .sort(["vm_seq", "vcpu", "count"], descending=[False, False, True])
+        .sort(["vm_seq", "vcpu", "count", "reason"], descending=[False, False, True, False])
     )
 
 
@@ -266,7 +268,9 @@ def vm_vmids(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
     times it changed while the VM lived (a rollover in its lifetime gives it a new one).
     """
     span = 1 << vmid_bits
-    seen = updates.filter(pl.col("vm_seq").is_not_null() & (pl.col("vmid_id") != 0)).sort("ts")
+    seen = updates.filter(pl.col("vm_seq").is_not_null() & (pl.col("vmid_id") != 0)).sort(
+        "ts", maintain_order=True
+    )
     return seen.group_by("vm_seq").agg(
         (pl.col("vmid_id").last() % span).cast(pl.Int64).alias("vmid"),
         (pl.col("vmid_id").last() // span).cast(pl.Int64).alias("vmid_generation"),
@@ -292,7 +296,9 @@ def vmids_per_vm(
     if bits is None or windows.is_empty() or "vmid_id" not in updates.columns:
         return pl.DataFrame(schema={"vm_seq": pl.Int32, "create_ts": pl.Int64})
     found = vm_vmids(attribute(updates, windows, threads), bits)
-    return windows.select("vm_seq", "create_ts").join(found, on="vm_seq", how="inner")
+    return windows.select("vm_seq", "create_ts").join(
+        found, on="vm_seq", how="inner", maintain_order="left"
+    )
 
 
 def infer_vmid_bits(updates: pl.DataFrame) -> int | None:
@@ -311,7 +317,7 @@ def vmid_rollovers(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
     """Each first sighting of a newer VMID generation after the first: ts, from/to gen."""
     gens = (
         updates.filter(pl.col("vmid_id") != 0)
-        .sort("ts")
+        .sort("ts", maintain_order=True)
         .select("ts", (pl.col("vmid_id") // (1 << vmid_bits)).cast(pl.Int64).alias("generation"))
     )
     newest = pl.col("generation").cum_max()
@@ -369,7 +375,7 @@ def hvc_calls(hvcs: pl.DataFrame) -> pl.DataFrame:
     if "r0" not in hvcs.columns:  # enabled but never fired: no field columns to read
         return pl.DataFrame(schema={"vm_seq": pl.Int64, "call": pl.String, "count": pl.UInt32})
     named = hvcs.filter(pl.col("vm_seq").is_not_null()).with_columns(pl.col("r0").cast(pl.UInt64))
-    named = named.join(names, on="r0", how="left").with_columns(
+    named = named.join(names, on="r0", how="left", maintain_order="left").with_columns(
         pl.col("call").fill_null(pl.format("x0={}", pl.col("r0")))
     )
     return named.group_by("vm_seq", "call").len("count").sort("vm_seq", "call")

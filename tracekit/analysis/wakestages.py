@@ -27,7 +27,7 @@ def due_column(starts: pl.DataFrame) -> str:
 def sleeps(starts: pl.DataFrame) -> pl.DataFrame:
     """The measuring threads' sleep timers, one per loop: wake_id, pid, expires, ..."""
     return (
-        starts.sort("ts")
+        starts.sort("ts", maintain_order=True)
         .select(
             pl.col("row").alias("start_row"),
             pl.col("ts").alias("start_ts"),
@@ -147,9 +147,9 @@ def asof(
     strategy: str,
 ) -> pl.DataFrame:
     """join_asof for the rows whose key is known; the others get nulls (stage missing)."""
-    known = left.filter(pl.col(left_on).is_not_null()).sort(left_on)
+    known = left.filter(pl.col(left_on).is_not_null()).sort(left_on, maintain_order=True)
     joined = known.join_asof(
-        right.sort(right_on),
+        right.sort(right_on, maintain_order=True),
         left_on=left_on,
         right_on=right_on,
         by=by or None,

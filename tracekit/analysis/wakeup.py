@@ -316,5 +316,5 @@ def _incomplete(staged: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("stage").is_not_null())
         .group_by("stage")
         .agg(pl.len().cast(pl.Int64).alias("loops"))
-        .sort("loops", descending=True)
+        .sort(["loops", "stage"], descending=[True, False])
     )

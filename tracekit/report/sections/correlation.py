@@ -130,7 +130,7 @@ def _with_without_table(per_run: pl.DataFrame) -> Table:
 def _worst_rows(r: RunWakeups, per: pl.DataFrame) -> pl.DataFrame:
     """The run's slowest wake-ups with what the other CPUs did inside them."""
     return (
-        per.sort("total_ns", descending=True)
+        per.sort(["total_ns", "wake_id"], descending=[True, False])
         .head(WORST)
         .select(
             pl.lit(r.run.run_id).alias("run"),
@@ -147,7 +147,7 @@ def _worst_table(rows: pl.DataFrame) -> Table:
     """Slowest wake-ups over all runs."""
     return Table(
         "the slowest wake-ups and the other CPUs inside them",
-        rows.sort("total_us", descending=True).head(WORST),
+        rows.sort(["total_us", "run", "loop"], descending=[True, False, False]).head(WORST),
         note="tlbi_n: mprotect/munmap/madvise calls overlapping the wake-up on other CPUs;"
         " guest_us: guest time inside it; irq_n: hard interrupts on other CPUs",
     )
@@ -190,7 +190,7 @@ def _guest_overviews(
 
 def _timeline(r: RunWakeups, intervals: pl.DataFrame) -> Plot:
     """The run's slowest wake-up and every other CPU's activity around it."""
-    w = r.wakeups.frame.sort("total_ns", descending=True).row(0, named=True)
+    w = r.wakeups.frame.sort(["total_ns", "wake_id"], descending=[True, False]).row(0, named=True)
     margin = int(w["total_ns"] * TIMELINE_MARGIN)
     lo, hi = w["expiry_ns"] - margin, w["switch_ts"] + margin
     near = intervals.filter((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi))
@@ -213,7 +213,9 @@ def _timeline(r: RunWakeups, intervals: pl.DataFrame) -> Plot:
             "kind": ["wake-up"],
         }
     )
-    frame = pl.concat([own, lanes.sort("lane", "start_ns")], how="vertical_relaxed")
+    frame = pl.concat(
+        [own, lanes.sort("lane", "start_ns", maintain_order=True)], how="vertical_relaxed"
+    )
     return Plot(
         f"{r.run.run_id}: slowest wake-up and the other CPUs",
         "timeline",

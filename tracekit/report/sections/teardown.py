@@ -162,7 +162,7 @@ def _size_table(table: pl.DataFrame, label: str, kernel: str) -> Table:
     for column, name in (("marker_ns", "trace_ms"), ("kernel_ns", "kernel_ms")):
         if column in table.columns and table[column].is_not_null().any():
             more = td.by_ipa_size(table, column).select("ipa_bits", pl.col("median_ms").alias(name))
-            per = per.join(more, on="ipa_bits", how="left")
+            per = per.join(more, on="ipa_bits", how="left", maintain_order="left")
     return Table(
         f"{label}{kernel}: teardown per IPA size (median ms)",
         per.with_columns(pl.col(pl.Float64).round(2)),

@@ -240,6 +240,6 @@ def _exit_table(exits: pl.DataFrame, label: str) -> Table:
     summary = (
         per.group_by("reason")
         .agg(pl.col("count").sum(), pl.col("vm_seq").n_unique().alias("vms"))
-        .sort("count", descending=True)
+        .sort(["count", "reason"], descending=[True, False])
     )
     return Table(f"{label}: guest exits by reason", summary, note="kvm_exit: kind and ESR class")

@@ -166,7 +166,7 @@ def _phase_findings(frame: pl.DataFrame) -> list[str]:
     """Per phase: wake-ups, median and p99, and the most common cause."""
     lines = []
     for (phase,), rows in frame.group_by("phase", maintain_order=True):
-        top = rows["cause"].value_counts(sort=True).row(0)
+        top = ranked(rows["cause"]).row(0)
         lines.append(
             f"{phase}: {rows.height} wake-ups in {rows['run_id'].n_unique()} run(s), median"
             f" {_us(rows['total_ns'].median())} us, p99"
@@ -174,6 +174,11 @@ def _phase_findings(frame: pl.DataFrame) -> list[str]:
             f" {top[0]} ({100 * top[1] / rows.height:.0f}%: {COMPONENTS[top[0] + '_ns']})"
         )
     return lines
+
+
+def ranked(values: pl.Series) -> pl.DataFrame:
+    """value, count: most frequent first, ties by value (value_counts leaves ties unordered)."""
+    return values.value_counts().sort(["count", values.name], descending=[True, False])
 
 
 def _path_finding(frame: pl.DataFrame, stress: set[int]) -> str:
@@ -187,7 +192,7 @@ def _path_finding(frame: pl.DataFrame, stress: set[int]) -> str:
         f" {_us(local['total_ns'].median())} us for timers that fired on the rt CPU"
     )
     if remote.height:
-        where = remote["timer_cpu"].value_counts(sort=True)
+        where = ranked(remote["timer_cpu"])
         cpus = ", ".join(
             f"CPU {cpu}{' (a stress CPU)' if cpu in stress else ''}: {n}"
             for cpu, n in where.iter_rows()
@@ -224,7 +229,8 @@ def _parts_table(frame: pl.DataFrame) -> Table:
 def _cause_table(frame: pl.DataFrame) -> Table:
     """Share of wake-ups whose largest part is each cause, per phase."""
     shares = (
-        frame.group_by("phase", "cause")
+        # In order of first appearance, as in the parts table: pivot's columns follow it.
+        frame.group_by("phase", "cause", maintain_order=True)
         .agg(pl.len().alias("n"))
         .with_columns((100 * pl.col("n") / pl.col("n").sum().over("phase")).round(1).alias("pct"))
         .pivot(on="phase", index="cause", values="pct")
@@ -239,7 +245,9 @@ def _cause_table(frame: pl.DataFrame) -> Table:
 
 def _worst_table(frame: pl.DataFrame) -> Table:
     """The slowest wake-ups with their largest part."""
-    worst = frame.sort("total_ns", descending=True).head(WORST)
+    worst = frame.sort(["total_ns", "run_id", "wake_id"], descending=[True, False, False]).head(
+        WORST
+    )
     part = pl.coalesce(
         [pl.when(pl.col("cause") == c.removesuffix("_ns")).then(pl.col(c)) for c in COMPONENTS]
     )
