@@ -226,7 +226,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     tools = toolbox.find_tools(
         options.vmm, options.probe, options.perf_counters, options.capture == "trace-cmd"
     )
-    with CleanupStack() as stack:
+    with CleanupStack.journaled() as stack:
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
             echo(f"removed a leftover of a killed run: {leftover}")
