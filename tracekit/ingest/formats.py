@@ -174,8 +174,10 @@ def _classify(decl: str, size: int, long_size: int) -> tuple[str, str, Kind, int
         if base == "char":
             return ctype, name, Kind.DYN_STR, 1, rel
         return ctype, name, Kind.DYN_ARRAY, _elem_size(base, long_size), rel
-    if count is not None:
-        if count == "" or count == "0" or size == 0:
+    if count is not None or size == 0:
+        # Kernels before 4.20 or so declared flexible arrays without brackets (`char buf;
+        # size:0`); libtraceevent reads a field of size 0 as the rest of the record.
+        if count in ("", "0", None) or size == 0:
             kind = Kind.TAIL_STR if base == "char" else Kind.TAIL_ARRAY
             return ctype, name, kind, _elem_size(base, long_size), False
         if base == "char":
