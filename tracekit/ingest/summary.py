@@ -58,6 +58,12 @@ def _span(events: pl.DataFrame) -> list[str]:
     """Event count and time span."""
     if events.is_empty():
         return ["events: 0"]
+    untimed = events["ts"].null_count()
+    if untimed == events.height:  # e.g. function_graph text without funcgraph-abstime
+        return [f"events: {events.height}, without timestamps (the text prints none)"]
+    if untimed:
+        timed = _span(events.filter(pl.col("ts").is_not_null()))
+        return [*timed, f"events without a timestamp: {untimed}"]
     first, last = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
     return [
         f"events: {events.height} from {first / 1e9:.6f} s to {last / 1e9:.6f} s "
