@@ -26,10 +26,11 @@ from tracekit.ingest.tables import Tables
 
 READER = "function_graph text"
 GRAPH_RE = (
-    r"^\s*(?:(?<sec>\d+)\.(?<frac>\d+)\s+\|\s+)?(?<cpu>\d+)\)\s+"
-    r"(?:(?<comm>\S.*?)-(?<pid>\d+)\s+\|\s)?\s*(?<over>[+!#*@$])?\s*"
-    r"(?:(?<dur>\d+(?:\.\d+)?)\s+us\s+)?\|  (?<body>.*)$"
-)  # 7 digits of µs or more print without decimals, hence the optional fraction
+    r"^\s*(?:(?<sec>\d{1,9})\.(?<frac>\d{1,9})\s+\|\s+)?(?<cpu>\d{1,9})\)\s+"
+    r"(?:(?<comm>\S.*?)-(?<pid>\d{1,9})\s+\|\s)?\s*(?<over>[+!#*@$])?\s*"
+    r"(?:(?<dur>\d{1,14}(?:\.\d{1,3})?)\s+us\s+)?\|  (?<body>.*)$"
+)  # 7 digits of µs or more print without decimals, hence the optional fraction; longer
+# numbers than Int64/Int32 hold are damage: such a line is not read, and counted as such
 # `%ps` names a module's function `name [module]`; funcgraph-args prints `f(a=1, b=0x2)`,
 # funcgraph-retaddr ` /* <-caller+0x1c/0x40 */`, funcgraph-retval ` /* ret=0x0 */` (6.5 to
 # 6.14: ` /* = 0x0 */`, exits `} /* f = 0x0 */`), each after the entry, leaf or exit.

@@ -28,15 +28,15 @@ from tracekit.ingest.text import read_lines, typed_tables
 
 READER = "perf script"
 _HEAD = (
-    r"^\s*(?<comm>.*?)\s+(?<pid>-?\d+)(?:/(?<tid>\d+))?\s+(?:\[(?<cpu>\d+)\]\s+)?"
-    r"(?<sec>\d+)\.(?<frac>\d+):\s+"
-)
+    r"^\s*(?<comm>.*?)\s+(?<pid>-?\d{1,9})(?:/(?<tid>\d{1,9}))?\s+(?:\[(?<cpu>\d{1,9})\]\s+)?"
+    r"(?<sec>\d{1,9})\.(?<frac>\d{1,9}):\s+"
+)  # pids and CPUs are Int32, ns Int64: a longer number is damage, and its line not read
 SAMPLE_RE = _HEAD + r"(?<system>[\w-]+):(?<event>[\w-]+):\s?(?<fields>.*)$"
 SAMPLING_RE = (
-    _HEAD + r"(?<period>\d+)\s+(?<event>[\w-]+(?::\w+)?):\s*"
-    r"(?:(?<ip>[0-9a-f]+)\s+(?<sym>.*?)\s+\((?<dso>[^()]*)\))?\s*$"
+    _HEAD + r"(?<period>\d{1,19})\s+(?<event>[\w-]+(?::\w+)?):\s*"
+    r"(?:(?<ip>[0-9a-f]{1,16})\s+(?<sym>.*?)\s+\((?<dso>[^()]*)\))?\s*$"
 )
-FRAME_RE = r"^\s+(?<ip>[0-9a-f]+)\s+(?<sym>.*?)\s+\((?<dso>[^()]*)\)\s*$"
+FRAME_RE = r"^\s+(?<ip>[0-9a-f]{1,16})\s+(?<sym>.*?)\s+\((?<dso>[^()]*)\)\s*$"
 _SAMPLE = re.compile(SAMPLE_RE.replace("(?<", "(?P<"), re.M)
 _SAMPLING = re.compile(SAMPLING_RE.replace("(?<", "(?P<"), re.M)
 SUPPORTED = (

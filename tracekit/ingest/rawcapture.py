@@ -35,7 +35,7 @@ def is_raw_capture(path: Path) -> bool:
 def _meta(path: Path) -> dict[str, object]:
     """capture.json, checked for the format name and version."""
     try:
-        meta = json.loads((path / "capture.json").read_text())
+        meta = json.loads(_text(path / "capture.json"))
     except (OSError, json.JSONDecodeError) as err:
         raise TracekitError(f"{READER} reader: {path}/capture.json: {err}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
@@ -55,15 +55,27 @@ def _formats(path: Path, long_size_hint: int = 8) -> FormatSet:
     """header_page, header_event and every events/<system>/<event>/format."""
     fs = FormatSet()
     try:
-        fs.header_page = parse_header_page((path / "header_page").read_text())
-        fs.header_event = parse_header_event((path / "header_event").read_text())
+        fs.header_page = parse_header_page(_text(path / "header_page"))
+        fs.header_event = parse_header_event(_text(path / "header_event"))
     except (OSError, ValueError) as err:
         raise TracekitError(f"{READER} reader: {path}: header_page/header_event: {err}") from None
     long_size = fs.header_page.commit_size or long_size_hint
     for fmt in sorted((path / "events").glob("*/*/format")):
         system = fmt.parent.parent.name
-        fs.add(checked_format(fmt.read_text(), system, str(fmt), long_size))
+        fs.add(checked_format(_text(fmt), system, str(fmt), long_size))
     return fs
+
+
+def _text(path: Path) -> str:
+    """A file the kernel wrote as text; bytes that are not UTF-8 mean it was damaged."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TracekitError(
+            f"{READER} reader: {path}: byte {err.start} is not UTF-8 text: the file is "
+            "damaged; copy it again from the host or record the capture again"
+        ) from None
 
 
 def _optional(path: Path) -> str:
@@ -115,7 +127,7 @@ def read_raw_capture(path: Path, salvage: bool = False) -> BinaryTrace:
                 data = data[: len(data) - len(data) % page_size]
             cpus.append(CpuData(int(cpu), data, 0, str(raw)))
         if (cdir / "stats").exists():
-            stats[int(cpu)] = parse_stats((cdir / "stats").read_text())
+            stats[int(cpu)] = parse_stats(_text(cdir / "stats"))
     if meta.get("complete") is False:
         skipped.append("capture.json says the capture is not complete")
     return BinaryTrace(

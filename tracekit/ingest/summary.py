@@ -75,8 +75,10 @@ def _per_type(events: pl.DataFrame) -> list[str]:
     """A table of event counts per type (rows) and CPU (columns)."""
     if events.is_empty():
         return []
+    # `perf script` without -a prints no CPU: those counts go in a `cpu?` column
     counts = events.group_by(pl.col("event").cast(pl.String), "cpu").len()
-    cpus = sorted(counts["cpu"].unique().to_list())
+    counts = counts.with_columns(pl.col("cpu").cast(pl.String).fill_null("?"))
+    cpus = sorted(counts["cpu"].unique().to_list(), key=lambda c: (c == "?", len(c), c))
     wide = counts.pivot(on="cpu", index="event", values="len", sort_columns=True).fill_null(0)
     wide = wide.with_columns(total=pl.sum_horizontal(pl.exclude("event"))).sort("event")
     width = max(5, *(len(e) for e in wide["event"]))

@@ -452,6 +452,8 @@ class TraceDat:
     def _cpu_bytes_salvaged(self, offset: int, size: int) -> np.ndarray:
         """The whole pages that can be read before the damage."""
         if self.compression == "none":
+            if offset >= len(self.raw):  # the file ends before this CPU's data
+                return np.zeros(0, dtype=np.uint8)
             avail = max(0, min(size, len(self.raw) - offset))
             avail -= avail % self.page_size
             return np.frombuffer(self.raw, dtype=np.uint8, count=avail, offset=offset)
