@@ -185,6 +185,8 @@ def _classify(decl: str, size: int, long_size: int) -> tuple[str, str, Kind, int
         n = int(count) if count.isdigit() else 0
         elem = size // n if n else _elem_size(base, long_size)
         return ctype, name, Kind.INT_ARRAY, elem, False
+    if size not in (1, 2, 4, 8):  # a struct or __int128 by value: kept as its bytes
+        return ctype, name, Kind.INT_ARRAY, 1, False
     if "*" in ctype:
         if base.replace(" ", "") == "char*":
             return ctype, name, Kind.CONST_STR, size, False
