@@ -99,15 +99,46 @@ def _read_back_to_back(files: list[Path]) -> list[np.ndarray]:
     return out
 
 
+def _page_size(meta: dict[str, object], fs: FormatSet, path: Path) -> int:
+    """capture.json's page_size: a positive whole number of bytes that holds a page header."""
+    size = meta.get("page_size", fs.header_page.page_size)
+    if type(size) is not int or size <= fs.header_page.data_offset or size > 1 << 24:
+        raise TracekitError(
+            f"{READER} reader: {path}/capture.json: page_size {size!r} is not a ring-buffer "
+            f"page size (the kernel's sub-buffer size in bytes, e.g. "
+            f"{fs.header_page.page_size}); the file is damaged: record the capture again"
+        )
+    return size
+
+
+def _cpus(meta: dict[str, object], path: Path, skipped: list[str]) -> list[int]:
+    """The CPUs to read: those capture.json lists, plus any per_cpu/cpuN directory it does
+    not list (its pages would be lost otherwise; said in skipped)."""
+    listed = meta.get("cpus", [])
+    if not isinstance(listed, list) or any(type(c) is not int or c < 0 for c in listed):
+        raise TracekitError(
+            f"{READER} reader: {path}/capture.json: cpus {listed!r} is not a list of CPU "
+            "numbers; the file is damaged: record the capture again"
+        )
+    found = {int(d.name[3:]) for d in (path / "per_cpu").glob("cpu*") if d.name[3:].isdigit()}
+    unlisted = sorted(found - set(listed))
+    if unlisted:
+        skipped.append(
+            f"capture.json does not list CPU(s) {unlisted} that have per_cpu directories; "
+            "read them too"
+        )
+    return sorted(set(listed) | found)
+
+
 def read_raw_capture(path: Path, salvage: bool = False) -> BinaryTrace:
     """Read a raw capture directory into a BinaryTrace."""
     meta = _meta(path)
     fs = _formats(path)
-    page_size = int(meta.get("page_size") or fs.header_page.page_size)  # type: ignore[arg-type]
+    page_size = _page_size(meta, fs, path)
     cpus: list[CpuData] = []
     stats: dict[int, dict[str, str]] = {}
     skipped: list[str] = []
-    listed = [int(c) for c in meta.get("cpus", [])]  # type: ignore[union-attr]
+    listed = _cpus(meta, path, skipped)
     raws = {c: path / "per_cpu" / f"cpu{c}" / "trace_pipe_raw" for c in listed}
     present = [c for c in listed if raws[c].exists()]
     datas = dict(zip(present, _read_back_to_back([raws[c] for c in present]), strict=True))

@@ -101,7 +101,9 @@ CHECKED = {
 def _lost(lost: pl.DataFrame, reader: str) -> list[str]:
     """Every lost-events report, grouped by CPU and source (never summed across sources)."""
     if lost.is_empty():
-        checked = CHECKED.get(reader, "page flags and per-CPU stats checked")
+        checked = CHECKED.get(
+            reader, "page flags, empty pages and per-CPU stats, read events included, checked"
+        )
         return [f"lost events: none reported ({checked})"]
     lines = ["lost events (each source counts the same losses its own way; do not add them):"]
     grouped = (
