@@ -11,6 +11,7 @@ a CPU's pages, format files).
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import traceback
@@ -135,6 +136,28 @@ def _line_edit(data: bytearray, rng: random.Random) -> str:
     return f"line {op}"
 
 
+def _json_type(data: bytearray, rng: random.Random) -> str:
+    """One value of a JSON object replaced by another type (or the document by a list)."""
+    try:
+        doc = json.loads(bytes(data))
+    except ValueError:
+        return _flip(data, rng)
+    odd = rng.choice([None, "x", "1", -1, 0, 1 << 70, 1.5, [], {}, [None], True])
+    if isinstance(doc, dict) and doc and rng.random() < 0.9:
+        key = rng.choice(sorted(doc))
+        inner = doc[key]
+        if isinstance(inner, dict) and inner and rng.random() < 0.5:
+            inner[rng.choice(sorted(inner))] = odd
+        elif isinstance(inner, list) and inner and rng.random() < 0.5:
+            inner[rng.randrange(len(inner))] = odd
+        else:
+            doc[key] = odd
+    else:
+        doc = [doc]
+    data[:] = json.dumps(doc).encode()
+    return "JSON value of another type"
+
+
 BINARY_MUTATIONS = [_flip, _overwrite, _truncate, _word, _bad_utf8]
 TEXT_MUTATIONS = [_flip, _overwrite, _truncate, _bad_utf8, _big_number, _line_edit]
 
@@ -150,7 +173,10 @@ def mutate(path: Path, reader: str, rng: random.Random) -> str:
         or target.name in ("capture.json", "stats")
         or (target.suffix == "" and target.name not in ("trace_pipe_raw",) and path.is_dir())
     )
-    how = rng.choice(TEXT_MUTATIONS if textual else BINARY_MUTATIONS)(data, rng)
+    choices = TEXT_MUTATIONS if textual else BINARY_MUTATIONS
+    if target.suffix == ".json":
+        choices = [*choices, _json_type, _json_type, _json_type]
+    how = rng.choice(choices)(data, rng)
     target.write_bytes(bytes(data))
     return f"{target.name}: {how}"
 

@@ -100,3 +100,16 @@ def test_cpu_list_of_the_wrong_type_is_a_clear_error(cap: Path, cpus: object) ->
     _set_meta(cap, "cpus", cpus)
     with pytest.raises(TracekitError, match="is not a list of CPU numbers"):
         tracekit.open(cap, use_cache=False)
+
+
+def test_v7_buffer_option_with_another_id_is_lost_not_empty(tmp_path: Path) -> None:
+    """small.v7.dat's BUFFER option (id 3, 81 bytes at byte 65552) given id 99: no pages
+    are found, and the instance's CPUSTAT read events (357, 146) are reported lost."""
+    data = bytearray((RAWCAP.parent / "small.v7.dat").read_bytes())
+    assert struct.unpack_from("<HI", data, 65552) == (3, 81)
+    struct.pack_into("<H", data, 65552, 99)
+    path = tmp_path / "buf99.dat"
+    path.write_bytes(bytes(data))
+    trace = tracekit.open(path, use_cache=False)
+    assert trace.events.height == 0 and _stats_lost(path) == {0: 357, 1: 146}
+    assert any("99 (81 bytes)" in s for s in trace.meta["skipped"])
