@@ -27,7 +27,7 @@ from tracekit.ingest.tracedat import read_tracedat
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 CORPUS_DATS = sorted(CORPUS.glob("*.trace.dat")) if CORPUS.is_dir() else []
-HELD_DATS = sorted(FIX.rglob("*.dat"))
+HELD_DATS = sorted((FIX.parent).rglob("*.dat"))  # every trace.dat the tests hold
 SAMPLE_EVERY = 7  # field values compared on every 7th event of each type
 
 needs_trace_cmd = pytest.mark.skipif(not have_trace_cmd(), reason="trace-cmd is not installed")

@@ -113,3 +113,14 @@ def test_v7_buffer_option_with_another_id_is_lost_not_empty(tmp_path: Path) -> N
     trace = tracekit.open(path, use_cache=False)
     assert trace.events.height == 0 and _stats_lost(path) == {0: 357, 1: 146}
     assert any("99 (81 bytes)" in s for s in trace.meta["skipped"])
+
+
+def test_padding_at_a_page_start_is_lost_events(cap: Path) -> None:
+    """A first record turned into padding with delta 0 (the rest of the page is padding):
+    the page's events are not decoded, and the stats' read events say how many."""
+    raw = cap / "per_cpu" / "cpu1" / "trace_pipe_raw"
+    data = bytearray(raw.read_bytes())
+    data[16:20] = struct.pack("<I", 29)  # type_len 29, time delta 0
+    raw.write_bytes(bytes(data))
+    held = tracekit.open(cap, use_cache=False).events.filter(cpu=1).height
+    assert held < READ[1] and _stats_lost(cap) == {1: READ[1] - held}

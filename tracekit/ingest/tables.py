@@ -372,11 +372,13 @@ def _lost_table(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> pl.
             ("entries", "stats_unread"),
         ):
             value = stats.get(key, "0")
-            if value.isdigit() and int(value) > 0:
+            count = _count(value)
+            if count != 0:  # a damaged counter is a report too, its count unknown
                 rows.append(
                     dict(
-                        cpu=cpu, ts=None, page=None, count=int(value), source=source,
-                        detail=f"{trace.stats_origin}: {key}",
+                        cpu=cpu, ts=None, page=None, count=count, source=source,
+                        detail=f"{trace.stats_origin}: {key}"
+                        + ("" if count is not None else f" {value[:30]!r} is not a count"),
                     )
                 )  # fmt: skip
     return pl.DataFrame(rows, schema=LOST_SCHEMA)
@@ -400,6 +402,12 @@ def _empty_pages(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> li
     return rows
 
 
+def _count(text: str) -> int | None:
+    """A stats counter's value as a count; None when it is not one (damaged stats)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def _unread_by_stats(
     trace: BinaryTrace, parts: list[tuple[CpuData, Records]]
 ) -> list[dict[str, Any]]:
@@ -408,14 +416,14 @@ def _unread_by_stats(
     decoded = {c.cpu: len(rec.ts) for c, rec in parts}
     rows: list[dict[str, Any]] = []
     for cpu, stats in sorted(trace.stats.items()):
-        read = stats.get("read events", "")
-        if not read.isdigit() or int(read) <= decoded.get(cpu, 0):
-            continue
+        read = _count(stats.get("read events", "0"))
+        if read is None or read <= decoded.get(cpu, 0):
+            continue  # a damaged `read events` is not a count to compare
         got = decoded.get(cpu)
         held = f"{got} in its pages" if got is not None else "no pages for this CPU"
         rows.append(
             dict(
-                cpu=cpu, ts=None, page=None, count=int(read) - (got or 0), source="stats_read",
+                cpu=cpu, ts=None, page=None, count=read - (got or 0), source="stats_read",
                 detail=f"{trace.stats_origin}: read events {read}, the capture holds {held}",
             )
         )  # fmt: skip
