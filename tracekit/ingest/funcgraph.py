@@ -51,7 +51,7 @@ def is_graph_text(lines: pl.DataFrame) -> bool:
     return bool(head.str.contains(r"^# tracer: function_graph").any())
 
 
-SWITCH_RE = r"^\s*(?<cpu>\d+)\)\s+\S.*?-\d+\s+=>\s+(?<comm>\S.*?)-(?<pid>\d+)\s*$"
+SWITCH_RE = r"^\s*(?<cpu>\d{1,9})\)\s+\S.*?-\d+\s+=>\s+(?<comm>\S.*?)-(?<pid>\d{1,9})\s*$"
 
 
 def _with_switch_pids(parsed: pl.DataFrame) -> pl.DataFrame:
