@@ -199,6 +199,20 @@ def _read_all(path: Path, reader: str) -> None:
     for name in trace.event_names:
         trace.event(name)
     summarise(trace)
+    if trace.event_names:  # `tracekit events` renders lists and odd values its own way
+        _events_cli(path, trace.event_names[0], "csv" if len(trace.event_names) % 2 else "json")
+
+
+def _events_cli(path: Path, event: str, fmt: str) -> None:
+    """`tracekit events PATH --event E --format F`; its exception, if any, raised here."""
+    from click.testing import CliRunner
+
+    from tracekit.cli import main
+
+    args = ["events", str(path), "--event", event, "--format", fmt, "--limit", "30"]
+    res = CliRunner().invoke(main, args)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
 
 
 def outcome(path: Path, reader: str, run: Callable[[Path, str], None] = _read_all) -> Outcome:
