@@ -300,3 +300,27 @@ def test_pre_enable_tlbi_is_a_factor_of_its_own() -> None:
     assert [c.text for c in both] == [
         "created with or without the report's TLBI VMALLE1 before the MMU goes on"
     ]
+
+
+def test_variant_rules_compare_presets_without_knob_overrides() -> None:
+    """Review of 17, point 3: mmu-on vs mmu-on-report both with pre_tlbi=1 are one guest."""
+    knobbed = replace(BASE, knobs="pre_tlbi=1")
+    report = replace(knobbed, variant="mmu-on-report")
+    assert conclusions([_effect(knobbed, PRESENT), _effect(report, PRESENT)]) == []
+    plain = conclusions(
+        [_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-on-report"), PRESENT)]
+    )
+    assert [c.text for c in plain] == [
+        "created with or without the report's TLBI VMALLE1 before the MMU goes on"
+    ]
+
+
+def test_both_guest_tlbi_names_have_a_cleared_by_rule() -> None:
+    """Review of 17, point 11: VMALLE1IS clears as VMALLE1 does (one experiment under FB)."""
+    on_off = replace(BASE, variant="mmu-on-off")
+    for name in ("mmu-on-vmalle1", "mmu-on-vmalle1is"):
+        tlbi = replace(BASE, variant=name)
+        found = conclusions([_effect(on_off, PRESENT), _effect(tlbi, ABSENT)])
+        assert [c.text.split(" (")[0] for c in found] == [
+            f"cleared by the guest's own TLBI {name.removeprefix('mmu-on-').upper()}"
+        ]
