@@ -276,6 +276,33 @@ def test_a_loop_guest_without_a_count_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_a_knob_guest_that_would_issue_no_tlbi_is_refused(tmp_path: Path) -> None:
+    """Review of 17, point 20: `--knob tlbi=vmalle1is` with no count issued none silently."""
+    if not (REPRODUCER_BUILD / "guests" / "mmu-on.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    argv = [*ROLES, "--dry-run", "-o", str(tmp_path / "b"), "--knob", "tlbi=vmalle1is"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and "TLBI count of 0" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    for count in (["--knob", "tlbi_count=4"], ["--tlbi-count", "4"]):
+        result = CliRunner().invoke(main, [*argv, *count])
+        assert result.exit_code == 0, result.output
+    # The preset's own count (mmu-on-vmalle1: 1) stands; a --knob of 0 overrides it.
+    preset = [
+        *ROLES,
+        "--dry-run",
+        "--guest",
+        str(REPRODUCER_BUILD / "guests" / "mmu-on-vmalle1.elf"),
+    ]
+    assert CliRunner().invoke(main, [*preset, "-o", str(tmp_path / "c")]).exit_code == 0
+    zero = [*preset, "-o", str(tmp_path / "d"), "--knob", "tlbi_count=0"]
+    assert CliRunner().invoke(main, zero).exit_code == 2
+    # tlbi-loop counts through its knob too, without --tlbi-count.
+    loop = [*ROLES, "--dry-run", "--guest", str(REPRODUCER_BUILD / "guests" / "tlbi-loop.elf")]
+    result = CliRunner().invoke(main, [*loop, "-o", str(tmp_path / "e"), "--knob", "tlbi_count=9"])
+    assert result.exit_code == 0, result.output
+
+
 def test_every_guest_parameter_reaches_the_vmm() -> None:
     """A guest run outside a sweep passes the scenario's parameters, defaults included."""
     params = SCENARIOS["main"].defaults.merged(tlbi_count=1000, touch_kb=(4096,))
