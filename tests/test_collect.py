@@ -20,7 +20,8 @@ from tracekit.bundle import read_manifest, verify_files
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.host.protocol import SCENARIOS
-from tracekit.host.runners import guest_settings
+from tracekit.host.runners import guest_settings, rollover_argv
+from tracekit.host.tools import ToolPaths
 
 NVHE = "nvhe-a76"
 ROLES = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
@@ -325,3 +326,14 @@ def test_guest_knobs_and_backing_reach_the_plan_and_bad_ones_are_one_line(tmp_pa
     for bad in ("pages", "nosuch=1"):
         result = CliRunner().invoke(main, [*argv, "--knob", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def test_rollover_vms_get_the_guests_backing_and_no_knobs() -> None:
+    """Review of 17, point 10: the throwaway VMs ran with the VMM's default backing."""
+    tools = ToolPaths("cyclictest", "stress-ng", "vmm", "tlbiprobe", None)
+    argv = rollover_argv(tools, Path("mmu-off.elf"), (1, 2), "thp", 64)
+    assert argv[argv.index("--backing") + 1] == "thp"
+    assert argv[argv.index("--repeat") + 1] == "64" and argv[-1] == "mmu-off.elf"
+    assert "--knob" not in argv and "--preset" not in argv
+    with pytest.raises(TracekitError, match="backing"):
+        rollover_argv(tools, Path("mmu-off.elf"), (1,), "huge", 1)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
-from tracekit.guests import read_variant
+from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
@@ -216,6 +216,16 @@ def run_guest_stop(session: Session, ctx: RunContext) -> None:
     ctx.path(RunFile.GUEST_STOP).write_text(json.dumps(record) + "\n")
 
 
+def rollover_argv(
+    tools: toolbox.ToolPaths, guest: Path, cpus: tuple[int, ...], backing: str, count: int
+) -> list[str]:
+    """The VMM for `count` throwaway VMs: the guest's RAM backing, none of its knobs."""
+    # The backing decides stage 2's mapping sizes, so the throwaway VMs use the guest's;
+    # its knobs would make them something other than the MMU-off guest.
+    extra = vmm_guest_argv(backing=backing)
+    return toolbox.vmm_argv(tools, guest, list(cpus), None, repeat=count, extra=extra)
+
+
 def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
     if session.options.after_guest == "hotplug":
@@ -230,8 +240,8 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
 
     def run_batch(count: int) -> None:
         """Create, run and destroy `count` MMU-off VMs, draining the trace after."""
-        argv = toolbox.vmm_argv(
-            session.tools, guest, list(session.roles.guest_cpus), None, repeat=count
+        argv = rollover_argv(
+            session.tools, guest, session.roles.guest_cpus, session.options.backing, count
         )
         batch = output.with_suffix(".batch")
         proc = session.spawn(argv, batch)
