@@ -62,6 +62,10 @@ def _int_list(text: str | None, option: str) -> list[int]:
 @click.option("--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point.")
 @click.option("--tlbi-count", type=int, help="guest-broadcast: TLBIs the guest issues.")
 @click.option(
+    "--probe-pages",
+    help="Range/munmap probe slots: page counts, e.g. 1,511,513 (the default).",
+)
+@click.option(
     "--vm-budget", type=int, help="Seconds one sweep point may take before it is stopped."
 )
 @click.option(
@@ -126,6 +130,7 @@ def collect(
     touch_kb: str | None,
     repeat: int | None,
     tlbi_count: int | None,
+    probe_pages: str | None,
     vm_budget: int | None,
     knobs: tuple[str, ...],
     backing: str,
@@ -176,6 +181,7 @@ def collect(
         repeat=repeat,
         tlbi_count=tlbi_count,
         vm_budget_s=vm_budget,
+        probe_pages=_int_list(probe_pages, "--probe-pages"),
         knobs=list(knobs),
         backing=backing,
     )

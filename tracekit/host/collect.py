@@ -97,6 +97,7 @@ class CollectOptions:
     repeat: int | None = None
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
+    probe_pages: list[int] = field(default_factory=list)  # range/munmap slots' page counts
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
     backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
 
@@ -131,6 +132,7 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
         repeat=options.repeat,
         tlbi_count=options.tlbi_count,
         vm_budget_s=options.vm_budget_s,
+        probe_pages=tuple(options.probe_pages),
     )
     for axis in ("ipa_bits", "vcpus", "touch_kb"):
         if axis not in scenario.sweep:

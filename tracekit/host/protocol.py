@@ -91,6 +91,11 @@ PHASE_KINDS = {
 # KVM's default IPA size (type 0 VMs) and the smallest the VMM's RAM (1 GiB + RAM) fits in.
 DEFAULT_IPA_BITS = 40
 SMALLEST_IPA_BITS = 32
+# Range/munmap probe page counts: with 4 KiB pages the kernel's by-VA limit is 512 pages
+# (MAX_TLBI_OPS on 6.1, MAX_DVM_OPS later): below it one TLBI per page (range TLBIs with
+# FEAT_TLBIRANGE), at or above it one TLBI ASIDE1IS. 1 and 511 sit below, 513 above.
+DEFAULT_PROBE_PAGES = (1, 511, 513)
+PROBE_MAX_PAGES = 1 << 24  # tlbiprobe's --pages limit
 # Guest RAM layout of the VMM (reproducer/README.md): the cache-toggle slices start 2 MiB in.
 RAM_MB_DEFAULT = 16
 TOUCH_AREA_OFFSET_KB = 2048
@@ -109,6 +114,7 @@ class ScenarioParams:
     repeat: int = 1  # VMs per sweep point
     tlbi_count: int = 0
     vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
+    probe_pages: tuple[int, ...] = ()  # pages per range/munmap probe slot; empty: default
     given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
 
     def explicit(self, name: str) -> bool:
@@ -146,12 +152,24 @@ class ScenarioParams:
             raise TracekitError("--vcpus must be at least 1 and --touch-kb at least 0")
         if self.repeat < 1 or self.vm_budget_s < 1 or self.tlbi_count < 0:
             raise TracekitError("--repeat and --vm-budget must be at least 1")
+        if any(not 1 <= n <= PROBE_MAX_PAGES for n in self.probe_pages):
+            raise TracekitError(
+                f"--probe-pages {format_ints(self.probe_pages)}: page counts go from 1 to"
+                f" {PROBE_MAX_PAGES}"
+            )
 
     def with_ipa_limit(self, limit: int | None) -> ScenarioParams:
         """Fill an empty IPA list with a spread up to the host's limit (40 if unknown)."""
         if self.ipa_bits:
             return self
         return replace(self, ipa_bits=ipa_spread(limit or DEFAULT_IPA_BITS))
+
+
+def probe_pages_for(mode: str, params: ScenarioParams) -> tuple[int, ...]:
+    """The page counts a probe mode's slots use: page mode one page, else the list."""
+    if mode == "page":
+        return (1,)
+    return params.probe_pages or DEFAULT_PROBE_PAGES
 
 
 def ipa_spread(limit: int) -> tuple[int, ...]:
@@ -334,6 +352,11 @@ def plan_runs(
             f"{scenario.name!r} does not have; leave it out (or use --scenario main)"
         )
     params = (params or scenario.defaults).with_ipa_limit(None)
+    if "probe_pages" in params.given and set(scenario.probe_modes) <= {"page"}:
+        raise TracekitError(
+            f"--probe-pages sets the range and munmap probe slots; scenario {scenario.name!r}"
+            " probes in page mode only (one page), so leave it out"
+        )
     planned: list[PlannedRun] = []
     for phase in scenario.phases:
         kind = PHASE_KINDS.get(phase)
@@ -348,17 +371,22 @@ def plan_runs(
         elif kind == "during":
             start = {"cpus": roles.guest_cpus, "tlbi_count": params.tlbi_count}
             planned.append(PlannedRun(f"{phase}-guest-start", phase, RunKind.GUEST_START, 0, start))
-            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs, params)
             planned.append(PlannedRun(f"{phase}-guest-stop", phase, RunKind.GUEST_STOP, 0))
         elif kind == "measure":
-            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs, params)
         else:
             raise TracekitError(f"scenario {scenario.name!r} has an unknown phase {phase!r}")
     return planned
 
 
 def _measure_runs(
-    scenario: Scenario, roles: Roles, phase: str, runs: int, traced_runs: int
+    scenario: Scenario,
+    roles: Roles,
+    phase: str,
+    runs: int,
+    traced_runs: int,
+    params: ScenarioParams,
 ) -> list[PlannedRun]:
     """A measure phase: quiet runs, traced runs, then the probe slots (each with its mode)."""
     planned = [PlannedRun(f"{phase}-quiet-{i}", phase, RunKind.QUIET, i) for i in range(runs)]
@@ -366,11 +394,13 @@ def _measure_runs(
         PlannedRun(f"{phase}-traced-{i}", phase, RunKind.TRACED, i) for i in range(traced_runs)
     ]
     for mode in scenario.probe_modes:
-        for cpu in probe_cpus(scenario, roles, phase):
-            detail: dict[str, object] = {"cpu": cpu, "mode": mode}
-            planned.append(
-                PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, RunKind.PROBE, 0, detail)
-            )
+        for pages in probe_pages_for(mode, params):
+            for cpu in probe_cpus(scenario, roles, phase):
+                detail: dict[str, object] = {"cpu": cpu, "mode": mode, "pages": pages}
+                # Page mode is always one page; the others name their count.
+                slot = mode if mode == "page" else f"{mode}-{pages}p"
+                run_id = f"{phase}-probe-{slot}-cpu{cpu}"
+                planned.append(PlannedRun(run_id, phase, RunKind.PROBE, 0, detail))
     return planned
 
 

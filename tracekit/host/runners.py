@@ -107,7 +107,7 @@ def _start_perf(session: Session, ctx: RunContext) -> subprocess.Popen[bytes]:
 
 
 def run_probe(session: Session, ctx: RunContext) -> None:
-    """The broadcast-TLBI probe on one CPU, in the slot's own mode; helpers on the others."""
+    """The broadcast-TLBI probe on one CPU, in the slot's mode and page count; helpers elsewhere."""
     cpu = ctx.detail_int("cpu")
     helpers = [c for c in session.roles.stress_cpus if c != cpu]
     argv = toolbox.probe_argv(
@@ -118,6 +118,7 @@ def run_probe(session: Session, ctx: RunContext) -> None:
         min(session.options.duration_s, PROBE_MAX_SECONDS),
         ctx.path(RunFile.PROBE),
         session.trace_marker(),
+        ctx.detail_int("pages"),
     )
     proc = session.spawn(argv, ctx.path(RunFile.PROBE_SUMMARY))
     session.wait(proc, "tlbiprobe", session.options.duration_s)
