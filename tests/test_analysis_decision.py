@@ -324,3 +324,15 @@ def test_both_guest_tlbi_names_have_a_cleared_by_rule() -> None:
         assert [c.text.split(" (")[0] for c in found] == [
             f"cleared by the guest's own TLBI {name.removeprefix('mmu-on-').upper()}"
         ]
+
+
+def test_hotplug_has_its_negative_control() -> None:
+    """Review of 17, point 9: a CPU that did not run the guest, hotplugged, is the control."""
+    none, hotplug = replace(BASE, after_guest="none"), replace(BASE, after_guest="hotplug")
+    other = replace(BASE, after_guest="hotplug-other")
+    found = conclusions([_effect(none, PRESENT), _effect(hotplug, ABSENT), _effect(other, PRESENT)])
+    texts = {c.text for c in found}
+    assert "cleared by hotplugging the CPU that ran the guest, not another one" in texts
+    assert "not cleared by hotplugging a CPU that did not run the guest" in texts
+    found = conclusions([_effect(none, PRESENT), _effect(other, ABSENT)])
+    assert [c.text for c in found] == ["cleared by hotplugging a CPU that did not run the guest"]

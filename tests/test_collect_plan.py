@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.errors import TracekitError
-from tracekit.host.protocol import SCENARIOS, Roles, plan_runs
+from tracekit.host.protocol import SCENARIOS, Roles, control_cpus, plan_runs
 from tracekit.host.tools import ToolPaths, probe_argv
 
 
@@ -101,3 +101,13 @@ def test_unknown_after_guest() -> None:
     roles = Roles(3, (0, 1, 2), (1,))
     with pytest.raises(TracekitError, match="unknown --after-guest"):
         plan_runs(SCENARIOS["main"], roles, 1, 1, "reboot")
+
+
+def test_hotplug_other_needs_a_stress_cpu_that_did_not_run_the_guest() -> None:
+    """Review of 17, point 9: the control CPU is a stress CPU the guest never ran on."""
+    roles = Roles(rt_cpu=3, stress_cpus=(1, 2), guest_cpus=(1,))
+    plan = plan_runs(SCENARIOS["main"], roles, 1, 0, "hotplug-other")
+    assert "after-guest-hotplug-other" in [p.run_id for p in plan]
+    assert control_cpus(roles) == (2,)
+    with pytest.raises(TracekitError, match="every stress CPU ran it"):
+        plan_runs(SCENARIOS["main"], Roles(3, (1,), (1,)), 1, 0, "hotplug-other")

@@ -184,6 +184,19 @@ RULES: tuple[Rule, ...] = (
           "not cleared by hotplugging the guest CPU",
           "neither a power cycle of the guest CPU nor what then runs there ("
           + _REPLUG + ") removes it"),
+    # hotplug-other is hotplug's negative control: a stress CPU that did not run the guest.
+    _rule("after_guest", "none", PRESENT, "hotplug-other", PRESENT,
+          "not cleared by hotplugging a CPU that did not run the guest",
+          "a hotplug elsewhere (its power cycle, boot path and EL2 init on that CPU only)"
+          " does not remove it: the control for the guest-CPU hotplug rules"),
+    _rule("after_guest", "none", PRESENT, "hotplug-other", ABSENT,
+          "cleared by hotplugging a CPU that did not run the guest",
+          "a hotplug removes it even on a CPU the guest never ran on, so a guest-CPU"
+          " hotplug result does not point at the guest CPU: what a hotplug does beyond"
+          " the re-plugged CPU (or the time it takes) is enough"),
+    _rule("after_guest", "hotplug", ABSENT, "hotplug-other", PRESENT,
+          "cleared by hotplugging the CPU that ran the guest, not another one",
+          "what a hotplug runs on the re-plugged CPU removes it only there: " + _REPLUG),
     _rule("after_guest", "none", PRESENT, "rollover", ABSENT,
           "cleared by a VMID rollover (" + _VMIDS + " VMs, then TLBI ALLE1IS)",
           "a rollover run removes it: the TLBI ALLE1IS that ends it, eviction by the"

@@ -41,8 +41,9 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(["none", "hotplug", "rollover"]),
-    help="What to do between the guest and the 'after' phase.",
+    type=click.Choice(["none", "hotplug", "hotplug-other", "rollover"]),
+    help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
+    " stress CPU that did not run the guest, the control of hotplug).",
 )
 @click.option(
     "--rollover-max-vms",

@@ -73,7 +73,8 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 # kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "rollover")
+# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest.
+AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")
 PROBE_MODES = ("page", "range", "munmap")
 
 # What each phase name does (tracekit/host/collect.py runs them):
@@ -346,6 +347,8 @@ def plan_runs(
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
         )
+    if after_guest == "hotplug-other":
+        control_cpus(roles)  # fails here, before anything on the host changes
     if after_guest != "none" and "guest" not in scenario.phases:
         raise TracekitError(
             f"--after-guest {after_guest} follows a guest phase, which scenario "
@@ -402,6 +405,17 @@ def _measure_runs(
                 run_id = f"{phase}-probe-{slot}-cpu{cpu}"
                 planned.append(PlannedRun(run_id, phase, RunKind.PROBE, 0, detail))
     return planned
+
+
+def control_cpus(roles: Roles) -> tuple[int, ...]:
+    """hotplug-other's CPU: the first stress CPU that did not run the guest."""
+    others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
+    if not others:
+        raise TracekitError(
+            "--after-guest hotplug-other hotplugs a stress CPU that did not run the guest,"
+            " and every stress CPU ran it; give --stress-cpus one the guest does not use"
+        )
+    return (others[0],)
 
 
 def probe_cpus(scenario: Scenario, roles: Roles, phase: str = "before") -> list[int]:

@@ -25,7 +25,7 @@ from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
-from tracekit.host.protocol import PlannedRun, ScenarioParams
+from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
 
 if TYPE_CHECKING:
     from tracekit.host.collect import Session
@@ -229,8 +229,10 @@ def rollover_argv(
 
 def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
-    if session.options.after_guest == "hotplug":
-        log = hotplug(session.roles.guest_cpus, session.stack, session.now)
+    action = session.options.after_guest
+    if action in ("hotplug", "hotplug-other"):
+        cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
+        log = hotplug(cpus, session.stack, session.now)
         ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
         return
     watch = open_vmid_watch(session.tracefs)
