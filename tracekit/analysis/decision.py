@@ -116,8 +116,8 @@ _NOT_BY_GUEST_TLBI = (
 # What runs on a re-plugged CPU, per kernel (nVHE; with VHE no EL2 init runs).
 _REPLUG = (
     "the power cycle and the boot path (firmware CPU_ON, __cpu_setup's local TLBI"
-    " VMALLE1), then on 6.12 the EL2 init's local TLBI ALLE2 and ALLE1 (___kvm_hyp_init),"
-    " on 6.1 with no VM alive no EL2 invalidation"
+    " VMALLE1), then in nVHE on 6.12 the EL2 init's local TLBI ALLE2 and ALLE1"
+    " (___kvm_hyp_init), on 6.1 with no VM alive no EL2 invalidation"
 )
 _VMIDS = "2^VMID-bits (255 with 8-bit, 65535 with 16-bit VMIDs)"
 # run_after_guest runs the throwaway VMs one after another: on 6.1 each is created with
