@@ -66,6 +66,6 @@ void probe_write_file(const char *path, const struct probe_header *header,
 
 /* Print the one-line JSON summary and log2 histogram of the durations. */
 void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
-			 const struct probe_sample *samples);
+			 const char *thp, const struct probe_sample *samples);
 
 #endif /* TRACEKIT_PROBE_H */

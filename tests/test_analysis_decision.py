@@ -239,7 +239,9 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     """No guest TLBI is local (HCR_EL2.FB); hotplug, rollover, cluster, MMU say no more."""
     said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
     everything = " ".join(said.values())
-    assert "local" not in everything.replace("local TLBI ALLE2", "")
+    # Only the host's own TLBIs (boot path, EL2 init) may be called local.
+    host_local = ("local TLBI ALLE2", "local TLBI VMALLE1")
+    assert "local" not in everything.replace(host_local[0], "").replace(host_local[1], "")
     for overreach in ("tagged with a VMID", "re-initialising EL2", "table walks leave"):
         assert overreach not in everything
     hotplug = said[("after_guest", "hotplug", ABSENT)]
@@ -253,6 +255,25 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
     assert "VM-register writes" in mmu and "stage-2 flush" in mmu
+
+
+def test_rules_name_the_kernel_paths_the_review_found() -> None:
+    """Review of 17, points 1, 2, 7, 12-15: each confound is named, each overclaim gone."""
+    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    everything = " ".join(said.values())
+    assert "thousands" not in everything and "power cycle alone" not in everything
+    for verdict in (PRESENT, ABSENT):
+        rollover = said[("after_guest", "rollover", verdict)]
+        assert "255 with 8-bit" in rollover and "65535 with 16-bit" in rollover
+        assert "every VM creation with none alive" in rollover and "6.1" in rollover
+        hotplug = said[("after_guest", "hotplug", verdict)]
+        assert "__cpu_setup's local TLBI VMALLE1" in hotplug and "___kvm_hyp_init" in hotplug
+    assert "idle" in said[("after_guest", "hotplug", ABSENT)]
+    assert "power-off" in said[("variant", "mmu-on-off", PRESENT)]
+    assert "among others" in said[("variant", "mmu-off", ABSENT)]
+    for verdict in (PRESENT, ABSENT):
+        cluster = said[("guest_cluster", "other", verdict)]
+        assert "DynamIQ" in cluster and "never fires" in cluster
 
 
 def test_freshness_and_perf_stat_are_condition_fields() -> None:
@@ -279,3 +300,39 @@ def test_pre_enable_tlbi_is_a_factor_of_its_own() -> None:
     assert [c.text for c in both] == [
         "created with or without the report's TLBI VMALLE1 before the MMU goes on"
     ]
+
+
+def test_variant_rules_compare_presets_without_knob_overrides() -> None:
+    """Review of 17, point 3: mmu-on vs mmu-on-report both with pre_tlbi=1 are one guest."""
+    knobbed = replace(BASE, knobs="pre_tlbi=1")
+    report = replace(knobbed, variant="mmu-on-report")
+    assert conclusions([_effect(knobbed, PRESENT), _effect(report, PRESENT)]) == []
+    plain = conclusions(
+        [_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-on-report"), PRESENT)]
+    )
+    assert [c.text for c in plain] == [
+        "created with or without the report's TLBI VMALLE1 before the MMU goes on"
+    ]
+
+
+def test_both_guest_tlbi_names_have_a_cleared_by_rule() -> None:
+    """Review of 17, point 11: VMALLE1IS clears as VMALLE1 does (one experiment under FB)."""
+    on_off = replace(BASE, variant="mmu-on-off")
+    for name in ("mmu-on-vmalle1", "mmu-on-vmalle1is"):
+        tlbi = replace(BASE, variant=name)
+        found = conclusions([_effect(on_off, PRESENT), _effect(tlbi, ABSENT)])
+        assert [c.text.split(" (")[0] for c in found] == [
+            f"cleared by the guest's own TLBI {name.removeprefix('mmu-on-').upper()}"
+        ]
+
+
+def test_hotplug_has_its_negative_control() -> None:
+    """Review of 17, point 9: a CPU that did not run the guest, hotplugged, is the control."""
+    none, hotplug = replace(BASE, after_guest="none"), replace(BASE, after_guest="hotplug")
+    other = replace(BASE, after_guest="hotplug-other")
+    found = conclusions([_effect(none, PRESENT), _effect(hotplug, ABSENT), _effect(other, PRESENT)])
+    texts = {c.text for c in found}
+    assert "cleared by hotplugging the CPU that ran the guest, not another one" in texts
+    assert "not cleared by hotplugging a CPU that did not run the guest" in texts
+    found = conclusions([_effect(none, PRESENT), _effect(other, ABSENT)])
+    assert [c.text for c in found] == ["cleared by hotplugging a CPU that did not run the guest"]

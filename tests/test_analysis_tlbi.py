@@ -29,7 +29,7 @@ from tracekit.analysis.tlbi import (
 )
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import load_bundle
-from tracekit.ingest.probe import HEADER, read_probe_file
+from tracekit.ingest.probe import HEADER, probe_samples, read_probe_file
 from tracekit.report.sections.tlbi import section
 
 FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
@@ -101,6 +101,7 @@ def _slots(
                     pl.lit(phase).alias("phase"),
                     pl.lit(3, pl.Int32).alias("cpu"),
                     pl.lit("page").alias("mode"),
+                    pl.lit(1, pl.Int32).alias("pages"),
                     pl.lit(direction).alias("direction"),
                 )
             )
@@ -221,3 +222,35 @@ def test_funcgraph_durations_keep_the_top_functions_and_name_them() -> None:
         ("__kvm_tlb_flush_vmid", 3_000),
         ("0xffff800008003000", 500),
     ]
+
+
+def test_page_counts_on_either_side_of_the_by_va_limit_are_never_pooled() -> None:
+    """Review of 17, point 4: 511 pages (by-VA TLBIs) and 513 (one ASIDE1IS) stay apart."""
+    frames = []
+    for pages, factor in ((511, 1.0), (513, 3.0)):
+        slots = _slots(factor, 8, seed=pages, direction="munmap")
+        frames.append(
+            slots.with_columns(
+                pl.lit("munmap").alias("mode"),
+                pl.lit(pages, pl.Int32).alias("pages"),
+                (pl.col("run_id") + f"-{pages}p").alias("run_id"),
+            )
+        )
+    samples = pl.concat(frames)
+    table = probe_percentiles(samples)
+    assert table.select("pages", "phase").rows() == [
+        (511, "before"), (511, "after"), (513, "before"), (513, "after")
+    ]  # fmt: skip
+    found = {c.metric: c.verdict for c in probe_comparisons(samples)}
+    assert found["probe munmap 513 pages issued on cpu3 p50"] == PRESENT
+    assert found["probe munmap 511 pages issued on cpu3 p50"] != PRESENT
+    with pytest.raises(TracekitError, match="no column pages"):
+        probe_percentiles(samples.drop("pages"))
+
+
+def test_probe_samples_carry_the_headers_page_count(tmp_path: Path) -> None:
+    """Each sample row says its slot's page count, from the probe file's header."""
+    data = load_bundle(generate(tmp_path / "b", Spec(runs=1)))
+    samples = probe_samples(data)
+    assert samples.height > 0 and set(samples["pages"]) == {1}
+    assert samples.schema["pages"] == pl.Int32

@@ -252,6 +252,8 @@ def test_probe_samples_match_summary(
     assert (header["mode"], header["pages"], header["cpu"]) == (mode_id, pages, 0)
     assert header["clock_id"] == 7 and header["counter_hz"] == summary["counter_hz"] > 0
     assert header["count"] == summary["count"] == 301 == len(records)
+    # The regions opt out of THP before the first touch (review of 17, point 5).
+    assert summary["thp"] == "nohugepage"
     assert header["record_size"] == PROBE_RECORD.size == 24
     # mprotect rounds alternate RW->RO (1) and RO->RW (2); every munmap sample is 3.
     directions = [d for _, _, d, _ in records]

@@ -23,6 +23,9 @@ from tracekit.errors import TracekitError
 from tracekit.ingest.probe import UNKNOWN_DIRECTION
 
 PHASE_ORDER = {"before": 0, "guest": 1, "after": 2}
+# What one group of probe slots shares: never pooled across any of these (page counts on
+# either side of the by-VA limit take different kernel paths).
+SLOT_GROUP = ("mode", "pages", "direction", "cpu")
 # Probe metrics compared before/after: the typical call and the tail.
 PROBE_METRICS = {"p50": 0.5, "p99": 0.99}
 DURATION_SCHEMA = {
@@ -49,7 +52,8 @@ def _phase_rank() -> pl.Expr:
 
 def _check_samples(samples: pl.DataFrame) -> None:
     """Refuse a frame that is not probe samples, naming the missing columns."""
-    missing = {"run_id", "phase", "cpu", "mode", "direction", "duration_ns"} - set(samples.columns)
+    needed = {"run_id", "phase", "cpu", "mode", "pages", "direction", "duration_ns"}
+    missing = needed - set(samples.columns)
     if missing:
         raise TracekitError(
             f"TLBI probe analysis: no column {', '.join(sorted(missing))}; give the frame"
@@ -57,20 +61,22 @@ def _check_samples(samples: pl.DataFrame) -> None:
         )
 
 
-def probe_label(mode: str, direction: str) -> str:
-    """How a mode and direction are named: "page rw-ro", "munmap", "page, both pooled"."""
+def probe_label(mode: str, direction: str, pages: int = 1) -> str:
+    """How a slot group is named: "page rw-ro", "munmap 511 pages", "page, both pooled"."""
+    # Page mode is one page; the others' counts decide the kernel's path (by-VA or ASID).
+    what = mode if mode == "page" else f"{mode} {pages} page{'s' * (pages != 1)}"
     if direction == UNKNOWN_DIRECTION:
         # Version-1 files did not record which way each mprotect went.
-        return f"{mode}, RW->RO and RO->RW pooled"
-    return mode if direction == mode else f"{mode} {direction}"
+        return f"{what}, RW->RO and RO->RW pooled"
+    return what if direction == mode else f"{what} {direction}"
 
 
 def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
-    """Per mode, direction, CPU and phase: slots, samples, p50/p99/p99.9/max in us."""
+    """Per mode, pages, direction, CPU and phase: slots, samples, p50/p99/p99.9/max in us."""
     _check_samples(samples)
     d = pl.col("duration_ns")
     return (
-        samples.group_by("mode", "direction", "cpu", "phase")
+        samples.group_by(*SLOT_GROUP, "phase")
         .agg(
             pl.col("run_id").n_unique().alias("slots"),
             pl.len().alias("samples"),
@@ -80,22 +86,22 @@ def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
             ),
             (d.max() / 1000).round(1).alias("max_us"),
         )
-        .sort("mode", "direction", "cpu", _phase_rank())
+        .sort(*SLOT_GROUP, _phase_rank())
     )
 
 
 def probe_histogram(samples: pl.DataFrame) -> pl.DataFrame:
-    """Long format for a histogram plot: mode, direction, cpu, phase, duration_us."""
+    """Long format for a histogram plot: mode, pages, direction, cpu, phase, duration_us."""
     _check_samples(samples)
     return samples.select(
-        "mode", "direction", "cpu", "phase", (pl.col("duration_ns") / 1000).alias("duration_us")
-    ).sort("mode", "direction", "cpu", _phase_rank())
+        *SLOT_GROUP, "phase", (pl.col("duration_ns") / 1000).alias("duration_us")
+    ).sort(*SLOT_GROUP, _phase_rank())
 
 
 def probe_comparisons(
     samples: pl.DataFrame, thresholds: Thresholds | None = None
 ) -> list[Comparison]:
-    """Per mode, direction and CPU, each slot's p50 and p99 after vs before; Holm over all.
+    """Per mode, pages, direction and CPU, each slot's p50 and p99 after vs before; Holm.
 
     A slot is one run: one slot per phase gives an "inconclusive" that says how many
     slots a verdict needs, never a verdict drawn from the samples of a single run.
@@ -103,8 +109,8 @@ def probe_comparisons(
     _check_samples(samples)
     options = {} if thresholds is None else {"thresholds": thresholds}
     comparisons = []
-    groups = samples.group_by("mode", "direction", "cpu", maintain_order=True)
-    for (mode, direction, cpu), slots in groups:
+    groups = samples.group_by(*SLOT_GROUP, maintain_order=True)
+    for (mode, pages, direction, cpu), slots in groups:
         phases = {p: slots.filter(pl.col("phase") == p) for p in ("before", "after")}
         if min(f.height for f in phases.values()) == 0:
             continue  # a CPU probed in one phase only has nothing to compare
@@ -114,7 +120,7 @@ def probe_comparisons(
                 compare(
                     before["value"].to_list(),
                     after["value"].to_list(),
-                    f"probe {probe_label(mode, direction)} issued on cpu{cpu} {metric}",
+                    f"probe {probe_label(mode, direction, pages)} issued on cpu{cpu} {metric}",
                     before_runs=before["run_id"].to_list(),
                     after_runs=after["run_id"].to_list(),
                     **options,

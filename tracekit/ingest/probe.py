@@ -40,6 +40,7 @@ PROBE_SAMPLE_SCHEMA = {
     "phase": pl.String,
     "cpu": pl.Int32,
     "mode": pl.String,
+    "pages": pl.Int32,  # the header's page count: which side of the by-VA limit
     "direction": pl.String,
     "timestamp_ns": pl.Int64,
     "duration_ns": pl.Int64,
@@ -143,6 +144,7 @@ def probe_samples(data: BundleData) -> pl.DataFrame:
                 pl.lit(run.phase).alias("phase"),
                 pl.lit(header.cpu, pl.Int32).alias("cpu"),
                 pl.lit(header.mode).alias("mode"),
+                pl.lit(header.pages, pl.Int32).alias("pages"),
                 "direction",
                 "timestamp_ns",
                 "duration_ns",

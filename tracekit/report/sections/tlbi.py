@@ -88,10 +88,12 @@ def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
     """One percentile table per probe mode and direction (RW->RO, RO->RW never pooled)."""
     out = []
     per = probe_percentiles(samples)
-    for (mode, direction), rows in per.group_by("mode", "direction", maintain_order=True):
+    for (mode, pages, direction), rows in per.group_by(
+        "mode", "pages", "direction", maintain_order=True
+    ):
         out.append(
             Table(
-                f"{prefix}probe ({probe_label(mode, direction)}): one syscall per sample,"
+                f"{prefix}probe ({probe_label(mode, direction, pages)}): one syscall per sample,"
                 " per issuing CPU (us)",
                 rows.select("cpu", "phase", "samples", "p50_us", "p99_us", "max_us"),
                 note="percentiles of every sample of the phase's slots on that CPU; " + PROBE_NOTE,
@@ -104,11 +106,11 @@ def _probe_plots(samples: pl.DataFrame, prefix: str) -> list[Plot]:
     """One histogram per mode, direction and CPU, before/after as series, on a log scale."""
     frame = probe_histogram(samples)
     out = []
-    groups = frame.group_by("mode", "direction", "cpu", maintain_order=True)
-    for (mode, direction, cpu), rows in groups:
+    groups = frame.group_by("mode", "pages", "direction", "cpu", maintain_order=True)
+    for (mode, pages, direction, cpu), rows in groups:
         out.append(
             Plot(
-                f"{prefix}probe ({probe_label(mode, direction)}) issued on CPU {cpu}:"
+                f"{prefix}probe ({probe_label(mode, direction, pages)}) issued on CPU {cpu}:"
                 " syscall duration per phase",
                 "histogram",
                 rows.select("phase", "duration_us"),
