@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,99 @@ SCHEMA_VERSION = 1
 # The first line of everything said about a bundle whose host.emulated is set.
 EMULATED_LINE = "EMULATED HOST (QEMU): timings are not hardware timings."
 
+# The tracefs group of every kprobe/uprobe tracekit defines (its events are GROUP/NAME).
+PROBE_GROUP = "tracekit"
+
+
+class RunKind(StrEnum):
+    """What a run does; the collector has one runner per kind (tracekit/host/runners.py)."""
+
+    QUIET = "quiet"  # cyclictest + stress-ng, untraced: the headline numbers
+    TRACED = "traced"  # the same, traced: the attribution
+    PROBE = "probe"  # the broadcast-TLBI probe on one CPU
+    GUEST = "guest"  # the guest, once
+    AFTER_GUEST = "after-guest"  # what may clear the state: hotplug, VMID rollover
+    VMS = "vms"  # one sweep point: VMs created, run and destroyed by the VMM
+    GUEST_START = "guest-start"  # a during phase's background guest starts
+    GUEST_STOP = "guest-stop"  # ... and stops
+
+
+# Runs that measure the rt CPU's wake-ups (cyclictest) under stress-ng.
+MEASURE_KINDS = frozenset({RunKind.QUIET, RunKind.TRACED})
+# Runs recorded into a trace of their own (raw capture or trace.dat).
+TRACED_KINDS = frozenset(set(RunKind) - {RunKind.QUIET, RunKind.PROBE})
+
+
+class RunFile(StrEnum):
+    """The files (and the raw capture directory) a run may hold, inside runs/<run_id>/."""
+
+    TRACE = "trace"  # raw capture directory (docs/raw-capture.md)
+    TRACE_DAT = "trace.dat"  # --capture trace-cmd
+    CYCLICTEST = "cyclictest.txt"  # cyclictest -v -N samples
+    CYCLICTEST_JSON = "cyclictest.json"
+    CYCLICTEST_HIST = "cyclictest-hist.txt"
+    STRESS_YAML = "stress-ng.yaml"
+    STRESS = "stress-ng.txt"
+    PERF_STAT = "perf-stat.csv"
+    PERF_STAT_LOG = "perf-stat.txt"
+    PROBE = "probe.bin"  # per-sample probe file
+    PROBE_SUMMARY = "probe.json"
+    VMM = "vmm.txt"  # the VMM's stdout
+    HOTPLUG = "hotplug.txt"
+    ROLLOVER = "rollover.json"
+    GUEST_STOP = "guest-stop.json"
+
+
+RUNS_DIR = "runs"
+# A run id is one path component: no separators, no "..", nothing hidden.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# How a run's trace is looked for, in order: the raw capture, then trace-cmd's file.
+RUN_TRACE_FILES = (RunFile.TRACE, RunFile.TRACE_DAT)
+
+
+def check_run_id(run_id: object) -> str:
+    """A run id that is safe as one directory name, or one clear error."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise TracekitError(
+            f"run id {run_id!r} is not a plain name (letters, digits, '.', '_', '-'); "
+            "the manifest is damaged"
+        )
+    return run_id
+
+
+def run_dir(run_id: str) -> str:
+    """A run's directory, relative to the bundle: runs/<run_id>."""
+    return f"{RUNS_DIR}/{check_run_id(run_id)}"
+
+
+def run_file(run_id: str, name: str) -> str:
+    """A run's file, relative to the bundle: runs/<run_id>/<name>."""
+    return f"{run_dir(run_id)}/{name}"
+
+
+def run_path(root: Path, run_id: str, name: str | None = None) -> Path:
+    """A run's directory, or a file in it, under the bundle root."""
+    return root / (run_dir(run_id) if name is None else run_file(run_id, name))
+
+
+def run_trace_path(root: Path, run_id: str) -> Path | None:
+    """Where a run's trace is (raw capture directory or trace.dat), or None without one."""
+    # Found by name, whatever it holds: a damaged trace then says what is wrong with it
+    # when read, where a check of its contents here would hide the run.
+    return next((p for n in RUN_TRACE_FILES if (p := run_path(root, run_id, n)).exists()), None)
+
+
+def is_bundle(path: Path) -> bool:
+    """Whether a path is a bundle directory (it holds a manifest)."""
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def bundle_of(trace_path: Path) -> Path | None:
+    """The bundle a run's trace sits in (BUNDLE/runs/RUN/trace[.dat]), or None."""
+    root = trace_path.parent.parent.parent
+    in_runs = trace_path.parent.parent.name == RUNS_DIR and trace_path.name in RUN_TRACE_FILES
+    return root if in_runs and is_bundle(root) else None
+
 
 @dataclass
 class RunRecord:
@@ -34,7 +130,7 @@ class RunRecord:
 
     run_id: str
     phase: str
-    kind: str  # quiet, traced, probe, guest, after-guest, vms, guest-start, guest-stop
+    kind: str  # a RunKind
     index: int
     start_ns: int | None = None  # trace clock (CLOCK_BOOTTIME), ns
     end_ns: int | None = None
@@ -167,14 +263,11 @@ def read_manifest(root: str | Path) -> Manifest:
     if not path.is_file():
         raise TracekitError(f"{root} is not a tracekit bundle: it has no {MANIFEST}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as err:
         raise TracekitError(f"{path}: unreadable manifest ({err}); the bundle is damaged") from None
-    if data.get("schema") != SCHEMA:
-        raise TracekitError(
-            f"{path}: not a tracekit bundle manifest (schema {data.get('schema')!r})"
-        )
-    if data.get("schema_version", 0) > SCHEMA_VERSION:
+    check_manifest_shape(data, path)
+    if data["schema_version"] > SCHEMA_VERSION:
         raise TracekitError(
             f"{path}: bundle schema version {data['schema_version']} is newer than this "
             f"tracekit understands ({SCHEMA_VERSION}); upgrade tracekit"
@@ -182,13 +275,134 @@ def read_manifest(root: str | Path) -> Manifest:
     return Manifest.from_json(data)
 
 
-def verify_files(root: Path, manifest: Manifest) -> list[str]:
-    """Names of files whose size or checksum no longer match the manifest."""
-    bad: list[str] = []
-    for rel, meta in manifest.files.items():
-        path = root / rel
+# Manifest keys and the JSON type each must have (absent ones take their default).
+_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "host": dict, "options": dict, "scenario": dict, "runs": list, "files": dict,
+    "complete": bool, "incomplete_reason": str, "created": str,
+}  # fmt: skip
+_RUN_TYPES: dict[str, type | tuple[type, ...]] = {
+    "phase": str, "kind": str, "index": int, "files": list, "lost_events": dict,
+    "status": str, "note": str, "params": dict, "start_ns": (int, type(None)),
+    "end_ns": (int, type(None)),
+}  # fmt: skip
+
+
+def check_manifest_shape(data: object, path: Path) -> None:
+    """One clear error for a manifest of the wrong shape (a damaged or foreign file)."""
+
+    def bad(what: str) -> TracekitError:
+        """The error, naming the manifest and what is wrong in it."""
+        return TracekitError(f"{path}: {what}; the bundle's manifest is damaged")
+
+    if not isinstance(data, dict):
+        raise bad(f"a JSON {type(data).__name__}, not an object")
+    if data.get("schema") != SCHEMA:
+        raise TracekitError(
+            f"{path}: not a tracekit bundle manifest (schema {data.get('schema')!r})"
+        )
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise bad(f"schema_version is {version!r}, not a positive whole number")
+    _check_types(data, _MANIFEST_TYPES, "", bad)
+    for n, run in enumerate(data.get("runs", [])):
+        if not isinstance(run, dict):
+            raise bad(f"runs[{n}] is a {type(run).__name__}, not an object")
+        for key in ("run_id", "phase", "kind", "index"):
+            if key not in run:
+                raise bad(f"runs[{n}] has no {key}")
+        check_run_id(run["run_id"])
+        _check_types(run, _RUN_TYPES, f"runs[{n}].", bad)
+
+
+def _check_types(
+    data: dict[str, Any],
+    types: dict[str, type | tuple[type, ...]],
+    where: str,
+    bad: Any,
+) -> None:
+    """Each present key has its JSON type (a bool is no int, here)."""
+    for key, kind in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong:
+            raise bad(f"{where}{key} is {value!r} ({type(value).__name__})")
+
+
+def bundle_problems(
+    root: Path, manifest: Manifest, full: bool = False, damaged: dict[str, str] | None = None
+) -> list[str]:
+    """What is missing or changed in a bundle, one line each (sizes; with `full`, hashes).
+
+    Sizes are cheap and checked on every open; the sha256 of every file is checked on
+    request (`tracekit verify`, `report --verify`): mtimes do not survive a copy from a
+    board, so a hash is the only proof that nothing changed. `damaged`: damaged_files'
+    answer, when the caller has it already.
+    """
+    problems = [] if manifest.complete else [f"INCOMPLETE: {manifest.incomplete_reason}"]
+    if damaged is None:
+        damaged = damaged_files(root, manifest, full)
+    return problems + [f"{rel}: {what}" for rel, what in damaged.items()]
+
+
+def damaged_files(root: Path, manifest: Manifest, full: bool = False) -> dict[str, str]:
+    """Bundle-relative path -> what is wrong with it: missing, resized, or (full) changed."""
+    damaged: dict[str, str] = {}
+    for rel, meta in sorted(manifest.files.items()):
+        path = confined(root, rel)
         if not path.is_file():
-            bad.append(f"{rel}: missing")
-        elif path.stat().st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
-            bad.append(f"{rel}: changed since collection")
-    return bad
+            damaged[rel] = "missing (the manifest lists it)"
+        elif path.stat().st_size != meta.get("size"):
+            size = path.stat().st_size
+            damaged[rel] = f"{size} bytes, the manifest recorded {meta.get('size')}"
+        elif full and sha256_file(path) != meta.get("sha256"):
+            damaged[rel] = "changed since collection (sha256 differs)"
+    for run in manifest.runs:
+        for rel in run.files:
+            if rel not in manifest.files and not confined(root, rel).is_file():
+                damaged[rel] = f"missing (run {run.run_id} lists it)"
+    return damaged
+
+
+def verify_files(root: Path, manifest: Manifest) -> list[str]:
+    """Files whose presence, size or checksum no longer match the manifest (full check)."""
+    problems = bundle_problems(root, manifest, full=True)
+    return [p for p in problems if not p.startswith("INCOMPLETE")]
+
+
+def add_file(root: Path, rel: str, source: Path, added_by: str, note: str = "") -> None:
+    """Add a file to a finished bundle atomically, with its checksum and who added it.
+
+    For what only the outside can record (e.g. the emulated host's ground truth, written
+    by QEMU after the collection inside it ended). The file is copied under a temporary
+    name and renamed, then the manifest is rewritten atomically: a crash leaves either
+    the old bundle or the new one.
+    """
+    manifest = read_manifest(root)
+    target = confined(root, rel)
+    if target.exists():
+        raise TracekitError(f"{root}: {rel} already exists in the bundle; it is not replaced")
+    if not source.is_file():
+        raise TracekitError(f"{source}: no such file to add to the bundle")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".adding")
+    shutil.copyfile(source, tmp)
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    manifest.files[rel] = {
+        "size": target.stat().st_size,
+        "sha256": sha256_file(target),
+        "added_by": added_by,
+        "note": note,
+    }
+    BundleWriter(root, manifest).save()
+
+
+def confined(root: Path, rel: str) -> Path:
+    """root/rel, refusing a relative path that leaves the bundle."""
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root.resolve()) or Path(rel).is_absolute():
+        raise TracekitError(f"{rel!r} is outside the bundle {root}; the manifest is damaged")
+    return root / rel

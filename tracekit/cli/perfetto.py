@@ -45,6 +45,14 @@ from tracekit.errors import TracekitError
     is_flag=True,
     help="Serve the output once on 127.0.0.1:9001 and print the ui.perfetto.dev link.",
 )
+@click.option(
+    "--open-wait",
+    "open_wait",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="With --open: seconds to wait for the UI to fetch the file before giving up.",
+)
 def perfetto(
     path: str | None,
     out: str | None,
@@ -55,6 +63,7 @@ def perfetto(
     check_file: str | None,
     processor: str | None,
     open_ui: bool,
+    open_wait: float,
 ) -> None:
     """Export PATH (bundle, trace.dat, raw capture or text trace) as a Perfetto trace.
 
@@ -75,7 +84,7 @@ def perfetto(
     if processor is not None:
         _real_import(processor, out or check_file)  # type: ignore[arg-type]
     if open_ui:
-        _open(out or check_file)  # type: ignore[arg-type]
+        _open(out or check_file, open_wait)  # type: ignore[arg-type]
 
 
 def _export(
@@ -87,12 +96,15 @@ def _export(
     kallsyms: str | None,
 ) -> None:
     """Export, then validate the result against the source's counts."""
-    from tracekit.perfetto.bundle import export_bundle, is_bundle
+    from tracekit.bundle import is_bundle
+    from tracekit.perfetto.bundle import export_bundle
     from tracekit.perfetto.export import parse_window
+    from tracekit.symbols.kallsyms import address_names
 
     bounds = parse_window(window) if window else (None, None)
     if is_bundle(Path(path)):
-        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, kallsyms)
+        given = address_names(kallsyms) if kallsyms else None
+        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given)
         for note in notes:
             click.echo(f"note: {note}", err=True)
         if result.traces:
@@ -117,7 +129,8 @@ def _export_trace(
 ) -> Any:
     """One trace (trace.dat, raw capture, text) into OUT."""
     import tracekit
-    from tracekit.perfetto.export import export_trace, read_kallsyms
+    from tracekit.perfetto.export import export_trace
+    from tracekit.symbols.kallsyms import address_names as read_kallsyms
 
     if kallsyms is None and (path / "kallsyms").is_file():
         kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy
@@ -157,13 +170,16 @@ def _real_import(processor: str, path: str) -> None:
     click.echo(f"{path}: trace_processor imported it with no error or data-loss stat")
 
 
-def _open(path: str) -> None:
+def _open(path: str, wait_s: float) -> None:
     """Serve the file once and tell the user which link loads it."""
     from tracekit.perfetto.serve import serve_once
 
     def ready(link: str, port: int) -> None:
         """Print the link while the server waits."""
-        click.echo(f"serving {path} once on 127.0.0.1:{port} (nothing is uploaded); open:")
+        click.echo(
+            f"serving {path} once on 127.0.0.1:{port} for up to {wait_s:g} s "
+            "(nothing is uploaded); open:"
+        )
         click.echo(link)
 
-    serve_once(path, on_ready=ready)
+    serve_once(path, on_ready=ready, wait_s=wait_s)

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import CleanupStack
 from tracekit.host.instance import Instance
@@ -25,7 +26,7 @@ from tracekit.host.rawcapture import DrainResult
 from tracekit.host.tracefs import KPTR_RESTRICT
 
 # The file a run's trace-cmd capture leaves in its run directory.
-TRACE_DAT = "trace.dat"
+TRACE_DAT = RunFile.TRACE_DAT
 # trace-cmd's own output (buffer statistics, errors), kept beside the file.
 EXTRACT_LOG = "trace-cmd-extract.txt"
 # Extracting 16 MB per CPU onto the emulated host's RAM disk takes seconds; this is slack.
@@ -68,7 +69,7 @@ class TraceCmdCapture:
         (self.rundir / f"{EXTRACT_LOG}.argv").write_text(json.dumps(argv) + "\n")
         with (
             tempfile.TemporaryDirectory(prefix="tracekit-extract-") as work,
-            CleanupStack() as lift,
+            self.instance.tracefs.stack.scoped() as lift,
         ):
             self._show_kernel_addresses(lift)
             done = _run(argv, Path(work))
