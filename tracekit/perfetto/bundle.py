@@ -139,7 +139,8 @@ class BundleExport:
             if not ts.is_empty():
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
             symbols = self.symbols if self.symbols is not None else found.kallsyms
-            yield TracePart(trace, symbols, vars(run), _vmm_runs(found), found.vmid_bits)
+            vmm, lost = _vmm_runs(found), found.lost_per_cpu
+            yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost)
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""

@@ -49,6 +49,7 @@ class TracePart:
     run: Mapping[str, Any] | None = None
     vmm_runs: Sequence[Mapping[str, str]] = ()
     vmid_bits: int | None = None  # as a rollover run recorded it (else inferred)
+    lost_per_cpu: Mapping[int, int] | None = None  # a bundle run's (RunData): the report's
 
     @property
     def name(self) -> str:
@@ -184,7 +185,7 @@ def _write_part(
         parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"
     write_trace_tracks(
         tracks, parent, tables, lost, last_ts, scope, events.select("row", "ts", "cpu"),
-        part.vmm_runs, part.vmid_bits,
+        part.vmm_runs, part.vmid_bits, part.lost_per_cpu,
     )  # fmt: skip
     per_type = events.group_by("event").len().with_columns(pl.col("event").cast(pl.String))
     result.source_counts += Counter(dict(per_type.iter_rows()))

@@ -14,8 +14,12 @@ import polars as pl
 
 from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.vm import marker_table, tracekit_markers
+from tracekit.ingest.lost import lost_per_cpu
 from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
+
+# How a whole trace's per-CPU loss is counted (its instant says so).
+LOST_TOTAL_HOW = "the largest count of the manifest and each of the trace's loss sources"
 
 
 def write_trace_tracks(
@@ -28,12 +32,14 @@ def write_trace_tracks(
     events: pl.DataFrame | None = None,
     vmm_runs: Sequence[Mapping[str, str]] = (),
     vmid_bits: int | None = None,
+    lost_totals: Mapping[int, int] | None = None,
 ) -> None:
     """Every track one trace allows, under PARENT; SCOPE keeps one run's tracks apart.
 
     `events` (row, ts, cpu) times flushes by their neighbours when no flush kprobe was
     recorded; `vmm_runs` are the VMM's `run` records (a bundle's vmm.txt), whose guest
-    variants say which VM was a TLBI loop.
+    variants say which VM was a TLBI loop; `lost_totals` the events lost per CPU as a
+    bundle's RunData counts them (else ingest's definition over the trace's own reports).
     """
     from tracekit.perfetto.scenario import write_scenario_tracks
 
@@ -43,7 +49,8 @@ def write_trace_tracks(
     )
     write_probe_runs(tracks, parent, markers, end_ts, scope)
     write_guest_time(tracks, parent, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts, scope)
-    write_lost(tracks, parent, lost, scope)
+    totals = lost_totals if lost_totals is not None else lost_per_cpu(lost, {})
+    write_lost(tracks, parent, lost, totals, end_ts, scope)
 
 
 def write_tracks(
@@ -139,12 +146,22 @@ def write_guest_time(
         tracks.end(track, max(ts, end_ts or 0))
 
 
-def write_lost(tracks: TrackWriter, root: int, lost: pl.DataFrame, scope: str = "") -> None:
-    """Each timed loss report as an instant, so gaps are visible where they happened."""
+def write_lost(
+    tracks: TrackWriter,
+    root: int,
+    lost: pl.DataFrame,
+    totals: Mapping[int, int],
+    end_ts: int | None,
+    scope: str = "",
+) -> None:
+    """Per CPU the events the trace lost (one instant at its end, the report's count),
+    and each timed loss report as an instant where it happened."""
     timed = lost.filter(pl.col("ts").is_not_null()).sort("ts", "cpu")
-    if timed.is_empty():
+    shown = {cpu: n for cpu, n in totals.items() if n}
+    if timed.is_empty() and not shown:
         return
     track = tracks.track(f"{scope}lost", "tracekit: lost events", root)
+    last = 0
     for cpu, ts, count, source, detail in timed.select(
         "cpu", "ts", "count", "source", "detail"
     ).iter_rows():
@@ -152,3 +169,8 @@ def write_lost(tracks: TrackWriter, root: int, lost: pl.DataFrame, scope: str = 
         if count is not None:
             args["count"] = count
         tracks.instant(track, ts, f"lost events on CPU {cpu}", args)
+        last = ts
+    at = max(end_ts or 0, last)  # after the timed ones: a track never goes back in time
+    for cpu, n in sorted(shown.items()):
+        args = {"cpu": cpu, "count": n, "counted": LOST_TOTAL_HOW}
+        tracks.instant(track, at, f"{n} events lost on CPU {cpu} (whole trace)", args)
