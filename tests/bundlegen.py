@@ -45,6 +45,7 @@ class Spec:
     factor: float = 2.0
     clears: tuple[str, ...] = ("hotplug",)  # after-guest actions that remove the effect
     seed: int = 0
+    knobs: tuple[str, ...] = ()  # NAME=VALUE, recorded as collect's --knob options
 
     @property
     def effect(self) -> float:
@@ -104,6 +105,7 @@ def _manifest(spec: Spec) -> Manifest:
     options = dict(real["options"])
     options |= {"guest_cpus": [spec.guest_cpu], "after_guest": spec.after_guest}
     options |= {"runs": spec.runs, "traced_runs": 0, "scenario": "main"}
+    options |= {"knobs": list(spec.knobs)}
     scenario = {
         "name": "main",
         "phases": ["before", "guest", "after"],

@@ -42,8 +42,9 @@ SEED = 7
 # shape (6 doses x 4 boots, 400 sweeps).
 NULL_EFFECTS, NULL_EFFECTS_FOUND = 600, 37
 NULL_SWEEPS, NULL_SWEEPS_SHAPED = 400, 25
-# Options of collect that a campaign's design can vary (besides every guest knob).
-OPTION_FACTORS = ("backing", "after_guest", "tlbi_count", "touch_kb", "vmid")
+# Options of collect a design can vary besides the knobs (matrix axes such as after_guest
+# are the decision table's: its section compares them).
+OPTION_FACTORS = ("backing", "tlbi_count", "touch_kb", "vmid")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from tracekit.report.sections import (
     cacheflush,
     correlation,
     decision,
+    factorial,
     teardown,
     tlbi,
     vm,
@@ -33,6 +34,7 @@ INTERNAL_ERROR = "internal error"
 SECTION_BUILDERS: list[SectionBuilder] = [
     beforeafter.section,
     decision.section,
+    factorial.section,
     wakeup.section,
     tlbi.section,
     correlation.section,
