@@ -193,3 +193,13 @@ def test_runs_for_verdict_matches_the_rank_test() -> None:
 
     for alpha in (0.1, 0.05, 0.01, 0.001):
         assert runs_for_verdict(alpha) == runs_needed(alpha)
+
+
+def test_vmid_is_a_factor_of_its_own() -> None:
+    """A design over the VMID passes collect --vmid per cell."""
+    plan = parse_plan({"repeats": 2, "design": {"factors": {"vmid": [1, 200], "mmu": [0, 1]}}})
+    cells = expand_cells(plan, 1)
+    assert len(cells) == 8
+    for cell in cells:
+        argv = collect_argv(cell, plan, "/out", "/guests", "python3")
+        assert argv[argv.index("--vmid") + 1] == cell.axes["vmid"]

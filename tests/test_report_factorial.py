@@ -85,8 +85,10 @@ def test_json_and_text_carry_the_same_numbers(factorial_report: Report) -> None:
     """The JSON section has the effects table; the text shows the same interval."""
     data = json.loads(render_json(factorial_report))
     sections = data["sections"]
-    section = sections["factorial"] if isinstance(sections, dict) else next(
-        s for s in sections if s["key"] == "factorial"
+    section = (
+        sections["factorial"]
+        if isinstance(sections, dict)
+        else next(s for s in sections if s["key"] == "factorial")
     )
     interval = _section(factorial_report).tables[0].frame["95% CI"][0]
     assert interval in json.dumps(section)
@@ -116,3 +118,22 @@ def test_no_section_without_a_varying_factor(tmp_path: Path) -> None:
     paths = [generate(tmp_path / f"b{i}", Spec(runs=4, seed=i, knobs=("mmu=1",))) for i in (1, 2)]
     report = build_report([load_bundle(p) for p in paths])
     assert all(s.key != "factorial" for s in report.sections)
+
+
+def test_a_chosen_vmid_is_reported_with_its_baseline(tmp_path: Path) -> None:
+    """VMID 1 vs 40, two boots each: the VMID section says the before phase is the cell's own
+    baseline, lists the throwaway VMs, and the campaign section takes vmid as a factor."""
+    paths = [
+        generate(tmp_path / f"{vmid}-{boot}", Spec(runs=4, seed=20 + vmid + boot, vmid=vmid))
+        for vmid in (1, 40)
+        for boot in (0, 1)
+    ]
+    report = build_report([load_bundle(p) for p in paths])
+    prep = next(s for s in report.sections if s.key == "vmidprep")
+    assert "own baseline" in prep.findings[0]
+    table = prep.tables[0].frame
+    assert table["throwaway VMs"].to_list() == [0, 0, 39, 39]
+    assert table["VMIDs seen"].to_list()[2:] == ["1-39", "1-39"]
+    assert set(table["as planned"]) == {"yes"}
+    assert _section(report).tables[0].frame["term"].to_list() == ["vmid"]
+    assert "own baseline" in " ".join(render_email(report).split())

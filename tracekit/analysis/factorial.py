@@ -480,3 +480,37 @@ def _bootstrap(shape: str, x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.n
         pick = np.concatenate([rng.choice(g, len(g)) for g in groups])
         curves[i] = _predict(shape, x[pick], y[pick], at)
     return curves
+
+
+# --- The VMID a guest was given (collect --vmid) ---
+
+
+@dataclass(frozen=True)
+class VmidPrep:
+    """The throwaway VMs a bundle ran before its before phase, and the VMIDs they got."""
+
+    vmid: int  # the VMID the guest was to get
+    vms: int  # throwaway MMU-off VMs run first
+    seen: tuple[int, ...] | None  # VMIDs (without generation) the kprobe saw; None: unread
+    why_unread: str = ""
+
+    @property
+    def as_planned(self) -> bool | None:
+        """The throwaway VMs took VMIDs 1..vmid-1 (so the guest's is next); None: not seen."""
+        if self.seen is None:
+            return None
+        return self.seen == tuple(range(1, self.vmid))
+
+
+def vmid_prep(record: Mapping[str, object] | None) -> VmidPrep | None:
+    """A run's vmid-prep.json as what it shows; None without one."""
+    if record is None:
+        return None
+    ids, bits = record.get("vmid_ids"), record.get("vmid_bits")
+    seen = None
+    if isinstance(ids, list):
+        mask = (1 << bits) - 1 if isinstance(bits, int) else (1 << 16) - 1
+        seen = tuple(sorted({int(v) & mask for v in ids}))
+    return VmidPrep(
+        int(str(record["vmid"])), int(str(record["vms"])), seen, str(record.get("vmids_unread", ""))
+    )

@@ -72,6 +72,7 @@ COLLECT_OPTIONS: dict[str, type] = {
     "repeat": int,
     "tlbi_count": int,
     "vm_budget": int,
+    "vmid": int,  # the guest's VMID, set by throwaway VMs first (a design factor too)
 }
 
 VHOST_OPTIONS: dict[str, type] = {

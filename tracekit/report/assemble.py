@@ -24,6 +24,7 @@ from tracekit.report.sections import (
     teardown,
     tlbi,
     vm,
+    vmidprep,
     wakeup,
 )
 
@@ -35,6 +36,7 @@ SECTION_BUILDERS: list[SectionBuilder] = [
     beforeafter.section,
     decision.section,
     factorial.section,
+    vmidprep.section,
     wakeup.section,
     tlbi.section,
     correlation.section,
