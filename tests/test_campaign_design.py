@@ -203,3 +203,15 @@ def test_vmid_is_a_factor_of_its_own() -> None:
     for cell in cells:
         argv = collect_argv(cell, plan, "/out", "/guests", "python3")
         assert argv[argv.index("--vmid") + 1] == cell.axes["vmid"]
+
+
+def test_the_estimate_counts_the_vmid_throwaway_vms() -> None:
+    """VMID 201 costs 200 throwaway VMs more than VMID 1, at the stated seconds per VM."""
+    from tracekit.campaign.cells import plan_conditions
+    from tracekit.campaign.estimate import THROWAWAY_VM_SECONDS, cell_measure_seconds
+
+    plan = parse_plan({"design": {"factors": {"vmid": [1, 201]}}})
+    one, many = (
+        cell_measure_seconds(plan, "main", "default", c["vmid"]) for c in plan_conditions(plan)
+    )
+    assert many - one == pytest.approx(200 * THROWAWAY_VM_SECONDS)

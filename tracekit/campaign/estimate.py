@@ -18,6 +18,7 @@ from tracekit.host.protocol import Roles, plan_runs, scenario_named
 COLLECT_DEFAULTS = {"runs": 8, "traced_runs": 2, "duration": 20}
 PROBE_MAX_SECONDS = 10  # host/runners.py: a probe slot runs at most this long
 GUEST_RUN_SECONDS = 2.0  # one guest VM, created, run and torn down (assumed)
+THROWAWAY_VM_SECONDS = 0.5  # one MMU-off VM of collect --vmid's prep (assumed)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Estimate:
     board_s: float  # whole campaign, one board
 
 
-def cell_measure_seconds(plan: Plan, scenario: str, placement: str) -> float:
+def cell_measure_seconds(plan: Plan, scenario: str, placement: str, vmid: object = None) -> float:
     """Seconds of one cell's collect steps, from the plan's runs and durations."""
     opts = COLLECT_DEFAULTS | {k: v for k, v in plan.collect.items() if k in COLLECT_DEFAULTS}
     where = plan.placements[placement]
@@ -40,19 +41,29 @@ def cell_measure_seconds(plan: Plan, scenario: str, placement: str) -> float:
         tuple(parse_cpu_list(where.stress_cpus)),
         tuple(parse_cpu_list(where.guest_cpu)),
     )
-    steps = plan_runs(scenario_named(scenario), roles, opts["runs"], opts["traced_runs"], "none")
+    chosen = None if vmid is None else int(str(vmid))
+    steps = plan_runs(
+        scenario_named(scenario), roles, opts["runs"], opts["traced_runs"], "none", None, chosen
+    )
     per_kind = {
         "quiet": float(opts["duration"]),
         "traced": float(opts["duration"]),
         "probe": float(min(opts["duration"], PROBE_MAX_SECONDS)),
     }
-    return sum(per_kind.get(step.kind, GUEST_RUN_SECONDS) for step in steps)
+    prep = sum(int(str(s.detail["vms"])) for s in steps if s.kind == "vmid-prep")
+    rest = sum(per_kind.get(s.kind, GUEST_RUN_SECONDS) for s in steps if s.kind != "vmid-prep")
+    return rest + prep * THROWAWAY_VM_SECONDS
 
 
 def estimate(plan: Plan, cells: list[dict[str, object]]) -> Estimate:
     """The campaign's duration on the emulated host and on a board, from its cells' axes."""
     timing = plan.design.timing if plan.design else dict(DEFAULT_TIMING)
-    measure = [cell_measure_seconds(plan, str(c["scenario"]), str(c["placement"])) for c in cells]
+    measure = [
+        cell_measure_seconds(
+            plan, str(c["scenario"]), str(c["placement"]), c.get("vmid", plan.collect.get("vmid"))
+        )
+        for c in cells
+    ]
     total = sum(measure)
     emulated = total + len(cells) * (timing["boot_s"] + timing["setup_s"])
     board = total + len(cells) * (timing["board_boot_s"] + timing["board_setup_s"])
