@@ -80,7 +80,7 @@ static void print_histogram(FILE *out, const uint64_t *sorted, uint64_t count)
 
 /* Print count, percentiles, mean and the log2 histogram as one JSON line. */
 void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
-			 const struct probe_sample *samples)
+			 const char *thp, const struct probe_sample *samples)
 {
 	uint64_t count = header->count;
 	uint64_t *sorted = malloc((count ? count : 1) * sizeof(*sorted));
@@ -94,8 +94,9 @@ void probe_print_summary(FILE *out, const struct probe_header *header, const cha
 	}
 	qsort(sorted, count, sizeof(*sorted), compare_u64);
 	fprintf(out, "{\"record\":\"tlbiprobe\",\"format\":1,\"mode\":\"%s\",\"cpu\":%u,"
-		"\"helpers\":\"%s\",\"pages\":%u,\"counter_hz\":%llu,\"count\":%llu",
-		probe_mode_name(header->mode), header->cpu, helpers, header->pages,
+		"\"helpers\":\"%s\",\"pages\":%u,\"thp\":\"%s\",\"counter_hz\":%llu,"
+		"\"count\":%llu",
+		probe_mode_name(header->mode), header->cpu, helpers, header->pages, thp,
 		(unsigned long long)header->counter_hz, (unsigned long long)count);
 	if (count) {
 		fprintf(out, ",\"min_ns\":%llu,\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * tlbiprobe: time the kernel's broadcast TLB invalidations from userspace.
+ * tlbiprobe: time syscalls that make the kernel issue broadcast TLB invalidations.
  *
  * Pinned to one CPU, it changes the protection of (or unmaps) memory that helper
  * threads on other CPUs keep reading, so the kernel must invalidate with TLBI ...IS
- * and wait with DSB ISH. Each call is timed with CNTVCT_EL0 between ISBs.
+ * and wait with DSB ISH. A sample is the whole syscall, timed with CNTVCT_EL0 between
+ * ISBs: the TLBI and DSB are inside it, with everything else the syscall does. The DSB
+ * waits for every CPU of the inner-shareable domain, so a sample says which CPU issued,
+ * never which CPU was slow to respond.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -151,15 +154,33 @@ static void *helper_thread(void *arg)
 	return NULL;
 }
 
-/* Map N pages read-write and write one byte per page, so every PTE exists. */
+/*
+ * What the regions' THP opt-out did: "nohugepage" once madvise accepted it, "unsupported"
+ * on a kernel without THP (EINVAL: nothing to opt out of). Printed in the summary.
+ */
+static const char *thp_state = "nohugepage";
+
+/*
+ * Map N pages read-write and write one byte per page, so every PTE exists. 6.12's
+ * __get_unmapped_area (mm/mmap.c) 2 MiB-aligns an anonymous mapping whose length is a
+ * 2 MiB multiple (512 pages), which THP=always then maps huge, so mprotect/munmap would
+ * take the huge-PMD paths; 6.1 does not align. Opt out before the first touch, so every
+ * kernel maps (and invalidates) 4 KiB pages.
+ */
 static unsigned char *map_touched(uint64_t pages)
 {
-	unsigned char *p = mmap(NULL, pages * page_size, PROT_READ | PROT_WRITE,
+	size_t bytes = pages * page_size;
+	unsigned char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
 				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
 		die(EXIT_SYSTEM, "mmap of %llu pages: %s", (unsigned long long)pages,
 		    strerror(errno));
+	if (madvise(p, bytes, MADV_NOHUGEPAGE) != 0) {
+		if (errno != EINVAL)
+			die(EXIT_SYSTEM, "madvise(MADV_NOHUGEPAGE): %s", strerror(errno));
+		thp_state = "unsupported";
+	}
 	for (uint64_t i = 0; i < pages; i++)
 		p[i * page_size] = (unsigned char)i;
 	return p;
@@ -174,7 +195,7 @@ static void read_pages(volatile unsigned char *p, uint64_t pages)
 
 /* Append one sample, growing the buffer as needed. */
 static void add_sample(struct sample_buffer *buf, uint64_t timestamp, uint64_t ticks,
-		       uint64_t hz)
+		       uint64_t hz, enum probe_direction direction)
 {
 	if (buf->count == buf->capacity) {
 		buf->capacity = buf->capacity ? buf->capacity * 2 : 65536;
@@ -186,12 +207,13 @@ static void add_sample(struct sample_buffer *buf, uint64_t timestamp, uint64_t t
 	buf->samples[buf->count++] = (struct probe_sample){
 		.timestamp_ns = timestamp,
 		.duration_ns = (uint64_t)((unsigned __int128)ticks * 1000000000u / hz),
+		.direction = direction,
 	};
 }
 
-/* Time one mprotect of REGION to PROT. */
+/* Time one mprotect of REGION to PROT (RW->RO or RO->RW, as DIRECTION says). */
 static void timed_mprotect(struct sample_buffer *buf, void *region, size_t bytes, int prot,
-			   uint64_t hz)
+			   uint64_t hz, enum probe_direction direction)
 {
 	uint64_t ts = now_ns(CLOCK_BOOTTIME), c0, c1;
 	int ret;
@@ -201,7 +223,7 @@ static void timed_mprotect(struct sample_buffer *buf, void *region, size_t bytes
 	c1 = read_cntvct();
 	if (ret)
 		die(EXIT_SYSTEM, "mprotect: %s", strerror(errno));
-	add_sample(buf, ts, c1 - c0, hz);
+	add_sample(buf, ts, c1 - c0, hz, direction);
 }
 
 /* One round of page/range mode: RW->RO and RO->RW, touching before each change. */
@@ -212,9 +234,9 @@ static void round_mprotect(struct sample_buffer *buf, unsigned char *region, uin
 
 	for (uint64_t i = 0; i < pages; i++)
 		region[i * page_size]++;
-	timed_mprotect(buf, region, bytes, PROT_READ, hz);
+	timed_mprotect(buf, region, bytes, PROT_READ, hz, DIRECTION_RW_TO_RO);
 	read_pages(region, pages);
-	timed_mprotect(buf, region, bytes, PROT_READ | PROT_WRITE, hz);
+	timed_mprotect(buf, region, bytes, PROT_READ | PROT_WRITE, hz, DIRECTION_RO_TO_RW);
 }
 
 /* One round of munmap mode: map and touch a fresh region, time its munmap. */
@@ -229,7 +251,7 @@ static void round_munmap(struct sample_buffer *buf, uint64_t pages, uint64_t hz)
 	c1 = read_cntvct();
 	if (ret)
 		die(EXIT_SYSTEM, "munmap: %s", strerror(errno));
-	add_sample(buf, ts, c1 - c0, hz);
+	add_sample(buf, ts, c1 - c0, hz, DIRECTION_UNMAP);
 }
 
 /* Start the helpers on REGION and wait until each has read it once. */
@@ -321,6 +343,6 @@ int main(int argc, char **argv)
 	};
 	if (opts.out_path)
 		probe_write_file(opts.out_path, &header, buf.samples);
-	probe_print_summary(stdout, &header, helper_text, buf.samples);
+	probe_print_summary(stdout, &header, helper_text, thp_state, buf.samples);
 	return EXIT_OK;
 }

@@ -20,7 +20,8 @@ from tracekit.bundle import read_manifest, verify_files
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.host.protocol import SCENARIOS
-from tracekit.host.runners import guest_settings
+from tracekit.host.runners import guest_settings, rollover_argv
+from tracekit.host.tools import ToolPaths
 
 NVHE = "nvhe-a76"
 ROLES = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
@@ -276,6 +277,33 @@ def test_a_loop_guest_without_a_count_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_a_knob_guest_that_would_issue_no_tlbi_is_refused(tmp_path: Path) -> None:
+    """Review of 17, point 20: `--knob tlbi=vmalle1is` with no count issued none silently."""
+    if not (REPRODUCER_BUILD / "guests" / "mmu-on.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    argv = [*ROLES, "--dry-run", "-o", str(tmp_path / "b"), "--knob", "tlbi=vmalle1is"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and "TLBI count of 0" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    for count in (["--knob", "tlbi_count=4"], ["--tlbi-count", "4"]):
+        result = CliRunner().invoke(main, [*argv, *count])
+        assert result.exit_code == 0, result.output
+    # The preset's own count (mmu-on-vmalle1: 1) stands; a --knob of 0 overrides it.
+    preset = [
+        *ROLES,
+        "--dry-run",
+        "--guest",
+        str(REPRODUCER_BUILD / "guests" / "mmu-on-vmalle1.elf"),
+    ]
+    assert CliRunner().invoke(main, [*preset, "-o", str(tmp_path / "c")]).exit_code == 0
+    zero = [*preset, "-o", str(tmp_path / "d"), "--knob", "tlbi_count=0"]
+    assert CliRunner().invoke(main, zero).exit_code == 2
+    # tlbi-loop counts through its knob too, without --tlbi-count.
+    loop = [*ROLES, "--dry-run", "--guest", str(REPRODUCER_BUILD / "guests" / "tlbi-loop.elf")]
+    result = CliRunner().invoke(main, [*loop, "-o", str(tmp_path / "e"), "--knob", "tlbi_count=9"])
+    assert result.exit_code == 0, result.output
+
+
 def test_every_guest_parameter_reaches_the_vmm() -> None:
     """A guest run outside a sweep passes the scenario's parameters, defaults included."""
     params = SCENARIOS["main"].defaults.merged(tlbi_count=1000, touch_kb=(4096,))
@@ -298,3 +326,14 @@ def test_guest_knobs_and_backing_reach_the_plan_and_bad_ones_are_one_line(tmp_pa
     for bad in ("pages", "nosuch=1"):
         result = CliRunner().invoke(main, [*argv, "--knob", bad])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def test_rollover_vms_get_the_guests_backing_and_no_knobs() -> None:
+    """Review of 17, point 10: the throwaway VMs ran with the VMM's default backing."""
+    tools = ToolPaths("cyclictest", "stress-ng", "vmm", "tlbiprobe", None)
+    argv = rollover_argv(tools, Path("mmu-off.elf"), (1, 2), "thp", 64)
+    assert argv[argv.index("--backing") + 1] == "thp"
+    assert argv[argv.index("--repeat") + 1] == "64" and argv[-1] == "mmu-off.elf"
+    assert "--knob" not in argv and "--preset" not in argv
+    with pytest.raises(TracekitError, match="backing"):
+        rollover_argv(tools, Path("mmu-off.elf"), (1,), "huge", 1)

@@ -1,11 +1,13 @@
 """The collection plan and the checks made before anything on the host changes."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tracekit.errors import TracekitError
-from tracekit.host.protocol import SCENARIOS, Roles, plan_runs
+from tracekit.host.protocol import SCENARIOS, Roles, control_cpus, plan_runs
+from tracekit.host.tools import ToolPaths, probe_argv
 
 
 def test_main_plan_order() -> None:
@@ -43,10 +45,42 @@ def test_every_probe_slot_keeps_its_own_mode() -> None:
     roles = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
     plan = plan_runs(scenario, roles, runs=1, traced_runs=0, after_guest="none")
     slots = [p for p in plan if p.kind == "probe" and p.phase == "before"]
-    assert [(p.detail["mode"], p.detail["cpu"]) for p in slots] == [
-        ("page", 3), ("page", 1), ("page", 0), ("munmap", 3), ("munmap", 1), ("munmap", 0)
+    assert [(p.detail["mode"], p.detail["cpu"]) for p in slots[:4]] == [
+        ("page", 3), ("page", 1), ("page", 0), ("munmap", 3)
     ]  # fmt: skip
-    assert all(p.run_id == f"before-probe-{p.detail['mode']}-cpu{p.detail['cpu']}" for p in slots)
+    assert {p.detail["mode"] for p in slots[3:]} == {"munmap"}
+    assert [p.run_id for p in slots[:3]] == [f"before-probe-page-cpu{c}" for c in (3, 1, 0)]
+
+
+def test_range_and_munmap_slots_sit_on_both_sides_of_the_by_va_limit() -> None:
+    """Review of 17, point 4: 512 pages is the by-VA limit; slots per count, in the id."""
+    scenario = replace(SCENARIOS["main"], probe_modes=("page", "munmap"))
+    roles = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
+    plan = plan_runs(scenario, roles, runs=1, traced_runs=0, after_guest="none")
+    munmap = [p for p in plan if p.detail.get("mode") == "munmap" and p.phase == "after"]
+    assert sorted({p.detail["pages"] for p in munmap}) == [1, 511, 513]
+    assert "after-probe-munmap-511p-cpu1" in [p.run_id for p in munmap]
+    assert len(munmap) == 3 * 3  # three counts on each of the three probed CPUs
+    page = [p for p in plan if p.detail.get("mode") == "page"]
+    assert {p.detail["pages"] for p in page} == {1}
+    given = SCENARIOS["main"].defaults.merged(probe_pages=(16, 600))
+    plan = plan_runs(scenario, roles, 1, 0, "none", given)
+    assert sorted({p.detail["pages"] for p in plan if p.detail.get("mode") == "munmap"}) == [
+        16,
+        600,
+    ]
+    with pytest.raises(TracekitError, match="page mode only"):
+        plan_runs(SCENARIOS["main"], roles, 1, 0, "none", given)
+    with pytest.raises(TracekitError, match="--probe-pages 0"):
+        SCENARIOS["main"].defaults.merged(probe_pages=(0,))
+
+
+def test_the_probe_gets_its_slots_page_count() -> None:
+    """--pages reaches tlbiprobe for range/munmap; page mode refuses it, so never there."""
+    tools = ToolPaths("cyclictest", "stress-ng", "vmm", "tlbiprobe", None)
+    argv = probe_argv(tools, 3, [0], "munmap", 5, Path("p.bin"), None, 511)
+    assert argv[argv.index("--pages") + 1] == "511"
+    assert "--pages" not in probe_argv(tools, 3, [0], "page", 5, Path("p.bin"), None)
 
 
 @pytest.mark.parametrize(
@@ -93,3 +127,13 @@ def test_vmid_refused(scenario: str, vmid: int, message: str) -> None:
     roles = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
     with pytest.raises(TracekitError, match=message):
         plan_runs(SCENARIOS[scenario], roles, 1, 0, "none", vmid=vmid)
+
+
+def test_hotplug_other_needs_a_stress_cpu_that_did_not_run_the_guest() -> None:
+    """Review of 17, point 9: the control CPU is a stress CPU the guest never ran on."""
+    roles = Roles(rt_cpu=3, stress_cpus=(1, 2), guest_cpus=(1,))
+    plan = plan_runs(SCENARIOS["main"], roles, 1, 0, "hotplug-other")
+    assert "after-guest-hotplug-other" in [p.run_id for p in plan]
+    assert control_cpus(roles) == (2,)
+    with pytest.raises(TracekitError, match="every stress CPU ran it"):
+        plan_runs(SCENARIOS["main"], Roles(3, (1,), (1,)), 1, 0, "hotplug-other")

@@ -9,7 +9,8 @@
  *   pre-enable TLBI; SCTLR_EL1 M (+C+I); set/way (after); read the dose pages; spin
  *   on_ticks; MMU (and caches) off; the TLBIs; spin x2 ticks; results; marker; finish.
  * So with mmu_off the TLBIs and everything after them run with the MMU off: nothing
- * refills the TLB after the invalidation.
+ * refills the TLB through stage 1 after the invalidation (MMU-off accesses
+ * may allocate stage-2 TLB entries for the VMID).
  *
  * Registers kept across the steps: x0 vCPU, x4 vCPUs, x19 knob block, x21 dose pages
  * read, x22 TLBIs issued, x23 SCTLR_EL1 right after the MMU went on, x24 SCTLR bits.

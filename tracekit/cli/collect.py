@@ -41,8 +41,9 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(["none", "hotplug", "rollover"]),
-    help="What to do between the guest and the 'after' phase.",
+    type=click.Choice(["none", "hotplug", "hotplug-other", "rollover"]),
+    help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
+    " stress CPU that did not run the guest, the control of hotplug).",
 )
 @click.option(
     "--rollover-max-vms",
@@ -61,6 +62,10 @@ def _int_list(text: str | None, option: str) -> list[int]:
 @click.option("--touch-kb", help="cache-toggle: KB each vCPU touches, e.g. 0,4096.")
 @click.option("--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point.")
 @click.option("--tlbi-count", type=int, help="guest-broadcast: TLBIs the guest issues.")
+@click.option(
+    "--probe-pages",
+    help="Range/munmap probe slots: page counts, e.g. 1,511,513 (the default).",
+)
 @click.option(
     "--vm-budget", type=int, help="Seconds one sweep point may take before it is stopped."
 )
@@ -132,6 +137,7 @@ def collect(
     touch_kb: str | None,
     repeat: int | None,
     tlbi_count: int | None,
+    probe_pages: str | None,
     vm_budget: int | None,
     knobs: tuple[str, ...],
     backing: str,
@@ -183,6 +189,7 @@ def collect(
         repeat=repeat,
         tlbi_count=tlbi_count,
         vm_budget_s=vm_budget,
+        probe_pages=_int_list(probe_pages, "--probe-pages"),
         knobs=list(knobs),
         backing=backing,
         vmid=vmid,

@@ -1,12 +1,17 @@
 """What runs between the guest and the "after" phase: conditions that might clear the state.
 
-- hotplug: take the guest CPUs offline and online again. This re-initialises EL2 on
-  them (with invalidations that differ between kernel versions) and on real boards
-  usually power-cycles the core.
+- hotplug: take the guest CPUs offline and online again: PSCI CPU_OFF then CPU_ON, a
+  power cycle of the core (in QEMU a CPU reset), then the secondary boot path
+  (__cpu_setup's local TLBI VMALLE1). EL2 is re-initialised there (nVHE
+  ___kvm_hyp_init: local TLBI ALLE2 and ALLE1) only where virtualisation is enabled:
+  on 6.12 always, on 6.1 only while a VM is alive, so not after the guest has gone.
 - rollover: run throwaway MMU-off VMs (which do not create the state) until the VMID
   allocator is seen to roll over, so the stock kernel does its own full invalidation
-  (__kvm_flush_vm_context, TLBI ALLE1IS): the same one the proposed fix adds. The VMIDs
-  are read by a kprobe on kvm_arm_vmid_update in a small instance of its own.
+  (__kvm_flush_vm_context, TLBI ALLE1IS): the same one the proposed fix adds. On 6.1
+  (nVHE) each of these VMs, created with none alive, also re-runs the EL2 init on every
+  CPU (local TLBI ALLE2 and ALLE1), and EL2 is reset when it goes: a confound the
+  decision rules name. The VMIDs are read by a kprobe on kvm_arm_vmid_update in a small
+  instance of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.host import journal
 from tracekit.host.cleanup import CleanupStack
 from tracekit.host.instance import Instance
 from tracekit.host.tracefs import INSTANCE_PREFIX, Tracefs
@@ -37,8 +43,12 @@ def hotplug(cpus: tuple[int, ...], stack: CleanupStack, now: Callable[[], int]) 
         online = Path(f"/sys/devices/system/cpu/cpu{cpu}/online")
         if not online.exists():
             raise TracekitError(f"CPU {cpu} cannot be hot-unplugged on this host")
-        stack.push(f"bring CPU {cpu} back online", lambda p=online: p.write_text("1"))
-        online.write_text("0")
+        stack.change(
+            f"bring CPU {cpu} back online",
+            lambda p=online: p.write_text("1"),
+            lambda p=online: p.write_text("0"),
+            journal.setting(online, "1"),
+        )
         log.append(f"cpu{cpu} offline at {now()}")
         online.write_text("1")
         log.append(f"cpu{cpu} online at {now()}")

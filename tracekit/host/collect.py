@@ -12,7 +12,7 @@ import json
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -97,6 +97,7 @@ class CollectOptions:
     repeat: int | None = None
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
+    probe_pages: list[int] = field(default_factory=list)  # range/munmap slots' page counts
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
     backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
     vmid: int | None = None  # the guest's VMID: vmid-1 throwaway VMs run first
@@ -132,6 +133,7 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
         repeat=options.repeat,
         tlbi_count=options.tlbi_count,
         vm_budget_s=options.vm_budget_s,
+        probe_pages=tuple(options.probe_pages),
     )
     for axis in ("ipa_bits", "vcpus", "touch_kb"):
         if axis not in scenario.sweep:
@@ -139,13 +141,42 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
     return scenario, roles, params
 
 
-def check_guest(variant: GuestVariant, params: ScenarioParams) -> None:
-    """A guest whose work is counted by a parameter must get a count (no silent 0)."""
-    if variant.variant == TLBI_LOOP_VARIANT and params.tlbi_count == 0:
+def check_guest(variant: GuestVariant, params: ScenarioParams, knobs: Sequence[str] = ()) -> None:
+    """A guest whose knobs say it issues TLBIs must get a count of them (no silent 0)."""
+    if variant.knob_layout:
+        tlbi, count = effective_tlbi(variant, params, knobs)
+        if tlbi != "none" and _is_zero(count):
+            raise TracekitError(
+                f"guest {variant.variant} runs with tlbi={tlbi} but a TLBI count of 0, so it "
+                "issues none; give --tlbi-count N or --knob tlbi_count=N (or --knob tlbi=none)"
+            )
+    elif variant.variant == TLBI_LOOP_VARIANT and params.tlbi_count == 0:
+        # An old guest without a knob block: its TLBIs come from --tlbi-count alone.
         raise TracekitError(
             f"guest {variant.variant} issues --tlbi-count TLBIs, and that is 0 here; "
             "give --tlbi-count N"
         )
+
+
+def _is_zero(count: str) -> bool:
+    """Whether a knob's count text is 0 (a malformed one is the VMM's to refuse)."""
+    try:
+        return int(count, 0) == 0
+    except ValueError:
+        return False
+
+
+def effective_tlbi(
+    variant: GuestVariant, params: ScenarioParams, knobs: Sequence[str]
+) -> tuple[str, str]:
+    """The TLBI and count a knob guest runs with, in the VMM's order: preset, flag, --knob."""
+    values = variant.knob_values
+    if params.explicit("tlbi_count"):
+        values["tlbi_count"] = str(params.tlbi_count)
+    for text in knobs:
+        name, _, value = text.partition("=")
+        values[name] = value
+    return values.get("tlbi", "none"), values.get("tlbi_count", "0")
 
 
 def guest_options(options: CollectOptions) -> list[str]:
@@ -207,7 +238,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     """Run the whole collection; returns the bundle path (None for --dry-run)."""
     scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
-    check_guest(variant, params)
+    check_guest(variant, params, options.knobs)
     guest_options(options)  # bad knobs fail here
     params = resolve_ipa_sizes(scenario, params)
     plan = plan_runs(
@@ -233,7 +264,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     tools = toolbox.find_tools(
         options.vmm, options.probe, options.perf_counters, options.capture == "trace-cmd"
     )
-    with CleanupStack() as stack:
+    with CleanupStack.journaled() as stack:
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
             echo(f"removed a leftover of a killed run: {leftover}")
@@ -249,6 +280,9 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 # The variant that ran, from the guest's own note (--guest may differ
                 # from the scenario's default).
                 "guest_variant": variant.variant,
+                "guest_revision": variant.revision,
+                "guest_preset": variant.preset,
+                "backing": options.backing,
                 "guest": str(guest_path),
                 "parameters": jsonable(asdict(params)),
                 "capture": capture_record(options.capture, tools.trace_cmd),

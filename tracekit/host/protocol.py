@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from tracekit.bundle import RunKind
 from tracekit.cpus import format_cpu_list
 from tracekit.errors import TracekitError
 
@@ -72,7 +73,8 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 # kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "rollover")
+# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest.
+AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")
 PROBE_MODES = ("page", "range", "munmap")
 
 # What each phase name does (tracekit/host/collect.py runs them):
@@ -90,6 +92,11 @@ PHASE_KINDS = {
 # KVM's default IPA size (type 0 VMs) and the smallest the VMM's RAM (1 GiB + RAM) fits in.
 DEFAULT_IPA_BITS = 40
 SMALLEST_IPA_BITS = 32
+# Range/munmap probe page counts: with 4 KiB pages the kernel's by-VA limit is 512 pages
+# (MAX_TLBI_OPS on 6.1, MAX_DVM_OPS later): below it one TLBI per page (range TLBIs with
+# FEAT_TLBIRANGE), at or above it one TLBI ASIDE1IS. 1 and 511 sit below, 513 above.
+DEFAULT_PROBE_PAGES = (1, 511, 513)
+PROBE_MAX_PAGES = 1 << 24  # tlbiprobe's --pages limit
 # Guest RAM layout of the VMM (reproducer/README.md): the cache-toggle slices start 2 MiB in.
 RAM_MB_DEFAULT = 16
 TOUCH_AREA_OFFSET_KB = 2048
@@ -108,6 +115,7 @@ class ScenarioParams:
     repeat: int = 1  # VMs per sweep point
     tlbi_count: int = 0
     vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
+    probe_pages: tuple[int, ...] = ()  # pages per range/munmap probe slot; empty: default
     given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
 
     def explicit(self, name: str) -> bool:
@@ -145,12 +153,24 @@ class ScenarioParams:
             raise TracekitError("--vcpus must be at least 1 and --touch-kb at least 0")
         if self.repeat < 1 or self.vm_budget_s < 1 or self.tlbi_count < 0:
             raise TracekitError("--repeat and --vm-budget must be at least 1")
+        if any(not 1 <= n <= PROBE_MAX_PAGES for n in self.probe_pages):
+            raise TracekitError(
+                f"--probe-pages {format_ints(self.probe_pages)}: page counts go from 1 to"
+                f" {PROBE_MAX_PAGES}"
+            )
 
     def with_ipa_limit(self, limit: int | None) -> ScenarioParams:
         """Fill an empty IPA list with a spread up to the host's limit (40 if unknown)."""
         if self.ipa_bits:
             return self
         return replace(self, ipa_bits=ipa_spread(limit or DEFAULT_IPA_BITS))
+
+
+def probe_pages_for(mode: str, params: ScenarioParams) -> tuple[int, ...]:
+    """The page counts a probe mode's slots use: page mode one page, else the list."""
+    if mode == "page":
+        return (1,)
+    return params.probe_pages or DEFAULT_PROBE_PAGES
 
 
 def ipa_spread(limit: int) -> tuple[int, ...]:
@@ -297,7 +317,7 @@ class PlannedRun:
 
     run_id: str
     phase: str
-    kind: str  # quiet, traced, probe, guest, after-guest
+    kind: RunKind
     index: int
     detail: dict[str, object] = field(default_factory=dict)
 
@@ -331,28 +351,37 @@ def plan_runs(
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
         )
+    if after_guest == "hotplug-other":
+        control_cpus(roles)  # fails here, before anything on the host changes
     if after_guest != "none" and "guest" not in scenario.phases:
         raise TracekitError(
             f"--after-guest {after_guest} follows a guest phase, which scenario "
             f"{scenario.name!r} does not have; leave it out (or use --scenario main)"
         )
     params = (params or scenario.defaults).with_ipa_limit(None)
+    if "probe_pages" in params.given and set(scenario.probe_modes) <= {"page"}:
+        raise TracekitError(
+            f"--probe-pages sets the range and munmap probe slots; scenario {scenario.name!r}"
+            " probes in page mode only (one page), so leave it out"
+        )
     planned = vmid_prep_runs(scenario, roles, vmid)
     for phase in scenario.phases:
         kind = PHASE_KINDS.get(phase)
         if kind == "guest":
-            planned.append(PlannedRun("guest", phase, "guest", 0, {"cpus": roles.guest_cpus}))
+            planned.append(PlannedRun("guest", phase, RunKind.GUEST, 0, {"cpus": roles.guest_cpus}))
             if after_guest != "none":
-                planned.append(PlannedRun(f"after-guest-{after_guest}", phase, "after-guest", 0))
+                planned.append(
+                    PlannedRun(f"after-guest-{after_guest}", phase, RunKind.AFTER_GUEST, 0)
+                )
         elif kind == "sweep":
             planned += _sweep_runs(scenario, roles, params)
         elif kind == "during":
             start = {"cpus": roles.guest_cpus, "tlbi_count": params.tlbi_count}
-            planned.append(PlannedRun(f"{phase}-guest-start", phase, "guest-start", 0, start))
-            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
-            planned.append(PlannedRun(f"{phase}-guest-stop", phase, "guest-stop", 0))
+            planned.append(PlannedRun(f"{phase}-guest-start", phase, RunKind.GUEST_START, 0, start))
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs, params)
+            planned.append(PlannedRun(f"{phase}-guest-stop", phase, RunKind.GUEST_STOP, 0))
         elif kind == "measure":
-            planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
+            planned += _measure_runs(scenario, roles, phase, runs, traced_runs, params)
         else:
             raise TracekitError(f"scenario {scenario.name!r} has an unknown phase {phase!r}")
     return planned
@@ -386,16 +415,38 @@ def vmid_prep_runs(scenario: Scenario, roles: Roles, vmid: int | None) -> list[P
 
 
 def _measure_runs(
-    scenario: Scenario, roles: Roles, phase: str, runs: int, traced_runs: int
+    scenario: Scenario,
+    roles: Roles,
+    phase: str,
+    runs: int,
+    traced_runs: int,
+    params: ScenarioParams,
 ) -> list[PlannedRun]:
     """A measure phase: quiet runs, traced runs, then the probe slots (each with its mode)."""
-    planned = [PlannedRun(f"{phase}-quiet-{i}", phase, "quiet", i) for i in range(runs)]
-    planned += [PlannedRun(f"{phase}-traced-{i}", phase, "traced", i) for i in range(traced_runs)]
+    planned = [PlannedRun(f"{phase}-quiet-{i}", phase, RunKind.QUIET, i) for i in range(runs)]
+    planned += [
+        PlannedRun(f"{phase}-traced-{i}", phase, RunKind.TRACED, i) for i in range(traced_runs)
+    ]
     for mode in scenario.probe_modes:
-        for cpu in probe_cpus(scenario, roles, phase):
-            detail: dict[str, object] = {"cpu": cpu, "mode": mode}
-            planned.append(PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, detail))
+        for pages in probe_pages_for(mode, params):
+            for cpu in probe_cpus(scenario, roles, phase):
+                detail: dict[str, object] = {"cpu": cpu, "mode": mode, "pages": pages}
+                # Page mode is always one page; the others name their count.
+                slot = mode if mode == "page" else f"{mode}-{pages}p"
+                run_id = f"{phase}-probe-{slot}-cpu{cpu}"
+                planned.append(PlannedRun(run_id, phase, RunKind.PROBE, 0, detail))
     return planned
+
+
+def control_cpus(roles: Roles) -> tuple[int, ...]:
+    """hotplug-other's CPU: the first stress CPU that did not run the guest."""
+    others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
+    if not others:
+        raise TracekitError(
+            "--after-guest hotplug-other hotplugs a stress CPU that did not run the guest,"
+            " and every stress CPU ran it; give --stress-cpus one the guest does not use"
+        )
+    return (others[0],)
 
 
 def probe_cpus(scenario: Scenario, roles: Roles, phase: str = "before") -> list[int]:
@@ -436,5 +487,5 @@ def _sweep_runs(scenario: Scenario, roles: Roles, params: ScenarioParams) -> lis
             "repeat": params.repeat,
         }
         label = "-".join(SWEEP_LABELS[axis].format(point[axis]) for axis, _ in axes)
-        planned.append(PlannedRun(f"sweep-{label}", "sweep", "vms", index, detail))
+        planned.append(PlannedRun(f"sweep-{label}", "sweep", RunKind.VMS, index, detail))
     return planned

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
-from tracekit.guests import read_variant
+from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import VmidWatch, hotplug, open_vmid_watch, read_vmids, rollover
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
-from tracekit.host.protocol import PlannedRun, ScenarioParams
+from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
 
 if TYPE_CHECKING:
     from tracekit.host.collect import Session
@@ -108,7 +108,7 @@ def _start_perf(session: Session, ctx: RunContext) -> subprocess.Popen[bytes]:
 
 
 def run_probe(session: Session, ctx: RunContext) -> None:
-    """The broadcast-TLBI probe on one CPU, in the slot's own mode; helpers on the others."""
+    """The broadcast-TLBI probe on one CPU, in the slot's mode and page count; helpers elsewhere."""
     cpu = ctx.detail_int("cpu")
     helpers = [c for c in session.roles.stress_cpus if c != cpu]
     argv = toolbox.probe_argv(
@@ -119,6 +119,7 @@ def run_probe(session: Session, ctx: RunContext) -> None:
         min(session.options.duration_s, PROBE_MAX_SECONDS),
         ctx.path(RunFile.PROBE),
         session.trace_marker(),
+        ctx.detail_int("pages"),
     )
     proc = session.spawn(argv, ctx.path(RunFile.PROBE_SUMMARY))
     session.wait(proc, "tlbiprobe", session.options.duration_s)
@@ -217,10 +218,22 @@ def run_guest_stop(session: Session, ctx: RunContext) -> None:
     ctx.path(RunFile.GUEST_STOP).write_text(json.dumps(record) + "\n")
 
 
+def rollover_argv(
+    tools: toolbox.ToolPaths, guest: Path, cpus: tuple[int, ...], backing: str, count: int
+) -> list[str]:
+    """The VMM for `count` throwaway VMs: the guest's RAM backing, none of its knobs."""
+    # The backing decides stage 2's mapping sizes, so the throwaway VMs use the guest's;
+    # its knobs would make them something other than the MMU-off guest.
+    extra = vmm_guest_argv(backing=backing)
+    return toolbox.vmm_argv(tools, guest, list(cpus), None, repeat=count, extra=extra)
+
+
 def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
-    if session.options.after_guest == "hotplug":
-        log = hotplug(session.roles.guest_cpus, session.stack, session.now)
+    action = session.options.after_guest
+    if action in ("hotplug", "hotplug-other"):
+        cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
+        log = hotplug(cpus, session.stack, session.now)
         ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
         return
     watch = open_vmid_watch(session.tracefs)
@@ -229,8 +242,8 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
 
     def run_batch(count: int) -> None:
         """Create, run and destroy `count` MMU-off VMs, draining the trace after."""
-        argv = toolbox.vmm_argv(
-            session.tools, guest, list(session.roles.guest_cpus), None, repeat=count
+        argv = rollover_argv(
+            session.tools, guest, session.roles.guest_cpus, session.options.backing, count
         )
         batch = output.with_suffix(".batch")
         proc = session.spawn(argv, batch)
@@ -265,12 +278,9 @@ def run_vmid_prep(session: Session, ctx: RunContext) -> None:
             watch: Instance | None = open_vmid_watch(session.tracefs, "prep")
         except TracekitError as err:
             watch, record["vmids_unread"] = None, str(err)  # the count still stands
-        argv = toolbox.vmm_argv(
-            session.tools,
-            mmu_off_guest(session, "--vmid"),
-            list(session.roles.guest_cpus),
-            session.trace_marker(),
-            repeat=vms,
+        guest = mmu_off_guest(session, "--vmid")
+        argv = rollover_argv(
+            session.tools, guest, session.roles.guest_cpus, session.options.backing, vms
         )
         proc = session.spawn(argv, ctx.path(RunFile.VMM))
         session.wait(proc, "vmm (vmid prep)", GUEST_TIMEOUT_SECONDS)

@@ -200,9 +200,12 @@ def probe_argv(
     duration_s: int,
     out: Path,
     trace_marker: Path | None,
+    pages: int = 1,
 ) -> list[str]:
     """The broadcast-TLBI probe on one CPU, its helper threads on others."""
     argv = [tools.probe, "--cpu", str(cpu), "--mode", mode, "--duration", str(duration_s)]
+    if mode != "page":
+        argv += ["--pages", str(pages)]  # page mode is one page and refuses --pages
     if helpers:
         argv += ["--helpers", format_cpu_list(helpers)]
     argv += ["--out", str(out)]
