@@ -47,6 +47,8 @@ class Spec:
     factor: float = 2.0
     clears: tuple[str, ...] = ("hotplug",)  # after-guest actions that remove the effect
     seed: int = 0
+    knobs: tuple[str, ...] = ()  # NAME=VALUE, recorded as collect's --knob options
+    vmid: int | None = None  # collect --vmid: a vmid-prep run of vmid-1 throwaway VMs first
 
     @property
     def effect(self) -> float:
@@ -70,7 +72,7 @@ def generate(root: Path, spec: Spec) -> Path:
     pool = real_runs()
     probes = {cpu: read_probe_file(FIXTURES / f"tlbi-probe-cpu{cpu}.bin")[1] for cpu in PROBE_CPUS}
     writer = BundleWriter.create(root, _manifest(spec))
-    clock = 10_000_000_000
+    clock = _vmid_prep(writer, spec, 10_000_000_000)
     for phase in ("before", "guest", "after"):
         scale = spec.effect if phase == "after" else 1.0
         if phase == "guest":
@@ -107,8 +109,11 @@ def _manifest(spec: Spec) -> Manifest:
     options = dict(real["options"])
     options |= {"guest_cpus": [spec.guest_cpu], "after_guest": spec.after_guest}
     options |= {"runs": spec.runs, "traced_runs": 0, "scenario": "main"}
-    if spec.backing is not None:  # a collect that records the backing records its knobs too
-        options |= {"knobs": [], "backing": spec.backing}
+    # A collect that records the backing records its knobs too.
+    if spec.backing is not None or spec.knobs:
+        options |= {"knobs": list(spec.knobs), "backing": spec.backing or "4k"}
+    if spec.vmid is not None:
+        options |= {"vmid": spec.vmid}
     scenario = {
         "name": "main",
         "phases": ["before", "guest", "after"],
@@ -138,6 +143,17 @@ def _end(writer: BundleWriter, run: RunRecord, t: int) -> int:
     )
     writer.end_run(run)
     return run.end_ns + 1_000_000_000
+
+
+def _vmid_prep(writer: BundleWriter, spec: Spec, clock: int) -> int:
+    """collect --vmid's throwaway VMs, as runners.run_vmid_prep records them (16-bit ids)."""
+    if spec.vmid is None:
+        return clock
+    run = _start(writer, "vmid-prep", "prep", "vmid-prep", 0, clock)
+    ids = [1 << 16 | vmid for vmid in range(1, spec.vmid)]
+    record = {"vms": spec.vmid - 1, "vmid": spec.vmid, "vmid_bits": 16, "vmid_ids": ids}
+    writer.path("runs/vmid-prep/vmid-prep.json").write_text(json.dumps(record) + "\n")
+    return _end(writer, run, clock)
 
 
 def _guest_runs(writer: BundleWriter, spec: Spec, clock: int) -> int:

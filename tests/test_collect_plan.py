@@ -103,6 +103,32 @@ def test_unknown_after_guest() -> None:
         plan_runs(SCENARIOS["main"], roles, 1, 1, "reboot")
 
 
+def test_vmid_prep_runs_first_with_its_count() -> None:
+    """--vmid 5: four throwaway VMs before the before phase, on the guest CPUs."""
+    roles = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
+    plan = plan_runs(SCENARIOS["main"], roles, 1, 0, "none", vmid=5)
+    assert plan[0].run_id == "vmid-prep" and plan[0].kind == "vmid-prep"
+    assert plan[0].detail == {"vms": 4, "vmid": 5, "cpus": (1,)}
+    assert [p.kind for p in plan[1:]] == [
+        p.kind for p in plan_runs(SCENARIOS["main"], roles, 1, 0, "none")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "vmid", "message"),
+    [
+        ("main", 0, "0 is reserved"),
+        ("main", 65536, "VMIDs 1 to 65535"),
+        ("teardown", 3, "has none"),
+    ],
+)
+def test_vmid_refused(scenario: str, vmid: int, message: str) -> None:
+    """VMID 0 (reserved), beyond 16 bits, or a scenario without a fresh guest phase."""
+    roles = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
+    with pytest.raises(TracekitError, match=message):
+        plan_runs(SCENARIOS[scenario], roles, 1, 0, "none", vmid=vmid)
+
+
 def test_hotplug_other_needs_a_stress_cpu_that_did_not_run_the_guest() -> None:
     """Review of 17, point 9: the control CPU is a stress CPU the guest never ran on."""
     roles = Roles(rt_cpu=3, stress_cpus=(1, 2), guest_cpus=(1,))

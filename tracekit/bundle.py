@@ -45,6 +45,7 @@ class RunKind(StrEnum):
     VMS = "vms"  # one sweep point: VMs created, run and destroyed by the VMM
     GUEST_START = "guest-start"  # a during phase's background guest starts
     GUEST_STOP = "guest-stop"  # ... and stops
+    VMID_PREP = "vmid-prep"  # throwaway MMU-off VMs, so the guest gets a chosen VMID
 
 
 # Runs that measure the rt CPU's wake-ups (cyclictest) under stress-ng.
@@ -70,6 +71,7 @@ class RunFile(StrEnum):
     VMM = "vmm.txt"  # the VMM's stdout
     HOTPLUG = "hotplug.txt"
     ROLLOVER = "rollover.json"
+    VMID_PREP = "vmid-prep.json"
     GUEST_STOP = "guest-stop.json"
 
 

@@ -35,33 +35,48 @@ def draw_seed() -> int:
     return secrets.randbits(32)
 
 
-def _label(value: Any) -> str:
-    """An axis value as it appears in a directory name."""
-    return "default" if value is None else str(value).replace(":", "-").replace("/", "-")
+def _label(value: Any, axis: str = "") -> str:
+    """An axis value as it appears in a directory name (a design factor's with its name)."""
+    text = "default" if value is None else str(value).replace(":", "-").replace("/", "-")
+    return text if axis in AXES or not axis else f"{axis}{text}"
 
 
 def cell_name(
     position: int, axes: dict[str, Any], varying: list[str], repeat: int, repeats: int
 ) -> str:
     """`NNN-<varying axis values>[-rK]`: sortable in run order, readable, unique."""
-    parts = [f"{position:03d}", *(_label(axes[axis]) for axis in varying)]
+    parts = [f"{position:03d}", *(_label(axes[axis], axis) for axis in varying)]
     if repeats > 1:
         parts.append(f"r{repeat}")
     return "-".join(parts)
 
 
+def plan_conditions(plan: Plan) -> list[dict[str, Any]]:
+    """The matrix's conditions, each crossed with the design's (factor name -> level)."""
+    axes = list(AXES)
+    design = plan.design.conditions() if plan.design else [{}]
+    return [
+        dict(zip(axes, values, strict=True)) | levels
+        for values in itertools.product(*plan.matrix.values())
+        for levels in design
+    ]
+
+
+def _varying(plan: Plan) -> list[str]:
+    """The matrix axes and design factors that take more than one value."""
+    axes = [axis for axis in AXES if len(plan.matrix[axis]) > 1]
+    return axes + [f.name for f in plan.design.factors] if plan.design else axes
+
+
 def expand_cells(plan: Plan, seed: int) -> list[Cell]:
     """Every (condition, repeat) of the plan, shuffled with `seed` unless shuffle is off."""
-    axes = list(AXES)
-    conditions = [
-        dict(zip(axes, values, strict=True)) for values in itertools.product(*plan.matrix.values())
-    ]
+    conditions = plan_conditions(plan)
     todo = [
         (condition, repeat) for repeat in range(1, plan.repeats + 1) for condition in conditions
     ]
     if plan.shuffle:
         random.Random(seed).shuffle(todo)
-    varying = [axis for axis in axes if len(plan.matrix[axis]) > 1]
+    varying = _varying(plan)
     return [
         Cell(
             cell_name(position, condition, varying, repeat, plan.repeats),

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.campaign.cells import Cell
-from tracekit.campaign.plan import Plan
+from tracekit.campaign.design import factor_target, target_argv
+from tracekit.campaign.plan import COLLECT_OPTIONS, Plan
 from tracekit.errors import TracekitError
 from tracekit.vhost.kernels import parse_kernel_spec
 from tracekit.vhost.qemu import check_page_size
@@ -45,7 +46,20 @@ def collect_argv(cell: Cell, plan: Plan, bundle: str, guests_dir: str, python: s
         argv += ["--guest", f"{guests_dir}/{cell.axes['guest']}.elf"]
     for key, value in plan.collect.items():
         argv += _option(key, value)
-    return [*argv, "-o", bundle]
+    return [*argv, *design_argv(cell, plan), "-o", bundle]
+
+
+def design_argv(cell: Cell, plan: Plan) -> list[str]:
+    """The collect arguments of the design's fixed settings and this cell's factor levels."""
+    design = plan.design
+    if design is None:
+        return []
+    argv: list[str] = []
+    for name, value in design.fixed.items():
+        argv += target_argv(name, factor_target(plan.source, name, COLLECT_OPTIONS), value)
+    for factor in design.factors:
+        argv += factor.argv(str(cell.axes[factor.name]))
+    return argv
 
 
 def _option(key: str, value: Any) -> list[str]:

@@ -16,6 +16,10 @@ names the key and what is allowed, before anything is built or booted.
     runs = 4
     [vhost]                  # the emulated host: smp, clusters, memory, timeout, append
     smp = 4
+    [design]                 # factors over guest knobs and options (campaign/design.py)
+    kind = "full"
+    [design.factors]
+    mmu = ["0", "1"]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit.campaign.design import Design, parse_design
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
 
@@ -67,6 +72,7 @@ COLLECT_OPTIONS: dict[str, type] = {
     "repeat": int,
     "tlbi_count": int,
     "vm_budget": int,
+    "vmid": int,  # the guest's VMID, set by throwaway VMs first (a design factor too)
 }
 
 VHOST_OPTIONS: dict[str, type] = {
@@ -77,7 +83,16 @@ VHOST_OPTIONS: dict[str, type] = {
     "append": str,
 }
 
-TOP_LEVEL = ("seed", "repeats", "shuffle", "matrix", "placements", "collect", "vhost")
+TOP_LEVEL = (
+    "seed",
+    "repeats",
+    "shuffle",
+    "matrix",
+    "placements",
+    "collect",
+    "vhost",
+    "design",
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,8 @@ class Plan:
     seed: int | None = None
     shuffle: bool = True
     source: str = ""
+    design: Design | None = None
+    design_table: dict[str, Any] = field(default_factory=dict)  # as written, for the record
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON data (recorded in campaign.json, hashed for resume)."""
@@ -121,7 +138,7 @@ class Plan:
             "repeats": self.repeats,
             "seed": self.seed,
             "shuffle": self.shuffle,
-        }
+        } | ({"design": self.design_table} if self.design_table else {})
 
     def fingerprint(self) -> str:
         """A short hash of the plan's content: a state file resumes only the plan it was for."""
@@ -230,18 +247,34 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> Plan:
     seed = data.get("seed")
     if seed is not None:
         seed = _typed(source, "top level", "seed", seed, int)
+    collect = _options(source, data, "collect", COLLECT_OPTIONS)
+    design = _design(source, data, collect)
     plan = Plan(
         matrix=_matrix(source, data),
         placements=_placements(source, data),
-        collect=_options(source, data, "collect", COLLECT_OPTIONS),
+        collect=collect,
         vhost=_options(source, data, "vhost", VHOST_OPTIONS),
         repeats=repeats,
         seed=seed,
         shuffle=_typed(source, "top level", "shuffle", data.get("shuffle", True), bool),
         source=source,
+        design=design,
+        design_table=data.get("design", {}),
     )
     _check_values(plan)
     return plan
+
+
+def _design(source: str, data: dict[str, Any], collect: dict[str, Any]) -> Design | None:
+    """The [design] table, if any; a factor set in [collect] too would be two values."""
+    if "design" not in data:
+        return None
+    design = parse_design(source, data["design"], COLLECT_OPTIONS)
+    both = [f.name for f in design.factors if f.name in collect]
+    both += [name for name in design.fixed if name in collect]
+    if both:
+        raise _fail(source, f"{both[0]} is in [design] and in [collect]; keep one of them")
+    return design
 
 
 def _check_values(plan: Plan) -> None:

@@ -34,6 +34,12 @@ import click
 @click.option(
     "--list", "list_only", is_flag=True, help="Print the cells in run order; run nothing."
 )
+@click.option(
+    "--design",
+    "design_only",
+    is_flag=True,
+    help="Print the design, cell count, estimated time and runs a verdict needs; run nothing.",
+)
 def campaign(
     plan_file: Path,
     output: Path | None,
@@ -42,6 +48,7 @@ def campaign(
     reboot: bool,
     reboot_command: str,
     list_only: bool,
+    design_only: bool,
 ) -> None:
     """Run PLAN's matrix of cells, each on a freshly booted host, into one directory.
 
@@ -49,7 +56,10 @@ def campaign(
     hardware timings). With --board each call runs the next pending cell on this host
     and exits: call it from a boot hook (see README). Ctrl-C stops the current cell and
     records where; the same command resumes. `tracekit report DIR` reads the result.
+    Every start prints the design first (docs/campaign.md, "Designs").
     """
+    from tracekit.campaign.cells import plan_conditions
+    from tracekit.campaign.estimate import summary_lines
     from tracekit.campaign.plan import load_plan
     from tracekit.campaign.run import open_campaign, run_board_step, run_vhost_campaign
     from tracekit.campaign.state import CAMPAIGN_FILE, FAILED
@@ -57,6 +67,11 @@ def campaign(
     plan = load_plan(plan_file)
     out = output or Path(f"campaign-{plan_file.stem}")
     state_path = state_file or out / CAMPAIGN_FILE
+    cells = [c for c in plan_conditions(plan) for _ in range(plan.repeats)]
+    for line in summary_lines(plan, cells):
+        click.echo(line)
+    if design_only:
+        return
     if list_only:
         record = open_campaign(plan, "board" if board else "vhost", state_path)
         drawn = " (drawn now: set `seed` in the plan to fix the order)" if plan.seed is None else ""

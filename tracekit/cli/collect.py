@@ -84,6 +84,12 @@ def _int_list(text: str | None, option: str) -> list[int]:
     help="Guest RAM backing, and so the stage-2 page size (default: unaligned, as mmap gives).",
 )
 @click.option(
+    "--vmid",
+    type=int,
+    help="Give the guest this VMID: VMID-1 throwaway MMU-off VMs run before the before phase "
+    "(counted, recorded; that phase is then not a fresh host's).",
+)
+@click.option(
     "--function-graph",
     is_flag=True,
     help="Follow the TLB-flush/teardown paths (function_graph on 6.11+, else kprobes).",
@@ -135,6 +141,7 @@ def collect(
     vm_budget: int | None,
     knobs: tuple[str, ...],
     backing: str,
+    vmid: int | None,
     function_graph: bool,
     capture: str,
     events: tuple[str, ...],
@@ -185,6 +192,7 @@ def collect(
         probe_pages=_int_list(probe_pages, "--probe-pages"),
         knobs=list(knobs),
         backing=backing,
+        vmid=vmid,
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

@@ -83,9 +83,9 @@ class VmidWatch:
         return any(value >> self.bits > first_generation for value in self.seen)
 
 
-def open_vmid_watch(tracefs: Tracefs) -> Instance:
+def open_vmid_watch(tracefs: Tracefs, user: str = "rollover") -> Instance:
     """A second, small instance with only the VMID probe, read as text between batches."""
-    instance = Instance.create(tracefs, f"{INSTANCE_PREFIX}{os.getpid()}-vmid")
+    instance = Instance.create(tracefs, f"{INSTANCE_PREFIX}{os.getpid()}-vmid-{user}")
     if not instance.has_event(VMID_PROBE):
         raise TracekitError(
             "--after-guest rollover reads VMIDs with a kprobe on kvm_arm_vmid_update, which "

@@ -100,6 +100,7 @@ class CollectOptions:
     probe_pages: list[int] = field(default_factory=list)  # range/munmap slots' page counts
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
     backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
+    vmid: int | None = None  # the guest's VMID: vmid-1 throwaway VMs run first
 
 
 def boottime_ns() -> int:
@@ -241,7 +242,13 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     guest_options(options)  # bad knobs fail here
     params = resolve_ipa_sizes(scenario, params)
     plan = plan_runs(
-        scenario, roles, options.runs, options.traced_runs, options.after_guest, params
+        scenario,
+        roles,
+        options.runs,
+        options.traced_runs,
+        options.after_guest,
+        params,
+        options.vmid,
     )
     kprobe_fetch_args(options.probe_args)  # a bad file fails here, before any change
     if options.dry_run:

@@ -341,8 +341,12 @@ def plan_runs(
     traced_runs: int,
     after_guest: str,
     params: ScenarioParams | None = None,
+    vmid: int | None = None,
 ) -> list[PlannedRun]:
-    """The ordered runs of a collection, phase by phase (see PHASE_KINDS)."""
+    """The ordered runs of a collection, phase by phase (see PHASE_KINDS).
+
+    With `vmid` N, N-1 throwaway VMs run first, so the first guest gets VMID N.
+    """
     if after_guest not in AFTER_GUEST_ACTIONS:
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
@@ -360,7 +364,7 @@ def plan_runs(
             f"--probe-pages sets the range and munmap probe slots; scenario {scenario.name!r}"
             " probes in page mode only (one page), so leave it out"
         )
-    planned: list[PlannedRun] = []
+    planned = vmid_prep_runs(scenario, roles, vmid)
     for phase in scenario.phases:
         kind = PHASE_KINDS.get(phase)
         if kind == "guest":
@@ -381,6 +385,33 @@ def plan_runs(
         else:
             raise TracekitError(f"scenario {scenario.name!r} has an unknown phase {phase!r}")
     return planned
+
+
+# The allocator never hands out VMID 0 (arch/arm64/kvm/vmid.c reserves it), and 16 bits
+# is the widest VMID; beyond the host's width the VMs would roll the VMIDs over.
+VMID_MAX = (1 << 16) - 1
+
+
+def vmid_prep_runs(scenario: Scenario, roles: Roles, vmid: int | None) -> list[PlannedRun]:
+    """The throwaway VMs before the first phase that make the first guest's VMID `vmid`.
+
+    arch/arm64/kvm/vmid.c hands out VMIDs in order from 1 after boot (new_vmid searches
+    the bitmap from the last one given; nothing is freed before a rollover), so after N-1
+    VMs have run, the next one gets N.
+    """
+    if vmid is None:
+        return []
+    if not 1 <= vmid <= VMID_MAX:
+        raise TracekitError(
+            f"--vmid {vmid}: KVM gives guests VMIDs 1 to {VMID_MAX} (0 is reserved); choose one"
+        )
+    if "guest" not in scenario.phases or not scenario.needs_fresh_host:
+        raise TracekitError(
+            f"--vmid chooses the VMID of the guest phase after a fresh boot; scenario "
+            f"{scenario.name!r} has none; leave --vmid out (or use --scenario main)"
+        )
+    detail: dict[str, object] = {"vms": vmid - 1, "vmid": vmid, "cpus": roles.guest_cpus}
+    return [PlannedRun("vmid-prep", "prep", "vmid-prep", 0, detail)]
 
 
 def _measure_runs(

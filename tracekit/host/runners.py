@@ -23,8 +23,9 @@ from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
 from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
-from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
+from tracekit.host.afterguest import VmidWatch, hotplug, open_vmid_watch, read_vmids, rollover
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
+from tracekit.host.instance import Instance
 from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
 
 if TYPE_CHECKING:
@@ -236,9 +237,7 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
         ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
         return
     watch = open_vmid_watch(session.tracefs)
-    guest = session.guest_path.parent / "mmu-off.elf"
-    if read_variant(guest).stage1 != "off":
-        raise TracekitError(f"{guest} is not the MMU-off guest the rollover needs")
+    guest = mmu_off_guest(session, "the rollover")
     output = ctx.path(RunFile.VMM)
 
     def run_batch(count: int) -> None:
@@ -262,6 +261,42 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
     ctx.path(RunFile.ROLLOVER).write_text(json.dumps(record) + "\n")
 
 
+def mmu_off_guest(session: Session, purpose: str) -> Path:
+    """The MMU-off guest beside the collection's guest: throwaway VMs that touch no stage 1."""
+    guest = session.guest_path.parent / "mmu-off.elf"
+    if read_variant(guest).stage1 != "off":
+        raise TracekitError(f"{guest} is not the MMU-off guest {purpose} needs")
+    return guest
+
+
+def run_vmid_prep(session: Session, ctx: RunContext) -> None:
+    """N-1 throwaway MMU-off VMs before the before phase, so the guest gets VMID N."""
+    vms = ctx.detail_int("vms")
+    record: dict[str, object] = {"vms": vms, "vmid": ctx.detail_int("vmid")}
+    if vms:
+        try:
+            watch: Instance | None = open_vmid_watch(session.tracefs, "prep")
+        except TracekitError as err:
+            watch, record["vmids_unread"] = None, str(err)  # the count still stands
+        guest = mmu_off_guest(session, "--vmid")
+        argv = rollover_argv(
+            session.tools, guest, session.roles.guest_cpus, session.options.backing, vms
+        )
+        proc = session.spawn(argv, ctx.path(RunFile.VMM))
+        session.wait(proc, "vmm (vmid prep)", GUEST_TIMEOUT_SECONDS)
+        if watch is not None:
+            seen = VmidWatch()
+            seen.add(read_vmids(watch))
+            record |= {"vmid_bits": seen.bits, "vmid_ids": seen.seen}
+    ctx.path(RunFile.VMID_PREP).write_text(json.dumps(record) + "\n")
+    bits = record.get("vmid_bits")
+    if isinstance(bits, int) and ctx.detail_int("vmid") >= 1 << bits:
+        raise TracekitError(
+            f"--vmid {ctx.detail_int('vmid')}: this host's VMIDs are {bits} bits wide, so the "
+            f"throwaway VMs rolled them over; choose a VMID below {1 << bits}"
+        )
+
+
 # Every run kind and its runner; whether a run is traced is bundle.TRACED_KINDS.
 RUNNERS: dict[RunKind, Runner] = {
     RunKind.QUIET: run_measure,
@@ -272,4 +307,5 @@ RUNNERS: dict[RunKind, Runner] = {
     RunKind.VMS: run_sweep_point,
     RunKind.GUEST_START: run_guest_start,
     RunKind.GUEST_STOP: run_guest_stop,
+    RunKind.VMID_PREP: run_vmid_prep,
 }

@@ -20,9 +20,11 @@ from tracekit.report.sections import (
     cacheflush,
     correlation,
     decision,
+    factorial,
     teardown,
     tlbi,
     vm,
+    vmidprep,
     wakeup,
 )
 
@@ -33,6 +35,8 @@ INTERNAL_ERROR = "internal error"
 SECTION_BUILDERS: list[SectionBuilder] = [
     beforeafter.section,
     decision.section,
+    factorial.section,
+    vmidprep.section,
     wakeup.section,
     tlbi.section,
     correlation.section,

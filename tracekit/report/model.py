@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tracekit.bundle import RunRecord
     from tracekit.ingest.bundle import BundleData
 
-PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline"]
+PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline", "intervals"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class Plot:
     """A plot drawn from a long-format frame: one line/bar group per `series` value.
 
     cdf/histogram use `x` only; bars, xy and timeline use `x` and `y` (timeline: `x` is
-    the start in ns, `y` the lane, and `frame` also has `end` and `label` columns).
+    the start in ns, `y` the lane, and `frame` also has `end` and `label` columns);
+    intervals: `x` the estimate, `y` the row's label, `frame` also has `low` and `high`.
     """
 
     title: str

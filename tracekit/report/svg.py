@@ -1,4 +1,4 @@
-"""Plots drawn as inline SVG, by hand: cdf, histogram, bars, xy and timeline.
+"""Plots drawn as inline SVG, by hand: cdf, histogram, bars, xy, timeline and intervals.
 
 No plotting library and nothing fetched: the SVG text goes straight into the HTML
 report. Every string that reaches the SVG (titles, series, labels from traces) is
@@ -35,9 +35,16 @@ def render_svg(plot: Plot) -> str:
         return _message(f"not drawn: the plot has no column {', '.join(missing)}")
     if plot.frame.height == 0:
         return _message("no data")
-    if plot.kind in ("bars", "xy", "timeline") and not plot.y:
+    if plot.kind in ("bars", "xy", "timeline", "intervals") and not plot.y:
         return _message(f"not drawn: a {plot.kind} plot needs a y column")
-    draw = {"cdf": _cdf, "histogram": _histogram, "bars": _bars, "xy": _xy, "timeline": _timeline}
+    draw = {
+        "cdf": _cdf,
+        "histogram": _histogram,
+        "bars": _bars,
+        "xy": _xy,
+        "timeline": _timeline,
+        "intervals": _intervals,
+    }
     draw_kind = draw.get(plot.kind)
     if draw_kind is None:
         return _message(f"not drawn: unknown plot kind {plot.kind!r}")
@@ -66,6 +73,8 @@ def _columns(plot: Plot) -> list[str]:
     needed = [plot.x] + ([plot.y] if plot.y else []) + ([plot.series] if plot.series else [])
     if plot.kind == "timeline":
         needed += ["end", "label"]
+    if plot.kind == "intervals":
+        needed += ["low", "high"]
     return needed
 
 
@@ -293,6 +302,36 @@ def _timeline(plot: Plot) -> tuple[list[str], list[str]]:
                 f"<title>{escape(str(label))}</title></rect>"
             )
     return body, []
+
+
+def _intervals(plot: Plot) -> tuple[list[str], list[str]]:
+    """One row per y label: the estimate as a dot on its interval, a dashed line at x = 1."""
+    assert plot.y is not None
+    rows = plot.frame.select(
+        pl.col(plot.y).cast(pl.String),
+        *(pl.col(c).cast(pl.Float64, strict=False) for c in (plot.x, "low", "high")),
+    ).rows()
+    shown = [r for r in rows if all(v is not None and _usable(v, plot.log_x) for v in r[1:])]
+    x = make_scale([1.0, *(v for r in shown for v in r[1:])], LEFT + 130, WIDTH - RIGHT, plot.log_x)
+    body = _axes(plot, x, None)
+    lane = (HEIGHT - BOTTOM - TOP) / max(1, len(rows))
+    one = x(1.0)
+    body.append(
+        f'<line x1="{one:.1f}" y1="{TOP}" x2="{one:.1f}" y2="{HEIGHT - BOTTOM}"'
+        ' stroke="#000" stroke-dasharray="4 3"/>'
+    )
+    for k, (label, value, low, high) in enumerate(rows):
+        py = TOP + (k + 0.5) * lane
+        body.append(_text(LEFT + 126, py + 4, label, "tick", anchor="end"))
+        if (label, value, low, high) not in shown:
+            continue
+        tip = escape(f"{label}: {value:g} [{low:g}, {high:g}]")
+        body.append(
+            f'<line x1="{x(low):.1f}" y1="{py:.1f}" x2="{x(high):.1f}" y2="{py:.1f}"'
+            f' stroke="{_colour(0)}" stroke-width="2"><title>{tip}</title></line>'
+        )
+        body.append(f'<circle cx="{x(value):.1f}" cy="{py:.1f}" r="3.5" fill="{_colour(1)}"/>')
+    return body, _unusable_note(len(rows), len(shown), plot.log_x, "x (no interval)")
 
 
 def _axes(plot: Plot, x: Scale | None, y: Scale | None, x_label: str = "") -> list[str]:
