@@ -131,6 +131,11 @@ def kernels(refresh: bool) -> None:
     show_default=True,
     help="Output directory, mounted at /out (the command's working directory).",
 )
+@click.option(
+    "--ground-truth",
+    is_flag=True,
+    help="Load the TCG plugin: every TLBI, DSB, IC IALLU(IS) logged into --out.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     kvm_mode: str,
@@ -143,6 +148,7 @@ def run(
     timeout: float,
     share: Path | None,
     out: Path,
+    ground_truth: bool,
     command: tuple[str, ...],
 ) -> None:
     """Boot the emulated host and run COMMAND as root in it; exit with its status.
@@ -164,6 +170,7 @@ def run(
         timeout_s=timeout,
         share=share,
         out=out,
+        ground_truth=ground_truth,
     )
     result = run_vhost(config, list(command), progress=_progress)
     booted = "" if result.boot_s is None else f"; booted in {result.boot_s:g} s"

@@ -40,6 +40,12 @@ EMULATED_NOTE = (
     "say nothing about real cores"
 )
 CONSOLE_LOG = "vhost-console.log"
+# --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
+GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
+KALLSYMS = "vhost-kallsyms.txt"
+MARKERS = "vhost-gtmark.txt"
+# The marker helper as the emulated host sees the checkout (cross-built by make).
+GTMARK = "reproducer/build/gtmark"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
 RUN_RECORD = "vhost-run.json"
 
@@ -58,6 +64,8 @@ class VhostConfig:
     timeout_s: float = 600.0
     share: Path | None = None
     out: Path | None = None
+    # Load the ground-truth TCG plugin: every TLBI/DSB/IC IALLU* logged into --out.
+    ground_truth: bool = False
 
 
 @dataclass
@@ -76,6 +84,8 @@ class VhostResult:
     notes: list[str] = field(default_factory=list)
     # Wall seconds from starting QEMU to the command's start (boot + /init), this machine.
     boot_s: float | None = None
+    # The plugin's log (with --ground-truth), and what its header says of it.
+    ground_truth_log: Path | None = None
 
 
 def project_tree() -> Path:
@@ -105,10 +115,30 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
     smp_option(config.smp, config.clusters)
     if shutil.which(QEMU) is None:
         raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
+    if config.ground_truth and not (project_tree() / GTMARK).is_file():
+        raise TracekitError(
+            f"--ground-truth needs the marker helper {GTMARK}: build it with "
+            "`make -C reproducer CROSS_COMPILE=aarch64-linux-gnu-`"
+        )
     return spec
 
 
-def _write_control(ctl: Path, spec: KernelSpec, command: list[str]) -> str:
+def _ground_truth_script(command: list[str]) -> list[str]:
+    """The command between two rounds of clock markers, after saving this boot's kallsyms."""
+    gtmark = f"/tracekit/{GTMARK}"
+    return [
+        f"cat /proc/kallsyms > /out/{KALLSYMS}",
+        f"{gtmark} > /out/{MARKERS}",
+        shlex.join(command),
+        "status=$?",
+        f"{gtmark} >> /out/{MARKERS}",
+        "exit $status",
+    ]
+
+
+def _write_control(
+    ctl: Path, spec: KernelSpec, command: list[str], ground_truth: bool = False
+) -> str:
     """Put the command script and a fresh marker token on the control share.
 
     The script exports what the kernel is and, without KVM, why, so tools inside (the
@@ -120,7 +150,8 @@ def _write_control(ctl: Path, spec: KernelSpec, command: list[str]) -> str:
     if not spec.has_kvm:
         exports["TRACEKIT_VHOST_NO_KVM"] = f"{spec.info.note}; guests cannot run on {spec.name}"
     lines = [f"export {key}={shlex.quote(value)}" for key, value in exports.items()]
-    (ctl / "command.sh").write_text("\n".join([*lines, f"exec {shlex.join(command)}"]) + "\n")
+    body = _ground_truth_script(command) if ground_truth else [f"exec {shlex.join(command)}"]
+    (ctl / "command.sh").write_text("\n".join([*lines, *body]) + "\n")
     return token
 
 
@@ -212,9 +243,34 @@ def run(
         boot_dmesg=out / BOOT_DMESG,
         notes=_notes(config, spec, mode, dev_kvm),
         boot_s=boot_s,
+        ground_truth_log=out / GROUND_TRUTH_LOG if config.ground_truth else None,
     )
+    if config.ground_truth:
+        result.notes.append(ground_truth_note(out / GROUND_TRUTH_LOG))
     _record(result, config, command)
     return result
+
+
+def _plugin_option(out: Path, say: Callable[[str], None]) -> list[str]:
+    """-plugin loading the ground-truth plugin (built first if needed), logging into out."""
+    from tracekit.vhost.groundtruth import build_plugin, plugin_argv
+
+    return plugin_argv(build_plugin(say), out / GROUND_TRUTH_LOG)
+
+
+def ground_truth_note(log: Path) -> str:
+    """What the plugin's log holds, or why there is none: one line for every report."""
+    from tracekit.ingest.groundtruth import read_header
+
+    if not log.is_file():
+        return f"ground truth: QEMU left no plugin log ({log.name} is missing)"
+    header = read_header(log)
+    lost = f"; {header.not_written} NOT written (log full)" if header.not_written else ""
+    closed = "" if header.complete else "; log not closed (QEMU did not exit normally)"
+    return (
+        f"ground truth (QEMU TCG plugin, emulated, not hardware): {header.written} records "
+        f"in {log.name}, bound {header.capacity}{lost}{closed}"
+    )
 
 
 def _boot(
@@ -228,16 +284,20 @@ def _boot(
     say: Callable[[str], None],
 ) -> tuple[int, float | None]:
     """Run QEMU to completion; return the command's status and the boot time, or raise."""
-    token = _write_control(ctl, spec, command)
-    argv = qemu_argv(
-        image.kernel,
-        image.initramfs,
-        cpu_model=config.cpu_model,
-        cpus=config.smp,
-        clusters=config.clusters,
-        memory_mb=config.memory_mb,
-        kernel_args=_kernel_args(config, spec),
-        shares=_shares(ctl, out, config.share),
+    token = _write_control(ctl, spec, command, config.ground_truth)
+    plugin = _plugin_option(out, say) if config.ground_truth else []
+    argv = (
+        qemu_argv(
+            image.kernel,
+            image.initramfs,
+            cpu_model=config.cpu_model,
+            cpus=config.smp,
+            clusters=config.clusters,
+            memory_mb=config.memory_mb,
+            kernel_args=_kernel_args(config, spec),
+            shares=_shares(ctl, out, config.share),
+        )
+        + plugin
     )
     kvm = (
         f"KVM mode {config.kvm_mode} asked"

@@ -1,0 +1,297 @@
+"""The ground-truth plugin's log (reproducer/groundtruth/, docs/tables.md) as polars tables.
+
+`read_header` and `read_records` read the file as the plugin wrote it; `decode` adds
+what each instruction word names (operation, EL form, scope, shareability). Where each
+record executed and the trace clock come from tracekit.analysis.groundtruth.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from tracekit.errors import TracekitError
+
+MAGIC = b"TKGTLOG\0"
+VERSION = 1
+HEADER_SIZE = 64
+RECORD_SIZE = 32
+CLOCK_MONOTONIC = 1
+
+_HEADER = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("record_size", "<u4"),
+        ("capacity", "<u8"),
+        ("reserved", "<u8"),
+        ("complete", "<u4"),
+        ("clock", "<u4"),
+        ("vcpus", "<u4"),
+        ("pad", "<u4"),
+        ("untracked_sites", "<u8"),
+        ("spare", "<u8"),
+    ]
+)
+_RECORD = np.dtype(
+    [
+        ("ts_ns", "<u8"),
+        ("vaddr", "<u8"),
+        ("haddr", "<u8"),
+        ("insn", "<u4"),
+        ("vcpu", "<u2"),
+        ("kind", "u1"),
+        ("flags", "u1"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class LogHeader:
+    """What the log's header says: its bound, how much was reserved, whether it was closed."""
+
+    capacity: int
+    reserved: int
+    complete: bool
+    vcpus: int
+    untracked_sites: int
+
+    @property
+    def written(self) -> int:
+        """Records the file holds (reservations up to its capacity)."""
+        return min(self.reserved, self.capacity)
+
+    @property
+    def not_written(self) -> int:
+        """Records the plugin saw but could not store: the log was full."""
+        return max(0, self.reserved - self.capacity)
+
+
+def _bad(path: Path, what: str) -> TracekitError:
+    """One line naming the file and what is wrong with it."""
+    return TracekitError(
+        f"{path}: {what}; this is not a ground-truth log of this tracekit (docs/tables.md)"
+    )
+
+
+def read_header(path: str | os.PathLike[str]) -> LogHeader:
+    """The log's header, checked: magic, version, record size, clock."""
+    source = Path(path)
+    try:
+        raw = source.read_bytes()[:HEADER_SIZE]
+    except OSError as exc:
+        raise TracekitError(f"cannot read ground-truth log {source}: {exc.strerror}") from None
+    if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
+        raise _bad(source, "no TKGTLOG header")
+    head = np.frombuffer(raw, _HEADER, count=1)[0]
+    if int(head["version"]) != VERSION:
+        raise _bad(source, f"format version {int(head['version'])}, this reader knows {VERSION}")
+    if int(head["record_size"]) != RECORD_SIZE or int(head["clock"]) != CLOCK_MONOTONIC:
+        raise _bad(source, "unexpected record size or clock")
+    return LogHeader(
+        capacity=int(head["capacity"]),
+        reserved=int(head["reserved"]),
+        complete=bool(head["complete"]),
+        vcpus=int(head["vcpus"]),
+        untracked_sites=int(head["untracked_sites"]),
+    )
+
+
+# enum tkgt_kind of reproducer/groundtruth/tkgt.h.
+KINDS = {1: "tlbi", 2: "tlbi-nxs", 3: "dsb", 4: "dsb-nxs", 5: "ic", 6: "marker"}
+# flags bits 0-1 (enum tkgt_share): what the encoding names.
+SHARES = ("non-shareable", "inner", "outer", "full-system")
+RANGE_FLAG = 0x10
+
+# TLBI (SYS, CRn=8; CRn=9 adds "nXS") by (op1, CRm, op2): name and what it invalidates.
+# From the Arm ARM's TLBI list, checked entry by entry against QEMU 7.2's
+# target/arm/helper.c reginfo (all 78 QEMU knows; QEMU 7.2 has no FEAT_XS).
+_TLBI_SCOPES = {
+    "VMALLE1": "vmid",  # stage 1 of the current VMID (EL1&0), or all of EL2&0 in a VHE host
+    "ASIDE1": "asid",
+    "VAE1": "va",
+    "VAAE1": "va",
+    "VALE1": "va",
+    "VAALE1": "va",
+    "RVAE1": "va-range",
+    "RVAAE1": "va-range",
+    "RVALE1": "va-range",
+    "RVAALE1": "va-range",
+    "IPAS2E1": "ipa",
+    "IPAS2LE1": "ipa",
+    "RIPAS2E1": "ipa-range",
+    "RIPAS2LE1": "ipa-range",
+    "ALLE1": "all-vmids",  # every VMID's stage 1 and 2 entries of EL1&0
+    "VMALLS12E1": "vmid-s12",  # the current VMID's stage 1 and stage 2
+    "ALLE2": "all-el2",
+    "VAE2": "va",
+    "VALE2": "va",
+    "RVAE2": "va-range",
+    "RVALE2": "va-range",
+    "ALLE3": "all-el3",
+    "VAE3": "va",
+    "VALE3": "va",
+    "RVAE3": "va-range",
+    "RVALE3": "va-range",
+}
+# CRm -> shareability suffix for the regular (non-IPA) forms.
+_CRM_SUFFIX = {1: "OS", 2: "IS", 3: "IS", 5: "OS", 6: "", 7: ""}
+# op2 -> base name, per (op1, CRm group): group "main" is CRm 1/3/7, "range" is 2/5/6.
+_MAIN = {
+    0: {0: "VMALLE1", 1: "VAE1", 2: "ASIDE1", 3: "VAAE1", 5: "VALE1", 7: "VAALE1"},
+    4: {0: "ALLE2", 1: "VAE2", 4: "ALLE1", 5: "VALE2", 6: "VMALLS12E1"},
+    6: {0: "ALLE3", 1: "VAE3", 5: "VALE3"},
+}
+_RANGE = {
+    0: {1: "RVAE1", 3: "RVAAE1", 5: "RVALE1", 7: "RVAALE1"},
+    4: {1: "RVAE2", 5: "RVALE2"},
+    6: {1: "RVAE3", 5: "RVALE3"},
+}
+# op1=4, CRm 0 (the IS forms) and CRm 4 (OS and local forms): the IPA invalidations.
+_IPA = {
+    (0, 1): "IPAS2E1IS",
+    (0, 2): "RIPAS2E1IS",
+    (0, 5): "IPAS2LE1IS",
+    (0, 6): "RIPAS2LE1IS",
+    (4, 0): "IPAS2E1OS",
+    (4, 1): "IPAS2E1",
+    (4, 2): "RIPAS2E1",
+    (4, 3): "RIPAS2E1OS",
+    (4, 4): "IPAS2LE1OS",
+    (4, 5): "IPAS2LE1",
+    (4, 6): "RIPAS2LE1",
+    (4, 7): "RIPAS2LE1OS",
+}
+# The EL whose form an op1 is (TLBI only: 0 EL1, 4 EL2, 6 EL3).
+EL_FORMS = {0: "EL1", 4: "EL2", 6: "EL3"}
+# DSB CRm: binutils' and the Arm ARM's option names; 0 and 4 are SSBB and PSSBB.
+_DSB_OPTIONS = {
+    1: "OSHLD",
+    2: "OSHST",
+    3: "OSH",
+    5: "NSHLD",
+    6: "NSHST",
+    7: "NSH",
+    9: "ISHLD",
+    10: "ISHST",
+    11: "ISH",
+    13: "LD",
+    14: "ST",
+    15: "SY",
+}
+_DSB_NXS = ("OSHnXS", "NSHnXS", "ISHnXS", "SYnXS")
+
+
+def tlbi_base(op1: int, crm: int, op2: int) -> str | None:
+    """The TLBI name without nXS (e.g. 'VMALLS12E1IS'), None if the encoding is unallocated."""
+    if op1 == 4 and crm in (0, 4):
+        return _IPA.get((crm, op2))
+    group = _RANGE if crm in (2, 5, 6) else _MAIN if crm in (1, 3, 7) else None
+    base = group.get(op1, {}).get(op2) if group else None
+    return None if base is None else base + _CRM_SUFFIX[crm]
+
+
+def tlbi_scope(name: str) -> str | None:
+    """What a TLBI name invalidates: vmid, vmid-s12, all-vmids, asid, va, ipa, ..."""
+    core = name.removesuffix("nXS")
+    for suffix in ("IS", "OS"):
+        core = core.removesuffix(suffix)
+    return _TLBI_SCOPES.get(core)
+
+
+def operation(insn: int) -> str:
+    """The instruction's name as the Arm ARM writes it, e.g. 'TLBI ALLE1IS', 'DSB ISH'."""
+    op1, crm, op2 = (insn >> 16) & 7, (insn >> 8) & 15, (insn >> 5) & 7
+    if (insn & 0xFFF8E000) == 0xD5088000:  # TLBI, CRn 8 or 9
+        base = tlbi_base(op1, crm, op2)
+        nxs = "nXS" if insn & 0x1000 else ""
+        return f"TLBI {base}{nxs}" if base else f"TLBI op1={op1} CRm={crm} op2={op2}{nxs}"
+    if (insn & 0xFFFFF0FF) == 0xD503309F:
+        return {0: "SSBB", 4: "PSSBB"}.get(crm) or f"DSB {_DSB_OPTIONS.get(crm, f'#{crm}')}"
+    if (insn & 0xFFFFF3FF) == 0xD503323F:
+        return f"DSB {_DSB_NXS[crm >> 2]}"
+    if (insn & 0xFFFFFFE0) == 0xD5087100:
+        return "IC IALLUIS"
+    if (insn & 0xFFFFFFE0) == 0xD5087500:
+        return "IC IALLU"
+    return "MARKER" if insn == 0xD5032EFF else f"unknown {insn:#010x}"
+
+
+@dataclass(frozen=True)
+class GroundTruthLog:
+    """One log: its header, its records (file order), and slots reserved but never filled."""
+
+    header: LogHeader
+    records: pl.DataFrame
+    unfilled: int
+
+
+def read_log(path: str | os.PathLike[str]) -> GroundTruthLog:
+    """The log's records as the plugin wrote them, with the encoding decoded (see decode)."""
+    source = Path(path)
+    header = read_header(source)
+    body = source.read_bytes()[HEADER_SIZE:]
+    count = min(header.written, len(body) // RECORD_SIZE)
+    raw = np.frombuffer(body, _RECORD, count=count)
+    # A slot with ts 0 was reserved by a vCPU that never got to fill it (QEMU killed).
+    filled = raw[raw["ts_ns"] != 0]
+    frame = pl.DataFrame(
+        {
+            "ts_host": filled["ts_ns"].astype(np.int64),
+            "vcpu": filled["vcpu"].astype(np.int32),
+            "insn": filled["insn"],
+            "vaddr": filled["vaddr"],
+            "haddr": filled["haddr"],
+            "kind_code": filled["kind"],
+            "flags": filled["flags"],
+        }
+    )
+    unfilled = count - len(filled) + (header.written - count)
+    return GroundTruthLog(header, decode(frame), unfilled)
+
+
+def decode(frame: pl.DataFrame) -> pl.DataFrame:
+    """Add kind, operation, el_form, scope, shareability and range from the raw columns."""
+    words = frame.select(pl.col("insn").unique()).to_series().to_list()
+    names = {word: operation(word) for word in words}
+    table = pl.DataFrame(
+        {
+            "insn": pl.Series(words, dtype=pl.UInt32),
+            "operation": [names[w] for w in words],
+            "el_form": [_el_form(w) for w in words],
+            "scope": [_scope(w, names[w]) for w in words],
+        }
+    )
+    return (
+        frame.join(table, on="insn", how="left")
+        .with_columns(
+            kind=pl.col("kind_code").replace_strict(KINDS, return_dtype=pl.String),
+            # A marker names no shareability; every other kind's flags do.
+            shareability=pl.when(pl.col("kind_code") != 6).then(
+                (pl.col("flags") & 3).replace_strict(
+                    dict(enumerate(SHARES)), return_dtype=pl.String
+                )
+            ),
+            range=(pl.col("flags") & RANGE_FLAG) != 0,
+        )
+        .drop("kind_code", "flags")
+        .sort("ts_host", "vcpu", maintain_order=True)
+    )
+
+
+def _el_form(insn: int) -> str | None:
+    """A TLBI's EL form from op1 (EL1, EL2, EL3); None for the other instructions."""
+    if (insn & 0xFFF8E000) != 0xD5088000:
+        return None
+    return EL_FORMS.get((insn >> 16) & 7, f"op1={(insn >> 16) & 7}")
+
+
+def _scope(insn: int, name: str) -> str | None:
+    """What a TLBI invalidates, 'icache' for IC IALLU(IS); None for barriers and markers."""
+    if name.startswith("TLBI "):
+        return tlbi_scope(name.removeprefix("TLBI "))
+    return "icache" if name.startswith("IC ") else None
