@@ -11,7 +11,7 @@
  * holds at most `limit` records; reservations past it are counted, never lost
  * silently, and the header says how many.
  *
- * Arguments: out=FILE (required), limit=N (records, default 4194304 = 128 MiB).
+ * Arguments: out=FILE (required), limit=N (records, default 16777216 = 512 MiB).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -13,7 +13,7 @@
 
 #define TKGT_MAGIC "TKGTLOG"
 #define TKGT_VERSION 1u
-#define TKGT_DEFAULT_LIMIT (4u << 20)	/* records: 128 MiB of log */
+#define TKGT_DEFAULT_LIMIT (16u << 20)	/* records: 512 MiB of log */
 #define TKGT_MAX_LIMIT (1ull << 28)	/* 8 GiB: refuse anything larger */
 
 /* HINT #0x77 (CRm=0b1110, op2=0b111): unallocated, so a NOP on every Armv8/v9 core. */

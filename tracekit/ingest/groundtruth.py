@@ -1,13 +1,16 @@
 """The ground-truth plugin's log (reproducer/groundtruth/, docs/tables.md) as polars tables.
 
-`read_header` and `read_records` read the file as the plugin wrote it; `decode` adds
-what each instruction word names (operation, EL form, scope, shareability). Where each
-record executed and the trace clock come from tracekit.analysis.groundtruth.
+`read_header` and `read_log` read the file as the plugin wrote it; `decode` adds what
+each instruction word names (operation, EL form, scope, shareability). `load_ground_truth`
+reads a `vhost run --ground-truth` output directory into the final table: where each
+record executed, the Linux CPU and the trace clock (tracekit.ingest.gtalign).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,15 @@ import numpy as np
 import polars as pl
 
 from tracekit.errors import TracekitError
+from tracekit.ingest import gtalign
+from tracekit.symbols.kallsyms import read_kallsyms
+
+# The files `vhost run --ground-truth` leaves in --out (tracekit/vhost/runner.py).
+GT_LOG = "vhost-groundtruth.tkgt"
+GT_KALLSYMS = "vhost-kallsyms.txt"
+GT_MARKERS = "vhost-gtmark.txt"
+GT_DMESG = "vhost-boot-dmesg.txt"
+GT_RUN = "vhost-run.json"
 
 MAGIC = b"TKGTLOG\0"
 VERSION = 1
@@ -295,3 +307,76 @@ def _scope(insn: int, name: str) -> str | None:
     if name.startswith("TLBI "):
         return tlbi_scope(name.removeprefix("TLBI "))
     return "icache" if name.startswith("IC ") else None
+
+
+_GTMARK_LINE = re.compile(r"^gtmark seq=(\d+) cpu=(\d+) slot=(\d+) t0=(\d+) t1=(\d+)$")
+
+
+def parse_gtmark(text: str, source: str = "gtmark output") -> pl.DataFrame:
+    """gtmark's lines (reproducer/gtmark.c) as seq, cpu, slot, t0, t1 (CLOCK_BOOTTIME ns).
+
+    gtmark numbers each run's markers from 0, and one boot runs it before and after the
+    command: `seq` here counts every line of the file in order.
+    """
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _GTMARK_LINE.match(line.strip())
+        if not match:
+            if line.strip():
+                raise TracekitError(f"{source}:{number}: not a gtmark line: {line.strip()!r}")
+            continue
+        _, cpu, slot, t0, t1 = (int(group) for group in match.groups())
+        rows.append((len(rows), cpu, slot, t0, t1))
+    schema = {"seq": pl.Int64, "cpu": pl.Int64, "slot": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """One boot's ground truth: the table, the clock fit, the vCPU map, and the log's losses."""
+
+    table: pl.DataFrame
+    fit: gtalign.ClockFit
+    vcpu_to_cpu: dict[int, int]
+    header: LogHeader
+    unfilled: int
+    kvm_mode: str
+
+    def notes(self) -> list[str]:
+        """What every output of this table must say: emulated, losses, clock residual."""
+        notes = [
+            "ground truth from a QEMU TCG plugin on an emulated host: what the emulated CPUs "
+            "executed, not hardware"
+        ]
+        if self.header.not_written:
+            notes.append(
+                f"{self.header.not_written} records NOT written: the log's bound of "
+                f"{self.header.capacity} records was reached"
+            )
+        if self.unfilled:
+            notes.append(f"{self.unfilled} records reserved but never filled (QEMU stopped)")
+        notes.append(self.fit.summary())
+        return notes
+
+
+def load_ground_truth(directory: str | os.PathLike[str]) -> GroundTruth:
+    """A `vhost run --ground-truth` output directory as one table on the trace clock."""
+    out = Path(directory)
+    need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG, GT_RUN]
+    missing = [name for name in need if not (out / name).is_file()]
+    if missing:
+        raise TracekitError(
+            f"{out}: no {', '.join(missing)}; give the --out directory of a "
+            "`tracekit vhost run --ground-truth` run"
+        )
+    log = read_log(out / GT_LOG)
+    kvm_mode = json.loads((out / GT_RUN).read_text()).get("kvm_mode", "unknown")
+    table, fit, mapping = gtalign.ground_truth_table(
+        log.records,
+        gtalign.kernel_layout(read_kallsyms(out / GT_KALLSYMS)),
+        parse_gtmark((out / GT_MARKERS).read_text(), str(out / GT_MARKERS)),
+        (out / GT_DMESG).read_text(errors="replace"),
+        log.header.vcpus,
+        kvm_mode,
+    )
+    return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode)

@@ -28,8 +28,9 @@ HEADER = "qemu-plugin.h"
 PLUGIN = "tkgt.so"
 # QEMU_PLUGIN_VERSION the plugin is written for (7.2's API: no register reads).
 PLUGIN_API = 1
-# The log's bound: 4 Mi records of 32 bytes (128 MiB); reservations past it are counted.
-DEFAULT_LIMIT = 4 << 20
+# The log's bound: 16 Mi records of 32 bytes (512 MiB; a bookworm boot with one VM writes
+# ~1 Mi, mostly DSBs); reservations past it are counted, never silently dropped.
+DEFAULT_LIMIT = 16 << 20
 
 Progress = Callable[[str], None]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import tracekit
 from tracekit.errors import TracekitError
+from tracekit.ingest.groundtruth import GT_KALLSYMS, GT_LOG, GT_MARKERS
 from tracekit.vhost.cache import vhost_cache
 from tracekit.vhost.console import ConsoleStream
 from tracekit.vhost.image import VhostImage, require_image
@@ -41,9 +42,9 @@ EMULATED_NOTE = (
 )
 CONSOLE_LOG = "vhost-console.log"
 # --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
-GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
-KALLSYMS = "vhost-kallsyms.txt"
-MARKERS = "vhost-gtmark.txt"
+GROUND_TRUTH_LOG = GT_LOG
+KALLSYMS = GT_KALLSYMS
+MARKERS = GT_MARKERS
 # The marker helper as the emulated host sees the checkout (cross-built by make).
 GTMARK = "reproducer/build/gtmark"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
@@ -246,7 +247,7 @@ def run(
         ground_truth_log=out / GROUND_TRUTH_LOG if config.ground_truth else None,
     )
     if config.ground_truth:
-        result.notes.append(ground_truth_note(out / GROUND_TRUTH_LOG))
+        result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out)]
     _record(result, config, command)
     return result
 
@@ -271,6 +272,18 @@ def ground_truth_note(log: Path) -> str:
         f"ground truth (QEMU TCG plugin, emulated, not hardware): {header.written} records "
         f"in {log.name}, bound {header.capacity}{lost}{closed}"
     )
+
+
+def _alignment_note(out: Path) -> str:
+    """The clock fit of this boot's markers (and the vCPU map check), or why it failed."""
+    from tracekit.ingest.groundtruth import load_ground_truth
+
+    try:
+        truth = load_ground_truth(out)
+    except TracekitError as exc:
+        return f"ground truth NOT aligned to the trace clock: {exc}"
+    cpus = ", ".join(f"{v}->{c}" for v, c in sorted(truth.vcpu_to_cpu.items()))
+    return f"ground truth: {truth.fit.summary()}; vCPU->CPU {cpus} (checked by markers)"
 
 
 def _boot(
