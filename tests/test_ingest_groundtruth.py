@@ -115,7 +115,9 @@ def test_a_full_log_says_how_much_was_not_written(tmp_path: Path) -> None:
     assert "476 NOT written (log full)" in ground_truth_note(log)
     # The markers were among the records not written: the clock cannot be aligned, and
     # the run's note says so instead of a table on a wrong clock.
-    assert "NOT aligned" in _alignment_note(out) and "0 markers" in _alignment_note(out)
+    assert "NOT aligned" in _alignment_note(out, "nvhe") and "0 markers" in _alignment_note(
+        out, "nvhe"
+    )
 
 
 def test_unfilled_slots_are_counted(tmp_path: Path) -> None:

@@ -359,10 +359,15 @@ class GroundTruth:
         return notes
 
 
-def load_ground_truth(directory: str | os.PathLike[str]) -> GroundTruth:
-    """A `vhost run --ground-truth` output directory as one table on the trace clock."""
+def load_ground_truth(
+    directory: str | os.PathLike[str], kvm_mode: str | None = None
+) -> GroundTruth:
+    """A `vhost run --ground-truth` output directory as one table on the trace clock.
+
+    The KVM mode the kernel initialised comes from vhost-run.json unless given.
+    """
     out = Path(directory)
-    need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG, GT_RUN]
+    need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG] + ([] if kvm_mode else [GT_RUN])
     missing = [name for name in need if not (out / name).is_file()]
     if missing:
         raise TracekitError(
@@ -370,7 +375,8 @@ def load_ground_truth(directory: str | os.PathLike[str]) -> GroundTruth:
             "`tracekit vhost run --ground-truth` run"
         )
     log = read_log(out / GT_LOG)
-    kvm_mode = json.loads((out / GT_RUN).read_text()).get("kvm_mode", "unknown")
+    if kvm_mode is None:
+        kvm_mode = json.loads((out / GT_RUN).read_text()).get("kvm_mode", "unknown")
     table, fit, mapping = gtalign.ground_truth_table(
         log.records,
         gtalign.kernel_layout(read_kallsyms(out / GT_KALLSYMS)),

@@ -247,7 +247,7 @@ def run(
         ground_truth_log=out / GROUND_TRUTH_LOG if config.ground_truth else None,
     )
     if config.ground_truth:
-        result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out)]
+        result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out, mode)]
     _record(result, config, command)
     return result
 
@@ -274,12 +274,12 @@ def ground_truth_note(log: Path) -> str:
     )
 
 
-def _alignment_note(out: Path) -> str:
+def _alignment_note(out: Path, kvm_mode: str) -> str:
     """The clock fit of this boot's markers (and the vCPU map check), or why it failed."""
     from tracekit.ingest.groundtruth import load_ground_truth
 
     try:
-        truth = load_ground_truth(out)
+        truth = load_ground_truth(out, kvm_mode)
     except TracekitError as exc:
         return f"ground truth NOT aligned to the trace clock: {exc}"
     cpus = ", ".join(f"{v}->{c}" for v, c in sorted(truth.vcpu_to_cpu.items()))
