@@ -1,8 +1,10 @@
-"""The ground-truth plugin's build side: QEMU version checks, the header out of Debian's
-source tarballs, the deb-src apt state, and the plugin built by make against the header.
+"""The ground-truth plugin: its build side (QEMU version checks, the header out of
+Debian's source tarballs, the deb-src apt state, make against the header) and, in the
+emulated host, what it sees of VMs in nVHE on bookworm's 6.1.
 
 The tarballs here are generated; the build uses the header `tracekit vhost build
 --ground-truth` cached (the real one of the installed QEMU), and is skipped without it.
+The vhost test loads the plugin in the existing `nvhe-a53` boot (no boot of its own).
 """
 
 from __future__ import annotations
@@ -12,9 +14,14 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import polars as pl
 import pytest
+from conftest import register_vhost_check
 
+from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.ingest.groundtruth import load_ground_truth, parse_gtmark
+from tracekit.ingest.vmm import parse_vmm_output
 from tracekit.vhost import apt, groundtruth
 
 HEADER = b"/* qemu-plugin.h */\n#define QEMU_PLUGIN_VERSION 1\n"
@@ -127,3 +134,74 @@ def test_plugin_builds_with_werror_and_exports_install(tmp_path: Path) -> None:
     ).stdout.split()
     assert "qemu_plugin_install" in symbols and "qemu_plugin_version" in symbols
     assert "intern_site" not in symbols  # everything else stays hidden
+
+
+# One VMM run of three MMU-on VMs on CPU 1, between two markers on CPU 0 that bound it on
+# the trace clock (appended to the boot's marker file, so the clock fit pairs them too).
+GT_CONFIG = "nvhe-a53"
+GT_VMS = 3
+register_vhost_check(
+    GT_CONFIG,
+    "groundtruth_vms",
+    "G=/tracekit/reproducer/build/gtmark; "
+    "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-start; "
+    f"/tracekit/reproducer/build/vmm --cpus 1 --repeat {GT_VMS} "
+    "/tracekit/reproducer/build/guests/mmu-on.elf > vmm.txt; status=$?; "
+    "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-end; "
+    "cat /sys/devices/system/cpu/online > online; exit $status",
+)
+
+
+def _within(frame: pl.DataFrame, windows: list[tuple[int, int]]) -> pl.DataFrame:
+    """The rows whose trace time falls in one of the [start, end] windows."""
+    inside = pl.lit(False)
+    for start, end in windows:
+        inside = inside | pl.col("ts").is_between(start, end)
+    return frame.filter(inside)
+
+
+@pytest.mark.vhost
+def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
+    """bookworm 6.1 nVHE: each VM's creation re-initialises EL2 on every online CPU (TLBI
+    ALLE2 + TLBI VMALLS12E1, local), its first vCPU run flushes the guest CPU's context
+    (TLBI VMALLE1 + IC IALLU, local), and its teardown issues no invalidation at EL2;
+    counts equal the VMM's VMs times the CPUs the kernel lists online."""
+    boot = vhost_boot(GT_CONFIG)
+    check = boot.checks["groundtruth_vms"]
+    assert check.status == 0, check.stderr
+    here = boot.result.out_dir / "checks" / "groundtruth_vms"
+    truth = load_ground_truth(boot.result.out_dir)
+    assert truth.header.not_written == 0 and truth.fit.max_residual_ns < 100_000
+    start = parse_gtmark((here / "window-start").read_text())["t0"][0]
+    end = parse_gtmark((here / "window-end").read_text())["t1"][0]
+    vms = parse_vmm_output((here / "vmm.txt").read_text()).vms
+    assert vms.height == GT_VMS and set(vms["result"]) == {"ok"}
+    online = (here / "online").read_text().strip()
+    cpus = len(parse_cpu_list(online))
+    hyp = truth.table.filter(
+        (pl.col("where") == "hyp")
+        & pl.col("kind").is_in(["tlbi", "ic"])
+        & pl.col("ts").is_between(start, end)
+    )
+    creates = [
+        (r["create_start_ns"], r["create_start_ns"] + r["create_ns"])
+        for r in vms.iter_rows(named=True)
+    ]
+    runs = [
+        (b, b + r["run_ns"]) for (_, b), r in zip(creates, vms.iter_rows(named=True), strict=True)
+    ]
+    teardowns = [
+        (r["teardown_end_ns"] - r["teardown_ns"], r["teardown_end_ns"])
+        for r in vms.iter_rows(named=True)
+    ]
+    init = hyp.filter(pl.col("symbol").str.starts_with("__kvm_nvhe____kvm_hyp_init"))
+    for operation in ("TLBI ALLE2", "TLBI VMALLS12E1"):
+        mine = init.filter(pl.col("operation") == operation)
+        assert mine.height == GT_VMS * cpus, operation
+        assert mine.group_by("cpu").len()["len"].to_list() == [GT_VMS] * cpus
+        assert _within(mine, creates).height == mine.height
+    flush = hyp.filter(pl.col("symbol").str.starts_with("__kvm_nvhe___kvm_flush_cpu_context"))
+    assert sorted(flush["operation"].to_list()) == ["IC IALLU"] * GT_VMS + ["TLBI VMALLE1"] * GT_VMS
+    assert set(flush["cpu"]) == {1} and _within(flush, runs).height == flush.height
+    assert hyp.height == init.height + flush.height  # nothing else at EL2, ALLE1(IS) included
+    assert _within(hyp, teardowns).height == 0
