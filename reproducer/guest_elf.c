@@ -98,7 +98,17 @@ static void add_segment(struct guest_image *image, const Elf64_Phdr *ph, uint64_
 	seg->data = image->file + ph->p_offset;
 }
 
-/* Take the variant and marker out of the note's "key=value" lines. */
+/* Copy note value VALUE into FIELD (SIZE bytes); dies when it does not fit. */
+static void note_string(const struct guest_image *image, const char *key, const char *value,
+			char *field, size_t size)
+{
+	if (strlen(value) >= size)
+		die(EXIT_BAD_GUEST, "guest %s: note %s longer than %zu bytes", image->path, key,
+		    size - 1);
+	memcpy(field, value, strlen(value) + 1);
+}
+
+/* Take the variant, marker, preset, revision and knob layout out of the note's lines. */
 static void parse_note_desc(struct guest_image *image, const char *desc, size_t size)
 {
 	const char *p = desc, *end = desc + size;
@@ -114,10 +124,15 @@ static void parse_note_desc(struct guest_image *image, const char *desc, size_t 
 		memcpy(line, p, len);
 		line[len] = '\0';
 		if (strncmp(line, "variant=", 8) == 0) {
-			if (strlen(line + 8) >= sizeof(image->variant))
-				die(EXIT_BAD_GUEST, "guest %s: variant name longer than %zu bytes",
-				    image->path, sizeof(image->variant) - 1);
-			memcpy(image->variant, line + 8, strlen(line + 8) + 1);
+			note_string(image, "variant", line + 8, image->variant,
+				    sizeof(image->variant));
+		} else if (strncmp(line, "preset=", 7) == 0) {
+			note_string(image, "preset", line + 7, image->preset, sizeof(image->preset));
+		} else if (strncmp(line, "revision=", 9) == 0) {
+			note_string(image, "revision", line + 9, image->revision,
+				    sizeof(image->revision));
+		} else if (strncmp(line, "knobs=", 6) == 0) {
+			image->knob_layout = atoi(line + 6);
 		} else if (strncmp(line, "marker=", 7) == 0) {
 			char *stop;
 
@@ -170,6 +185,27 @@ static void check_entry(const struct guest_image *image)
 	    (unsigned long long)image->entry);
 }
 
+/* A knob guest's default block from the segment holding KNOB_BASE; checks its layout. */
+static void load_default_knobs(struct guest_image *image)
+{
+	if (image->knob_layout != KNOB_LAYOUT)
+		die(EXIT_BAD_GUEST, "guest %s: knob layout %d, this VMM reads layout %d; build the "
+		    "guest and the VMM from the same tree", image->path, image->knob_layout,
+		    KNOB_LAYOUT);
+	for (int i = 0; i < image->nsegments; i++) {
+		const struct guest_segment *seg = &image->segments[i];
+
+		if (seg->ipa <= KNOB_BASE && KNOB_BASE + KNOB_BYTES <= seg->ipa + seg->file_size) {
+			memcpy(&image->defaults, seg->data + (KNOB_BASE - seg->ipa), KNOB_BYTES);
+			if (image->defaults.w[KW_MAGIC] == KNOB_MAGIC &&
+			    image->defaults.w[KW_LAYOUT] == KNOB_LAYOUT)
+				return;
+		}
+	}
+	die(EXIT_BAD_GUEST, "guest %s: its note announces a knob block but none is at 0x%x; "
+	    "rebuild it with make -C reproducer", image->path, KNOB_BASE);
+}
+
 /* Read PATH, check header, segments, note and entry; die on any problem. */
 void guest_load_file(const char *path, uint64_t ram_bytes, struct guest_image *image)
 {
@@ -178,6 +214,8 @@ void guest_load_file(const char *path, uint64_t ram_bytes, struct guest_image *i
 
 	memset(image, 0, sizeof(*image));
 	image->path = path;
+	strcpy(image->preset, "none");
+	strcpy(image->revision, "unknown");
 	read_whole_file(path, image);
 	eh = check_header(image);
 	image->entry = eh->e_entry;
@@ -196,6 +234,8 @@ void guest_load_file(const char *path, uint64_t ram_bytes, struct guest_image *i
 		die(EXIT_BAD_GUEST, "guest %s: no tracekit variant note (name \"tracekit\", type "
 		    "0x%x); build guests from reproducer/guests", path, NT_TRACEKIT_VARIANT);
 	check_entry(image);
+	if (image->knob_layout)
+		load_default_knobs(image);
 }
 
 /* Copy each PT_LOAD segment to its place in the RAM mapping. */

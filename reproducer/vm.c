@@ -41,7 +41,9 @@ struct vm {
 	const struct guest_image *image;
 	int index;
 	int fd;
-	unsigned char *ram;
+	unsigned char *ram;		/* guest RAM (aligned inside MAP when --backing thp) */
+	void *map;			/* the mapping to unmap, MAP_BYTES long */
+	uint64_t map_bytes;
 	struct vcpu vcpus[MAX_VCPUS];
 	int nvcpus;
 	pthread_mutex_t lock;
@@ -181,6 +183,66 @@ reg_error:
 	return false;
 }
 
+const char *backing_name(enum backing backing)
+{
+	static const char *const names[] = { "default", "4k", "thp", "hugetlb" };
+
+	return names[backing];
+}
+
+#define HUGE_2M (2ull << 20)
+
+/* Map guest RAM as --backing asks; false (result set) on failure. */
+static bool map_ram(struct vm *vm)
+{
+	enum backing backing = vm->opts->backing;
+	uint64_t bytes = vm->opts->ram_bytes;
+	int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	uintptr_t start;
+
+	/* hugetlb: no MAP_NORESERVE, so a shortage of huge pages fails here, not later. */
+	if (backing == BACKING_HUGETLB)
+		flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB;
+	/* thp: 2 MiB more, to start RAM on a 2 MiB boundary (stage 2 can then use blocks). */
+	vm->map_bytes = bytes + (backing == BACKING_THP ? HUGE_2M : 0);
+	vm->map = mmap(NULL, vm->map_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+	if (vm->map == MAP_FAILED) {
+		vm->map = NULL;
+		if (backing == BACKING_HUGETLB)
+			vm_fail(vm, EXIT_SYSTEM, "--backing hugetlb: cannot map %llu MiB of huge "
+				"pages (%s); reserve them first, e.g. echo %llu > "
+				"/proc/sys/vm/nr_hugepages", (unsigned long long)(bytes >> 20),
+				strerror(errno), (unsigned long long)(bytes / HUGE_2M));
+		else
+			vm_fail(vm, EXIT_SYSTEM, "mmap of %llu bytes of guest RAM: %s",
+				(unsigned long long)bytes, strerror(errno));
+		return false;
+	}
+	start = (uintptr_t)vm->map;
+	if (backing == BACKING_THP)
+		start = (start + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
+	vm->ram = (unsigned char *)start;
+	if ((backing == BACKING_4K && madvise(vm->ram, bytes, MADV_NOHUGEPAGE)) ||
+	    (backing == BACKING_THP && madvise(vm->ram, bytes, MADV_HUGEPAGE))) {
+		vm_fail(vm, EXIT_SYSTEM, "--backing %s: madvise: %s (is THP built into this "
+			"kernel?)", backing_name(backing), strerror(errno));
+		return false;
+	}
+	return true;
+}
+
+/* Copy the guest, and for a knob guest its block and stage-1 tables, into RAM. */
+static void fill_ram(struct vm *vm)
+{
+	const struct vmm_options *opts = vm->opts;
+
+	guest_copy_to_ram(vm->image, vm->ram);
+	if (!opts->knobbed)
+		return;
+	memcpy(vm->ram + (KNOB_BASE - RAM_BASE), opts->knobs.w, KNOB_BYTES);
+	knobs_write_tables(&opts->knobs, vm->ram, opts->ram_bytes);
+}
+
 /* Create the VM with its RAM, memslot and vCPUs; false (result set) on failure. */
 static bool vm_create(struct vm *vm, int ipa_bits)
 {
@@ -195,15 +257,9 @@ static bool vm_create(struct vm *vm, int ipa_bits)
 			strerror(errno));
 		return false;
 	}
-	vm->ram = mmap(NULL, vm->opts->ram_bytes, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (vm->ram == MAP_FAILED) {
-		vm->ram = NULL;
-		vm_fail(vm, EXIT_SYSTEM, "mmap of %llu bytes of guest RAM: %s",
-			(unsigned long long)vm->opts->ram_bytes, strerror(errno));
+	if (!map_ram(vm))
 		return false;
-	}
-	guest_copy_to_ram(vm->image, vm->ram);
+	fill_ram(vm);
 	region = (struct kvm_userspace_memory_region){
 		.slot = 0,
 		.guest_phys_addr = RAM_BASE,
@@ -434,6 +490,26 @@ static void vm_execute(struct vm *vm)
 			"off (PC 0x%llx)", vm->index, (unsigned long long)vcpu_pc(&vm->vcpus[0]));
 }
 
+/* Clean+invalidate the cache lines of LEN bytes at P (an MMU-off guest wrote past them). */
+static void clean_lines(volatile void *p, size_t len)
+{
+	for (size_t off = 0; off < len; off += 16)
+		__asm__ volatile("dc civac, %0" : : "r"((volatile char *)p + off) : "memory");
+	__asm__ volatile("dsb ish" : : : "memory");
+}
+
+/* vCPU 0's result words of a knob guest, for its record=vm line. */
+static void read_results(struct vm *vm)
+{
+	volatile uint64_t *words =
+		(volatile uint64_t *)(vm->ram + (RESULT_BASE - RAM_BASE));
+
+	clean_lines(words, RESULT_STRIDE);
+	for (int i = 0; i < 6; i++)
+		vm->result.results[i] = words[i];
+	vm->result.has_results = true;
+}
+
 /* Check each vCPU's marker; an MMU-off guest wrote past the caches, so clean+inval first. */
 static void check_markers(struct vm *vm)
 {
@@ -444,7 +520,7 @@ static void check_markers(struct vm *vm)
 			(volatile uint64_t *)(vm->ram + MARKER_OFFSET + 8ull * i);
 		uint64_t found;
 
-		__asm__ volatile("dc civac, %0\n\tdsb ish" : : "r"(slot) : "memory");
+		clean_lines(slot, 8);
 		found = *slot;
 		if (found != expected) {
 			vm_fail(vm, EXIT_BAD_MARKER, "vm %d vCPU %d: bad marker at IPA 0x%llx: "
@@ -454,6 +530,8 @@ static void check_markers(struct vm *vm)
 			return;
 		}
 	}
+	if (vm->opts->knobbed)
+		read_results(vm);
 }
 
 /* Tear down in full, always: vCPU run pages and fds, the VM fd, then the RAM. */
@@ -470,8 +548,8 @@ static void vm_teardown(struct vm *vm)
 	/* The last reference to the VM goes here: KVM frees its stage 2 now. */
 	if (vm->fd >= 0)
 		close(vm->fd);
-	if (vm->ram)
-		munmap(vm->ram, vm->opts->ram_bytes);
+	if (vm->map)
+		munmap(vm->map, vm->map_bytes);
 }
 
 /* One VM: create, run, check markers, always tear down; time each phase. */

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * tracekit-vmm: a minimal KVM VMM for arm64. It loads one guest variant (an ELF with a
- * tracekit note), runs it on one or more vCPUs until PSCI SYSTEM_OFF, checks the
- * markers the vCPUs wrote, and prints key=value lines (reproducer/README.md).
+ * tracekit-vmm: a minimal KVM VMM for arm64. It loads one guest (an ELF with a tracekit
+ * note), writes its knob block (the preset, --preset, --knob), runs it on one or more
+ * vCPUs until PSCI SYSTEM_OFF, checks the markers the vCPUs wrote, and prints key=value
+ * lines (reproducer/README.md).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,9 +21,13 @@ static const char usage_text[] =
 	"  --cpus LIST          pin vCPU i to the i-th CPU of LIST (cycled), e.g. 0-2,5\n"
 	"  --ram-mb N           guest RAM at IPA 0x40000000 (default 16)\n"
 	"  --ipa-bits LIST      requested IPA sizes, cycled over the VMs, e.g. 40,48\n"
-	"  --tlbi-count N       x1: TLBIs for the tlbi-loop guest (default 0)\n"
-	"  --spin-us N          x2: spin on CNTVCT before the marker (default 0)\n"
-	"  --touch-kb N         x3: KiB each vCPU touches (cache-toggle; default 0)\n"
+	"  --preset NAME        run the guest as preset NAME (default: the ELF's own)\n"
+	"  --knob NAME=VALUE    set one knob over the preset (repeatable; README)\n"
+	"  --tlbi-count N       knob tlbi_count: TLBIs the guest issues (preset's)\n"
+	"  --spin-us N          knob spin_us: spin on CNTVCT before the marker (0)\n"
+	"  --touch-kb N         knob touch_kb: KiB each vCPU touches (cache-toggle; 0)\n"
+	"  --backing KIND       guest RAM: default, 4k, thp or hugetlb\n"
+	"  --dump-knobs FILE    write the knob block to FILE and print the run line only\n"
 	"  --repeat N           create, run and tear down N VMs in turn (default 1)\n"
 	"  --timeout S          watchdog for each run phase, 0 = none (default 60)\n"
 	"  --clock NAME         boottime (default) or monotonic\n"
@@ -57,6 +63,27 @@ static void parse_ipa_list(const char *text, struct vmm_options *opts)
 	free(copy);
 }
 
+/* Parse --backing. */
+static enum backing parse_backing(const char *text)
+{
+	static const enum backing all[] = { BACKING_DEFAULT, BACKING_4K, BACKING_THP,
+					    BACKING_HUGETLB };
+
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		if (strcmp(text, backing_name(all[i])) == 0)
+			return all[i];
+	die(EXIT_USAGE, "--backing '%s': expected default, 4k (MADV_NOHUGEPAGE), thp "
+	    "(2 MiB aligned, MADV_HUGEPAGE) or hugetlb (MAP_HUGETLB)", text);
+}
+
+/* Remember one --knob assignment (checked once the guest's block is known). */
+static void add_knob_arg(struct vmm_options *opts, const char *text)
+{
+	if (opts->knob_count == MAX_KNOB_ARGS)
+		die(EXIT_USAGE, "--knob: at most %d assignments", MAX_KNOB_ARGS);
+	opts->knob_args[opts->knob_count++] = text;
+}
+
 /* Parse the command line into OPTS; dies with EXIT_USAGE on mistakes. */
 static void parse_options(int argc, char **argv, struct vmm_options *opts)
 {
@@ -72,6 +99,10 @@ static void parse_options(int argc, char **argv, struct vmm_options *opts)
 		{ "timeout", required_argument, NULL, 't' },
 		{ "clock", required_argument, NULL, 'C' },
 		{ "trace-marker", required_argument, NULL, 'm' },
+		{ "preset", required_argument, NULL, 'p' },
+		{ "knob", required_argument, NULL, 'K' },
+		{ "backing", required_argument, NULL, 'b' },
+		{ "dump-knobs", required_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -87,10 +118,19 @@ static void parse_options(int argc, char **argv, struct vmm_options *opts)
 		case 'c': parse_cpu_list(optarg, &opts->cpus); break;
 		case 'r': opts->ram_bytes = parse_u64("--ram-mb", optarg, 4, 1 << 20) << 20; break;
 		case 'i': parse_ipa_list(optarg, opts); break;
-		case 'n': opts->tlbi_count = parse_u64("--tlbi-count", optarg, 0, UINT32_MAX); break;
-		case 's': opts->spin_us = parse_u64("--spin-us", optarg, 0, 3600000000ull); break;
-		case 'k': opts->touch_bytes = parse_u64("--touch-kb", optarg, 0, 1 << 30) << 10;
+		case 'n': opts->tlbi_count = parse_u64("--tlbi-count", optarg, 0, UINT32_MAX);
+			opts->tlbi_count_set = true;
 			break;
+		case 's': opts->spin_us = parse_u64("--spin-us", optarg, 0, 3600000000ull);
+			opts->spin_set = true;
+			break;
+		case 'k': opts->touch_bytes = parse_u64("--touch-kb", optarg, 0, 1 << 20) << 10;
+			opts->touch_set = true;
+			break;
+		case 'p': opts->preset = optarg; break;
+		case 'K': add_knob_arg(opts, optarg); break;
+		case 'b': opts->backing = parse_backing(optarg); break;
+		case 'd': opts->dump_knobs = optarg; break;
 		case 'R': opts->repeat = parse_u64("--repeat", optarg, 1, 100000000); break;
 		case 't': opts->timeout_s = parse_u64("--timeout", optarg, 0, 86400); break;
 		case 'C': opts->clock = parse_clock(optarg); break;
@@ -139,6 +179,98 @@ static void check_options(const struct vmm_options *opts, const struct kvm_host 
 	}
 }
 
+/* The preset list, "a, b, c", for error messages. */
+static void list_presets(char *buf, size_t size)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < preset_count && used < size; i++)
+		used += snprintf(buf + used, size - used, "%s%s", i ? ", " : "", presets[i].name);
+}
+
+/* The block the guest gets: its preset (or --preset), the knob options, then --knob. */
+static void resolve_knobs(struct vmm_options *opts, struct guest_image *image, uint64_t cntfrq)
+{
+	struct knob_block *block = &opts->knobs;
+	char err[512];
+
+	if (!image->knob_layout) {
+		if (opts->preset || opts->knob_count)
+			die(EXIT_USAGE, "guest %s has no knob block (built before the parametric "
+			    "guest): rebuild it with make -C reproducer, or drop --preset/--knob",
+			    image->path);
+		opts->spin_ticks = (uint64_t)((unsigned __int128)opts->spin_us * cntfrq / 1000000);
+		return;
+	}
+	*block = image->defaults;
+	if (opts->preset) {
+		const struct preset *preset = preset_find(opts->preset);
+
+		if (!preset) {
+			list_presets(err, sizeof(err));
+			die(EXIT_USAGE, "--preset '%s': expected one of %s", opts->preset, err);
+		}
+		if (!knobs_from_preset(block, preset, err, sizeof(err)))
+			die(EXIT_USAGE, "--preset %s: %s", opts->preset, err);
+		snprintf(image->preset, sizeof(image->preset), "%s", preset->name);
+	}
+	if (opts->tlbi_count_set)
+		block->w[KW_TLBI_COUNT] = opts->tlbi_count;
+	if (opts->touch_set)
+		block->w[KW_TOUCH_KB] = opts->touch_bytes >> 10;
+	if (opts->spin_set)
+		block->w[KW_SPIN_US] = opts->spin_us;
+	for (int i = 0; i < opts->knob_count; i++)
+		if (!knob_assign(block, opts->knob_args[i], err, sizeof(err)))
+			die(EXIT_USAGE, "--knob %s", err);
+	if (!knobs_derive(block, opts->ram_bytes, opts->vcpus, cntfrq, err, sizeof(err)))
+		die(EXIT_USAGE, "%s", err);
+	/* The entry registers and the run line show what the block says. */
+	opts->knobbed = true;
+	opts->tlbi_count = block->w[KW_TLBI_COUNT];
+	opts->touch_bytes = block->w[KW_TOUCH_KB] << 10;
+	opts->spin_us = block->w[KW_SPIN_US];
+	opts->spin_ticks = block->w[KW_SPIN_TICKS];
+	image->marker = block->w[KW_MARKER];
+}
+
+/* hugetlb RAM comes in whole 2 MiB pages. */
+static void check_backing(const struct vmm_options *opts)
+{
+	if (opts->backing == BACKING_HUGETLB && opts->ram_bytes % (2ull << 20))
+		die(EXIT_USAGE, "--backing hugetlb needs --ram-mb to be a multiple of 2 (whole "
+		    "2 MiB huge pages)");
+}
+
+/* Write the resolved knob block to PATH (--dump-knobs). */
+static void dump_knobs(const struct vmm_options *opts, const char *path)
+{
+	FILE *out = fopen(path, "wb");
+
+	if (!opts->knobbed)
+		die(EXIT_USAGE, "--dump-knobs: guest %s has no knob block", opts->guest_path);
+	if (!out || fwrite(opts->knobs.w, KNOB_BYTES, 1, out) != 1 || fclose(out))
+		die(EXIT_SYSTEM, "--dump-knobs %s: %s", path, strerror(errno));
+}
+
+/* The host's THP mode, the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled. */
+static void read_thp_mode(char *buf, size_t size)
+{
+	FILE *in = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	char line[128] = "", *open, *close;
+
+	snprintf(buf, size, "unknown");
+	if (!in)
+		return;
+	if (fgets(line, sizeof(line), in) && (open = strchr(line, '[')) &&
+	    (close = strchr(open, ']'))) {
+		*close = '\0';
+		snprintf(buf, size, "%s", open + 1);
+	}
+	fclose(in);
+}
+
 /* Print a value with whitespace and '%' escaped (%XX) so key=value lines stay parseable. */
 static void print_escaped(const char *text)
 {
@@ -148,6 +280,36 @@ static void print_escaped(const char *text)
 		else
 			putchar(*p);
 	}
+}
+
+/* The rest of the run line: backing, preset, revision, every knob and what was set. */
+static void print_knobs(const struct vmm_options *opts, const struct guest_image *image)
+{
+	char thp[32], value[64];
+
+	read_thp_mode(thp, sizeof(thp));
+	printf(" backing=%s thp=%s preset=", backing_name(opts->backing), thp);
+	print_escaped(image->preset);
+	printf(" revision=");
+	print_escaped(image->revision);
+	printf(" knobs=%d", opts->knobbed ? KNOB_LAYOUT : 0);
+	if (opts->knobbed) {
+		for (int word = KW_FIRST_KNOB; word <= KW_LAST_KNOB; word++) {
+			/* These three are printed above under their old names already. */
+			if (word == KW_TLBI_COUNT || word == KW_TOUCH_KB || word == KW_SPIN_US)
+				continue;
+			knob_format(&opts->knobs, word, value, sizeof(value));
+			printf(" %s=%s", knob_name(word), value);
+		}
+		printf(" tcr=0x%llx ttbr0=0x%llx", (unsigned long long)opts->knobs.w[KW_TCR],
+		       (unsigned long long)opts->knobs.w[KW_TTBR0]);
+	}
+	/* The names only (values are above); they were checked, so need no escaping. */
+	printf(" knobs_set=");
+	for (int i = 0; i < opts->knob_count; i++)
+		printf("%s%.*s", i ? "," : "", (int)strcspn(opts->knob_args[i], "="),
+		       opts->knob_args[i]);
+	printf("%s\n", opts->knob_count ? "" : "none");
 }
 
 /* The first output line: what ran and with which parameters and clock. */
@@ -170,12 +332,13 @@ static void print_run_line(const struct vmm_options *opts, const struct guest_im
 	for (int i = 0; i < opts->ipa_count; i++)
 		printf("%s%d", i ? "," : "", opts->ipa_bits[i]);
 	printf(" tlbi_count=%llu spin_us=%llu spin_ticks=%llu touch_kb=%llu repeat=%llu "
-	       "timeout_s=%llu clock=%s cntfrq_hz=%llu\n",
+	       "timeout_s=%llu clock=%s cntfrq_hz=%llu",
 	       (unsigned long long)opts->tlbi_count, (unsigned long long)opts->spin_us,
 	       (unsigned long long)opts->spin_ticks,
 	       (unsigned long long)(opts->touch_bytes >> 10), (unsigned long long)opts->repeat,
 	       (unsigned long long)opts->timeout_s, clock_name(opts->clock),
 	       (unsigned long long)cntfrq);
+	print_knobs(opts, image);
 	fflush(stdout);
 }
 
@@ -208,11 +371,21 @@ static void print_vm_line(uint64_t index, int bits, const struct vm_timing *t,
 {
 	const char *how = result->code ? "error" : result->stopped ? "stopped" : "ok";
 
+	const uint64_t *r = result->results;
+
 	printf("record=vm vm=%llu ipa_bits=%d create_start_ns=%llu create_ns=%llu run_ns=%llu "
-	       "teardown_ns=%llu teardown_end_ns=%llu result=%s\n",
+	       "teardown_ns=%llu teardown_end_ns=%llu result=%s",
 	       (unsigned long long)index, bits ? bits : 40, (unsigned long long)t->create_start,
 	       (unsigned long long)t->create_ns, (unsigned long long)t->run_ns,
 	       (unsigned long long)t->teardown_ns, (unsigned long long)t->teardown_end, how);
+	/* What vCPU 0 of a knob guest reports it did (RW_* of guests/knobs.h). */
+	if (result->has_results)
+		printf(" sctlr_on=0x%llx guest_tcr=0x%llx guest_ttbr0=0x%llx pages_read=%llu "
+		       "tlbis=%llu sctlr_end=0x%llx", (unsigned long long)r[RW_SCTLR_ON],
+		       (unsigned long long)r[RW_TCR], (unsigned long long)r[RW_TTBR0],
+		       (unsigned long long)r[RW_PAGES_READ], (unsigned long long)r[RW_TLBIS],
+		       (unsigned long long)r[RW_SCTLR_END]);
+	printf("\n");
 	fflush(stdout);
 }
 
@@ -279,6 +452,14 @@ int main(int argc, char **argv)
 	set_program_name("tracekit-vmm");
 	parse_options(argc, argv, &opts);
 	guest_load_file(opts.guest_path, opts.ram_bytes, &image);
+	check_backing(&opts);
+	cntfrq = read_cntfrq();
+	resolve_knobs(&opts, &image, cntfrq);
+	if (opts.dump_knobs) {
+		dump_knobs(&opts, opts.dump_knobs);
+		print_run_line(&opts, &image, cntfrq);
+		return EXIT_OK;
+	}
 	kvm_host_open(&host);
 	check_options(&opts, &host);
 	if (opts.cpus.count && pin_to_cpu(opts.cpus.cpus[0]))
@@ -287,8 +468,6 @@ int main(int argc, char **argv)
 	sigaction(SIGUSR1, &kick, NULL);
 	sigaction(SIGTERM, &stop, NULL);
 	sigaction(SIGINT, &stop, NULL);
-	cntfrq = read_cntfrq();
-	opts.spin_ticks = (uint64_t)((unsigned __int128)opts.spin_us * cntfrq / 1000000);
 
 	print_run_line(&opts, &image, cntfrq);
 	result = run_series(&host, &opts, &image, &series);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "knobset.h"
 
 /* The guest memory layout; guests/guest.h holds the same numbers for the assembly. */
 #define RAM_BASE		0x40000000ull
@@ -21,6 +22,7 @@
 #define NT_TRACEKIT_VARIANT	0x544b0001u
 #define MAX_VCPUS		512
 #define MAX_IPA_LIST		32
+#define MAX_KNOB_ARGS		64
 
 /* One PT_LOAD segment of the guest image, as it will be copied into guest RAM. */
 struct guest_segment {
@@ -40,6 +42,18 @@ struct guest_image {
 	struct guest_segment segments[16];
 	char variant[64];
 	uint64_t marker;
+	int knob_layout;		/* note key knobs=; 0: an old guest without a block */
+	char preset[64];		/* note key preset= ("none" for an old guest) */
+	char revision[16];		/* note key revision= ("unknown" for an old guest) */
+	struct knob_block defaults;	/* the preset's block, as linked at KNOB_BASE */
+};
+
+/* How guest RAM is backed (--backing); each choice aligns and madvises it. */
+enum backing {
+	BACKING_DEFAULT,		/* a plain anonymous mapping, as before --backing */
+	BACKING_4K,			/* MADV_NOHUGEPAGE: stage 2 gets 4 KiB pages */
+	BACKING_THP,			/* 2 MiB aligned, MADV_HUGEPAGE */
+	BACKING_HUGETLB,		/* MAP_HUGETLB (default huge page size) */
 };
 
 /* Everything the command line chose; shared by all VMs of a --repeat run. */
@@ -58,12 +72,22 @@ struct vmm_options {
 	uint64_t timeout_s;		/* 0: no watchdog */
 	clockid_t clock;
 	int trace_fd;			/* -1: no trace markers */
+	bool tlbi_count_set, touch_set, spin_set;	/* given on the command line */
+	const char *preset;		/* --preset, or NULL: the guest's own */
+	const char *knob_args[MAX_KNOB_ARGS];	/* --knob NAME=VALUE, in order */
+	int knob_count;
+	const char *dump_knobs;		/* --dump-knobs FILE: write the block, run nothing */
+	enum backing backing;
+	bool knobbed;			/* the guest has a knob block: KNOBS is what it gets */
+	struct knob_block knobs;
 };
 
 /* How one VM ended: an exit code and its one-line message, or stopped on request. */
 struct vm_result {
 	int code;
 	bool stopped;			/* SIGTERM/SIGINT ended its run; torn down in full */
+	bool has_results;		/* a knob guest: RESULTS holds vCPU 0's result words */
+	uint64_t results[6];		/* RW_* of guests/knobs.h */
 	char message[512];
 };
 
@@ -92,6 +116,9 @@ void guest_load_file(const char *path, uint64_t ram_bytes, struct guest_image *i
 
 /* Copy the guest's PT_LOAD segments into RAM mapped at HOST. */
 void guest_copy_to_ram(const struct guest_image *image, unsigned char *host);
+
+/* The name of a backing choice, as --backing takes it. */
+const char *backing_name(enum backing backing);
 
 /* Open /dev/kvm and read its limits (dies with EXIT_NO_KVM / EXIT_SYSTEM). */
 void kvm_host_open(struct kvm_host *host);

@@ -9,6 +9,7 @@ snapshotted before and after each, inside the host.
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from conftest import VhostBoot, register_vhost_check
 
 from tracekit.bundle import read_manifest, verify_files
 from tracekit.cli import main
+from tracekit.errors import TracekitError
+from tracekit.host.protocol import SCENARIOS
+from tracekit.host.runners import guest_settings
 
 NVHE = "nvhe-a76"
 ROLES = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
@@ -248,3 +252,49 @@ def test_bad_probe_args_file_is_rejected_before_anything(tmp_path: Path) -> None
     )
     assert result.exit_code == 2
     assert "probe-args" in result.output and "Traceback" not in result.output
+
+
+def test_a_real_run_off_arm64_is_refused_in_one_line(tmp_path: Path) -> None:
+    if platform.machine() in ("aarch64", "arm64"):
+        pytest.skip("this machine is arm64: a real run is allowed here")
+    result = CliRunner().invoke(main, [*ROLES, "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2, result.output
+    assert "not arm64" in result.output and "--dry-run" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_loop_guest_without_a_count_is_refused(tmp_path: Path) -> None:
+    """`--guest tlbi-loop.elf` in the main scenario used to run 0 TLBIs silently."""
+    loop = REPRODUCER_BUILD / "guests" / "tlbi-loop.elf"
+    if not loop.is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    argv = [*ROLES, "--guest", str(loop), "--dry-run", "-o", str(tmp_path / "b")]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and "give --tlbi-count N" in result.output
+    result = CliRunner().invoke(main, [*argv, "--tlbi-count", "1000"])
+    assert result.exit_code == 0, result.output
+
+
+def test_every_guest_parameter_reaches_the_vmm() -> None:
+    """A guest run outside a sweep passes the scenario's parameters, defaults included."""
+    params = SCENARIOS["main"].defaults.merged(tlbi_count=1000, touch_kb=(4096,))
+    argv = guest_settings(params, timeout=600)
+    assert argv == ["--touch-kb", "4096", "--tlbi-count", "1000", "--timeout", "600"]
+    sweep = guest_settings(params, ipa_bits=44, ram_mb=16, touch_kb=0, timeout=0)
+    assert sweep[:4] == ["--ipa-bits", "44", "--touch-kb", "0"]
+    with pytest.raises(TracekitError, match="give one value"):
+        SCENARIOS["main"].defaults.merged(vcpus=(1, 2)).single("vcpus")
+
+
+def test_guest_knobs_and_backing_reach_the_plan_and_bad_ones_are_one_line(tmp_path: Path) -> None:
+    if not (REPRODUCER_BUILD / "guests" / "mmu-on.elf").is_file():
+        pytest.skip("reproducer/build is missing: make -C reproducer CROSS_COMPILE=aarch64-...")
+    argv = [*ROLES, "--dry-run", "-o", str(tmp_path / "b")]
+    result = CliRunner().invoke(main, [*argv, "--knob", "pages=64", "--backing", "thp"])
+    assert result.exit_code == 0, result.output
+    assert "--knob pages=64 --backing thp" in result.output
+    assert "--backing 4k" in CliRunner().invoke(main, argv).output  # the default, stated
+    for bad in ("pages", "nosuch=1"):
+        result = CliRunner().invoke(main, [*argv, "--knob", bad])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1

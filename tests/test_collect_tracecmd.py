@@ -20,14 +20,14 @@ from conftest import VhostBoot, register_vhost_check
 from tracefs_recording import recording_instance
 
 import tracekit
-from tracekit.bundle import Manifest, RunRecord, read_manifest, verify_files
+from tracekit.bundle import Manifest, RunRecord, read_manifest, run_trace_path, verify_files
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.host.capture import capture_record, check_capture, new_capture
 from tracekit.host.cleanup import CleanupStack
 from tracekit.host.tools import find_tools, find_trace_cmd
 from tracekit.host.tracecmdcapture import TRACE_DAT, TraceCmdCapture
-from tracekit.ingest.bundle import load_bundle, open_run_trace, run_trace_path, traced_runs
+from tracekit.ingest.bundle import load_bundle, open_run_trace, traced_runs
 
 # `root` (skips without root or tracefs) and `unchanged`.
 pytest_plugins = ["host_tracefs_support"]
@@ -137,7 +137,7 @@ def test_ingest_finds_a_runs_trace_dat(tmp_path: Path) -> None:
     data = load_bundle(root)
     runs = traced_runs(data)
     assert [r.run_id for r in runs] == ["before-traced-0"]
-    assert run_trace_path(root, runs[0]) == root / "runs" / "before-traced-0" / TRACE_DAT
+    assert run_trace_path(root, runs[0].run_id) == root / "runs" / "before-traced-0" / TRACE_DAT
     trace = open_run_trace(data, runs[0])
     assert trace.meta["reader"].startswith("trace.dat")
     # The file says `local` (the top level's clock when it was made); the run used boot.

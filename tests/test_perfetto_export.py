@@ -213,7 +213,7 @@ def test_cli_exports_and_checks(tmp_path: Path) -> None:
 def test_read_kallsyms_and_its_errors(tmp_path: Path) -> None:
     """kallsyms lines give address -> name; an all-zero (non-root) copy is refused."""
     from tracekit.errors import TracekitError
-    from tracekit.perfetto.export import read_kallsyms
+    from tracekit.symbols.kallsyms import address_names as read_kallsyms
 
     good = tmp_path / "kallsyms"
     good.write_text("ffff800080010000 T do_work\nffff800080010040 t helper [mod]\nbad line\n")

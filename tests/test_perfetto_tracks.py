@@ -7,8 +7,8 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.exits import exit_reason
 from tracekit.ingest.tables import LOST_SCHEMA
-from tracekit.perfetto.exits import exit_reason
 from tracekit.perfetto.protos import TracePacket, TrackEvent
 from tracekit.perfetto.tracks import write_tracks
 from tracekit.perfetto.validate import validate_file

@@ -22,7 +22,24 @@ from conftest import VhostBoot, register_vhost_check
 from elftools.elf.elffile import ELFFile
 
 from tracekit.errors import TracekitError
-from tracekit.guests import RAM_BASE, GuestVariant, list_guests, read_variant
+from tracekit.guests import (
+    KNOB_DEFAULTS,
+    KNOB_LAYOUT,
+    KNOB_MAGIC,
+    KNOB_WORD,
+    KNOBS,
+    PRESETS,
+    RAM_BASE,
+    WORD_MARKER,
+    GuestVariant,
+    format_knob,
+    list_guests,
+    pack_knob_block,
+    parse_knob,
+    read_knob_block,
+    read_variant,
+    vmm_guest_argv,
+)
 
 REPRODUCER = Path(__file__).resolve().parent.parent / "reproducer"
 CROSS = "aarch64-linux-gnu-"
@@ -38,11 +55,13 @@ EXPECTED = {
     "mmu-on-nocache": ("on", "off", 0, "none", False, False),
     "mmu-on-off": ("on-then-off", "on", 0, "none", False, False),
     "mmu-on-asid": ("on", "on", 42, "none", False, False),
-    "mmu-on-vmalle1": ("on", "on", 0, "vmalle1", False, False),
-    "mmu-on-vmalle1is": ("on", "on", 0, "vmalle1is", False, False),
+    # Corrected (issue 17 point 2): MMU on, pages read, MMU off, then the TLBI.
+    "mmu-on-vmalle1": ("on-then-off", "on", 0, "vmalle1", False, False),
+    "mmu-on-vmalle1is": ("on-then-off", "on", 0, "vmalle1is", False, False),
     "tlbi-loop": ("off", "off", 0, "loop-vmalle1is", False, False),
     "cache-toggle": ("on", "on", 0, "none", True, True),
     "setway-after-on": ("on", "on", 0, "none", True, True),
+    "mmu-on-report": ("on", "on", 0, "none", False, False),
 }
 
 PROBE_HEADER = struct.Struct("<8sIIIIII QQ II Q")
@@ -73,11 +92,6 @@ def run_arm64(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_build_has_every_variant(build: Path) -> None:
-    names = sorted(path.stem for path in (build / "guests").glob("*.elf"))
-    assert names == sorted(EXPECTED)
-
-
 @pytest.mark.parametrize("tool", ["vmm", "tlbiprobe"])
 def test_tools_are_static_aarch64(build: Path, tool: str) -> None:
     with (build / tool).open("rb") as stream:
@@ -95,22 +109,15 @@ def test_guest_note_reads_back(build: Path, name: str) -> None:
     assert (guest.tlbi, guest.setway, guest.touch) == (tlbi, setway, touch)
     assert guest.entry == RAM_BASE
     assert guest.segments[0][0] == RAM_BASE
-    assert guest.registers[0] == "x0:vcpu" and len(guest.registers) == 5
+    assert guest.registers == ("x0:vcpu", "x4:vcpus")
     assert guest.description
+    assert (guest.preset, guest.revision, guest.knob_layout) == (name, "2", KNOB_LAYOUT)
 
 
 def test_markers_are_distinct_per_variant(build: Path) -> None:
     guests = list_guests(build / "guests")
     assert [guest.variant for guest in guests] == sorted(EXPECTED)
     assert len({guest.marker for guest in guests}) == len(guests)
-
-
-def test_marker_constant_is_in_the_code(build: Path) -> None:
-    """The marker the note announces is the value the guest code stores."""
-    guest = read_variant(build / "guests" / "mmu-on.elf")
-    with guest.path.open("rb") as stream:
-        text = ELFFile(stream).get_section_by_name(".text").data()
-    assert struct.pack("<Q", guest.marker) in text
 
 
 def patched_copy(source: Path, target: Path, edit: Callable[[bytearray], None]) -> Path:
@@ -270,6 +277,155 @@ def test_probe_rejects_bad_options(build: Path, args: list[str], text: str) -> N
     assert_one_error_line(run_arm64(build / "tlbiprobe", *args), 2, text)
 
 
+def test_build_is_one_elf_per_preset(build: Path) -> None:
+    """The build makes the presets tracekit.guests lists, and the old variants are among them."""
+    names = sorted(path.stem for path in (build / "guests").glob("*.elf"))
+    assert names == sorted(PRESETS) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_block_matches_its_note(build: Path, name: str) -> None:
+    """The block an ELF links at KNOB_BASE holds the knobs and marker its note states."""
+    path = build / "guests" / f"{name}.elf"
+    guest, words = read_variant(path), read_knob_block(path)
+    assert words[:3] == [KNOB_MAGIC, KNOB_LAYOUT, 256] and words[WORD_MARKER] == guest.marker
+    assert {knob: format_knob(knob, words[KNOB_WORD[knob]]) for knob in KNOBS} == dict(
+        guest.knob_values
+    )
+    assert words[24:] == [0] * 8  # the derived words are the VMM's to fill
+
+
+def test_old_guest_reads_revision_unknown(build: Path, tmp_path: Path) -> None:
+    """A guest whose note has no revision and no knob layout reads as an old guest."""
+
+    def edit(data: bytearray) -> None:
+        replace_once(data, b"\nrevision=2\n", b"\nxevision=2\n")
+        replace_once(data, b"\nknobs=1\n", b"\nxnobs=1\n")
+
+    old = read_variant(patched_copy(build / "guests" / "mmu-on.elf", tmp_path / "mmu-on.elf", edit))
+    assert (old.revision, old.knob_layout, old.variant) == ("unknown", 0, "mmu-on")
+
+
+# (preset, knobs over it, --ram-mb): the VMM's block must be what Python packs.
+DUMP_CASES = [
+    ("mmu-on", {}, 16),
+    ("mmu-on-vmalle1", {"leaf": "4k", "pages": "100"}, 16),
+    (
+        "mmu-off",
+        {
+            "mmu": "1",
+            "leaf": "2m",
+            "irgn": "nc",
+            "orgn": "wt",
+            "sh": "outer",
+            "ng": "1",
+            "asid": "200",
+            "tlbi": "aside1is",
+            "tlbi_count": "7",
+            "on_us": "1500",
+            "spin_us": "30",
+        },
+        64,
+    ),
+    ("cache-toggle", {"touch_kb": "64", "caches": "0"}, 16),
+    ("mmu-on-report", {"leaf": "4k"}, 100),
+]
+
+
+def run_fields(stdout: str) -> dict[str, str]:
+    """The key=value pairs of the VMM's record=run line."""
+    line = next(line for line in stdout.splitlines() if line.startswith("record=run "))
+    return dict(pair.split("=", 1) for pair in line.split())
+
+
+@needs_qemu_user
+@pytest.mark.parametrize(("preset", "knobs", "ram_mb"), DUMP_CASES)
+def test_vmm_writes_the_block_python_packs(
+    build: Path, tmp_path: Path, preset: str, knobs: dict[str, str], ram_mb: int
+) -> None:
+    """--dump-knobs: the C block equals pack_knob_block, and the run line names every knob."""
+    out = tmp_path / "knobs.bin"
+    argv = [*vmm_guest_argv(preset, knobs), "--ram-mb", str(ram_mb), "--dump-knobs", str(out)]
+    # Any guest ELF will do: --preset replaces its block.
+    result = run_arm64(build / "vmm", *argv, str(build / "guests" / "mmu-off.elf"))
+    assert result.returncode == 0, result.stderr
+    run = run_fields(result.stdout)
+    base = read_variant(build / "guests" / f"{preset}.elf")
+    values = {name: parse_knob(name, text) for name, text in base.knob_values.items()}
+    values |= {name: parse_knob(name, text) for name, text in knobs.items()}
+    assert out.read_bytes() == pack_knob_block(values, base.marker, ram_mb, int(run["cntfrq_hz"]))
+    assert {name: run[name] for name in KNOBS} == {n: format_knob(n, v) for n, v in values.items()}
+    assert (run["preset"], run["revision"], run["knobs"]) == (preset, "2", "1")
+    assert run["knobs_set"] == (",".join(knobs) or "none")
+    assert run["marker"] == f"{base.marker:#018x}" and run["backing"] == "default"
+
+
+@needs_qemu_user
+def test_vmm_knob_options_and_order(build: Path, tmp_path: Path) -> None:
+    """--tlbi-count/--touch-kb/--spin-us set their knobs; a later --knob wins over them."""
+    out = tmp_path / "knobs.bin"
+    guest = str(build / "guests" / "tlbi-loop.elf")
+    args = ["--tlbi-count", "5", "--spin-us", "9", "--knob", "spin_us=11", "--dump-knobs"]
+    result = run_arm64(build / "vmm", *args, str(out), guest)
+    assert result.returncode == 0, result.stderr
+    run = run_fields(result.stdout)
+    assert (run["tlbi_count"], run["spin_us"], run["tlbi"], run["mmu"]) == (
+        "5",
+        "11",
+        "vmalle1is",
+        "0",
+    )
+    values = KNOB_DEFAULTS | {"tlbi": 2, "tlbi_count": 5, "spin_us": 11}
+    tlbi_loop = read_variant(guest)
+    assert out.read_bytes() == pack_knob_block(values, tlbi_loop.marker, 16, int(run["cntfrq_hz"]))
+
+
+@needs_qemu_user
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--knob", "leaf=8k"], "--knob leaf='8k': expected one of 4k|2m|1g"),
+        (["--knob", "colour=red"], "--knob 'colour=red': expected NAME=VALUE"),
+        (["--knob", "asid=256"], "asid='256': expected a number from 0 to 255"),
+        (["--preset", "mmu-sideways"], "--preset 'mmu-sideways': expected one of mmu-off,"),
+        (["--knob", "pages=4000"], "--ram-mb 16 is too small for 4000 dose pages"),
+        (["--backing", "huge"], "--backing 'huge'"),
+        (["--backing", "hugetlb", "--ram-mb", "5"], "multiple of 2"),
+    ],
+)
+def test_vmm_rejects_bad_knobs(build: Path, args: list[str], text: str) -> None:
+    guest = str(build / "guests" / "mmu-on.elf")
+    assert_one_error_line(run_arm64(build / "vmm", *args, guest), 2, text)
+
+
+@needs_qemu_user
+def test_vmm_refuses_knobs_for_an_old_guest(build: Path, tmp_path: Path) -> None:
+    """An ELF without a knob block cannot take knobs: one line says to rebuild it."""
+    edit = lambda data: replace_once(data, b"\nknobs=1\n", b"\nxnobs=1\n")  # noqa: E731
+    old = patched_copy(build / "guests" / "mmu-on.elf", tmp_path / "mmu-on.elf", edit)
+    result = run_arm64(build / "vmm", "--knob", "mmu=1", str(old))
+    assert_one_error_line(result, 2, "has no knob block")
+
+
+def test_guest_argv_checks_every_value() -> None:
+    """vmm_guest_argv spells knobs as the VMM takes them and rejects bad input in one line."""
+    argv = vmm_guest_argv("mmu-on", {"leaf": "4k", "pages": 16, "mmu_off": 1}, "thp")
+    assert argv == [
+        *("--preset", "mmu-on", "--knob", "leaf=4k", "--knob", "pages=16"),
+        *("--knob", "mmu_off=1", "--backing", "thp"),
+    ]
+    assert vmm_guest_argv() == []
+    for call, text in [
+        (lambda: vmm_guest_argv("mmu-upside-down"), "unknown guest preset"),
+        (lambda: vmm_guest_argv(knobs={"colour": 1}), "unknown guest knob 'colour'"),
+        (lambda: vmm_guest_argv(knobs={"leaf": "8k"}), "expected one of 4k|2m|1g"),
+        (lambda: vmm_guest_argv(knobs={"asid": 300}), "from 0 to 255"),
+        (lambda: vmm_guest_argv(backing="1g"), "expected one of default, 4k, thp, hugetlb"),
+    ]:
+        with pytest.raises(TracekitError, match=text):
+            call()
+
+
 def test_variant_is_frozen(build: Path) -> None:
     guest: GuestVariant = read_variant(build / "guests" / "mmu-off.elf")
     with pytest.raises(AttributeError):
@@ -340,6 +496,46 @@ register_vhost_check(
     "$R/vmm --repeat 100000 --timeout 0 --ipa-bits 40 $G/mmu-off.elf > s.txt 2>&1 & pid=$!; "
     'sleep "0.$((i % 7 + 3))$((i * 7 % 10))"; kill -TERM $pid; wait $pid; echo "status=$?"; '
     "cat s.txt; done",
+)
+# Each knob changes what the guest does: one VMM run per knob setting, each with its
+# kvm_exit/kvm_toggle_cache counts (the traps KVM took) after its output.
+KNOB_TRACE = "T=/sys/kernel/tracing/instances/tk-knobs; mkdir -p $T; echo boot > $T/trace_clock"
+KNOB_RUN = (
+    'run() { name=$1; shift; echo > $T/trace; $R/vmm "$@" $G/mmu-off.elf > $name.txt; '
+    'echo "status=$?" >> $name.txt; '
+    "echo \"exits=$(grep -c 'kvm_exit:' $T/trace) dabt=$(grep -c DABT_LOW $T/trace) "
+    "sys64=$(grep -c SYS64 $T/trace) toggles=$(grep -c 'kvm_toggle_cache:' $T/trace) "
+    "cache_on=$(grep -c 'now on' $T/trace)\" >> $name.txt; }"
+)
+KNOB_RUNS = {
+    "off": "--preset mmu-off",
+    "on": "--preset mmu-on",
+    "nocache": "--preset mmu-on-nocache",
+    "report": "--preset mmu-on-report",
+    "vmalle1": "--preset mmu-on-vmalle1",
+    "leaf4k": "--preset mmu-on --knob leaf=4k --knob pages=64",
+    "leaf2m": "--preset mmu-on --knob leaf=2m --knob pages=64",
+    "walk": "--preset mmu-on --knob irgn=nc --knob orgn=wt --knob sh=outer",
+    "asid": "--preset mmu-on --knob ng=1 --knob asid=7 --knob tlbi=aside1is --knob tlbi_count=5",
+    "dose4k": "--preset mmu-on --knob pages=256 --backing 4k",
+    "dosethp": "--preset mmu-on --knob pages=256 --backing thp",
+    "hugetlb_none": "--preset mmu-on --backing hugetlb",
+}
+register_vhost_check(
+    NVHE,
+    "repro_knobs",
+    "\n".join(
+        [
+            INSIDE,
+            KNOB_TRACE,
+            "for e in kvm_exit kvm_toggle_cache; do echo 1 > $T/events/kvm/$e/enable; done",
+            KNOB_RUN,
+            *(f"run {name} {args}" for name, args in KNOB_RUNS.items()),
+            "echo 8 > /proc/sys/vm/nr_hugepages",
+            "run hugetlb --preset mmu-on --knob pages=256 --backing hugetlb",
+            "echo 0 > /proc/sys/vm/nr_hugepages; rmdir $T",
+        ]
+    ),
 )
 register_vhost_check(
     "vhe-max", "repro_vhe", f"{INSIDE}; $R/vmm --repeat 2 --ipa-bits 40,48 $G/mmu-on.elf"
@@ -481,3 +677,78 @@ def test_vhost_rt_kernel_says_kvm_is_missing(vhost_boot) -> None:
     boot = vhost_boot("rt-a76")
     assert "status=3" in vhost_check(boot, "repro_no_kvm")
     assert "KVM is not available" in boot.checks["repro_no_kvm"].stderr
+
+
+def knob_run(boot: VhostBoot, name: str) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+    """One run of repro_knobs: its run record, its vm record, and its trap counts."""
+    text = (boot.result.out_dir / "checks" / "repro_knobs" / f"{name}.txt").read_text()
+    lines = text.splitlines()
+    assert "status=0" in lines, f"{name}:\n{text}"
+    vms = vm_records(text)
+    assert [vm["result"] for vm in vms] == ["ok"], text
+    traps = dict(pair.split("=", 1) for pair in lines[-1].split())
+    return run_fields(text), vms[0], {key: int(value) for key, value in traps.items()}
+
+
+@pytest.mark.vhost
+def test_vhost_knobs_change_what_the_guest_does(vhost_boot) -> None:
+    """Each knob, set on the MMU-off ELF, shows in the guest's own report of what it did."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    runs = {name: knob_run(boot, name) for name in KNOB_RUNS if name != "hugetlb_none"}
+    sctlr_m, sctlr_c = 1, 1 << 2
+    _, off, _ = runs["off"]
+    assert int(off["sctlr_on"], 16) == 0 and int(off["sctlr_end"], 16) & sctlr_m == 0
+    _, on, _ = runs["on"]
+    assert int(on["sctlr_on"], 16) & (sctlr_m | sctlr_c) == sctlr_m | sctlr_c
+    _, nocache, _ = runs["nocache"]
+    assert int(nocache["sctlr_on"], 16) & (sctlr_m | sctlr_c) == sctlr_m
+    # The report's pre-enable TLBI is the only TLBI mmu-on-report issues; mmu-on has none.
+    assert (runs["report"][1]["tlbis"], on["tlbis"]) == ("1", "0")
+    # mmu-on-vmalle1: pages read with the MMU on, then off before its one TLBI.
+    _, vmalle1, _ = runs["vmalle1"]
+    assert (vmalle1["pages_read"], vmalle1["tlbis"]) == ("16", "1")
+    assert int(vmalle1["sctlr_on"], 16) & sctlr_m and not int(vmalle1["sctlr_end"], 16) & sctlr_m
+    # Leaf sizes: the guest walked the VMM's tables (its TTBR0) and read every dose page.
+    for name, leaf in (("leaf4k", "4k"), ("leaf2m", "2m"), ("on", "1g")):
+        run, vm, _ = runs[name]
+        assert run["leaf"] == leaf and vm["guest_ttbr0"] == run["ttbr0"]
+    assert runs["leaf4k"][1]["pages_read"] == runs["leaf2m"][1]["pages_read"] == "64"
+    ttbr = {name: int(runs[name][1]["guest_ttbr0"], 16) for name in ("leaf4k", "leaf2m", "on")}
+    assert ttbr["leaf4k"] < ttbr["leaf2m"] < ttbr["on"]  # more table levels, more pages
+    # Walk attributes and ASID reach TCR_EL1 and TTBR0_EL1; aside1is issued 5 times.
+    tcr = int(runs["walk"][1]["guest_tcr"], 16)
+    assert ((tcr >> 8) & 3, (tcr >> 10) & 3, (tcr >> 12) & 3) == (0, 2, 2)
+    _, asid, _ = runs["asid"]
+    assert int(asid["guest_ttbr0"], 16) >> 48 == 7 and asid["tlbis"] == "5"
+
+
+@pytest.mark.vhost
+def test_vhost_knobs_show_in_kvm_traps(vhost_boot) -> None:
+    """The traps KVM takes follow the knobs: VM-register writes, cache toggles, stage-2 faults."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    traps = {name: knob_run(boot, name)[2] for name in ("off", "on", "nocache", "dose4k")}
+    # cortex-a76 has no FWB: KVM traps MAIR/TCR/TTBR0/SCTLR writes (TVM) until M and C.
+    assert traps["off"]["sys64"] == 0 and traps["off"]["toggles"] == 0
+    assert traps["on"]["sys64"] >= 4 and traps["on"]["cache_on"] >= 1
+    assert traps["nocache"]["sys64"] >= 4 and traps["nocache"]["cache_on"] == 0
+    # 256 dose pages on 4 KiB backing: a stage-2 fault each, at least.
+    assert traps["dose4k"]["dabt"] >= 256 > traps["on"]["dabt"]
+
+
+@pytest.mark.vhost
+def test_vhost_backing_is_applied_and_printed(vhost_boot) -> None:
+    """--backing is printed; hugetlb without reserved pages fails in one line, with them runs."""
+    boot = vhost_boot(NVHE)
+    vhost_check(boot, "repro_knobs")
+    faults = {}
+    for name, backing in (("dose4k", "4k"), ("dosethp", "thp"), ("hugetlb", "hugetlb")):
+        run, vm, traps = knob_run(boot, name)
+        assert run["backing"] == backing and vm["pages_read"] == "256"
+        faults[backing] = traps["dabt"]
+    # Stage 2 follows the backing: a fault per 4 KiB page, or 2 MiB blocks (seen: 259, 1, 1).
+    assert faults["4k"] >= 256 and faults["thp"] < 32 and faults["hugetlb"] < 32
+    folder = boot.result.out_dir / "checks" / "repro_knobs"
+    assert "status=10" in (folder / "hugetlb_none.txt").read_text().splitlines()
+    assert "reserve them first" in boot.checks["repro_knobs"].stderr

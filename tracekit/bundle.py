@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,99 @@ SCHEMA_VERSION = 1
 # The first line of everything said about a bundle whose host.emulated is set.
 EMULATED_LINE = "EMULATED HOST (QEMU): timings are not hardware timings."
 
+# The tracefs group of every kprobe/uprobe tracekit defines (its events are GROUP/NAME).
+PROBE_GROUP = "tracekit"
+
+
+class RunKind(StrEnum):
+    """What a run does; the collector has one runner per kind (tracekit/host/runners.py)."""
+
+    QUIET = "quiet"  # cyclictest + stress-ng, untraced: the headline numbers
+    TRACED = "traced"  # the same, traced: the attribution
+    PROBE = "probe"  # the broadcast-TLBI probe on one CPU
+    GUEST = "guest"  # the guest, once
+    AFTER_GUEST = "after-guest"  # what may clear the state: hotplug, VMID rollover
+    VMS = "vms"  # one sweep point: VMs created, run and destroyed by the VMM
+    GUEST_START = "guest-start"  # a during phase's background guest starts
+    GUEST_STOP = "guest-stop"  # ... and stops
+
+
+# Runs that measure the rt CPU's wake-ups (cyclictest) under stress-ng.
+MEASURE_KINDS = frozenset({RunKind.QUIET, RunKind.TRACED})
+# Runs recorded into a trace of their own (raw capture or trace.dat).
+TRACED_KINDS = frozenset(set(RunKind) - {RunKind.QUIET, RunKind.PROBE})
+
+
+class RunFile(StrEnum):
+    """The files (and the raw capture directory) a run may hold, inside runs/<run_id>/."""
+
+    TRACE = "trace"  # raw capture directory (docs/raw-capture.md)
+    TRACE_DAT = "trace.dat"  # --capture trace-cmd
+    CYCLICTEST = "cyclictest.txt"  # cyclictest -v -N samples
+    CYCLICTEST_JSON = "cyclictest.json"
+    CYCLICTEST_HIST = "cyclictest-hist.txt"
+    STRESS_YAML = "stress-ng.yaml"
+    STRESS = "stress-ng.txt"
+    PERF_STAT = "perf-stat.csv"
+    PERF_STAT_LOG = "perf-stat.txt"
+    PROBE = "probe.bin"  # per-sample probe file
+    PROBE_SUMMARY = "probe.json"
+    VMM = "vmm.txt"  # the VMM's stdout
+    HOTPLUG = "hotplug.txt"
+    ROLLOVER = "rollover.json"
+    GUEST_STOP = "guest-stop.json"
+
+
+RUNS_DIR = "runs"
+# A run id is one path component: no separators, no "..", nothing hidden.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# How a run's trace is looked for, in order: the raw capture, then trace-cmd's file.
+RUN_TRACE_FILES = (RunFile.TRACE, RunFile.TRACE_DAT)
+
+
+def check_run_id(run_id: object) -> str:
+    """A run id that is safe as one directory name, or one clear error."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise TracekitError(
+            f"run id {run_id!r} is not a plain name (letters, digits, '.', '_', '-'); "
+            "the manifest is damaged"
+        )
+    return run_id
+
+
+def run_dir(run_id: str) -> str:
+    """A run's directory, relative to the bundle: runs/<run_id>."""
+    return f"{RUNS_DIR}/{check_run_id(run_id)}"
+
+
+def run_file(run_id: str, name: str) -> str:
+    """A run's file, relative to the bundle: runs/<run_id>/<name>."""
+    return f"{run_dir(run_id)}/{name}"
+
+
+def run_path(root: Path, run_id: str, name: str | None = None) -> Path:
+    """A run's directory, or a file in it, under the bundle root."""
+    return root / (run_dir(run_id) if name is None else run_file(run_id, name))
+
+
+def run_trace_path(root: Path, run_id: str) -> Path | None:
+    """Where a run's trace is (raw capture directory or trace.dat), or None without one."""
+    # Found by name, whatever it holds: a damaged trace then says what is wrong with it
+    # when read, where a check of its contents here would hide the run.
+    return next((p for n in RUN_TRACE_FILES if (p := run_path(root, run_id, n)).exists()), None)
+
+
+def is_bundle(path: Path) -> bool:
+    """Whether a path is a bundle directory (it holds a manifest)."""
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def bundle_of(trace_path: Path) -> Path | None:
+    """The bundle a run's trace sits in (BUNDLE/runs/RUN/trace[.dat]), or None."""
+    root = trace_path.parent.parent.parent
+    in_runs = trace_path.parent.parent.name == RUNS_DIR and trace_path.name in RUN_TRACE_FILES
+    return root if in_runs and is_bundle(root) else None
+
 
 @dataclass
 class RunRecord:
@@ -34,7 +130,7 @@ class RunRecord:
 
     run_id: str
     phase: str
-    kind: str  # quiet, traced, probe, guest, after-guest, vms, guest-start, guest-stop
+    kind: str  # a RunKind
     index: int
     start_ns: int | None = None  # trace clock (CLOCK_BOOTTIME), ns
     end_ns: int | None = None
@@ -192,3 +288,40 @@ def verify_files(root: Path, manifest: Manifest) -> list[str]:
         elif path.stat().st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
             bad.append(f"{rel}: changed since collection")
     return bad
+
+
+def add_file(root: Path, rel: str, source: Path, added_by: str, note: str = "") -> None:
+    """Add a file to a finished bundle atomically, with its checksum and who added it.
+
+    For what only the outside can record (e.g. the emulated host's ground truth, written
+    by QEMU after the collection inside it ended). The file is copied under a temporary
+    name and renamed, then the manifest is rewritten atomically: a crash leaves either
+    the old bundle or the new one.
+    """
+    manifest = read_manifest(root)
+    target = confined(root, rel)
+    if target.exists():
+        raise TracekitError(f"{root}: {rel} already exists in the bundle; it is not replaced")
+    if not source.is_file():
+        raise TracekitError(f"{source}: no such file to add to the bundle")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".adding")
+    shutil.copyfile(source, tmp)
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    manifest.files[rel] = {
+        "size": target.stat().st_size,
+        "sha256": sha256_file(target),
+        "added_by": added_by,
+        "note": note,
+    }
+    BundleWriter(root, manifest).save()
+
+
+def confined(root: Path, rel: str) -> Path:
+    """root/rel, refusing a relative path that leaves the bundle."""
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root.resolve()) or Path(rel).is_absolute():
+        raise TracekitError(f"{rel!r} is outside the bundle {root}; the manifest is damaged")
+    return root / rel

@@ -1,14 +1,19 @@
-"""Read the variant note of a reproducer guest ELF (reproducer/README.md, "The variant note").
+"""Reproducer guests: their variant note, and the parametric guest's knob block.
 
 Every guest ELF built from reproducer/guests/ carries an ELF note, name "tracekit",
 type NT_TRACEKIT_VARIANT, whose description is UTF-8 ``key=value`` lines saying what the
-guest does (stage 1 on or off, caches, TLBIs, set/way maintenance, its marker). The host
-side reads it to label runs, so this module uses pyelftools only (never polars).
+guest does (stage 1 on or off, caches, TLBIs, set/way maintenance, its marker, and for
+the parametric guest its preset, revision and knobs). The knob block the VMM writes at
+KNOB_BASE is mirrored here from reproducer/guests/knobs.h and knobset.c
+(reproducer/README.md, "The knob block"); tests check the mirror against the C. The host
+side reads all this to label runs, so this module uses pyelftools only (never polars).
 """
 
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -26,11 +31,76 @@ RAM_BASE = 0x40000000
 # Guest images must end below the marker area at RAM + 1 MiB (the VMM checks the same).
 LOAD_LIMIT = RAM_BASE + 0x100000
 
+UNKNOWN_REVISION = "unknown"  # a guest built before revisions (the old one-.S-per-variant)
+
+# --- The knob block (reproducer/guests/knobs.h; layout 1) ---
+KNOB_LAYOUT = 1
+KNOB_BASE = 0x40010000
+KNOB_MAGIC = 0x424F4E4B4B54  # "TKKNOB"
+KNOB_WORDS = 32
+KNOB_STRUCT = struct.Struct(f"<{KNOB_WORDS}Q")
+WORD_MARKER = 3
+# The knobs, in word order from word 4: name -> value names (None: a number, with its max).
+BOOL = {"0": 0, "1": 1}
+CACHEABILITY = {"nc": 0, "wbwa": 1, "wt": 2, "wb": 3}
+TLBI_CHOICES = {"none": 0, "vmalle1": 1, "vmalle1is": 2, "aside1": 3, "aside1is": 4}
+KNOBS: dict[str, dict[str, int] | int] = {
+    "mmu": BOOL,
+    "leaf": {"4k": 12, "2m": 21, "1g": 30},
+    "pre_tlbi": BOOL,
+    "pages": 1 << 18,
+    "on_us": 3_600_000_000,
+    "ng": BOOL,
+    "asid": 255,
+    "irgn": CACHEABILITY,
+    "orgn": CACHEABILITY,
+    "sh": {"non": 0, "outer": 2, "inner": 3},
+    "mmu_off": BOOL,
+    "tlbi": TLBI_CHOICES,
+    "tlbi_count": 2**32 - 1,
+    "caches": BOOL,
+    "setway": {"none": 0, "before": 1, "after": 2},
+    "touch": BOOL,
+    "touch_kb": 1 << 20,
+    "spin_us": 3_600_000_000,
+}
+KNOB_WORD = {name: 4 + i for i, name in enumerate(KNOBS)}
+# Every preset starts from these (knobset.c, knobs_defaults).
+KNOB_DEFAULTS = {name: 0 for name in KNOBS} | {"leaf": 30, "irgn": 1, "orgn": 1, "sh": 3}
+# Derived words the VMM fills in (knobset.c, knobs_derive).
+DERIVED_WORD = {
+    "mair": 24,
+    "tcr": 25,
+    "ttbr0": 26,
+    "sctlr_bits": 27,
+    "on_ticks": 28,
+    "spin_ticks": 29,
+    "dose_base": 30,
+    "tlbi_arg": 31,
+}
+# The presets the build makes (knobset.c): one ELF each, named after it.
+PRESETS = (
+    "mmu-off",
+    "mmu-on",
+    "mmu-on-nocache",
+    "mmu-on-off",
+    "mmu-on-asid",
+    "mmu-on-vmalle1",
+    "mmu-on-vmalle1is",
+    "tlbi-loop",
+    "cache-toggle",
+    "setway-after-on",
+    "mmu-on-report",
+)
+BACKINGS = ("default", "4k", "thp", "hugetlb")
+_DOSE_OFFSET = 0x200000
+_GIB = 1 << 30
+
 # Allowed values of the enumerated note keys.
 CHOICES: dict[str, frozenset[str]] = {
     "stage1": frozenset({"off", "on", "on-then-off"}),
     "caches": frozenset({"on", "off"}),
-    "tlbi": frozenset({"none", "vmalle1", "vmalle1is", "loop-vmalle1is"}),
+    "tlbi": frozenset({"none", *TLBI_CHOICES, *(f"loop-{name}" for name in TLBI_CHOICES)}),
     "setway": frozenset({"yes", "no"}),
     "touch": frozenset({"yes", "no"}),
 }
@@ -66,11 +136,20 @@ class GuestVariant:
     registers: tuple[str, ...]
     entry: int
     segments: tuple[tuple[int, int], ...]  # (IPA, size in memory) of each PT_LOAD
+    preset: str = "none"  # the parametric guest's preset; "none" for an old guest
+    revision: str = UNKNOWN_REVISION  # guest revision (note key); old guests have none
+    knob_layout: int = 0  # knob block layout; 0: an old guest without one
+    knobs: tuple[tuple[str, str], ...] = ()  # the preset's knobs as the note writes them
 
     @property
     def turns_mmu_on(self) -> bool:
         """True when the guest enables its stage-1 MMU at some point (the main trigger)."""
         return self.stage1 != "off"
+
+    @property
+    def knob_values(self) -> dict[str, str]:
+        """The preset's knobs by name, as the command line writes them ({} for old guests)."""
+        return dict(self.knobs)
 
 
 def _parse_desc(path: Path, desc: bytes) -> dict[str, str]:
@@ -164,6 +243,12 @@ def _read_elf(path: Path, stream: BinaryIO) -> GuestVariant:
         raise TracekitError(f"{path}: entry {entry:#x} is not inside a loaded segment")
     fields = _parse_desc(path, _find_note(path, elf))
     _check_fields(path, fields)
+    knob_layout = _parse_int(path, "knobs", fields.get("knobs", "0"))
+    if knob_layout not in (0, KNOB_LAYOUT):
+        raise TracekitError(
+            f"{path}: knob layout {knob_layout} is not supported (this tracekit reads layout "
+            f"{KNOB_LAYOUT}); use a matching tracekit or rebuild the guest"
+        )
     return GuestVariant(
         path=path,
         variant=fields["variant"],
@@ -178,6 +263,12 @@ def _read_elf(path: Path, stream: BinaryIO) -> GuestVariant:
         registers=tuple(fields["registers"].split(",")),
         entry=entry,
         segments=segments,
+        preset=fields.get("preset", "none"),
+        revision=fields.get("revision", UNKNOWN_REVISION),
+        knob_layout=knob_layout,
+        knobs=tuple(
+            (k.removeprefix("knob."), v) for k, v in fields.items() if k.startswith("knob.")
+        ),
     )
 
 
@@ -216,3 +307,122 @@ def list_guests(directory: str | os.PathLike[str]) -> list[GuestVariant]:
                 "named after their variant"
             )
     return sorted(guests, key=lambda guest: guest.variant)
+
+
+def read_knob_block(path: str | os.PathLike[str]) -> list[int]:
+    """The default knob block a parametric guest ELF links at KNOB_BASE, as 32 words."""
+    guest = Path(path)
+    try:
+        with guest.open("rb") as stream:
+            for segment in ELFFile(stream).iter_segments():
+                start = segment["p_paddr"]
+                if (
+                    segment["p_type"] == "PT_LOAD"
+                    and start <= KNOB_BASE < start + segment["p_filesz"]
+                ):
+                    data = segment.data()[KNOB_BASE - start :][: KNOB_STRUCT.size]
+                    return list(KNOB_STRUCT.unpack(data))
+    except OSError as exc:
+        raise TracekitError(f"cannot read guest {guest}: {exc.strerror}") from None
+    except (ELFError, ConstructError, struct.error) as exc:
+        raise TracekitError(f"{guest}: no readable knob block ({exc}); rebuild it") from None
+    raise TracekitError(
+        f"{guest}: no knob block at {KNOB_BASE:#x}; it is an old guest, rebuild it with make"
+    )
+
+
+def parse_knob(name: str, value: object) -> int:
+    """A knob's value as the block stores it; TracekitError naming what is allowed."""
+    spec = KNOBS.get(name)
+    if spec is None:
+        raise TracekitError(f"unknown guest knob {name!r}; knobs are {', '.join(KNOBS)}")
+    text = str(value)
+    if isinstance(spec, dict):
+        if text not in spec:
+            raise TracekitError(f"guest knob {name}={text!r}: expected one of {'|'.join(spec)}")
+        return spec[text]
+    if not text.isdigit() or int(text) > spec:
+        raise TracekitError(f"guest knob {name}={text!r}: expected a number from 0 to {spec}")
+    return int(text)
+
+
+def format_knob(name: str, word: int) -> str:
+    """A knob's stored value as the command line and the VMM's output write it."""
+    spec = KNOBS[name]
+    if isinstance(spec, dict):
+        for text, value in spec.items():
+            if value == word:
+                return text
+    return str(word)
+
+
+def _table_bytes(knobs: Mapping[str, int], ram_bytes: int) -> int:
+    """Bytes of stage-1 tables the VMM puts at the top of RAM (knobset.c, table_bytes)."""
+    if not knobs["mmu"]:
+        return 0
+    if knobs["leaf"] == 30:
+        return 4096
+    if knobs["leaf"] == 21:
+        return 2 * 4096
+    mapped = min(ram_bytes, _GIB)
+    return (2 + -(-mapped // (2 << 20))) * 4096
+
+
+def pack_knob_block(
+    knobs: Mapping[str, int], marker: int, ram_mb: int = 16, cntfrq_hz: int = 62_500_000
+) -> bytes:
+    """The 256-byte block the VMM writes for these knob values (every knob given)."""
+    words = [0] * KNOB_WORDS
+    words[0:4] = [KNOB_MAGIC, KNOB_LAYOUT, KNOB_STRUCT.size, marker]
+    for name, value in knobs.items():
+        words[KNOB_WORD[name]] = value
+    ram_bytes = ram_mb << 20
+    tables = _table_bytes(knobs, ram_bytes)
+    table_base = RAM_BASE + ((ram_bytes - tables) & ~4095)
+    caches = (1 << 2 | 1 << 12) if knobs["caches"] else 0
+    derived = {
+        "mair": 0xFF00,
+        "tcr": 25
+        | knobs["irgn"] << 8
+        | knobs["orgn"] << 10
+        | knobs["sh"] << 12
+        | 1 << 23
+        | 2 << 32,
+        "ttbr0": table_base | knobs["asid"] << 48 if tables else 0,
+        "sctlr_bits": (1 | caches) if knobs["mmu"] else 0,
+        "on_ticks": knobs["on_us"] * cntfrq_hz // 1_000_000,
+        "spin_ticks": knobs["spin_us"] * cntfrq_hz // 1_000_000,
+        "dose_base": RAM_BASE + _DOSE_OFFSET,
+        "tlbi_arg": knobs["asid"] << 48,
+    }
+    for name, value in derived.items():
+        words[DERIVED_WORD[name]] = value
+    return KNOB_STRUCT.pack(*words)
+
+
+def vmm_guest_argv(
+    preset: str | None = None,
+    knobs: Mapping[str, object] | None = None,
+    backing: str | None = None,
+) -> list[str]:
+    """The VMM options that run the parametric guest as PRESET with KNOBS over it.
+
+    Every value is checked here, so a bad plan fails before anything runs. Put the result
+    before the guest ELF on the VMM's command line; with no preset the ELF's own applies.
+    """
+    argv: list[str] = []
+    if preset is not None:
+        if preset not in PRESETS:
+            raise TracekitError(
+                f"unknown guest preset {preset!r}; presets are {', '.join(PRESETS)}"
+            )
+        argv += ["--preset", preset]
+    for name, value in (knobs or {}).items():
+        argv += ["--knob", f"{name}={format_knob(name, parse_knob(name, value))}"]
+    if backing is not None:
+        if backing not in BACKINGS:
+            raise TracekitError(
+                f"guest RAM backing {backing!r}: expected one of {', '.join(BACKINGS)}"
+            )
+        argv += ["--backing", backing]
+    return argv

@@ -23,11 +23,13 @@ VARIANT_FACTS: dict[str, tuple[str, str]] = {
     "mmu-on-nocache": ("on", "none"),
     "mmu-on-off": ("on-then-off", "none"),
     "mmu-on-asid": ("on", "none"),
-    "mmu-on-vmalle1": ("on", "vmalle1"),
-    "mmu-on-vmalle1is": ("on", "vmalle1is"),
+    # Since guest revision 2: MMU on, pages read, MMU off, then the TLBI (issue 17).
+    "mmu-on-vmalle1": ("on-then-off", "vmalle1"),
+    "mmu-on-vmalle1is": ("on-then-off", "vmalle1is"),
     "tlbi-loop": ("off", "loop-vmalle1is"),
     "cache-toggle": ("on", "none"),
     "setway-after-on": ("on", "none"),
+    "mmu-on-report": ("on", "none"),  # its TLBI comes before the MMU: the pre_tlbi knob
 }
 # Condition fields as the decision table names them.
 FIELD_LABELS = {

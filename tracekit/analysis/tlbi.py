@@ -14,8 +14,8 @@ import polars as pl
 
 from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
 from tracekit.analysis.requires import require_events
+from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
-from tracekit.host.probes import PROBE_GROUP
 
 PHASE_ORDER = {"before": 0, "guest": 1, "after": 2}
 # Probe metrics compared before/after: the typical call and the tail.

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 
 import polars as pl
 
+from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.requires import require_events
-from tracekit.perfetto.exits import exit_reason
 
 MARKER_PREFIX = "tracekit-vmm:"
 MARKER_HOW = (

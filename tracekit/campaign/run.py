@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracekit.bundle import MANIFEST
 from tracekit.campaign import state
 from tracekit.campaign.cells import Cell, draw_seed, expand_cells
 from tracekit.campaign.command import (
@@ -99,7 +100,7 @@ def _move_aside(out: Path, record: CellRecord, attempt: state.Attempt) -> None:
 def _bundle_facts(bundle: Path) -> dict[str, Any]:
     """The host facts a finished bundle recorded (kernel release, KVM mode)."""
     try:
-        host = json.loads((bundle / "manifest.json").read_text()).get("host", {})
+        host = json.loads((bundle / MANIFEST).read_text()).get("host", {})
     except (OSError, ValueError):
         return {}
     return host if isinstance(host, dict) else {}
@@ -110,7 +111,7 @@ def _finish_cell(
 ) -> None:
     """Close a cell that ran to its end: done with a bundle (or a dry run), else failed."""
     bundle = out / record.cell_id
-    has_bundle = (bundle / "manifest.json").is_file()
+    has_bundle = (bundle / MANIFEST).is_file()
     if has_bundle:
         record.bundle = record.cell_id
         host = _bundle_facts(bundle)

@@ -65,6 +65,20 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--vm-budget", type=int, help="Seconds one sweep point may take before it is stopped."
 )
 @click.option(
+    "--knob",
+    "knobs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set one of the guest's knobs over its preset (repeatable; reproducer/README.md).",
+)
+@click.option(
+    "--backing",
+    default="4k",
+    show_default=True,
+    type=click.Choice(["4k", "thp", "hugetlb", "default"]),
+    help="Guest RAM backing, and so the stage-2 page size (default: unaligned, as mmap gives).",
+)
+@click.option(
     "--function-graph",
     is_flag=True,
     help="Follow the TLB-flush/teardown paths (function_graph on 6.11+, else kprobes).",
@@ -113,6 +127,8 @@ def collect(
     repeat: int | None,
     tlbi_count: int | None,
     vm_budget: int | None,
+    knobs: tuple[str, ...],
+    backing: str,
     function_graph: bool,
     capture: str,
     events: tuple[str, ...],
@@ -160,6 +176,8 @@ def collect(
         repeat=repeat,
         tlbi_count=tlbi_count,
         vm_budget_s=vm_budget,
+        knobs=list(knobs),
+        backing=backing,
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

@@ -87,12 +87,15 @@ def _export(
     kallsyms: str | None,
 ) -> None:
     """Export, then validate the result against the source's counts."""
-    from tracekit.perfetto.bundle import export_bundle, is_bundle
+    from tracekit.bundle import is_bundle
+    from tracekit.perfetto.bundle import export_bundle
     from tracekit.perfetto.export import parse_window
+    from tracekit.symbols.kallsyms import address_names
 
     bounds = parse_window(window) if window else (None, None)
     if is_bundle(Path(path)):
-        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, kallsyms)
+        given = address_names(kallsyms) if kallsyms else None
+        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given)
         for note in notes:
             click.echo(f"note: {note}", err=True)
         if result.traces:
@@ -117,7 +120,8 @@ def _export_trace(
 ) -> Any:
     """One trace (trace.dat, raw capture, text) into OUT."""
     import tracekit
-    from tracekit.perfetto.export import export_trace, read_kallsyms
+    from tracekit.perfetto.export import export_trace
+    from tracekit.symbols.kallsyms import address_names as read_kallsyms
 
     if kallsyms is None and (path / "kallsyms").is_file():
         kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy

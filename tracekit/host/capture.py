@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.instance import TRACE_CLOCK, Instance
 from tracekit.host.rawcapture import RawCapture
@@ -16,7 +17,7 @@ from tracekit.host.tracecmdcapture import TRACE_DAT, TraceCmdCapture
 # `--capture` values; raw is the default (no tool needed on the host).
 CAPTURES = ("raw", "trace-cmd")
 # The directory name of a run's raw capture.
-RAW_TRACE = "trace"
+RAW_TRACE = RunFile.TRACE
 
 Capture = RawCapture | TraceCmdCapture
 

@@ -9,20 +9,26 @@ every run, so Ctrl-C or SIGTERM leaves a bundle marked incomplete and a host as 
 from __future__ import annotations
 
 import json
-import os
-import signal
+import platform
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tracekit.bundle import BundleWriter, Manifest, RunRecord
+from tracekit.bundle import (
+    PROBE_GROUP,
+    TRACED_KINDS,
+    BundleWriter,
+    Manifest,
+    RunKind,
+    RunRecord,
+    run_dir,
+    run_path,
+)
 from tracekit.errors import TracekitError
-from tracekit.guests import GuestVariant, read_variant
+from tracekit.guests import GuestVariant, read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
-from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
 from tracekit.host.capture import Capture, capture_record, check_capture, new_capture
 from tracekit.host.cleanup import CleanupStack, Interrupted
 from tracekit.host.facts import (
@@ -33,12 +39,7 @@ from tracekit.host.facts import (
     online_cpus,
 )
 from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
-from tracekit.host.guestruns import (
-    BackgroundGuest,
-    BudgetOutcome,
-    stopped_in_order,
-    wait_within_budget,
-)
+from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
@@ -51,18 +52,13 @@ from tracekit.host.protocol import (
     plan_runs,
     scenario_named,
 )
+from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
 
 # Slack on top of a run's duration before a tool that did not stop is an error.
 RUN_GRACE_SECONDS = 60
-# The VMM's own watchdog for one guest run (teardown is never cut short by it).
-GUEST_TIMEOUT_SECONDS = 600
-
-# PMU events for --perf-counters: generic names perf maps to each core's own events;
-# those a PMU lacks are recorded as <not supported> (an emulated PMU has few).
-PERF_EVENTS = ("cycles", "instructions", "dTLB-load-misses", "iTLB-load-misses")
-# Runs recorded into a raw capture of their own.
-TRACED_KINDS = ("traced", "guest", "after-guest", "vms", "guest-start", "guest-stop")
+# The guest that loops on TLBIs, --tlbi-count of them (reproducer/guests/tlbi-loop.S).
+TLBI_LOOP_VARIANT = "tlbi-loop"
 # Fetch arguments for probes whose argument layout is stable across kernels.
 KPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
 
@@ -101,6 +97,8 @@ class CollectOptions:
     repeat: int | None = None
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
+    knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
+    backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
 
 
 def boottime_ns() -> int:
@@ -134,7 +132,40 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
         tlbi_count=options.tlbi_count,
         vm_budget_s=options.vm_budget_s,
     )
+    for axis in ("ipa_bits", "vcpus", "touch_kb"):
+        if axis not in scenario.sweep:
+            params.single(axis)  # one value where the scenario does not sweep it
     return scenario, roles, params
+
+
+def check_guest(variant: GuestVariant, params: ScenarioParams) -> None:
+    """A guest whose work is counted by a parameter must get a count (no silent 0)."""
+    if variant.variant == TLBI_LOOP_VARIANT and params.tlbi_count == 0:
+        raise TracekitError(
+            f"guest {variant.variant} issues --tlbi-count TLBIs, and that is 0 here; "
+            "give --tlbi-count N"
+        )
+
+
+def guest_options(options: CollectOptions) -> list[str]:
+    """The VMM options for the guest's knobs and RAM backing, checked before anything runs."""
+    knobs = {}
+    for text in options.knobs:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise TracekitError(f"--knob {text!r}: write NAME=VALUE, e.g. --knob pages=64")
+        knobs[name] = value
+    return vmm_guest_argv(None, knobs, options.backing)
+
+
+def require_arm64() -> None:
+    """A real collection runs on the arm64 host; --dry-run and the library run anywhere."""
+    machine = platform.machine()
+    if machine not in ("aarch64", "arm64"):
+        raise TracekitError(
+            f"this machine is {machine}, not arm64: collect runs on the arm64 host (a board "
+            "or `tracekit vhost run`); --dry-run plans a collection anywhere"
+        )
 
 
 def resolve_ipa_sizes(scenario: Scenario, params: ScenarioParams) -> ScenarioParams:
@@ -175,6 +206,8 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     """Run the whole collection; returns the bundle path (None for --dry-run)."""
     scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
+    check_guest(variant, params)
+    guest_options(options)  # bad knobs fail here
     params = resolve_ipa_sizes(scenario, params)
     plan = plan_runs(
         scenario, roles, options.runs, options.traced_runs, options.after_guest, params
@@ -183,10 +216,11 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
         echo(f"parameters: {describe_params(scenario, params)}")
-        echo(f"guest {guest_path} (variant {variant.variant})")
+        echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(guest_options(options))}")
         for planned in plan:
             echo("  " + planned.describe())
         return None
+    require_arm64()
     require_root()
     require_kvm()
     tools = toolbox.find_tools(
@@ -247,7 +281,11 @@ def describe_params(scenario: Scenario, params: ScenarioParams) -> str:
 
 
 class Session:
-    """One collection in progress: the instance, the probes, and how each run executes."""
+    """One collection in progress: the instance, the probes, and each run's frame.
+
+    A run's own work is its kind's runner (tracekit/host/runners.py); the Session starts
+    and ends its capture, writes its markers and records it in the manifest.
+    """
 
     def __init__(
         self,
@@ -276,6 +314,8 @@ class Session:
         self.tracing = False  # trace_marker refuses writes (EBADF) while tracing is off
         self.capture: Capture | None = None
         self.echo = echo
+        self.now = boottime_ns
+        self.guest_options = guest_options(options)  # knobs and backing of every guest run
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""
@@ -315,13 +355,16 @@ class Session:
             if not symbols.has(function):
                 continue
             args = fetch.get(function, "")
-            lines.append(f"p:tracekit/{function} {function} {args}".strip())
+            lines.append(f"p:{PROBE_GROUP}/{function} {function} {args}".strip())
             if function in returns:
-                lines.append(f"r:tracekit/{function}_ret {function}")
+                lines.append(f"r:{PROBE_GROUP}/{function}_ret {function}")
         return lines
 
     def execute(self, planned: PlannedRun, writer: BundleWriter) -> None:
         """Run one planned step, recording its files and times in the bundle."""
+        runner = RUNNERS.get(RunKind(planned.kind))
+        if runner is None:
+            raise TracekitError(f"run {planned.run_id}: no runner for kind {planned.kind!r}")
         run = writer.start_run(
             RunRecord(
                 planned.run_id,
@@ -331,51 +374,41 @@ class Session:
                 params=jsonable(planned.detail),
             )
         )
-        rundir = Path("runs") / planned.run_id
-        traced = planned.kind in TRACED_KINDS
-        status, note = "ok", ""
-        capture = self._start_capture(writer, rundir) if traced else None
+        ctx = RunContext(writer, planned)
+        capture = self._start_capture(writer, planned) if planned.kind in TRACED_KINDS else None
         self.capture = capture
         run.start_ns = boottime_ns()
-        self._marker(f"tracekit: run={planned.run_id} begin")
+        self.marker(f"tracekit: run={planned.run_id} begin")
+        outcome: Outcome | None = None
         try:
-            if planned.kind in ("quiet", "traced"):
-                self._measure(writer, rundir)
-            elif planned.kind == "probe":
-                self._probe(writer, rundir, int(str(planned.detail["cpu"])))
-            elif planned.kind == "guest":
-                self._guest(writer, rundir)
-            elif planned.kind == "after-guest":
-                self._after_guest(writer, rundir)
-            elif planned.kind == "vms":
-                outcome = self._sweep_point(writer, rundir, planned.detail)
-                status, note = outcome.status, outcome.note
-            elif planned.kind == "guest-start":
-                self._guest_start(writer, rundir)
-            elif planned.kind == "guest-stop":
-                self._guest_stop(writer, rundir)
+            outcome = runner(self, ctx)
         finally:
-            self._marker(f"tracekit: run={planned.run_id} end")
+            self.marker(f"tracekit: run={planned.run_id} end")
             run.end_ns = boottime_ns()
             if capture is not None:
                 self._finish_capture(capture, run)
-        run.files = sorted(
-            p.relative_to(writer.root).as_posix()
-            for p in (writer.root / rundir).rglob("*")
-            if p.is_file()
-        )
-        writer.end_run(run, status, note)
+            # Listed even when the run is interrupted: an incomplete bundle shows its files.
+            run.files = _files_under(writer.root, run_path(writer.root, planned.run_id))
+        outcome = outcome or Outcome("ok")
+        writer.end_run(run, outcome.status, outcome.note)
 
-    def _marker(self, text: str) -> None:
+    def guest_vcpus(self) -> int | None:
+        """vCPUs of a guest run outside a sweep: --vcpus if given, else one per guest CPU."""
+        return self.params.single("vcpus") if self.options.vcpus else None
+
+    def marker(self, text: str) -> None:
         """A marker in the instance's buffer, while tracing is on (the kernel refuses it else)."""
         if self.instance is not None and self.tracing:
             self.instance.write_marker(text)
 
-    def _start_capture(self, writer: BundleWriter, rundir: Path) -> Capture:
+    def _start_capture(self, writer: BundleWriter, planned: PlannedRun) -> Capture:
         """Start recording this run, read out by the chosen capture when it ends."""
         assert self.instance is not None
         capture = new_capture(
-            self.options.capture, self.instance, writer.path(str(rundir)), self.tools.trace_cmd
+            self.options.capture,
+            self.instance,
+            writer.path(run_dir(planned.run_id)),
+            self.tools.trace_cmd,
         )
         capture.start()
         self.instance.start()
@@ -395,188 +428,18 @@ class Session:
         # Clear the instance's counters so the next run starts at zero.
         self.tracefs.write(self.instance.rel("trace"), "")
 
-    def _measure(self, writer: BundleWriter, rundir: Path) -> None:
-        """stress-ng on the stress CPUs and cyclictest on the rt CPU, for one duration."""
-        opts = self.options
-        perf = self._start_perf(writer, rundir) if self.tools.perf else None
-        stress = self._spawn(
-            toolbox.stress_argv(
-                self.tools,
-                list(self.roles.stress_cpus),
-                opts.duration_s,
-                writer.path(str(rundir / "stress-ng.yaml")),
-            ),
-            writer.path(str(rundir / "stress-ng.txt")),
-        )
-        # The histogram file has a line per bucket: written locally, kept compacted.
-        histogram = Path(tempfile.gettempdir()) / f"tracekit-{os.getpid()}-cyclictest-hist.txt"
-        self.stack.push(f"remove {histogram}", lambda: histogram.unlink(missing_ok=True))
-        cyclic = self._spawn(
-            toolbox.cyclictest_argv(
-                self.tools,
-                self.roles.rt_cpu,
-                opts.interval_us,
-                opts.duration_s,
-                writer.path(str(rundir / "cyclictest.json")),
-                histogram,
-            ),
-            writer.path(str(rundir / "cyclictest.txt")),
-        )
-        self._wait(cyclic, "cyclictest", opts.duration_s)
-        writer.path(str(rundir / "cyclictest-hist.txt")).write_text(
-            toolbox.compact_histogram(histogram.read_text())
-        )
-        histogram.unlink()
-        self._wait(stress, "stress-ng", opts.duration_s)
-        if perf is not None:
-            # perf stat prints its last interval and exits on SIGINT, like Ctrl-C.
-            perf.send_signal(signal.SIGINT)
-            self._wait(perf, "perf stat", 0, ok_codes=(0, 130, -signal.SIGINT))
-
-    def _start_perf(self, writer: BundleWriter, rundir: Path) -> subprocess.Popen[bytes]:
-        """perf stat per CPU over every role's CPUs, in CSV, one line per second."""
-        cpus = sorted({self.roles.rt_cpu, *self.roles.stress_cpus, *self.roles.guest_cpus})
-        argv = toolbox.perf_stat_argv(
-            self.tools, cpus, list(PERF_EVENTS), 1000, writer.path(str(rundir / "perf-stat.csv"))
-        )
-        return self._spawn(argv, writer.path(str(rundir / "perf-stat.txt")))
-
-    def _probe(self, writer: BundleWriter, rundir: Path, cpu: int) -> None:
-        """The broadcast-TLBI probe on one CPU, helpers on the other non-rt CPUs."""
-        helpers = [c for c in self.roles.stress_cpus if c != cpu]
-        mode = self.scenario.probe_modes[0]
-        argv = toolbox.probe_argv(
-            self.tools,
-            cpu,
-            helpers,
-            mode,
-            min(self.options.duration_s, 10),
-            writer.path(str(rundir / "probe.bin")),
-            self._trace_marker(),
-        )
-        proc = self._spawn(argv, writer.path(str(rundir / "probe.json")))
-        self._wait(proc, "tlbiprobe", self.options.duration_s)
-
-    def _guest(self, writer: BundleWriter, rundir: Path) -> None:
-        """Run the guest once on the guest CPUs; its markers go into the trace."""
-        argv = toolbox.vmm_argv(
-            self.tools,
-            self.guest_path,
-            list(self.roles.guest_cpus),
-            self._trace_marker(),
-            extra=["--timeout", str(GUEST_TIMEOUT_SECONDS)],
-        )
-        proc = self._spawn(argv, writer.path(str(rundir / "vmm.txt")))
-        self._wait(proc, "vmm", GUEST_TIMEOUT_SECONDS)
-
-    def _sweep_point(
-        self, writer: BundleWriter, rundir: Path, detail: dict[str, object]
-    ) -> BudgetOutcome:
-        """`repeat` VMs of one sweep point, timed by the VMM, within the time budget."""
-        settings = toolbox.vmm_settings(
-            ipa_bits=int(str(detail["ipa_bits"])),
-            ram_mb=int(str(detail["ram_mb"])),
-            touch_kb=int(str(detail["touch_kb"])),
-            timeout=0,  # the VMM's watchdog off: the budget decides, and says so
-        )
-        argv = toolbox.vmm_argv(
-            self.tools,
-            self.guest_path,
-            list(self.roles.guest_cpus),
-            self._trace_marker(),
-            repeat=self.params.repeat,
-            extra=settings,
-            vcpus=int(str(detail["vcpus"])),
-        )
-        output = writer.path(str(rundir / "vmm.txt"))
-        proc = self._spawn(argv, output)
-        outcome = wait_within_budget(proc, self.params.vm_budget_s, output, self.params.repeat)
-        if outcome.status != "ok":
-            self.echo(f"  OVER BUDGET: {outcome.note}")
-        return outcome
-
-    def _guest_start(self, writer: BundleWriter, rundir: Path) -> None:
-        """Start the during phase's guest; it runs until _guest_stop (its markers traced)."""
-        settings = toolbox.vmm_settings(tlbi_count=self.params.tlbi_count, timeout=0)
-        argv = toolbox.vmm_argv(
-            self.tools,
-            self.guest_path,
-            list(self.roles.guest_cpus),
-            self._trace_marker(),
-            extra=settings,
-        )
-        output = writer.path(str(rundir / "vmm.txt"))
-        self.background = BackgroundGuest(
-            self._spawn(argv, output), len(self.roles.guest_cpus), output
-        )
-        took = self.background.wait_running()
-        self._marker(f"tracekit: background guest running after {took:.3f} s")
-
-    def _guest_stop(self, writer: BundleWriter, rundir: Path) -> None:
-        """Stop the during phase's guest; the kernel's teardown of it is in this run's trace."""
-        if self.background is None:
-            raise TracekitError("guest-stop without a running background guest (plan error)")
-        self._marker("tracekit: stopping the background guest")
-        code = self.background.stop()
-        in_order = stopped_in_order(self.background.output)
-        self.background = None
-        writer.path(str(rundir / "guest-stop.json")).write_text(
-            json.dumps(
-                {
-                    "vmm_exit_status": code,
-                    "stopped_by": "SIGTERM",
-                    # False: the VMM had to be killed, so its teardown markers are missing.
-                    "torn_down_by_vmm": in_order,
-                }
-            )
-            + "\n"
-        )
-
-    def _after_guest(self, writer: BundleWriter, rundir: Path) -> None:
-        """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
-        if self.options.after_guest == "hotplug":
-            log = hotplug(self.roles.guest_cpus, self.stack, boottime_ns)
-            writer.path(str(rundir / "hotplug.txt")).write_text("\n".join(log) + "\n")
-            return
-        watch = open_vmid_watch(self.tracefs)
-        guest = self.guest_path.parent / "mmu-off.elf"
-        if read_variant(guest).stage1 != "off":
-            raise TracekitError(f"{guest} is not the MMU-off guest the rollover needs")
-        output = writer.path(str(rundir / "vmm.txt"))
-
-        def run_batch(count: int) -> None:
-            """Create, run and destroy `count` MMU-off VMs, draining the trace after."""
-            argv = toolbox.vmm_argv(
-                self.tools, guest, list(self.roles.guest_cpus), None, repeat=count
-            )
-            batch = output.with_suffix(".batch")
-            proc = self._spawn(argv, batch)
-            self._wait(proc, "vmm (rollover)", GUEST_TIMEOUT_SECONDS)
-            with output.open("ab") as log:
-                log.write(batch.read_bytes())
-            batch.unlink()
-            # The last batch's command line stands for all of them (only --repeat varies).
-            Path(f"{batch}.argv").replace(f"{output}.argv")
-            if self.capture is not None:
-                self.capture.drain()
-
-        vmids, vms = rollover(run_batch, watch, self.options.rollover_max_vms, self.echo)
-        writer.path(str(rundir / "rollover.json")).write_text(
-            json.dumps({"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}) + "\n"
-        )
-
-    def _trace_marker(self) -> Path | None:
+    def trace_marker(self) -> Path | None:
         """The instance's trace_marker for the VMM and the probe, while tracing is on."""
         return self.instance.trace_marker if self.instance and self.tracing else None
 
-    def _spawn(self, argv: list[str], stdout: Path) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: list[str], stdout: Path) -> subprocess.Popen[bytes]:
         """Start a tool with its output in the bundle; the cleanup stack stops it."""
         writer_argv = stdout.with_suffix(stdout.suffix + ".argv")
         writer_argv.write_text(json.dumps(argv) + "\n")
         with stdout.open("wb") as out:
             return self.stack.spawn(argv, stdout=out, stderr=subprocess.STDOUT)
 
-    def _wait(
+    def wait(
         self,
         proc: subprocess.Popen[bytes],
         name: str,
@@ -594,3 +457,8 @@ class Session:
             raise TracekitError(
                 f"{name} failed with exit status {code}; see its output in the bundle"
             )
+
+
+def _files_under(root: Path, directory: Path) -> list[str]:
+    """The files below a directory of the bundle, relative to the bundle, sorted."""
+    return sorted(p.relative_to(root).as_posix() for p in directory.rglob("*") if p.is_file())

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
 from tracekit.host.tracefs import Tracefs
 
-PROBE_GROUP = "tracekit"
 KALLSYMS = Path("/proc/kallsyms")
 
 # "p[:[GRP/]EVENT] TARGET [ARGS...]" and "r[MAXACTIVE][:[GRP/]EVENT] TARGET [ARGS...]".

@@ -108,6 +108,21 @@ class ScenarioParams:
     repeat: int = 1  # VMs per sweep point
     tlbi_count: int = 0
     vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
+    given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
+
+    def explicit(self, name: str) -> bool:
+        """Whether a parameter was given, or the scenario's default differs from the VMM's."""
+        return name in self.given or getattr(self, name) != getattr(ScenarioParams(), name)
+
+    def single(self, axis: str) -> int | None:
+        """A swept parameter's one value outside a sweep (None: none given), or an error."""
+        values: tuple[int, ...] = getattr(self, axis)
+        if len(values) > 1:
+            raise TracekitError(
+                f"--{axis.replace('_', '-')} {format_ints(values)}: give one value; only a "
+                "scenario that sweeps it (teardown, cache-toggle) takes several"
+            )
+        return values[0] if values else None
 
     def merged(self, **given: object) -> ScenarioParams:
         """These defaults with the options the user gave (None: not given)."""
@@ -115,7 +130,7 @@ class ScenarioParams:
         unknown = set(chosen) - set(self.__dataclass_fields__)
         if unknown:
             raise TracekitError(f"unknown scenario parameter(s): {', '.join(sorted(unknown))}")
-        merged = replace(self, **chosen)  # type: ignore[arg-type]
+        merged = replace(self, **chosen, given=tuple(sorted(chosen)))  # type: ignore[arg-type]
         merged.check()
         return merged
 
@@ -342,23 +357,30 @@ def plan_runs(
 def _measure_runs(
     scenario: Scenario, roles: Roles, phase: str, runs: int, traced_runs: int
 ) -> list[PlannedRun]:
-    """A measure phase: quiet runs, traced runs, then the probe slots."""
+    """A measure phase: quiet runs, traced runs, then the probe slots (each with its mode)."""
     planned = [PlannedRun(f"{phase}-quiet-{i}", phase, "quiet", i) for i in range(runs)]
     planned += [PlannedRun(f"{phase}-traced-{i}", phase, "traced", i) for i in range(traced_runs)]
     for mode in scenario.probe_modes:
-        for cpu in probe_cpus(scenario, roles):
-            planned.append(
-                PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, {"cpu": cpu})
-            )
+        for cpu in probe_cpus(scenario, roles, phase):
+            detail: dict[str, object] = {"cpu": cpu, "mode": mode}
+            planned.append(PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, detail))
     return planned
 
 
-def probe_cpus(scenario: Scenario, roles: Roles) -> list[int]:
-    """Where the probe runs: the rt CPU and an issuer, or every CPU but the guest's."""
-    if not scenario.probe_everywhere:
-        return [roles.rt_cpu, roles.stress_cpus[0]]
-    others = sorted(set(roles.stress_cpus) - set(roles.guest_cpus))
-    return [roles.rt_cpu, *others]
+def probe_cpus(scenario: Scenario, roles: Roles, phase: str = "before") -> list[int]:
+    """Where the probe runs: the rt CPU, the CPUs that ran the guest, and a control.
+
+    The brief places the state in the CPU that ran the guest, so that CPU is probed, and
+    a stress CPU that never ran it beside it; probe_everywhere probes every CPU. In a
+    during phase the guest CPUs run the background guest and are left out.
+    """
+    busy = set(roles.guest_cpus) if PHASE_KINDS.get(phase) == "during" else set()
+    if scenario.probe_everywhere:
+        chosen = [roles.rt_cpu, *sorted({*roles.stress_cpus, *roles.guest_cpus})]
+    else:
+        controls = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
+        chosen = [roles.rt_cpu, *roles.guest_cpus, *controls[:1]]
+    return [cpu for cpu in dict.fromkeys(chosen) if cpu not in busy]
 
 
 # How a sweep point's parameter appears in its run id.

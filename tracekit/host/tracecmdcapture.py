@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import CleanupStack
 from tracekit.host.instance import Instance
@@ -25,7 +26,7 @@ from tracekit.host.rawcapture import DrainResult
 from tracekit.host.tracefs import KPTR_RESTRICT
 
 # The file a run's trace-cmd capture leaves in its run directory.
-TRACE_DAT = "trace.dat"
+TRACE_DAT = RunFile.TRACE_DAT
 # trace-cmd's own output (buffer statistics, errors), kept beside the file.
 EXTRACT_LOG = "trace-cmd-extract.txt"
 # Extracting 16 MB per CPU onto the emulated host's RAM disk takes seconds; this is slack.

@@ -9,21 +9,29 @@ capture directory `runs/<run>/trace`, or `runs/<run>/trace.dat` from `--capture 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.bundle import (
+    MEASURE_KINDS,
+    Manifest,
+    RunFile,
+    RunKind,
+    RunRecord,
+    read_manifest,
+    run_dir,
+    run_trace_path,
+)
 from tracekit.errors import TracekitError
-from tracekit.ingest.tools import read_cyclictest_verbose, read_tool
+from tracekit.ingest.rundata import RunData
+from tracekit.ingest.tools import read_tool
 
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
-
-# A traced run's trace, by capture method: raw capture directory, then trace-cmd's file.
-RUN_TRACE_NAMES = ("trace", "trace.dat")
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -35,7 +43,7 @@ LATENCY_SCHEMA = {
 
 @dataclass(frozen=True)
 class BundleData:
-    """Everything a report needs from a bundle, except the traces themselves."""
+    """A bundle's tool results as tables; each run's files through `run(run)`, opened once."""
 
     path: Path
     manifest: Manifest
@@ -44,6 +52,14 @@ class BundleData:
     probes: pl.DataFrame  # run_id, phase, cpu, count, p50_ns, p99_ns, max_ns, mean_ns
     lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
     cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
+    opened: dict[str, RunData] = field(default_factory=dict, repr=False, compare=False)
+
+    def run(self, run: RunRecord) -> RunData:
+        """The run's data: every file it holds, each loaded on first use and kept."""
+        found = self.opened.get(run.run_id)
+        if found is None:
+            found = self.opened[run.run_id] = RunData(self.path, self.manifest, run)
+        return found
 
 
 def load_bundle(path: str | Path) -> BundleData:
@@ -51,18 +67,21 @@ def load_bundle(path: str | Path) -> BundleData:
     path = Path(path)  # a notebook passes a str
     manifest = read_manifest(path)
     latencies, stress, probes, lost, cycles = [], [], [], [], []
+    opened = {run.run_id: RunData(path, manifest, run) for run in manifest.runs}
     for run in manifest.runs:
-        rundir = path / "runs" / run.run_id
-        if run.kind in ("quiet", "traced") and (rundir / "cyclictest.txt").is_file():
-            latencies.append(_latencies(run, rundir / "cyclictest.txt"))
-            if (rundir / "cyclictest.json").is_file():
-                cycles.append((run.run_id, _cycles(rundir / "cyclictest.json")))
-        if (rundir / "stress-ng.yaml").is_file():
-            stress.append(_stress(run, rundir / "stress-ng.yaml"))
-        if run.kind == "probe" and (rundir / "probe.json").is_file():
-            probes.append(_probe(run, rundir / "probe.json"))
+        data = opened[run.run_id]
+        samples = data.cyclictest if run.kind in MEASURE_KINDS else None
+        if samples is not None:
+            latencies.append(_latencies(run, samples))
+            if (counted := data.path(RunFile.CYCLICTEST_JSON)) is not None:
+                cycles.append((run.run_id, _cycles(counted)))
+        if (yaml := data.path(RunFile.STRESS_YAML)) is not None:
+            stress.append(_stress(run, yaml))
+        summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
+        if summary is not None:
+            probes.append(_probe(run, summary))
         if run.lost_events:
-            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
+            lost.append((run.run_id, run.phase, run.kind, data.lost_events))
     return BundleData(
         path=path,
         manifest=manifest,
@@ -81,28 +100,16 @@ def load_bundle(path: str | Path) -> BundleData:
             orient="row",
         ),
         cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
+        opened=opened,
     )
 
 
-def run_trace_path(bundle: Path, run: RunRecord) -> Path | None:
-    """Where a run's trace is (raw capture directory or trace.dat), or None without one."""
-    rundir = bundle / "runs" / run.run_id
-    return next((rundir / n for n in RUN_TRACE_NAMES if (rundir / n).exists()), None)
-
-
-def bundle_of(trace_path: Path) -> Path | None:
-    """The bundle a run's trace.dat sits in (BUNDLE/runs/RUN/trace.dat), or None."""
-    root = trace_path.parent.parent.parent
-    in_runs = trace_path.is_file() and trace_path.parent.parent.name == "runs"
-    return root if in_runs and (root / "manifest.json").is_file() else None
-
-
-def traced_runs(data: BundleData, kinds: tuple[str, ...] = ("traced",)) -> list[RunRecord]:
+def traced_runs(data: BundleData, kinds: Collection[str] = (RunKind.TRACED,)) -> list[RunRecord]:
     """The bundle's runs of these kinds that recorded a trace, in run order."""
     return [
         run
         for run in data.manifest.runs
-        if run.kind in kinds and run_trace_path(data.path, run) is not None
+        if run.kind in kinds and run_trace_path(data.path, run.run_id) is not None
     ]
 
 
@@ -113,12 +120,16 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
     """
     from tracekit.ingest.trace import open_trace
 
-    path = run_trace_path(data.path, run)
+    path = run_trace_path(data.path, run.run_id)
     if path is None:
         raise TracekitError(
-            f"{data.path}: run {run.run_id} has no trace (runs/{run.run_id}/trace or "
-            "trace.dat); only traced runs have one"
+            f"{data.path}: run {run.run_id} has no trace ({run_dir(run.run_id)}/"
+            f"{RunFile.TRACE} or {RunFile.TRACE_DAT}); only traced runs have one"
         )
+    if not options:  # the usual case: opened once, shared by every section and export
+        trace = data.run(run).trace
+        assert trace is not None
+        return trace
     return open_trace(path, **options)  # a trace.dat gets the bundle's clock there
 
 
@@ -138,9 +149,8 @@ def add_collect_meta(trace: Trace, manifest: Manifest) -> None:
         trace.meta["events_enabled"] = list(enabled)
 
 
-def _latencies(run: RunRecord, path: Path) -> pl.DataFrame:
+def _latencies(run: RunRecord, samples: pl.DataFrame) -> pl.DataFrame:
     """One run's cyclictest samples, tagged with the run."""
-    samples = read_cyclictest_verbose(path)
     return samples.select(
         pl.lit(run.run_id).alias("run_id"),
         pl.lit(run.phase).alias("phase"),

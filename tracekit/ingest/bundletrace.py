@@ -15,15 +15,10 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.bundle import RunRecord
-from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace, run_trace_path
+from tracekit.bundle import RunRecord, run_trace_path
+from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace
 from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables
 from tracekit.ingest.trace import Trace
-
-
-def is_bundle(path: Path) -> bool:
-    """Whether PATH is a collect bundle (a directory with manifest.json)."""
-    return path.is_dir() and (path / "manifest.json").is_file()
 
 
 def open_bundle(
@@ -31,7 +26,7 @@ def open_bundle(
 ) -> Trace:
     """Every run trace of the bundle at PATH as one Trace (each run cached beside it)."""
     data = load_bundle(path)
-    runs = [run for run in data.manifest.runs if run_trace_path(path, run) is not None]
+    runs = [run for run in data.manifest.runs if run_trace_path(path, run.run_id) is not None]
     options = {"salvage": salvage, "use_cache": use_cache, "symbols": symbols}
     traces = [(run, open_run_trace(data, run, **options)) for run in runs]
     tables = _stack(traces)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
@@ -99,10 +100,10 @@ def probe_samples(data: BundleData) -> pl.DataFrame:
     """Every probe sample of a bundle: run_id, phase, cpu, mode, timestamp_ns, duration_ns."""
     frames = []
     for run in data.manifest.runs:
-        path = data.path / "runs" / run.run_id / "probe.bin"
-        if run.kind != "probe" or not path.is_file():
+        probe = data.run(run).probe if run.kind == RunKind.PROBE else None
+        if probe is None:
             continue
-        header, samples = read_probe_file(path)
+        header, samples = probe
         frames.append(
             samples.select(
                 pl.lit(run.run_id).alias("run_id"),

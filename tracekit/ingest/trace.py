@@ -152,7 +152,8 @@ def open_trace(
     sym_path = Path(symbols) if symbols is not None else None
     if sym_path is not None and not sym_path.is_file():
         raise TracekitError(f"symbols: {sym_path} does not exist; give a vmlinux or kallsyms copy")
-    from tracekit.ingest.bundletrace import is_bundle, open_bundle
+    from tracekit.bundle import is_bundle
+    from tracekit.ingest.bundletrace import open_bundle
 
     if is_bundle(path):
         return open_bundle(path, salvage=salvage, use_cache=use_cache, symbols=sym_path)
@@ -171,8 +172,8 @@ def open_trace(
 def _with_bundle_meta(trace: Trace) -> Trace:
     """A run's trace.dat inside a bundle (BUNDLE/runs/RUN/trace.dat) gets what the bundle
     knows and the file does not: the instance's clock, the events enabled."""
-    from tracekit.bundle import read_manifest
-    from tracekit.ingest.bundle import add_collect_meta, bundle_of
+    from tracekit.bundle import bundle_of, read_manifest
+    from tracekit.ingest.bundle import add_collect_meta
 
     root = bundle_of(trace.path)
     if root is not None:

@@ -8,7 +8,6 @@ gets one flat table. Lines that are not records are counted, never dropped silen
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
     from tracekit.bundle import RunRecord
     from tracekit.ingest.bundle import BundleData
 
-VMM_FILE = "vmm.txt"  # where the collector keeps a run's VMM stdout
 
 _PAIR = re.compile(r"(\w+)=(\S*)")
 # Parameters of the `run` record copied onto each of its VMs.
@@ -133,19 +131,7 @@ def vmm_runs(data: BundleData) -> list[tuple[RunRecord, VmmOutput]]:
     """A bundle's runs that ran the VMM (their directory holds vmm.txt), in run order."""
     found = []
     for run in data.manifest.runs:
-        path = data.path / "runs" / run.run_id / VMM_FILE
-        if path.is_file():
-            found.append((run, read_vmm_output(path)))
+        vmm = data.run(run).vmm
+        if vmm is not None:
+            found.append((run, vmm))
     return found
-
-
-def run_extra(data: BundleData, run: RunRecord, name: str) -> dict[str, object] | None:
-    """A JSON file a run left beside its outputs (e.g. rollover.json), or None."""
-    path = data.path / "runs" / run.run_id / name
-    if not path.is_file():
-        return None
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise TracekitError(f"{path}: not readable JSON ({err})") from None
-    return loaded if isinstance(loaded, dict) else None

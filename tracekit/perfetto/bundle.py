@@ -19,10 +19,12 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.bundle import Manifest, RunRecord, read_manifest
+from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
-from tracekit.perfetto.export import ExportResult, TracePart, export_parts, read_kallsyms
-from tracekit.perfetto.latency import interval_ns, sleep_timers, timelines, write_latencies
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.ingest.rundata import RunData
+from tracekit.perfetto.export import ExportResult, TracePart, export_parts
+from tracekit.perfetto.latency import sleep_timers, timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
@@ -31,13 +33,6 @@ from tracekit.perfetto.tracks import TrackWriter, write_spans
 EMULATED = "emulated host: its timings are not hardware timings"
 # A trace may start before its run (the instance is armed first) and end after it.
 CLOCK_SLACK_NS = 1_000_000_000
-
-
-def is_bundle(path: Path) -> bool:
-    """A directory with a manifest."""
-    from tracekit.bundle import MANIFEST
-
-    return path.is_dir() and (path / MANIFEST).exists()
 
 
 def select_runs(manifest: Manifest, run_id: str | None, phase: str | None) -> list[RunRecord]:
@@ -54,21 +49,6 @@ def select_runs(manifest: Manifest, run_id: str | None, phase: str | None) -> li
             have = ", ".join(dict.fromkeys(r.phase for r in manifest.runs)) or "none"
             raise TracekitError(f"--phase {phase}: no such run in the bundle (phases: {have})")
     return runs
-
-
-def run_trace(root: Path, run: RunRecord) -> Path | None:
-    """A run's trace: its raw capture directory or its trace.dat (by content), if any."""
-    from tracekit.ingest.tracedat import MAGIC
-
-    for name in run.files:
-        path = root / name
-        if name.endswith("/capture.json") and path.is_file():
-            return path.parent
-        if path.is_file() and path.stat().st_size >= len(MAGIC):
-            with open(path, "rb") as f:
-                if f.read(len(MAGIC)) == MAGIC:
-                    return path
-    return None
 
 
 def check_timeline(spans: Sequence[tuple[RunRecord, int, int]]) -> list[str]:
@@ -103,18 +83,18 @@ def export_bundle(
     window: tuple[int | None, int | None] = (None, None),
     run_id: str | None = None,
     phase: str | None = None,
-    kallsyms: str | None = None,
+    symbols: Mapping[int, str] | None = None,
 ) -> tuple[ExportResult, list[str]]:
     """Export the selected runs of a bundle into one file; returns the result and notes."""
-    manifest = read_manifest(root)
+    data = load_bundle(root)
+    manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
     if not selected:
         raise TracekitError(
             f"{root}: no run of the selection overlaps --window; the runs span "
             f"{_span(manifest.runs)} s of the trace clock"
         )
-    given = read_kallsyms(kallsyms) if kallsyms else None
-    job = BundleExport(root, manifest, selected, window, given)
+    job = BundleExport(data, selected, window, symbols)
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
@@ -132,36 +112,32 @@ class BundleExport:
 
     def __init__(
         self,
-        root: Path,
-        manifest: Manifest,
+        data: BundleData,
         selected: list[RunRecord],
         window: tuple[int | None, int | None],
         symbols: Mapping[int, str] | None,
     ) -> None:
-        self.root = root
-        self.manifest = manifest
+        self.data = data
+        self.manifest = data.manifest
         self.selected = selected
         self.window = window
         self.symbols = symbols
         self.drawn = [vars(r) for r in selected]
-        traced = [(r, p) for r in selected if (p := run_trace(root, r)) is not None]
-        self.traced = sorted(traced, key=lambda item: item[0].start_ns or 0)
+        traced = [r for r in selected if data.run(r).trace_path is not None]
+        self.traced = sorted(traced, key=lambda run: run.start_ns or 0)
         self.spans: list[tuple[RunRecord, int, int]] = []  # per trace: run, first, last ts
 
     def parts(self) -> Iterator[TracePart]:
         """One traced run at a time, with its own kallsyms copy unless one was given."""
-        import tracekit
-
-        for run, path in self.traced:
-            trace = tracekit.open(path)
+        for run in self.traced:
+            found = self.data.run(run)
+            trace = found.trace
+            assert trace is not None and found.trace_path is not None
             ts = trace.events["ts"]
             if not ts.is_empty():
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
-            own = path / "kallsyms"
-            symbols = self.symbols
-            if symbols is None and own.is_file():
-                symbols = read_kallsyms(own)
-            yield TracePart(trace, symbols, vars(run), _vmm_runs(self.root, run))
+            symbols = self.symbols if self.symbols is not None else found.kallsyms
+            yield TracePart(trace, symbols, vars(run), _vmm_runs(found))
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""
@@ -169,17 +145,18 @@ class BundleExport:
 
     def without_trace(self, tracks: TrackWriter, top: int) -> None:
         """Untraced runs' latencies and probe samples; a during phase's guest."""
-        traced = {r.run_id for r, _ in self.traced}
+        traced = {r.run_id for r in self.traced}
         for run in self.selected:
-            rundir = self.root / "runs" / run.run_id
-            if run.run_id not in traced and (rundir / "cyclictest.txt").is_file():
+            found = self.data.run(run)
+            if run.run_id not in traced and found.cyclictest is not None:
                 group = run_group(tracks, top, vars(run), self.drawn)
                 self._cyclictest(tracks, group, vars(run), None, None)
-            if (rundir / "probe.bin").is_file():
+            if found.probe is not None:
                 group = run_group(tracks, top, vars(run), self.drawn)
-                probe = rundir / "probe.bin"
-                write_probe_samples(tracks, group, run.run_id, probe, run.start_ns, self.window)
-        _background_guests(tracks, top, self.root, self.manifest, self.selected)
+                write_probe_samples(
+                    tracks, group, run.run_id, found.probe, run.start_ns, self.window
+                )
+        _background_guests(tracks, top, self.data, self.selected)
 
     def _cyclictest(
         self,
@@ -190,18 +167,14 @@ class BundleExport:
         events: pl.DataFrame | None,
     ) -> None:
         """One run's cyclictest samples as a latency counter and its worst wake-ups."""
-        from tracekit.ingest.tools import read_cyclictest_verbose
-
-        rundir = self.root / "runs" / str(run["run_id"])
-        options = self.manifest.options
-        interval = interval_ns(rundir, options)
-        if interval is None or not (rundir / "cyclictest.txt").is_file():
+        found = self.data.opened[str(run["run_id"])]
+        interval, samples = found.cyclictest_interval_ns, found.cyclictest
+        if interval is None or samples is None:
             return
-        samples = read_cyclictest_verbose(rundir / "cyclictest.txt")
         threads = samples["thread"].n_unique()
         timers = sleep_timers(tables, events, threads) if tables and events is not None else []
         lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
-        rt_cpu = options.get("rt_cpu")
+        rt_cpu = self.manifest.options.get("rt_cpu")
         write_latencies(tracks, parent, str(run["run_id"]), lines, self.window, rt_cpu)
 
 
@@ -222,26 +195,24 @@ def _span(runs: Sequence[RunRecord]) -> str:
     return f"{min(starts) / 1e9:.3f}..{max(ends) / 1e9:.3f}"
 
 
-def _vmm_runs(root: Path, run: RunRecord) -> list[dict[str, str]]:
+def _vmm_runs(found: RunData) -> list[dict[str, str]]:
     """The VMM's `run` records of a run (its guest variants), when it kept vmm.txt."""
-    path = root / "runs" / run.run_id / "vmm.txt"
-    if not path.is_file():
-        return []
-    from tracekit.ingest.vmm import parse_vmm_output
-
-    return parse_vmm_output(path.read_text(errors="replace"), str(path)).runs
+    return found.vmm.runs if found.vmm is not None else []
 
 
 def _background_guests(
-    tracks: TrackWriter, top: int, root: Path, manifest: Manifest, selected: Sequence[RunRecord]
+    tracks: TrackWriter, top: int, data: BundleData, selected: Sequence[RunRecord]
 ) -> None:
     """A guest kept running through a phase (guest-start .. guest-stop), on its CPUs."""
-    starts = {r.phase: r for r in selected if r.kind == "guest-start" and r.start_ns is not None}
+    manifest = data.manifest
+    starts = {
+        r.phase: r for r in selected if r.kind == RunKind.GUEST_START and r.start_ns is not None
+    }
     for run in selected:
         begin = starts.get(run.phase)
-        if run.kind != "guest-stop" or begin is None or run.end_ns is None:
+        if run.kind != RunKind.GUEST_STOP or begin is None or run.end_ns is None:
             continue
-        vmm = _vmm_runs(root, begin) or _vmm_runs(root, run)
+        vmm = _vmm_runs(data.run(begin)) or _vmm_runs(data.run(run))
         variant = vmm[0].get("variant") if vmm else manifest.scenario.get("guest_variant")
         args = {"phase": run.phase, "variant": variant or "?", "timing": "the manifest's runs"}
         if vmm:

@@ -188,11 +188,3 @@ def _write_part(
     result.source_counts += Counter(dict(per_type.iter_rows()))
     result.traces.append(part.name)
     return lost
-
-
-def read_kallsyms(path: str | os.PathLike[str]) -> dict[int, str]:
-    """Addresses -> names from a /proc/kallsyms copy (tracekit.symbols reads it)."""
-    from tracekit.symbols.kallsyms import read_kallsyms as read_table
-
-    table = read_table(path)
-    return {s.address: s.name for s in table.symbols}

@@ -20,10 +20,8 @@ cyclictest's start-up, and the track's description says so.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,20 +54,6 @@ def grid_steps(latency_ns: np.ndarray, interval_ns: int) -> np.ndarray:
     """Due time of each sample in intervals after the first (see the module docstring)."""
     steps = latency_ns // interval_ns + 1
     return np.concatenate([[0], np.cumsum(steps)[:-1]]).astype(np.int64)
-
-
-def interval_ns(rundir: Path, options: Mapping[str, Any]) -> int | None:
-    """cyclictest's --interval (us) from the run's argv record, else the bundle options."""
-    argv_file = rundir / "cyclictest.txt.argv"
-    if argv_file.is_file():
-        argv = json.loads(argv_file.read_text())
-        for n, arg in enumerate(argv):
-            if arg.startswith("--interval="):
-                return int(arg.split("=", 1)[1]) * 1000
-            if arg in ("-i", "--interval") and n + 1 < len(argv):
-                return int(argv[n + 1]) * 1000
-    value = options.get("interval_us")
-    return int(value) * 1000 if value else None
 
 
 def sleep_timers(

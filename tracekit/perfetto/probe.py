@@ -8,9 +8,14 @@ from the run's start in the manifest instead, and its track says so.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracekit.perfetto.tracks import TrackWriter
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from tracekit.ingest.probe import ProbeHeader
 
 CLOCK_BOOTTIME = 7
 
@@ -19,14 +24,12 @@ def write_probe_samples(
     tracks: TrackWriter,
     parent: int,
     run_id: str,
-    path: Path,
+    probe: tuple[ProbeHeader, pl.DataFrame],
     start_ns: int | None,
     window: tuple[int | None, int | None],
 ) -> int:
     """One counter of call durations (ns) at each call's start; returns the samples written."""
-    from tracekit.ingest.probe import read_probe_file
-
-    header, samples = read_probe_file(path)
+    header, samples = probe
     ts = samples["timestamp_ns"].to_numpy()
     description = (
         f"TLBI probe: duration of each {header.mode} call ({header.pages} page(s), "

@@ -14,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from tracekit.perfetto.exits import exit_reason
+from tracekit.analysis.exits import exit_reason
 from tracekit.perfetto.protos import CounterDescriptor, TracePacket, TrackDescriptor, TrackEvent
 from tracekit.perfetto.writer import (
     SEQ_INCREMENTAL_STATE_CLEARED,

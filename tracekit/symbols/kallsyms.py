@@ -44,6 +44,11 @@ def read_kallsyms(path: str | os.PathLike[str]) -> SymbolTable:
     return parse_kallsyms(text, str(source))
 
 
+def address_names(path: str | os.PathLike[str]) -> dict[int, str]:
+    """Addresses -> names from a kallsyms copy, for drawing addresses as symbols."""
+    return {s.address: s.name for s in read_kallsyms(path).symbols}
+
+
 def parse_kallsyms(text: str, source: str) -> SymbolTable:
     """A symbol table from kallsyms text (a file, or the copy a trace.dat carries)."""
     symbols = [symbol for line in text.splitlines() if (symbol := parse_line(line)) is not None]

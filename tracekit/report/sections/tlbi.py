@@ -22,13 +22,15 @@ from tracekit.analysis.tlbi import (
     probe_percentiles,
     require_flush_events,
 )
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
 from tracekit.ingest.probe import probe_samples
 from tracekit.report.header import bundle_label
 from tracekit.report.model import Plot, Section, Table
 
-TRACED_KINDS = ("traced", "guest", "after-guest")
+# The traced runs whose flush-path calls the section times (not sweeps nor during phases).
+FLUSH_RUN_KINDS = (RunKind.TRACED, RunKind.GUEST, RunKind.AFTER_GUEST)
 
 
 def section(bundles: list[BundleData]) -> Section | None:
@@ -120,7 +122,7 @@ def _short(found: list[Comparison], prefix: str) -> list[str]:
 
 def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int, str | None] | None:
     """Flush-path table, findings, lost events used, what is missing; None: no traces."""
-    runs = traced_runs(data, kinds=TRACED_KINDS)
+    runs = traced_runs(data, kinds=FLUSH_RUN_KINDS)
     if not runs:
         return None
     frames, lines, lost, names = [], [], 0, set()

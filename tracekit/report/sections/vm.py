@@ -10,9 +10,9 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import vm
-from tracekit.ingest.bundle import BundleData, open_run_trace, run_trace_path
+from tracekit.bundle import RunFile, run_trace_path
+from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
-from tracekit.ingest.vmm import run_extra
 from tracekit.report.header import is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.vmruns import VmRun, vm_runs
@@ -59,7 +59,7 @@ def _background_stops(data: BundleData) -> list[str]:
     """
     out = []
     for run in data.manifest.runs:
-        if run.kind != "guest-stop" or run_trace_path(data.path, run) is None:
+        if run.kind != "guest-stop" or run_trace_path(data.path, run.run_id) is None:
             continue
         trace = open_run_trace(data, run)
         name = next((n for n in vm.MARKER_EVENTS if n in trace.event_names), None)
@@ -139,9 +139,9 @@ def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     updates = found.event("kvm_arm_vmid_update")
     if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
         return None, None, ""
-    extra = run_extra(found.data, found.run, "rollover.json")
+    extra = found.data.run(found.run).extra(RunFile.ROLLOVER)
     if extra is not None and isinstance(extra.get("vmid_bits"), int):
-        return updates, int(extra["vmid_bits"]), "the run's rollover.json"  # type: ignore[arg-type]
+        return updates, int(extra["vmid_bits"]), f"the run's {RunFile.ROLLOVER}"  # type: ignore[arg-type]
     bits = vm.infer_vmid_bits(updates)
     return updates, bits, "inferred from the smallest VMID seen (generation 1 assumed)"
 

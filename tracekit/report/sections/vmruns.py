@@ -12,9 +12,9 @@ import polars as pl
 
 from tracekit.analysis import vm
 from tracekit.analysis.kvmtext import kvm_fields
-from tracekit.bundle import RunRecord
+from tracekit.bundle import RunRecord, run_trace_path
 from tracekit.errors import TracekitError
-from tracekit.ingest.bundle import BundleData, open_run_trace, run_trace_path
+from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
 from tracekit.ingest.vmm import VmmOutput, vmm_runs
 from tracekit.report.header import bundle_label
@@ -96,6 +96,6 @@ def vm_runs(bundles: list[BundleData]) -> list[VmRun]:
     for data in bundles:
         prefix = f"{bundle_label(data)}: " if many else ""
         for run, vmm in vmm_runs(data):
-            if run_trace_path(data.path, run) is not None:
+            if run_trace_path(data.path, run.run_id) is not None:
                 out.append(open_vm_run(data, run, vmm, f"{prefix}{run.run_id}"))
     return out

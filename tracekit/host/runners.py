@@ -1,0 +1,262 @@
+"""What each kind of run does: one runner per RunKind, in a table (rtla's tool_ops).
+
+A runner gets the collection in progress (the Session: tools, roles, instance, cleanup
+stack) and the run's context (its planned step, where its files go), starts the tools
+the run needs with their outputs in the run's directory, and waits for them. The
+Session around it (tracekit/host/collect.py) starts and ends the run's capture, writes
+its markers and records it in the manifest; a runner knows nothing of that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
+from tracekit.errors import TracekitError
+from tracekit.guests import read_variant
+from tracekit.host import tools as toolbox
+from tracekit.host.afterguest import hotplug, open_vmid_watch, rollover
+from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
+from tracekit.host.protocol import PlannedRun, ScenarioParams
+
+if TYPE_CHECKING:
+    from tracekit.host.collect import Session
+
+# The VMM's own watchdog for one guest run (teardown is never cut short by it).
+GUEST_TIMEOUT_SECONDS = 600
+# PMU events for --perf-counters: generic names perf maps to each core's own events;
+# those a PMU lacks are recorded as <not supported> (an emulated PMU has few).
+PERF_EVENTS = ("cycles", "instructions", "dTLB-load-misses", "iTLB-load-misses")
+# The longest a probe slot runs, whatever --duration says.
+PROBE_MAX_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, when not simply ok."""
+
+    status: str  # ok, over-budget
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """One run being executed: its planned step and where its files go."""
+
+    writer: BundleWriter
+    planned: PlannedRun
+
+    def path(self, name: str) -> Path:
+        """A file of this run inside the bundle (its directory is created)."""
+        return self.writer.path(run_file(self.planned.run_id, name))
+
+    def detail_int(self, key: str) -> int:
+        """An integer the plan gave this run (sweep point values, the probe's CPU)."""
+        return int(str(self.planned.detail[key]))
+
+
+Runner = Callable[["Session", RunContext], Outcome | None]
+
+
+def run_measure(session: Session, ctx: RunContext) -> None:
+    """stress-ng on the stress CPUs and cyclictest on the rt CPU, for one duration."""
+    opts, roles = session.options, session.roles
+    perf = _start_perf(session, ctx) if session.tools.perf else None
+    stress_argv = toolbox.stress_argv(
+        session.tools, list(roles.stress_cpus), opts.duration_s, ctx.path(RunFile.STRESS_YAML)
+    )
+    stress = session.spawn(stress_argv, ctx.path(RunFile.STRESS))
+    # The histogram file has a line per bucket: written locally, kept compacted.
+    histogram = Path(tempfile.gettempdir()) / f"tracekit-{os.getpid()}-cyclictest-hist.txt"
+    session.stack.push(f"remove {histogram}", lambda: histogram.unlink(missing_ok=True))
+    cyclic_argv = toolbox.cyclictest_argv(
+        session.tools,
+        roles.rt_cpu,
+        opts.interval_us,
+        opts.duration_s,
+        ctx.path(RunFile.CYCLICTEST_JSON),
+        histogram,
+    )
+    cyclic = session.spawn(cyclic_argv, ctx.path(RunFile.CYCLICTEST))
+    session.wait(cyclic, "cyclictest", opts.duration_s)
+    ctx.path(RunFile.CYCLICTEST_HIST).write_text(toolbox.compact_histogram(histogram.read_text()))
+    histogram.unlink()
+    session.wait(stress, "stress-ng", opts.duration_s)
+    if perf is not None:
+        # perf stat prints its last interval and exits on SIGINT, like Ctrl-C.
+        perf.send_signal(signal.SIGINT)
+        session.wait(perf, "perf stat", 0, ok_codes=(0, 130, -signal.SIGINT))
+
+
+def _start_perf(session: Session, ctx: RunContext) -> subprocess.Popen[bytes]:
+    """perf stat per CPU over every role's CPUs, in CSV, one line per second."""
+    roles = session.roles
+    cpus = sorted({roles.rt_cpu, *roles.stress_cpus, *roles.guest_cpus})
+    argv = toolbox.perf_stat_argv(
+        session.tools, cpus, list(PERF_EVENTS), 1000, ctx.path(RunFile.PERF_STAT)
+    )
+    return session.spawn(argv, ctx.path(RunFile.PERF_STAT_LOG))
+
+
+def run_probe(session: Session, ctx: RunContext) -> None:
+    """The broadcast-TLBI probe on one CPU, in the slot's own mode; helpers on the others."""
+    cpu = ctx.detail_int("cpu")
+    helpers = [c for c in session.roles.stress_cpus if c != cpu]
+    argv = toolbox.probe_argv(
+        session.tools,
+        cpu,
+        helpers,
+        str(ctx.planned.detail["mode"]),
+        min(session.options.duration_s, PROBE_MAX_SECONDS),
+        ctx.path(RunFile.PROBE),
+        session.trace_marker(),
+    )
+    proc = session.spawn(argv, ctx.path(RunFile.PROBE_SUMMARY))
+    session.wait(proc, "tlbiprobe", session.options.duration_s)
+
+
+def guest_settings(params: ScenarioParams, **point: int) -> list[str]:
+    """The VMM options of the guest parameters: the sweep point's, else the scenario's.
+
+    A parameter reaches the VMM in every scenario once it was given (or the scenario's
+    default is not the VMM's); otherwise the guest preset's own value stands (the VMM
+    prints every knob it ran with, so the run's vmm.txt says what ran).
+    """
+    values: dict[str, int | None] = {}
+    for name in ("ipa_bits", "touch_kb"):
+        values[name] = point.get(name, params.single(name) if params.explicit(name) else None)
+    values["tlbi_count"] = params.tlbi_count if params.explicit("tlbi_count") else None
+    values |= {k: v for k, v in point.items() if k not in values}
+    return toolbox.vmm_settings(**{k: v for k, v in values.items() if v is not None})
+
+
+def run_guest(session: Session, ctx: RunContext) -> None:
+    """Run the guest once on the guest CPUs; its markers go into the trace."""
+    settings = guest_settings(session.params, timeout=GUEST_TIMEOUT_SECONDS)
+    settings += session.guest_options
+    argv = toolbox.vmm_argv(
+        session.tools,
+        session.guest_path,
+        list(session.roles.guest_cpus),
+        session.trace_marker(),
+        extra=settings,
+        vcpus=session.guest_vcpus(),
+    )
+    proc = session.spawn(argv, ctx.path(RunFile.VMM))
+    session.wait(proc, "vmm", GUEST_TIMEOUT_SECONDS)
+
+
+def run_sweep_point(session: Session, ctx: RunContext) -> Outcome:
+    """`repeat` VMs of one sweep point, timed by the VMM, within the time budget."""
+    settings = guest_settings(
+        session.params,
+        ipa_bits=ctx.detail_int("ipa_bits"),
+        ram_mb=ctx.detail_int("ram_mb"),
+        touch_kb=ctx.detail_int("touch_kb"),
+        timeout=0,  # the VMM's watchdog off: the budget decides, and says so
+    )
+    settings += session.guest_options
+    argv = toolbox.vmm_argv(
+        session.tools,
+        session.guest_path,
+        list(session.roles.guest_cpus),
+        session.trace_marker(),
+        repeat=session.params.repeat,
+        extra=settings,
+        vcpus=ctx.detail_int("vcpus"),
+    )
+    output = ctx.path(RunFile.VMM)
+    proc = session.spawn(argv, output)
+    outcome = wait_within_budget(proc, session.params.vm_budget_s, output, session.params.repeat)
+    if outcome.status != "ok":
+        session.echo(f"  OVER BUDGET: {outcome.note}")
+    return Outcome(outcome.status, outcome.note)
+
+
+def run_guest_start(session: Session, ctx: RunContext) -> None:
+    """Start the during phase's guest; it runs until the guest-stop run (markers traced)."""
+    argv = toolbox.vmm_argv(
+        session.tools,
+        session.guest_path,
+        list(session.roles.guest_cpus),
+        session.trace_marker(),
+        extra=[*guest_settings(session.params, timeout=0), *session.guest_options],
+        vcpus=session.guest_vcpus(),
+    )
+    output = ctx.path(RunFile.VMM)
+    background = BackgroundGuest(session.spawn(argv, output), len(session.roles.guest_cpus), output)
+    session.background = background
+    took = background.wait_running()
+    session.marker(f"tracekit: background guest running after {took:.3f} s")
+
+
+def run_guest_stop(session: Session, ctx: RunContext) -> None:
+    """Stop the during phase's guest; the kernel's teardown of it is in this run's trace."""
+    background = session.background
+    if background is None:
+        raise TracekitError("guest-stop without a running background guest (plan error)")
+    session.marker("tracekit: stopping the background guest")
+    code = background.stop()
+    in_order = stopped_in_order(background.output)
+    session.background = None
+    record = {
+        "vmm_exit_status": code,
+        "stopped_by": "SIGTERM",
+        # False: the VMM had to be killed, so its teardown markers are missing.
+        "torn_down_by_vmm": in_order,
+    }
+    ctx.path(RunFile.GUEST_STOP).write_text(json.dumps(record) + "\n")
+
+
+def run_after_guest(session: Session, ctx: RunContext) -> None:
+    """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
+    if session.options.after_guest == "hotplug":
+        log = hotplug(session.roles.guest_cpus, session.stack, session.now)
+        ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
+        return
+    watch = open_vmid_watch(session.tracefs)
+    guest = session.guest_path.parent / "mmu-off.elf"
+    if read_variant(guest).stage1 != "off":
+        raise TracekitError(f"{guest} is not the MMU-off guest the rollover needs")
+    output = ctx.path(RunFile.VMM)
+
+    def run_batch(count: int) -> None:
+        """Create, run and destroy `count` MMU-off VMs, draining the trace after."""
+        argv = toolbox.vmm_argv(
+            session.tools, guest, list(session.roles.guest_cpus), None, repeat=count
+        )
+        batch = output.with_suffix(".batch")
+        proc = session.spawn(argv, batch)
+        session.wait(proc, "vmm (rollover)", GUEST_TIMEOUT_SECONDS)
+        with output.open("ab") as log:
+            log.write(batch.read_bytes())
+        batch.unlink()
+        # The last batch's command line stands for all of them (only --repeat varies).
+        Path(f"{batch}.argv").replace(f"{output}.argv")
+        if session.capture is not None:
+            session.capture.drain()
+
+    vmids, vms = rollover(run_batch, watch, session.options.rollover_max_vms, session.echo)
+    record = {"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}
+    ctx.path(RunFile.ROLLOVER).write_text(json.dumps(record) + "\n")
+
+
+# Every run kind and its runner; whether a run is traced is bundle.TRACED_KINDS.
+RUNNERS: dict[RunKind, Runner] = {
+    RunKind.QUIET: run_measure,
+    RunKind.TRACED: run_measure,
+    RunKind.PROBE: run_probe,
+    RunKind.GUEST: run_guest,
+    RunKind.AFTER_GUEST: run_after_guest,
+    RunKind.VMS: run_sweep_point,
+    RunKind.GUEST_START: run_guest_start,
+    RunKind.GUEST_STOP: run_guest_stop,
+}

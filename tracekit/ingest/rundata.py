@@ -1,0 +1,150 @@
+"""One run's data, opened through one object that loads each piece once, on first use.
+
+Report sections and the Perfetto export ask a bundle for a run's RunData
+(`BundleData.run(run)`) and never open a run's files themselves: its trace, the VMM's
+output, the probe's samples, cyclictest's samples and its interval, the JSON a run left
+(rollover.json, guest-stop.json), and its lost events, each defined here once. A file
+whose size differs from the manifest's record is refused with one line (the fast check;
+`tracekit.bundle.verify_files` hashes every file), so a changed file never changes a
+number silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from tracekit.bundle import Manifest, RunFile, RunRecord, run_file, run_trace_path
+from tracekit.errors import TracekitError
+
+if TYPE_CHECKING:
+    from tracekit.ingest.probe import ProbeHeader
+    from tracekit.ingest.trace import Trace
+    from tracekit.ingest.vmm import VmmOutput
+
+
+@dataclass(eq=False)
+class RunData:
+    """A bundle run's files, each read at most once (None where the run has no such file)."""
+
+    root: Path
+    manifest: Manifest
+    run: RunRecord
+    trace_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.run.run_id
+
+    @property
+    def lost_events(self) -> int:
+        """Events the run's trace lost: overrun + dropped, summed over its CPUs (manifest)."""
+        return sum(int(n) for n in self.run.lost_events.values())
+
+    def path(self, name: str) -> Path | None:
+        """A file of this run, checked against the manifest's size; None when absent."""
+        rel = run_file(self.run_id, name)
+        path = self.root / rel
+        if not path.exists():
+            return None
+        recorded = self.manifest.files.get(rel)
+        if recorded is not None and path.is_file() and path.stat().st_size != recorded["size"]:
+            raise TracekitError(
+                f"{self.root}: {rel} is {path.stat().st_size} bytes, the manifest recorded "
+                f"{recorded['size']}: changed since collection; `tracekit verify` checks all"
+            )
+        return path
+
+    @cached_property
+    def trace_path(self) -> Path | None:
+        """The run's trace (raw capture directory or trace.dat), if it recorded one."""
+        return run_trace_path(self.root, self.run_id)
+
+    @cached_property
+    def trace(self) -> Trace | None:
+        """The run's trace, ingested once (Parquet-cached beside it)."""
+        if self.trace_path is None:
+            return None
+        from tracekit.ingest.trace import open_trace
+
+        return open_trace(self.trace_path, **self.trace_options)
+
+    @cached_property
+    def kallsyms(self) -> dict[int, str] | None:
+        """Addresses -> names from the kallsyms copy a raw capture keeps, if it has one."""
+        own = self.trace_path / "kallsyms" if self.trace_path is not None else None
+        if own is None or not own.is_file():
+            return None
+        from tracekit.symbols.kallsyms import address_names
+
+        return address_names(own)
+
+    @cached_property
+    def vmm(self) -> VmmOutput | None:
+        """The VMM's output, when the run ran it."""
+        path = self.path(RunFile.VMM)
+        if path is None:
+            return None
+        from tracekit.ingest.vmm import read_vmm_output
+
+        return read_vmm_output(path)
+
+    @cached_property
+    def probe(self) -> tuple[ProbeHeader, pl.DataFrame] | None:
+        """The probe's header and per-call samples, when the run was a probe slot."""
+        path = self.path(RunFile.PROBE)
+        if path is None:
+            return None
+        from tracekit.ingest.probe import read_probe_file
+
+        return read_probe_file(path)
+
+    @cached_property
+    def cyclictest(self) -> pl.DataFrame | None:
+        """cyclictest's per-loop samples (thread, cycle, latency_ns)."""
+        path = self.path(RunFile.CYCLICTEST)
+        if path is None:
+            return None
+        from tracekit.ingest.tools import read_cyclictest_verbose
+
+        return read_cyclictest_verbose(path)
+
+    @cached_property
+    def cyclictest_interval_ns(self) -> int | None:
+        """cyclictest's --interval from the run's own command line, else the bundle's options."""
+        argv = self._argv(RunFile.CYCLICTEST)
+        for n, arg in enumerate(argv):
+            if arg.startswith("--interval="):
+                return int(arg.split("=", 1)[1]) * 1000
+            if arg in ("-i", "--interval") and n + 1 < len(argv):
+                return int(argv[n + 1]) * 1000
+        value = self.manifest.options.get("interval_us")
+        return int(value) * 1000 if value else None
+
+    def extra(self, name: str) -> dict[str, Any] | None:
+        """A JSON object the run left beside its outputs (e.g. rollover.json), or None."""
+        path = self.path(name)
+        if path is None:
+            return None
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise TracekitError(f"{path}: not readable JSON ({err})") from None
+        return loaded if isinstance(loaded, dict) else None
+
+    def _argv(self, output: str) -> list[str]:
+        """The command line that wrote one of the run's outputs (its .argv record)."""
+        path = self.path(f"{output}.argv")
+        if path is None:
+            return []
+        try:
+            argv = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise TracekitError(f"{path}: not the collector's argv record ({err})") from None
+        return [str(a) for a in argv] if isinstance(argv, list) else []
