@@ -10,7 +10,9 @@ The vhost test loads the plugin in the existing `nvhe-a53` boot (no boot of its 
 from __future__ import annotations
 
 import io
+import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -205,3 +207,29 @@ def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
     assert set(flush["cpu"]) == {1} and _within(flush, runs).height == flush.height
     assert hyp.height == init.height + flush.height  # nothing else at EL2, ALLE1(IS) included
     assert _within(hyp, teardowns).height == 0
+
+
+BLOCK_POLARS = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("polars", "numpy"):
+            raise ImportError("the emulated host has no " + name)
+sys.meta_path.insert(0, Block())
+import tracekit.cli
+"""
+
+
+def test_cli_imports_without_polars() -> None:
+    """The emulated host runs `python3 -m tracekit` without polars or numpy: importing the
+    CLI (which imports the vhost runner) must not pull them in."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_POLARS],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

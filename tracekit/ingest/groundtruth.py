@@ -20,13 +20,14 @@ import polars as pl
 from tracekit.errors import TracekitError
 from tracekit.ingest import gtalign
 from tracekit.symbols.kallsyms import read_kallsyms
+from tracekit.vhost import runner
 
-# The files `vhost run --ground-truth` leaves in --out (tracekit/vhost/runner.py).
-GT_LOG = "vhost-groundtruth.tkgt"
-GT_KALLSYMS = "vhost-kallsyms.txt"
-GT_MARKERS = "vhost-gtmark.txt"
-GT_DMESG = "vhost-boot-dmesg.txt"
-GT_RUN = "vhost-run.json"
+# The files `vhost run --ground-truth` leaves in --out.
+GT_LOG = runner.GROUND_TRUTH_LOG
+GT_KALLSYMS = runner.KALLSYMS
+GT_MARKERS = runner.MARKERS
+GT_DMESG = runner.BOOT_DMESG
+GT_RUN = runner.RUN_RECORD
 
 MAGIC = b"TKGTLOG\0"
 VERSION = 1
@@ -44,9 +45,9 @@ _HEADER = np.dtype(
         ("complete", "<u4"),
         ("clock", "<u4"),
         ("vcpus", "<u4"),
-        ("pad", "<u4"),
+        ("marker_capacity", "<u4"),
         ("untracked_sites", "<u8"),
-        ("spare", "<u8"),
+        ("markers_reserved", "<u8"),
     ]
 )
 _RECORD = np.dtype(
@@ -64,23 +65,40 @@ _RECORD = np.dtype(
 
 @dataclass(frozen=True)
 class LogHeader:
-    """What the log's header says: its bound, how much was reserved, whether it was closed."""
+    """What the log's header says: its bounds, how much was reserved, whether it was closed.
+
+    The last `marker_capacity` slots of the file are kept for markers, so a log full of
+    other records still aligns its clock; at exit the plugin moves them up behind the
+    others. A log QEMU did not close still has them at the end of its capacity.
+    """
 
     capacity: int
     reserved: int
     complete: bool
     vcpus: int
     untracked_sites: int
+    marker_capacity: int = 0
+    markers_reserved: int = 0
+
+    @property
+    def regular_written(self) -> int:
+        """Records other than markers the file holds."""
+        return min(self.reserved, self.capacity - self.marker_capacity)
+
+    @property
+    def markers_written(self) -> int:
+        """Markers the file holds."""
+        return min(self.markers_reserved, self.marker_capacity)
 
     @property
     def written(self) -> int:
-        """Records the file holds (reservations up to its capacity)."""
-        return min(self.reserved, self.capacity)
+        """Records the file holds."""
+        return self.regular_written + self.markers_written
 
     @property
     def not_written(self) -> int:
-        """Records the plugin saw but could not store: the log was full."""
-        return max(0, self.reserved - self.capacity)
+        """Records the plugin saw but could not store: the log (or its marker part) was full."""
+        return self.reserved + self.markers_reserved - self.written
 
 
 def _bad(path: Path, what: str) -> TracekitError:
@@ -110,6 +128,8 @@ def read_header(path: str | os.PathLike[str]) -> LogHeader:
         complete=bool(head["complete"]),
         vcpus=int(head["vcpus"]),
         untracked_sites=int(head["untracked_sites"]),
+        marker_capacity=int(head["marker_capacity"]),
+        markers_reserved=int(head["markers_reserved"]),
     )
 
 
@@ -247,8 +267,8 @@ def read_log(path: str | os.PathLike[str]) -> GroundTruthLog:
     source = Path(path)
     header = read_header(source)
     body = source.read_bytes()[HEADER_SIZE:]
-    count = min(header.written, len(body) // RECORD_SIZE)
-    raw = np.frombuffer(body, _RECORD, count=count)
+    raw = _record_slots(header, body)
+    count = len(raw)
     # A slot with ts 0 was reserved by a vCPU that never got to fill it (QEMU killed).
     filled = raw[raw["ts_ns"] != 0]
     frame = pl.DataFrame(
@@ -264,6 +284,18 @@ def read_log(path: str | os.PathLike[str]) -> GroundTruthLog:
     )
     unfilled = count - len(filled) + (header.written - count)
     return GroundTruthLog(header, decode(frame), unfilled)
+
+
+def _record_slots(header: LogHeader, body: bytes) -> np.ndarray:
+    """The written slots: all in a row once closed, else the two regions where they are."""
+    slots = len(body) // RECORD_SIZE
+    if header.complete:
+        return np.frombuffer(body, _RECORD, count=min(header.written, slots))
+    regular = np.frombuffer(body, _RECORD, count=min(header.regular_written, slots))
+    start = header.capacity - header.marker_capacity
+    count = max(0, min(header.markers_written, slots - start))
+    markers = np.frombuffer(body, _RECORD, count=count, offset=start * RECORD_SIZE)
+    return np.concatenate([regular, markers])
 
 
 def decode(frame: pl.DataFrame) -> pl.DataFrame:

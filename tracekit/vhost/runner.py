@@ -20,7 +20,6 @@ from pathlib import Path
 
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.ingest.groundtruth import GT_KALLSYMS, GT_LOG, GT_MARKERS
 from tracekit.vhost.cache import vhost_cache
 from tracekit.vhost.console import ConsoleStream
 from tracekit.vhost.image import VhostImage, require_image
@@ -42,9 +41,11 @@ EMULATED_NOTE = (
 )
 CONSOLE_LOG = "vhost-console.log"
 # --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
-GROUND_TRUTH_LOG = GT_LOG
-KALLSYMS = GT_KALLSYMS
-MARKERS = GT_MARKERS
+# (No tracekit.ingest import at module level: the emulated host has no polars, and its
+# `python3 -m tracekit` imports this module.)
+GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
+KALLSYMS = "vhost-kallsyms.txt"
+MARKERS = "vhost-gtmark.txt"
 # The marker helper as the emulated host sees the checkout (cross-built by make).
 GTMARK = "reproducer/build/gtmark"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
@@ -270,7 +271,8 @@ def ground_truth_note(log: Path) -> str:
     closed = "" if header.complete else "; log not closed (QEMU did not exit normally)"
     return (
         f"ground truth (QEMU TCG plugin, emulated, not hardware): {header.written} records "
-        f"in {log.name}, bound {header.capacity}{lost}{closed}"
+        f"in {log.name}, bound {header.capacity} (of which {header.marker_capacity} for "
+        f"markers){lost}{closed}"
     )
 
 
