@@ -12,15 +12,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+from bundlegen import Spec, generate
 
+from tracekit.bundle import read_manifest, sha256_file, verify_files
 from tracekit.errors import TracekitError
 from tracekit.ingest import groundtruth as gt
 from tracekit.ingest import gtalign
 from tracekit.ingest.vmm import parse_vmm_output
 from tracekit.symbols.kallsyms import read_kallsyms
-from tracekit.vhost.runner import _alignment_note, ground_truth_note
+from tracekit.vhost.runner import _alignment_note, add_to_bundles, ground_truth_note
 
 FIXTURE = Path(__file__).parent / "fixtures" / "groundtruth" / "nvhe-a76"
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "reproducer" / "groundtruth"
@@ -302,3 +305,72 @@ def test_names_match_gnu_as(tmp_path: Path) -> None:
     assert len(words) == len(names)
     for name, word in zip(names, words, strict=True):
         assert gt.operation(word & ~0x1F | (word & 0x1F if name.startswith("DSB") else 31)) == name
+
+
+def _relaid(markers_at_end: bool, marker_capacity: int, extra: int = 0) -> bytes:
+    """The fixture's records re-laid as the plugin lays them with a marker region."""
+    raw = np.frombuffer((FIXTURE / gt.GT_LOG).read_bytes()[gt.HEADER_SIZE :], gt._RECORD)
+    marks, others = raw[raw["kind"] == 6], raw[raw["kind"] != 6]
+    capacity = len(others) + marker_capacity + extra
+    header = bytearray((FIXTURE / gt.GT_LOG).read_bytes()[: gt.HEADER_SIZE])
+    header[16:24] = capacity.to_bytes(8, "little")
+    header[24:32] = len(others).to_bytes(8, "little")
+    header[32:36] = (0 if markers_at_end else 1).to_bytes(4, "little")
+    header[44:48] = marker_capacity.to_bytes(4, "little")
+    header[56:64] = len(marks).to_bytes(8, "little")
+    if not markers_at_end:
+        return bytes(header) + others.tobytes() + marks.tobytes()
+    gap = np.zeros(capacity - marker_capacity - len(others), gt._RECORD)
+    return bytes(header) + others.tobytes() + gap.tobytes() + marks.tobytes()
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_marker_slots_closed_or_not(tmp_path: Path, closed: bool) -> None:
+    """Markers in their own slots: moved up behind the others once closed, still at the
+    end of the capacity in a log QEMU never closed; both read as the same records."""
+    expected = gt.read_log(FIXTURE / gt.GT_LOG).records
+    log = tmp_path / "log.tkgt"
+    log.write_bytes(_relaid(markers_at_end=not closed, marker_capacity=64, extra=5))
+    read = gt.read_log(log)
+    assert read.header.complete is closed and read.header.not_written == 0
+    assert read.records.equals(expected)
+
+
+def test_ground_truth_added_to_the_bundles_of_the_boot(tmp_path: Path) -> None:
+    """Every bundle left in --out gets the boot's ground truth in groundtruth/, recorded in
+    its manifest with checksum and note; it loads from there; caches and repeats skip."""
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "checks" / "x" / "bundle", Spec(runs=2))
+    (out / "bundle" / ".tracekit-cache").mkdir(parents=True)
+    (out / "bundle" / ".tracekit-cache" / "manifest.json").write_text("{}")
+    assert add_to_bundles(out) == [bundle]
+    manifest = read_manifest(bundle)
+    entry = manifest.files[f"groundtruth/{gt.GT_LOG}"]
+    assert entry["sha256"] == sha256_file(FIXTURE / gt.GT_LOG)
+    assert entry["added_by"] == "tracekit vhost run --ground-truth"
+    assert "emulated ground truth" in entry["note"] and "not hardware" in entry["note"]
+    assert verify_files(bundle, manifest) == []
+    inside = gt.load_ground_truth(bundle / "groundtruth")
+    assert inside.table.equals(gt.load_ground_truth(FIXTURE).table)
+    assert add_to_bundles(out) == []  # already there: nothing replaced
+
+
+def test_bundle_rows_given_to_their_runs(tmp_path: Path) -> None:
+    """Each ground-truth row inside a run's [start, end] gets that run; counted apart."""
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "bundle", Spec(runs=2))
+    add_to_bundles(out)
+    truth, given = gt.bundle_ground_truth(bundle)
+    runs = [r for r in read_manifest(bundle).runs if r.start_ns is not None]
+    expected = sum(
+        truth.table.filter(pl.col("ts").is_between(r.start_ns, r.end_ns)).height for r in runs
+    )
+    assert expected > 0 and given.height == expected
+    for run in runs:
+        mine = given.filter(pl.col("run_id") == run.run_id)
+        assert mine.height == 0 or (
+            mine["ts"].min() >= run.start_ns and mine["ts"].max() <= run.end_ns
+        )
+    board = generate(tmp_path / "board", Spec(runs=2))
+    with pytest.raises(TracekitError, match="no ground truth"):
+        gt.bundle_ground_truth(board)

@@ -8,8 +8,10 @@
  * The log is a file of fixed 32-byte records behind a 64-byte header (format in
  * docs/tables.md, "Ground-truth log"), mapped shared and filled lock-free: a slot is
  * reserved with one atomic add, so vCPU threads never wait for each other. The file
- * holds at most `limit` records; reservations past it are counted, never lost
- * silently, and the header says how many.
+ * holds at most `limit` records, the last 4096 slots kept for markers (so a full log
+ * still aligns its clock); reservations past either bound are counted, never lost
+ * silently, and the header says how many. At exit the markers move up behind the other
+ * records and the file is cut after them.
  *
  * Arguments: out=FILE (required), limit=N (records, default 16777216 = 512 MiB).
  */
@@ -98,9 +100,16 @@ static void on_exec(unsigned int vcpu, void *udata)
 	struct tkgt_record *rec;
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
-	slot = __atomic_fetch_add(&header->reserved, 1, __ATOMIC_RELAXED);
-	if (slot >= capacity)
-		return; /* counted: reserved - capacity records were not written */
+	if (site->kind == TKGT_MARK) {
+		slot = __atomic_fetch_add(&header->markers_reserved, 1, __ATOMIC_RELAXED);
+		if (slot >= header->marker_capacity)
+			return; /* counted, like the others */
+		slot += capacity - header->marker_capacity;
+	} else {
+		slot = __atomic_fetch_add(&header->reserved, 1, __ATOMIC_RELAXED);
+		if (slot >= capacity - header->marker_capacity)
+			return; /* counted: reserved past the bound were not written */
+	}
 	rec = &records[slot];
 	rec->vaddr = site->vaddr;
 	rec->haddr = site->haddr;
@@ -144,12 +153,18 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 
 static void at_exit(qemu_plugin_id_t id, void *udata)
 {
-	uint64_t kept;
+	uint64_t kept, regular, marks;
 
 	(void)id;
 	(void)udata;
+	regular = capacity - header->marker_capacity;
+	kept = header->reserved < regular ? header->reserved : regular;
+	marks = header->markers_reserved < header->marker_capacity ? header->markers_reserved :
+								      header->marker_capacity;
+	/* The markers' slots move up behind the other records: the file has no hole. */
+	memmove(&records[kept], &records[regular], marks * sizeof(struct tkgt_record));
+	kept += marks;
 	header->complete = 1;
-	kept = header->reserved < capacity ? header->reserved : capacity;
 	msync(header, map_size, MS_SYNC);
 	munmap(header, map_size);
 	/* The unused tail goes: the file ends after the last record written. */
@@ -176,6 +191,8 @@ static int open_log(const char *path, uint64_t limit)
 	header->version = TKGT_VERSION;
 	header->record_size = sizeof(struct tkgt_record);
 	header->capacity = limit;
+	/* A tiny log keeps at most half of itself for markers. */
+	header->marker_capacity = limit / 2 < TKGT_MARKER_SLOTS ? (uint32_t)(limit / 2) : TKGT_MARKER_SLOTS;
 	header->clock = CLOCK_MONOTONIC;
 	records = (struct tkgt_record *)(header + 1);
 	return 0;

@@ -15,6 +15,8 @@
 #define TKGT_VERSION 1u
 #define TKGT_DEFAULT_LIMIT (16u << 20)	/* records: 512 MiB of log */
 #define TKGT_MAX_LIMIT (1ull << 28)	/* 8 GiB: refuse anything larger */
+/* Markers have slots of their own, so a full log still aligns its clock. */
+#define TKGT_MARKER_SLOTS 4096u
 
 /* HINT #0x77 (CRm=0b1110, op2=0b111): unallocated, so a NOP on every Armv8/v9 core. */
 #define TKGT_MARKER 0xd5032effu
@@ -43,13 +45,14 @@ struct tkgt_header {
 	uint32_t version;
 	uint32_t record_size;
 	uint64_t capacity;		/* records the file can hold */
-	uint64_t reserved;		/* records reserved; past capacity: not written */
+	uint64_t reserved;		/* other records seen; past capacity - marker_capacity:
+					 * not written */
 	uint32_t complete;		/* 1 once QEMU exited and the log was closed */
 	uint32_t clock;			/* clockid of ts_ns: CLOCK_MONOTONIC (1) */
 	uint32_t vcpus;			/* -smp's maximum */
-	uint32_t pad;
+	uint32_t marker_capacity;	/* the last slots of the file, kept for markers */
 	uint64_t untracked_sites;	/* instructions left unlogged for lack of memory */
-	uint64_t spare;
+	uint64_t markers_reserved;	/* markers seen; past marker_capacity: not written */
 };
 
 struct tkgt_record {

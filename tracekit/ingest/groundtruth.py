@@ -418,3 +418,32 @@ def load_ground_truth(
         kvm_mode,
     )
     return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode)
+
+
+def bundle_ground_truth(root: str | os.PathLike[str]) -> tuple[GroundTruth, pl.DataFrame]:
+    """A bundle's ground truth (BUNDLE/groundtruth/) and its rows given to the bundle's
+    runs: run_id and phase of the run whose [start_ns, end_ns] holds each row's ts (rows
+    outside every run are left out of the second table, kept in the first)."""
+    from tracekit.bundle import read_manifest
+
+    bundle = Path(root)
+    where = bundle / runner.GT_BUNDLE_DIR
+    if not where.is_dir():
+        raise TracekitError(
+            f"{bundle}: no ground truth ({runner.GT_BUNDLE_DIR}/): only bundles collected in "
+            "`tracekit vhost run --ground-truth` have one; a board has none"
+        )
+    truth = load_ground_truth(where)
+    runs = [
+        (run.run_id, run.phase, run.start_ns, run.end_ns)
+        for run in read_manifest(bundle).runs
+        if run.start_ns is not None and run.end_ns is not None
+    ]
+    windows = pl.DataFrame(
+        runs,
+        schema={"run_id": pl.String, "phase": pl.String, "start_ns": pl.Int64, "end_ns": pl.Int64},
+        orient="row",
+    ).sort("start_ns")
+    given = truth.table.sort("ts").join_asof(windows, left_on="ts", right_on="start_ns")
+    inside = given.filter(pl.col("ts") <= pl.col("end_ns")).drop("start_ns", "end_ns")
+    return truth, inside

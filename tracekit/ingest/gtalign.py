@@ -39,6 +39,8 @@ QEMU_AFF0_CPUS = 16
 # gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned.
 MARKER_SLOTS = 64
 MARKER_SLOT_BYTES = 8
+# A marker whose [t0, t1] is at most this wide measures the clock offset well.
+TIGHT_BRACKET_NS = 20_000
 
 _BOOT_CPU = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
 _SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
@@ -68,6 +70,8 @@ class ClockFit:
     max_residual_ns: float
     # Largest distance of the fit outside a marker's [t0, t1] bracket (0: inside all).
     max_outside_ns: float
+    # Markers whose bracket is at most TIGHT_BRACKET_NS: those the residual is taken over.
+    tight_markers: int = 0
 
     def apply(self, host_ns: pl.Expr) -> pl.Expr:
         """The trace-clock time of host-clock timestamps."""
@@ -81,7 +85,8 @@ class ClockFit:
         """One line for the user: markers, residual, bracket."""
         return (
             f"clock fit over {self.markers} markers: trace = host x {self.slope:.9f} + offset; "
-            f"max residual {self.max_residual_ns / 1000:.1f} us, max outside a marker's "
+            f"max residual {self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} "
+            f"with a bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's "
             f"bracket {self.max_outside_ns / 1000:.1f} us"
         )
 
@@ -235,7 +240,14 @@ def check_cpu_map(paired: pl.DataFrame, mapping: dict[int, int]) -> list[int]:
 
 
 def fit_clock(paired: pl.DataFrame) -> ClockFit:
-    """Least-squares line from the plugin's host time to the midpoint of [t0, t1]."""
+    """Weighted least-squares line from the plugin's host time to the midpoint of [t0, t1].
+
+    A marker's bracket is its uncertainty: the first marker of a fresh gtmark process can
+    take milliseconds between t0 and t1 (page faults, translation), the rest a few
+    hundred ns. Weights 1/half-width (at least 0.5 us) keep the wide ones from pulling
+    the line; the residual is reported over the tight markers (bracket <= 20 us), and
+    the distance outside the bracket over all of them.
+    """
     if paired.height < 2:
         raise TracekitError("fewer than 2 clock markers: cannot fit the host clock to the trace's")
     host = paired["ts_host"].to_numpy().astype(np.int64)
@@ -244,16 +256,20 @@ def fit_clock(paired: pl.DataFrame) -> ClockFit:
     t0 = paired["t0"].to_numpy().astype(np.float64)
     t1 = paired["t1"].to_numpy().astype(np.float64)
     mid = (t0 + t1) / 2
-    slope, offset = np.polyfit(x, mid, 1)
+    half = np.maximum((t1 - t0) / 2, 500.0)
+    slope, offset = np.polyfit(x, mid, 1, w=1 / half)
     fitted = offset + slope * x
     outside = np.maximum(np.maximum(t0 - fitted, fitted - t1), 0)
+    tight = (t1 - t0) <= TIGHT_BRACKET_NS
+    residual = np.abs(fitted - mid)[tight] if tight.any() else np.abs(fitted - mid)
     return ClockFit(
         host0=host0,
         offset=float(offset),
         slope=float(slope),
         markers=paired.height,
-        max_residual_ns=float(np.max(np.abs(fitted - mid))),
+        max_residual_ns=float(np.max(residual)),
         max_outside_ns=float(np.max(outside)),
+        tight_markers=int(tight.sum()),
     )
 
 

@@ -40,16 +40,24 @@ EMULATED_NOTE = (
     "say nothing about real cores"
 )
 CONSOLE_LOG = "vhost-console.log"
+BOOT_DMESG = "vhost-boot-dmesg.txt"
+RUN_RECORD = "vhost-run.json"
 # --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
 # (No tracekit.ingest import at module level: the emulated host has no polars, and its
 # `python3 -m tracekit` imports this module.)
 GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
 KALLSYMS = "vhost-kallsyms.txt"
 MARKERS = "vhost-gtmark.txt"
+# What a bundle made in such a boot receives, in BUNDLE/groundtruth/, and how it is named.
+GT_BUNDLE_DIR = "groundtruth"
+GT_FILES = (GROUND_TRUTH_LOG, KALLSYMS, MARKERS, BOOT_DMESG, RUN_RECORD)
+GT_ADDED_BY = "tracekit vhost run --ground-truth"
+GT_NOTE = (
+    "emulated ground truth: QEMU TCG plugin log of the whole boot and what aligns it "
+    "(docs/tables.md); what the emulated CPUs executed, not hardware"
+)
 # The marker helper as the emulated host sees the checkout (cross-built by make).
 GTMARK = "reproducer/build/gtmark"
-BOOT_DMESG = "vhost-boot-dmesg.txt"
-RUN_RECORD = "vhost-run.json"
 
 
 @dataclass(frozen=True)
@@ -250,7 +258,41 @@ def run(
     if config.ground_truth:
         result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out, mode)]
     _record(result, config, command)
+    if config.ground_truth:
+        added = add_to_bundles(out)
+        if added:
+            names = ", ".join(str(root.relative_to(out)) for root in added)
+            result.notes.append(f"ground truth added to the bundle(s) {names} ({GT_BUNDLE_DIR}/)")
+            _record(result, config, command)
     return result
+
+
+def add_to_bundles(out: Path) -> list[Path]:
+    """Add this boot's ground truth to every bundle the command left under `out`.
+
+    From outside the emulated host, after the collection (the collector inside cannot see
+    QEMU's log): the files go to BUNDLE/groundtruth/ through tracekit.bundle.add_file,
+    each recorded in the manifest with its checksum and what it is. The log covers the
+    whole boot; a run's rows are those inside the run's start and end in the manifest.
+    """
+    from tracekit.bundle import MANIFEST, add_file, read_manifest
+
+    added = []
+    for manifest in sorted(out.rglob(MANIFEST)):
+        root = manifest.parent
+        if any(part.startswith(".") for part in root.relative_to(out).parts):
+            continue  # ingest caches keep a manifest.json of their own
+        try:
+            read_manifest(root)
+        except TracekitError:
+            continue
+        if (root / GT_BUNDLE_DIR).exists():
+            continue
+        for name in GT_FILES:
+            if (out / name).is_file():
+                add_file(root, f"{GT_BUNDLE_DIR}/{name}", out / name, GT_ADDED_BY, GT_NOTE)
+        added.append(root)
+    return added
 
 
 def _plugin_option(out: Path, say: Callable[[str], None]) -> list[str]:
