@@ -182,8 +182,12 @@ def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
             "el_form": ["EL1", "EL1", "EL2", "EL2"],
             "where": ["kernel", "guest", "kernel", "kernel"],
             "shareability": ["inner", "non-shareable", "inner", "non-shareable"],
+            "symbol": ["flush_tlb_mm+0x40", None, None, None],
         }
     )
+    # KVM's VHE TLB helpers clear TGE first: their EL1-form TLBIs act on the guest's EL1&0.
+    kvm = frame.with_columns(symbol=pl.lit("__kvm_tlb_flush_vmid+0x58"))
+    assert gtalign.effective(kvm, "vhe")["regime"][0] == "EL1&0"
     vhe = gtalign.effective(frame, "vhe")
     assert vhe["regime"].to_list() == ["EL2&0", "EL1&0", "EL1&0", "EL2&0"]
     assert vhe["effective_shareability"].to_list() == ["inner", "inner", "inner", "non-shareable"]

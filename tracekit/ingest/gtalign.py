@@ -39,6 +39,9 @@ QEMU_AFF0_CPUS = 16
 # gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned.
 MARKER_SLOTS = 64
 MARKER_SLOT_BYTES = 8
+# KVM's VHE TLB maintenance runs in the kernel with HCR_EL2.TGE cleared and the guest's
+# VTTBR loaded (arch/arm64/kvm/hyp/vhe/tlb.c): its EL1-form TLBIs act on the guest's EL1&0.
+VHE_GUEST_CONTEXT = "__kvm_"
 # A marker whose [t0, t1] is at most this wide measures the clock offset well.
 TIGHT_BRACKET_NS = 20_000
 
@@ -278,7 +281,8 @@ def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
 
     regime: a TLBI's translation regime. EL2-form (op1=4) *E1 operations act on EL1&0
     (every VMID's or the current VMID's stage 1+2), *E2 on EL2 (EL2&0 in VHE); EL1-form
-    ones act on EL1&0, except in a VHE host kernel, where E2H+TGE send them to EL2&0.
+    ones act on EL1&0, except in a VHE host kernel, where E2H+TGE send them to EL2&0
+    (not in KVM's VHE TLB helpers, which clear TGE and load the guest's VMID first).
     effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS, so its local
     TLBI/IC are broadcast inner-shareable and its non-shareable DSB is upgraded to ISH.
     """
@@ -293,7 +297,12 @@ def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
         .then(pl.lit("EL3"))
         .when((pl.col("el_form") == "EL2") & e2)
         .then(pl.lit("EL2&0" if vhe else "EL2"))
-        .when((pl.col("el_form") == "EL1") & (pl.col("where") == "kernel") & vhe)
+        .when(
+            (pl.col("el_form") == "EL1")
+            & (pl.col("where") == "kernel")
+            & vhe
+            & ~pl.col("symbol").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        )
         .then(pl.lit("EL2&0"))
         .otherwise(pl.lit("EL1&0"))
     )
