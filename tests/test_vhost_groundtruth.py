@@ -10,6 +10,7 @@ The vhost test loads the plugin in the existing `nvhe-a53` boot (no boot of its 
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -20,9 +21,10 @@ import polars as pl
 import pytest
 from conftest import register_vhost_check
 
+from tracekit.bundle import read_manifest
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
-from tracekit.ingest.groundtruth import load_ground_truth, parse_gtmark
+from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, parse_gtmark
 from tracekit.ingest.vmm import parse_vmm_output
 from tracekit.vhost import apt, groundtruth
 
@@ -233,3 +235,27 @@ def test_cli_imports_without_polars() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.vhost
+def test_vhost_nvhe_6_1_vmid_rollover_is_one_alle1is(vhost_boot) -> None:
+    """bookworm 6.1 nVHE, 8-bit VMIDs (cortex-a53): the VMID rollover collect's check sees
+    exactly one new generation, and EL2 executes exactly one TLBI ALLE1IS in the whole boot
+    (`__kvm_flush_vm_context`), inside the rollover run, on the CPU the guests ran on."""
+    boot = vhost_boot(GT_CONFIG)
+    if "collect_rollover" not in boot.checks:
+        pytest.skip("the rollover check is registered by tests/test_collect.py")
+    assert boot.checks["collect_rollover"].status == 0
+    bundle = boot.result.out_dir / "checks" / "collect_rollover" / "bundle"
+    result = json.loads((bundle / "runs/after-guest-rollover/rollover.json").read_text())
+    generations = {vmid >> result["vmid_bits"] for vmid in result["vmid_ids"]}
+    truth, given = bundle_ground_truth(bundle)
+    alle1 = truth.table.filter(
+        (pl.col("where") == "hyp") & pl.col("operation").str.starts_with("TLBI ALLE1")
+    )
+    assert alle1.height == len(generations) - 1 == 1
+    assert alle1["operation"][0] == "TLBI ALLE1IS"
+    assert alle1["symbol"][0].startswith("__kvm_nvhe___kvm_flush_vm_context")
+    mine = given.filter(pl.col("where") == "hyp", pl.col("operation") == "TLBI ALLE1IS")
+    assert mine["run_id"].to_list() == ["after-guest-rollover"]
+    assert [alle1["cpu"][0]] == read_manifest(bundle).options["guest_cpus"]
