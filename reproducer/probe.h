@@ -7,7 +7,8 @@
 #include <stdio.h>
 
 #define PROBE_MAGIC		"TKPROBE\0"
-#define PROBE_VERSION		1
+/* Version 2 added each sample's direction (version 1: 16-byte records without it). */
+#define PROBE_VERSION		2
 #define PROBE_HEADER_SIZE	64
 
 /* What each timed call does. */
@@ -17,11 +18,26 @@ enum probe_mode {
 	MODE_MUNMAP = 3,	/* munmap of a freshly touched N-page mapping */
 };
 
-/* One timed call: when it started (CLOCK_BOOTTIME) and how long it took. */
+/*
+ * Which protection change a timed syscall made: RW->RO and RO->RW mprotect take different
+ * kernel paths, so their samples are kept apart; munmap mode's calls are all unmaps.
+ */
+enum probe_direction {
+	DIRECTION_UNKNOWN = 0,	/* never written; version 1 files read as this */
+	DIRECTION_RW_TO_RO = 1,
+	DIRECTION_RO_TO_RW = 2,
+	DIRECTION_UNMAP = 3,
+};
+
+/* One timed syscall: when it started (CLOCK_BOOTTIME), how long it took, what it did. */
 struct probe_sample {
 	uint64_t timestamp_ns;
 	uint64_t duration_ns;
+	uint32_t direction;	/* enum probe_direction */
+	uint32_t reserved;	/* 0 */
 };
+
+_Static_assert(sizeof(struct probe_sample) == 24, "record layout");
 
 /* The 64-byte little-endian file header; samples follow it. */
 struct probe_header {

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * tlbiprobe: time the kernel's broadcast TLB invalidations from userspace.
+ * tlbiprobe: time syscalls that make the kernel issue broadcast TLB invalidations.
  *
  * Pinned to one CPU, it changes the protection of (or unmaps) memory that helper
  * threads on other CPUs keep reading, so the kernel must invalidate with TLBI ...IS
- * and wait with DSB ISH. Each call is timed with CNTVCT_EL0 between ISBs.
+ * and wait with DSB ISH. A sample is the whole syscall, timed with CNTVCT_EL0 between
+ * ISBs: the TLBI and DSB are inside it, with everything else the syscall does. The DSB
+ * waits for every CPU of the inner-shareable domain, so a sample says which CPU issued,
+ * never which CPU was slow to respond.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -174,7 +177,7 @@ static void read_pages(volatile unsigned char *p, uint64_t pages)
 
 /* Append one sample, growing the buffer as needed. */
 static void add_sample(struct sample_buffer *buf, uint64_t timestamp, uint64_t ticks,
-		       uint64_t hz)
+		       uint64_t hz, enum probe_direction direction)
 {
 	if (buf->count == buf->capacity) {
 		buf->capacity = buf->capacity ? buf->capacity * 2 : 65536;
@@ -186,12 +189,13 @@ static void add_sample(struct sample_buffer *buf, uint64_t timestamp, uint64_t t
 	buf->samples[buf->count++] = (struct probe_sample){
 		.timestamp_ns = timestamp,
 		.duration_ns = (uint64_t)((unsigned __int128)ticks * 1000000000u / hz),
+		.direction = direction,
 	};
 }
 
-/* Time one mprotect of REGION to PROT. */
+/* Time one mprotect of REGION to PROT (RW->RO or RO->RW, as DIRECTION says). */
 static void timed_mprotect(struct sample_buffer *buf, void *region, size_t bytes, int prot,
-			   uint64_t hz)
+			   uint64_t hz, enum probe_direction direction)
 {
 	uint64_t ts = now_ns(CLOCK_BOOTTIME), c0, c1;
 	int ret;
@@ -201,7 +205,7 @@ static void timed_mprotect(struct sample_buffer *buf, void *region, size_t bytes
 	c1 = read_cntvct();
 	if (ret)
 		die(EXIT_SYSTEM, "mprotect: %s", strerror(errno));
-	add_sample(buf, ts, c1 - c0, hz);
+	add_sample(buf, ts, c1 - c0, hz, direction);
 }
 
 /* One round of page/range mode: RW->RO and RO->RW, touching before each change. */
@@ -212,9 +216,9 @@ static void round_mprotect(struct sample_buffer *buf, unsigned char *region, uin
 
 	for (uint64_t i = 0; i < pages; i++)
 		region[i * page_size]++;
-	timed_mprotect(buf, region, bytes, PROT_READ, hz);
+	timed_mprotect(buf, region, bytes, PROT_READ, hz, DIRECTION_RW_TO_RO);
 	read_pages(region, pages);
-	timed_mprotect(buf, region, bytes, PROT_READ | PROT_WRITE, hz);
+	timed_mprotect(buf, region, bytes, PROT_READ | PROT_WRITE, hz, DIRECTION_RO_TO_RW);
 }
 
 /* One round of munmap mode: map and touch a fresh region, time its munmap. */
@@ -229,7 +233,7 @@ static void round_munmap(struct sample_buffer *buf, uint64_t pages, uint64_t hz)
 	c1 = read_cntvct();
 	if (ret)
 		die(EXIT_SYSTEM, "munmap: %s", strerror(errno));
-	add_sample(buf, ts, c1 - c0, hz);
+	add_sample(buf, ts, c1 - c0, hz, DIRECTION_UNMAP);
 }
 
 /* Start the helpers on REGION and wait until each has read it once. */

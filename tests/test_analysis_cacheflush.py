@@ -120,7 +120,9 @@ def test_missing_events_are_named() -> None:
 def test_section_checks_counts_against_the_design(tmp_path: Path) -> None:
     """The section says 'as designed' per run and tabulates flush time vs vCPUs."""
     runs = {"ct-1": "cacheflush-1vcpu", "ct-2": "cacheflush-2vcpu", "sw": "cacheflush-setway"}
-    bundle = make_vm_bundle(tmp_path / "b", runs, "6.1.0-50-arm64", kind="cache-toggle")
+    bundle = make_vm_bundle(
+        tmp_path / "b", runs, "6.1.0-50-arm64", kind="vms", scenario="cache-toggle"
+    )
     section = cf_section.section([load_bundle(bundle)])
     assert section is not None and section.lost_events == 0
     assert sum("as designed" in f and "NOT" not in f for f in section.findings) == 3

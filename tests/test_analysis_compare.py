@@ -19,6 +19,7 @@ from tracekit.analysis.compare import (
     min_p_value,
     rank_test,
     runs_needed,
+    runs_to_decide,
 )
 from tracekit.analysis.runs import metric_values, run_metrics
 from tracekit.errors import TracekitError
@@ -245,3 +246,15 @@ def test_run_metrics_refuses_missing_columns_and_nulls() -> None:
         run_metrics(pl.DataFrame({"run_id": [1, 1], "latency_ns": [1, None]}))
     with pytest.raises(TracekitError, match="unknown metric"):
         metric_values(pl.DataFrame({"max_ns": [1.0]}), "p50")
+
+
+def test_one_run_per_phase_has_no_interval() -> None:
+    """1+1 runs: the bootstrap can only give the point back; the interval is n/a."""
+    one = compare([10.0], [15.8], "p99")
+    assert one.interval() == "n/a" and "[1.58, 1.58]" not in one.describe()
+    assert "1.58x n/a" in one.describe()
+    assert one.verdict == INCONCLUSIVE and runs_to_decide(one) == one.needed_runs == 4
+    lopsided = compare([10.0], [15.0, 16.0, 17.0], "p99")
+    assert lopsided.interval() == "n/a"
+    two = compare([10.0, 11.0], [15.0, 16.0], "p99")
+    assert two.interval().startswith("[") and two.ci_low < two.ci_high

@@ -7,6 +7,7 @@ when the guest's variant turns its MMU on (and no after-guest action clears it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,29 @@ from bundlegen import Spec, generate
 
 from tracekit.analysis.beforeafter import latency_comparisons
 from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, Comparison, runs_to_decide
-from tracekit.analysis.conditions import VARIANT_FACTS, Condition, bundle_condition
-from tracekit.analysis.decision import ConditionEffect, conclusions
+from tracekit.analysis.conditions import (
+    VARIANT_FACTS,
+    Condition,
+    bundle_condition,
+    varying_fields,
+)
+from tracekit.analysis.decision import RULES, ConditionEffect, conclusions
+from tracekit.bundle import Manifest
 from tracekit.ingest.bundle import BundleData, load_bundle
-from tracekit.report.sections.decision import section
+from tracekit.report.sections.decision import _where, section
 
 BUILT_GUESTS = Path(__file__).parent.parent / "reproducer" / "build" / "guests"
 INJECTED = 3.0
 RUNS = 10
+# A generated bundle's condition with its guest on CPU 2 (the rt CPU's cluster).
+GENERATED = Condition(
+    "mmu-on", "none", "nvhe", "same", "6.1.0-50-arm64",
+    guest_revision="1", backing="4k", knobs="none", scenario="main", cpu_model="Cortex-A76",
+    rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
+    stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
+    freshness="fresh",
+    protocol="3s@1000us",
+)  # fmt: skip
 
 
 def _bundle(tmp_path: Path, name: str, spec: Spec) -> BundleData:
@@ -38,8 +54,8 @@ def test_condition_comes_from_the_manifest(tmp_path: Path) -> None:
     """Variant from the guest file (not the scenario default), cluster from host facts."""
     other = _bundle(tmp_path, "a", Spec(variant="mmu-off", runs=1, guest_cpu=1))
     same = _bundle(tmp_path, "b", Spec(after_guest="hotplug", kvm_mode="vhe", guest_cpu=2))
-    assert bundle_condition(other.manifest) == Condition(
-        "mmu-off", "none", "nvhe", "other", "6.1.0-50-arm64"
+    assert bundle_condition(other.manifest) == replace(
+        GENERATED, variant="mmu-off", guest_cluster="other", placement="rt3/stress0-2/guest1"
     )
     c = bundle_condition(same.manifest)
     assert (c.after_guest, c.kvm_mode, c.guest_cluster) == ("hotplug", "vhe", "same")
@@ -82,9 +98,9 @@ def test_decision_table_names_the_injected_condition(tmp_path: Path) -> None:
     assert s.findings[0].startswith(
         "Effect on cyclictest p99.9 by condition: present: mmu-on none;"
     )
-    assert "created only when the guest's stage-1 MMU is on" in text
+    assert "created by what an MMU-on guest does and an MMU-off guest does not" in text
     assert "present for mmu-on, absent for mmu-off" in text  # the rule, stated
-    assert "re-initialising EL2" in text
+    assert "not cleared by hotplugging" not in text  # hotplug did clear it
 
 
 def test_too_few_runs_is_inconclusive_and_says_how_many(tmp_path: Path) -> None:
@@ -116,27 +132,32 @@ def _effect(condition: Condition, verdict: str, needed: int | None = None) -> Co
     return ConditionEffect(condition, ("x",), c)
 
 
-BASE = Condition("mmu-on", "none", "nvhe", "same", "6.1")
+BASE = replace(GENERATED, kernel="6.1")
 
 
 def test_rules_need_exactly_one_difference_and_their_verdicts() -> None:
     """Settled for the rule's verdicts; nothing when two fields differ or verdicts disagree."""
-    off = Condition("mmu-off", "none", "nvhe", "same", "6.1")
-    vmalle1 = Condition("mmu-on-vmalle1", "none", "nvhe", "same", "6.1")
-    found = conclusions([_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)])
+    off = replace(BASE, variant="mmu-off")
+    vmalle1 = replace(BASE, variant="mmu-on-vmalle1")
+    on_off = replace(BASE, variant="mmu-on-off")
+    effects = [_effect(BASE, PRESENT), _effect(off, ABSENT), _effect(vmalle1, PRESENT)]
+    found = conclusions([*effects, _effect(on_off, PRESENT)])
     texts = {c.text for c in found if c.settled}
     assert texts == {
-        "created only when the guest's stage-1 MMU is on",
-        "not cleared by the guest's own VMALLE1",
+        "created by what an MMU-on guest does and an MMU-off guest does not",
+        "created even when the guest turns its MMU off again",
+        "not cleared by the guest's own TLBI VMALLE1 (executed as broadcast: KVM sets HCR_EL2.FB)",
     }
-    two_apart = Condition("mmu-off", "hotplug", "nvhe", "same", "6.1")
+    # mmu-on is not the TLBI presets' control (another dose, MMU left on): no TLBI rule.
+    assert not any("VMALLE1" in c.text for c in conclusions(effects))
+    two_apart = replace(BASE, variant="mmu-off", after_guest="hotplug")
     assert conclusions([_effect(BASE, PRESENT), _effect(two_apart, ABSENT)]) == []
     assert conclusions([_effect(BASE, ABSENT), _effect(off, PRESENT)]) == []
 
 
 def test_one_inconclusive_side_is_an_open_question_with_runs_needed() -> None:
     """Present vs inconclusive (short): an open question that says 4+4 runs are needed."""
-    hot = Condition("mmu-on", "hotplug", "nvhe", "same", "6.1")
+    hot = replace(BASE, after_guest="hotplug")
     found = conclusions([_effect(BASE, PRESENT), _effect(hot, INCONCLUSIVE, needed=4)])
     assert len(found) == 1 and not found[0].settled
     assert found[0].runs_needed == 4
@@ -146,7 +167,7 @@ def test_one_inconclusive_side_is_an_open_question_with_runs_needed() -> None:
 
 def test_kernel_rule_names_both_kernels() -> None:
     """The wildcard rule fills in the kernels it compared."""
-    patched = Condition("mmu-on", "none", "nvhe", "same", "6.1-fix")
+    patched = replace(BASE, kernel="6.1-fix")
     found = conclusions([_effect(BASE, PRESENT), _effect(patched, ABSENT)])
     assert [c.text for c in found] == [
         "depends on the kernel: present with 6.1, absent with 6.1-fix"
@@ -161,3 +182,100 @@ def test_runs_to_decide_scales_the_measured_spread() -> None:
     assert runs_to_decide(large) == 11  # 8 * (0.693 / 0.598)^2, towards "present"
     on_edge = Comparison("m", 8, 8, 1.1, 0.9, 1.3, 0.5, 0.5, "exact", INCONCLUSIVE, None)
     assert runs_to_decide(on_edge) is None
+
+
+def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
+    """A manifest of a 4-CPU host of one core type, rt CPU 3, guest on CPU 1."""
+    cpus = [{"cpu": n, "cluster": n // 2, "name": cores} for n in range(4)]
+    host = {"cpus": cpus, "kvm": {"mode": kvm_mode}, "kernel_release": "6.12.48+deb13-arm64"}
+    host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
+    host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
+    options = {"rt_cpu": 3, "stress_cpus": [0, 1, 2], "guest_cpus": [1], "scenario": "main"}
+    options |= {"after_guest": "none", "duration_s": 20, "interval_us": 1000, "knobs": []}
+    scenario |= {"name": "main", "guest": "/g/mmu-on.elf"}
+    return Manifest(host=host, options=options, scenario=scenario)
+
+
+def test_other_cores_are_another_condition_not_only_another_kvm_mode() -> None:
+    """nVHE on Cortex-A76 vs VHE on QEMU's max: two fields differ, so no KVM-mode rule."""
+    known = {"guest_revision": "2", "backing": "thp"}
+    a76 = bundle_condition(_manifest("Cortex-A76", "nvhe", **known))
+    qmax = bundle_condition(_manifest("0x00:0x051", "vhe", **known))
+    assert set(a76.differing(qmax)) == {"kvm_mode", "cpu_model", "rt_core", "guest_core"}
+    assert conclusions([_effect(a76, PRESENT), _effect(qmax, ABSENT)]) == []
+    same_cores = bundle_condition(_manifest("Cortex-A76", "vhe", **known))
+    found = conclusions([_effect(a76, PRESENT), _effect(same_cores, ABSENT)])
+    assert [c.text for c in found] == ["specific to nVHE: absent with VHE"]
+
+
+def test_a_field_an_old_bundle_lacks_is_unknown_and_pools_with_nothing(tmp_path: Path) -> None:
+    """No backing or guest revision recorded: two such bundles are two rows, no rule fires."""
+    old = [Spec(runs=3, seed=n, guest_revision=None, backing=None) for n in (1, 2)]
+    a, b = (_bundle(tmp_path, f"old{n}", spec) for n, spec in enumerate(old))
+    ca, cb = bundle_condition(a.manifest), bundle_condition(b.manifest)
+    assert (str(ca.backing), str(ca.guest_revision)) == ("unknown", "unknown")
+    assert ca != cb and set(ca.differing(cb)) == {"guest_revision", "backing", "knobs"}
+    s = section([a, b])
+    assert s is not None
+    assert s.tables[0].frame.height == 2  # not pooled into one condition of 2 boots
+    assert varying_fields([ca, cb]) == ("guest_revision", "backing", "knobs")
+    off = bundle_condition(_manifest("Cortex-A76", "nvhe"))
+    assert (
+        conclusions([_effect(ca, PRESENT), _effect(replace(ca, variant="mmu-off"), ABSENT)]) == []
+    )
+    assert str(off.backing) == "unknown"
+
+
+def test_cluster_rule_allows_the_guest_cpu_it_moves_and_nothing_else() -> None:
+    """Same vs other cluster moves the guest CPU (placement); another core type too: no rule."""
+    other = replace(BASE, guest_cluster="other", placement="rt3/stress0-2/guest1")
+    found = conclusions([_effect(BASE, PRESENT), _effect(other, PRESENT)])
+    assert [c.text for c in found] == ["also when the guest ran in another cluster"]
+    big_little = replace(other, guest_core="Cortex-A55", cpu_model="Cortex-A55+Cortex-A76")
+    assert conclusions([_effect(BASE, PRESENT), _effect(big_little, PRESENT)]) == []
+
+
+def test_implications_claim_only_what_their_contrast_shows() -> None:
+    """No guest TLBI is local (HCR_EL2.FB); hotplug, rollover, cluster, MMU say no more."""
+    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    everything = " ".join(said.values())
+    assert "local" not in everything.replace("local TLBI ALLE2", "")
+    for overreach in ("tagged with a VMID", "re-initialising EL2", "table walks leave"):
+        assert overreach not in everything
+    hotplug = said[("after_guest", "hotplug", ABSENT)]
+    assert "power cycle" in hotplug and "6.12" in hotplug and "6.1 " in hotplug
+    assert "ALLE2 and ALLE1" in hotplug
+    rollover = said[("after_guest", "rollover", ABSENT)]
+    assert "does not separate" in rollover and "throwaway VMs" in rollover
+    cluster = said[("guest_cluster", "other", ABSENT)]
+    assert "does not say where the state is" in cluster
+    found = conclusions([_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-off"), ABSENT)])
+    assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
+    mmu = said[("variant", "mmu-off", ABSENT)]
+    assert "VM-register writes" in mmu and "stage-2 flush" in mmu
+
+
+def test_freshness_and_perf_stat_are_condition_fields() -> None:
+    """A dirty host (a VM ran before 'before') and perf stat beside the runs are conditions."""
+    fresh = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    dirty = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    dirty.host["freshness"] = {"state": "dirty"}
+    dirty.options["perf_counters"] = True
+    assert set(bundle_condition(fresh).differing(bundle_condition(dirty))) == {
+        "freshness",
+        "protocol",
+    }
+
+
+def test_pre_enable_tlbi_is_a_factor_of_its_own() -> None:
+    """mmu-on vs the report's guest (pre-enable TLBI VMALLE1): the one difference is named."""
+    report = replace(BASE, variant="mmu-on-report")
+    found = conclusions([_effect(BASE, ABSENT), _effect(report, PRESENT)])
+    assert [c.text for c in found] == [
+        "created only with the report's TLBI VMALLE1 before the MMU goes on"
+        " (executed as broadcast: KVM sets HCR_EL2.FB)"
+    ]
+    both = conclusions([_effect(BASE, PRESENT), _effect(report, PRESENT)])
+    assert [c.text for c in both] == [
+        "created with or without the report's TLBI VMALLE1 before the MMU goes on"
+    ]

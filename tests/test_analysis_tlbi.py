@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from tracekit.analysis.tlbi import (
 )
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import load_bundle
-from tracekit.ingest.probe import read_probe_file
+from tracekit.ingest.probe import HEADER, read_probe_file
 from tracekit.report.sections.tlbi import section
 
 FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
@@ -46,6 +47,32 @@ def test_probe_file_reads_every_sample() -> None:
     assert samples["timestamp_ns"].is_sorted()
 
 
+def _v2_file(path: Path, directions: list[int], durations: list[int], version: int = 2) -> Path:
+    """A version-2 probe.bin as reproducer/README.md lays it out (24-byte records)."""
+    header = HEADER.pack(
+        b"TKPROBE\0", version, HEADER.size, 24, 3, 1, 1, 62_500_000, len(durations), 7, 2, 0
+    )
+    body = b"".join(
+        struct.pack("<QQII", 1_000 * (i + 1), d, k, 0)
+        for i, (k, d) in enumerate(zip(directions, durations, strict=True))
+    )
+    path.write_bytes(header + body)
+    return path
+
+
+def test_probe_file_versions_and_directions(tmp_path: Path) -> None:
+    """Version 2 keeps RW->RO and RO->RW apart; version 1 reads as unknown; others refused."""
+    header, samples = read_probe_file(_v2_file(tmp_path / "v2.bin", [1, 2, 1], [10, 20, 30]))
+    assert header.version == 2
+    assert samples["direction"].to_list() == ["rw-ro", "ro-rw", "rw-ro"]
+    assert samples["duration_ns"].to_list() == [10, 20, 30]
+    assert set(read_probe_file(PROBE)[1]["direction"]) == {"unknown"}  # a version-1 file
+    with pytest.raises(TracekitError, match="version 3"):
+        read_probe_file(_v2_file(tmp_path / "v3.bin", [1], [10], version=3))
+    with pytest.raises(TracekitError, match="direction 7"):
+        read_probe_file(_v2_file(tmp_path / "bad.bin", [1, 7], [10, 20]))
+
+
 def test_truncated_or_foreign_probe_file_is_refused(tmp_path: Path) -> None:
     """A short file or another format is one clear error, never a partial read."""
     short = tmp_path / "short.bin"
@@ -58,7 +85,9 @@ def test_truncated_or_foreign_probe_file_is_refused(tmp_path: Path) -> None:
         read_probe_file(other)
 
 
-def _slots(factor_after: float, slots: int, seed: int = 1) -> pl.DataFrame:
+def _slots(
+    factor_after: float, slots: int, seed: int = 1, direction: str = "unknown"
+) -> pl.DataFrame:
     """Probe samples: `slots` resampled copies of the real file per phase, after scaled."""
     rng = np.random.default_rng(seed)
     durations = read_probe_file(PROBE)[1]["duration_ns"].to_numpy()
@@ -68,10 +97,11 @@ def _slots(factor_after: float, slots: int, seed: int = 1) -> pl.DataFrame:
             drawn = (rng.choice(durations, len(durations)) * scale).astype(np.int64)
             frames.append(
                 pl.DataFrame({"duration_ns": drawn}).with_columns(
-                    pl.lit(f"{phase}-probe-page-cpu3-{i}").alias("run_id"),
+                    pl.lit(f"{phase}-probe-page-cpu3-{i}-{direction}").alias("run_id"),
                     pl.lit(phase).alias("phase"),
                     pl.lit(3, pl.Int32).alias("cpu"),
                     pl.lit("page").alias("mode"),
+                    pl.lit(direction).alias("direction"),
                 )
             )
     return pl.concat(frames)
@@ -95,15 +125,29 @@ def test_one_slot_per_phase_is_inconclusive_and_says_how_many() -> None:
     found = probe_comparisons(_slots(3.0, 1))
     assert {c.verdict for c in found} == {INCONCLUSIVE}
     assert {c.needed_runs for c in found} == {4}
+    assert {c.interval() for c in found} == {"n/a"}  # one slot a side: no spread to estimate
 
 
 def test_injected_probe_cost_is_found_with_enough_slots() -> None:
     """Five slots per phase, costs doubled after: present, and x2 inside each interval."""
     found = probe_comparisons(_slots(2.0, 5))
-    assert [c.metric for c in found] == ["probe page cpu3 p50", "probe page cpu3 p99"]
+    pooled = "probe page, RW->RO and RO->RW pooled issued on cpu3"
+    assert [c.metric for c in found] == [f"{pooled} p50", f"{pooled} p99"]
     for c in found:
         assert c.verdict == PRESENT and c.role == "secondary"
         assert c.ci_low <= 2.0 <= c.ci_high
+
+
+def test_directions_are_compared_apart() -> None:
+    """RW->RO doubled after the guest, RO->RW unchanged: two families, only one present."""
+    samples = pl.concat([_slots(2.0, 5, 1, "rw-ro"), _slots(1.0, 5, 2, "ro-rw")])
+    found = {c.metric: c.verdict for c in probe_comparisons(samples)}
+    assert found["probe page rw-ro issued on cpu3 p50"] == PRESENT
+    assert found["probe page ro-rw issued on cpu3 p50"] != PRESENT
+    per = probe_percentiles(samples)
+    assert per.select("direction", "phase").rows() == [
+        ("ro-rw", "before"), ("ro-rw", "after"), ("rw-ro", "before"), ("rw-ro", "after")
+    ]  # fmt: skip
 
 
 def test_kprobe_pairs_give_durations_like_the_trace_text() -> None:
@@ -152,6 +196,10 @@ def test_section_on_a_generated_bundle(tmp_path: Path) -> None:
     assert [p.kind for p in s.plots] == ["histogram", "histogram"]
     assert all(c.verdict == INCONCLUSIVE for c in s.comparisons)
     assert "needs 4+4" in " ".join(s.unknowns)
+    assert any(
+        u.startswith("which CPU holds any state: not from the probe alone") for u in s.unknowns
+    )
+    assert "issuing CPU" in s.tables[0].title and "never the slow responder" in s.tables[0].note
     shutil.rmtree(tmp_path / "b")
 
 

@@ -163,6 +163,22 @@ def test_section_lists_each_vm_run(tmp_path: Path) -> None:
     assert vm_section.section([load_bundle(plain)]) is None
 
 
+def test_cache_toggles_count_only_changes_of_the_cache_state(tmp_path: Path) -> None:
+    """2 vCPUs x (MAIR, TCR, TTBR0, SCTLR) traps = 8 events, of which 2 turned caches on."""
+    trace = open_fixture("cacheflush-2vcpu")
+    windows, threads = timeline(trace)
+    toggles = vm.attribute(kvm_event(trace, "kvm_toggle_cache"), windows, threads)
+    assert toggles.height == 8
+    table = vm.lifecycle(windows, {"cache_toggles": toggles}, None)
+    assert table["cache_toggles"].to_list() == [2]
+    never = toggles.select("row", "ts", "vm_seq").clear()  # enabled, never fired: no fields
+    assert vm.lifecycle(windows, {"cache_toggles": never}, None)["cache_toggles"].to_list() == [0]
+    bundle = make_vm_bundle(tmp_path / "b", {"flush": "cacheflush-2vcpu"}, "6.1.0-50-arm64")
+    section = vm_section.section([load_bundle(bundle)])
+    assert section is not None
+    assert "2 cache toggles" in "\n".join(section.findings)
+
+
 def test_hvc_calls_of_an_event_enabled_but_never_fired() -> None:
     """No kvm_hvc_arm64 row (so no field columns): no calls, not an error."""
     empty = pl.DataFrame(schema={"row": pl.Int64, "ts": pl.Int64, "vm_seq": pl.Int64})

@@ -45,7 +45,7 @@ def test_changed_file_is_detected(tmp_path: Path) -> None:
     writer.finish()
     (tmp_path / "b" / "x.txt").write_text("two")
     assert verify_files(tmp_path / "b", read_manifest(tmp_path / "b")) == [
-        "x.txt: changed since collection"
+        "x.txt: changed since collection (sha256 differs)"
     ]
 
 

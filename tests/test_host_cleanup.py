@@ -11,12 +11,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tracekit.errors import TracekitError
+from tracekit.host import journal
 from tracekit.host.cleanup import CleanupStack, Interrupted, group_members, stop_process_group
+from tracekit.host.journal import Journal, pending_entries, recover
 
 
 def test_undo_runs_newest_first_on_success() -> None:
@@ -213,7 +217,7 @@ def test_interrupted_is_a_keyboard_interrupt_with_the_shell_exit_code() -> None:
 
 
 def test_the_host_side_never_imports_polars() -> None:
-    modules = "cleanup, tracefs, instance, probes, rawcapture"
+    modules = "cleanup, journal, tracefs, instance, probes, rawcapture"
     script = f"import sys; from tracekit.host import {modules}; print('polars' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.stdout == "False\n", result.stderr
@@ -253,3 +257,116 @@ def test_signal_while_restoring_after_success_still_ends_as_stopped(tmp_path: Pa
     child.communicate(timeout=60)
     assert child.returncode == 128 + signal.SIGTERM
     assert out.read_text() == "restored"
+
+
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "with-a-thread"])
+def test_a_signal_during_a_change_is_handled_after_it_with_the_undo_in_place(
+    tmp_path: Path, other_thread: bool
+) -> None:
+    # With another thread (polars' pool, say) the kernel gives it the signal, which the
+    # main thread masks; CPython still runs the handler in the main thread.
+    setting = tmp_path / "setting"
+    setting.write_text("old")
+    made: list[str] = []
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    if other_thread:
+        helper.start()
+
+    def change_and_get_signalled() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # held: handled once the change is made
+        time.sleep(0.05)  # time for another thread to take it
+        setting.write_text("new")
+        made.append(setting.read_text())
+
+    try:
+        with pytest.raises(Interrupted), CleanupStack() as stack:
+            stack.change("restore", lambda: setting.write_text("old"), change_and_get_signalled)
+            raise AssertionError("the signal should have been handled right after the change")
+    finally:
+        stop.set()
+    assert made == ["new"]
+    assert setting.read_text() == "old"
+
+
+def test_a_change_that_fails_has_its_undo_withdrawn(tmp_path: Path) -> None:
+    done: list[str] = []
+
+    def fails() -> None:
+        raise OSError("refused")
+
+    with CleanupStack(Journal.create(tmp_path)) as stack, pytest.raises(OSError, match="refused"):
+        stack.change("undo it", lambda: done.append("undone"), fails, {"kind": "x"})
+    assert done == []
+    assert list(tmp_path.iterdir()) == []  # nothing pending: the journal is gone
+
+
+def test_the_journal_holds_each_record_until_its_undo_ran(tmp_path: Path) -> None:
+    setting = tmp_path / "setting"
+    setting.write_text("old\n")
+    stack = CleanupStack(Journal.create(tmp_path / "j"))
+    stack.change(
+        "restore",
+        lambda: setting.write_text("old\n"),
+        lambda: setting.write_text("new\n"),
+        journal.setting(setting, "old"),
+    )
+    assert stack.journal is not None
+    assert pending_entries(stack.journal.path.read_text()) == [
+        {"id": 1, "kind": "setting", "path": str(setting), "value": "old"}
+    ]
+    # A live run's journal is locked: recovery leaves it alone.
+    assert recover(tmp_path / "j").undone == []
+    assert setting.read_text() == "new\n"
+    stack.close()
+    assert list((tmp_path / "j").iterdir()) == []
+
+
+def test_a_partial_last_line_is_a_change_never_made() -> None:
+    text = '{"id": 1, "kind": "setting"}\n{"id": 2, "kind": "instance"}\n{"done": 2}\n{"id": 3, "ki'
+    assert pending_entries(text) == [{"id": 1, "kind": "setting"}]
+
+
+# A child that spawns a tool through the stack, prints the tool's pid, and waits.
+CHILD_WITH_A_TOOL = textwrap.dedent(
+    """
+    import subprocess, time
+    from tracekit.host.cleanup import CleanupStack
+    with CleanupStack() as stack:
+        quiet = subprocess.DEVNULL
+        tool = stack.spawn(["sleep", "1000"], stdout=quiet, stderr=quiet)
+        print(tool.pid, flush=True)
+        time.sleep(1000)
+    """
+)
+
+
+def test_a_spawned_tool_dies_with_a_sigkilled_parent() -> None:
+    child = _child(CHILD_WITH_A_TOOL)
+    assert child.stdout is not None
+    tool = int(child.stdout.readline())
+    child.kill()
+    child.communicate(timeout=60)
+    deadline = time.monotonic() + 10  # the kernel's SIGKILL is on its way, not yet handled
+    while _group_exists(tool) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _group_exists(tool)
+
+
+def test_a_scoped_stack_records_in_the_outer_journal_and_leaves_it_open(tmp_path: Path) -> None:
+    setting = tmp_path / "setting"
+    setting.write_text("old\n")
+    outer = CleanupStack(Journal.create(tmp_path / "j"))
+    with outer.scoped() as inner:
+        inner.change(
+            "restore",
+            lambda: setting.write_text("old\n"),
+            lambda: setting.write_text("new\n"),
+            journal.setting(setting, "old"),
+        )
+    assert setting.read_text() == "old\n"
+    assert outer.journal is not None
+    assert pending_entries(outer.journal.path.read_text()) == []
+    outer.push("later", lambda: None, {"kind": "x"})  # still open for the outer stack's changes
+    outer.close()
+    assert list((tmp_path / "j").iterdir()) == []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import VhostBoot, register_vhost_check
-from elftools.elf.elffile import ELFFile
+from host_uprobes import libc_uprobe_target
 from ringbuf_decoder import decoded_events
 
 from tracekit.errors import TracekitError
@@ -324,20 +324,6 @@ def test_kprobe_in_our_instance_and_removed(root: Path, unchanged: dict[str, obj
     assert "tracekit/" not in (root / "kprobe_events").read_text()
 
 
-def _libc_uprobe_target(symbol: str) -> str:
-    """ "path:0xoffset" of a libc function, as uprobe_events wants it (a file offset)."""
-    maps = Path("/proc/self/maps").read_text()
-    libc = next(line.split()[-1] for line in maps.splitlines() if "/libc.so" in line)
-    with open(libc, "rb") as file:
-        elf = ELFFile(file)
-        dynsym = elf.get_section_by_name(".dynsym")
-        address = dynsym.get_symbol_by_name(symbol)[0]["st_value"]
-        for segment in elf.iter_segments("PT_LOAD"):
-            if segment["p_vaddr"] <= address < segment["p_vaddr"] + segment["p_memsz"]:
-                return f"{libc}:{address - segment['p_vaddr'] + segment['p_offset']:#x}"
-    raise AssertionError(f"{symbol} is in no loadable segment of {libc}")
-
-
 def _append(path: Path, line: str) -> None:
     """Append one line to a probe list without truncating it (O_APPEND, no seek)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -352,7 +338,7 @@ def foreign_uprobe(root: Path) -> Iterator[str]:
     """A probe defined by somebody else (another group), which tracekit must not touch."""
     if not (root / "uprobe_events").exists():
         pytest.skip("this kernel has no uprobe_events (CONFIG_UPROBE_EVENTS not set)")
-    _append(root / "uprobe_events", f"p:tktest_foreign/getppid {_libc_uprobe_target('getppid')}")
+    _append(root / "uprobe_events", f"p:tktest_foreign/getppid {libc_uprobe_target('getppid')}")
     yield "tktest_foreign/getppid"
     _append(root / "uprobe_events", "-:tktest_foreign/getppid")
 
@@ -364,7 +350,7 @@ def test_probes_are_enabled_in_our_instance_and_only_ours_removed(
     with CleanupStack() as stack:
         tracefs = Tracefs.open(stack)
         probes = ProbeSet(tracefs, "uprobe_events")
-        probes.define(parse_probe(f"p:tracekit/tk_getppid {_libc_uprobe_target('getppid')}"))
+        probes.define(parse_probe(f"p:tracekit/tk_getppid {libc_uprobe_target('getppid')}"))
         instance = Instance.create(tracefs)
         instance.enable_events(["tracekit/tk_getppid"])
         instance.start()
@@ -374,14 +360,14 @@ def test_probes_are_enabled_in_our_instance_and_only_ours_removed(
         # Enabled in our instance only, not at the top level.
         assert (root / "events/tracekit/tk_getppid/enable").read_text().strip() == "0"
         with pytest.raises(TracekitError, match="already defined"):
-            probes.define(parse_probe(f"p:tracekit/tk_getppid {_libc_uprobe_target('getppid')}"))
+            probes.define(parse_probe(f"p:tracekit/tk_getppid {libc_uprobe_target('getppid')}"))
     assert ProbeSet(tracefs, "uprobe_events").existing() == [foreign_uprobe]
 
 
 def test_probes_of_a_killed_run_are_removed_next_time(
     root: Path, foreign_uprobe: str, unchanged: dict[str, object]
 ) -> None:
-    _append(root / "uprobe_events", f"p:tracekit/tk_left_behind {_libc_uprobe_target('getppid')}")
+    _append(root / "uprobe_events", f"p:tracekit/tk_left_behind {libc_uprobe_target('getppid')}")
     with CleanupStack() as stack:
         assert remove_leftovers(Tracefs.open(stack)) == ["tracekit/tk_left_behind"]
     assert "tk_left_behind" not in (root / "uprobe_events").read_text()

@@ -34,7 +34,7 @@ def test_directory_cache_lives_inside(tmp_path: Path) -> None:
     cap = tmp_path / "cap"
     shutil.copytree(FIX / "rawcap", cap)
     tracekit.open(cap)
-    assert (cap / ".tracekit-cache" / "manifest.json").exists()
+    assert (cap / ".tracekit-cache" / "cache.json").exists()
     assert tracekit.open(cap).from_cache
     stats = cap / "per_cpu" / "cpu0" / "stats"
     stats.write_text(stats.read_text().replace("overrun: 0", "overrun: 7"))

@@ -71,3 +71,64 @@ def test_other_lines_are_counted_not_dropped(tmp_path: Path) -> None:
     assert "line 301" in trace.meta["skipped"][0]
     assert trace.events["comm"].cast(str)[5] == "Web Content"
     assert "1 line(s) that are not samples" in trace.summary()
+
+
+CLOCK_G, CLOCK_NS = FIX / "perf-script-cpuclock-g.txt", FIX / "perf-script-cpuclock-ns.txt"
+HEADER = re.compile(r"^\s*(\S+)\s+(\d+)\s+(\d+)\.(\d+):\s+(\d+)\s+cpu-clock:\s*(.*)$")
+
+
+def _chains(path: Path) -> list[tuple[int, int, list[str]]]:
+    """(tid, period, frame symbols) of each sample, split here with plain `re`."""
+    out: list[tuple[int, int, list[str]]] = []
+    for line in path.read_text().splitlines():
+        m = HEADER.match(line)
+        if m:
+            leaf = m[6].split()[1:2] if m[6] else []
+            out.append((int(m[2]), int(m[5]), leaf))
+        elif line.strip() and out:
+            out[-1][2].append(line.split(None, 1)[1].rsplit(" (", 1)[0])
+    return out
+
+
+def test_sampling_event_with_callchains() -> None:
+    """cpu-clock -g: one row per sample, its period, leaf frame and whole callchain."""
+    trace = tracekit.open(CLOCK_G, use_cache=False)
+    truth = _chains(CLOCK_G)
+    assert trace.meta["unparsed_lines"] == 0 and trace.event_names == ["cpu-clock"]
+    table = trace.event("cpu-clock")
+    assert table.height == trace.events.height == len(truth) == 60
+    assert table["common_pid"].to_list() == [t[0] for t in truth]
+    assert table["period"].to_list() == [t[1] for t in truth]
+    assert table["callchain_sym"].to_list() == [t[2] for t in truth]
+    assert table["sym"].to_list() == [t[2][0] for t in truth]
+    assert table["callchain_ip"].list.len().to_list() == [len(t[2]) for t in truth]
+    assert table["ip"][0] == int(CLOCK_G.read_text().split("\n")[1].split()[0], 16)
+
+
+def test_sampling_event_without_callchain_in_ns() -> None:
+    """-G --ns: the leaf frame on the header line, ns times, no callchain columns."""
+    trace = tracekit.open(CLOCK_NS, use_cache=False)
+    table = trace.event("cpu-clock")
+    assert trace.meta["unparsed_lines"] == 0 and table.height == 40
+    assert "callchain_sym" not in table.columns and table["sym"].null_count() == 0
+    assert table["ts"][0] == 625_251_271_048
+    assert table["sym"].to_list()[:40] == trace_syms(CLOCK_G)[:40]
+
+
+def trace_syms(path: Path) -> list[str]:
+    """The leaf frame of each sample of the -g fixture (same recording)."""
+    return [t[2][0] for t in _chains(path)]
+
+
+def test_unsupported_perf_output_says_what_is_read(tmp_path: Path) -> None:
+    """A perf-script-looking file with no readable sample names both supported forms."""
+    from click.testing import CliRunner
+
+    from tracekit.cli import main
+
+    path = tmp_path / "odd.txt"
+    # `perf script -F comm,ip`: no time, so neither sample form
+    path.write_text("dd ffffffff815a4bc1\n" * 3)
+    res = CliRunner().invoke(main, ["ingest", "--no-cache", str(path)])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "sampling events in its default fields" in res.output

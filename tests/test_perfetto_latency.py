@@ -11,6 +11,7 @@ import pytest
 from perfetto_support import Export, read_export
 
 import tracekit
+from tracekit.analysis.wakeup import sleep_due_times
 from tracekit.bundle import read_manifest
 from tracekit.ingest.probe import read_probe_file
 from tracekit.ingest.tools import read_cyclictest_verbose
@@ -19,7 +20,6 @@ from tracekit.perfetto.latency import (
     BY_START,
     BY_TRACE,
     grid_steps,
-    sleep_timers,
     timelines,
 )
 
@@ -39,7 +39,7 @@ def _simulate(latency: list[int], interval: int, due0: int) -> np.ndarray:
     return np.array(due, dtype=np.int64)
 
 
-def _trace_tables(expires: list[int], main: list[int]) -> tuple[dict, pl.DataFrame]:
+def _trace_tables(expires: list[int], main: list[int]) -> dict[str, pl.DataFrame]:
     """hrtimer_start of a measuring thread (tid 11) and cyclictest's main thread (tid 10)."""
     rows = [(11, e) for e in expires] + [(10, e) for e in main]
     starts = pl.DataFrame(
@@ -55,11 +55,13 @@ def _trace_tables(expires: list[int], main: list[int]) -> tuple[dict, pl.DataFra
         },
         schema_overrides={"common_pid": pl.Int32},
     )
-    events = pl.DataFrame(
-        {"pid": [10, 11, 12], "comm": ["cyclictest", "cyclictest", "stress-ng"]},
-        schema_overrides={"pid": pl.Int32},
-    )
-    return {"hrtimer_start": starts}, events
+    # Both cyclictest threads ran on the rt CPU; only tid 11 is real-time (prio 0).
+    switches = pl.DataFrame(
+        {"cpu": [3, 3, 3], "next_comm": ["cyclictest", "cyclictest", "stress-ng"],
+         "next_pid": [10, 11, 12], "next_prio": [120, 0, 120]},
+        schema_overrides={"next_pid": pl.Int32, "cpu": pl.Int32},
+    )  # fmt: skip
+    return {"hrtimer_start": starts, "sched_switch": switches}
 
 
 def test_grid_steps_follow_cyclictest_skipping_missed_periods() -> None:
@@ -74,8 +76,8 @@ def test_due_times_come_from_the_measuring_threads_timers() -> None:
     """The measuring thread's timers anchor the grid; its main thread is not mistaken for it."""
     latency = [120_000, 2_400_000, 90_000, 1_000_000, 50_000, 700_000]
     due = _simulate(latency, MS, 5_000 * MS)
-    tables, events = _trace_tables([*due.tolist(), int(due[-1]) + MS], [1, 2])
-    timers = sleep_timers(tables, events, threads=1)
+    tables = _trace_tables([*due.tolist(), int(due[-1]) + MS], [1, 2])
+    timers = sleep_due_times(tables, rt_cpu=3)
     samples = pl.DataFrame({"thread": [0] * 6, "cycle": range(6), "latency_ns": latency})
     (line,) = timelines(samples, MS, start_ns=0, timers=timers)
     assert line.method == BY_TRACE and line.matched == 1.0
@@ -86,9 +88,9 @@ def test_timers_off_the_grid_fall_back_to_the_run_start() -> None:
     """Timers that do not fit the samples are not trusted: approximate times, said so."""
     latency = [120_000, 2_400_000, 90_000, 1_000_000]
     off = [5_000 * MS + i * 1_300_000 for i in range(4)]
-    tables, events = _trace_tables(off, [])
+    tables = _trace_tables(off, [])
     samples = pl.DataFrame({"thread": [0] * 4, "cycle": range(4), "latency_ns": latency})
-    (line,) = timelines(samples, MS, 77 * MS, sleep_timers(tables, events, threads=1))
+    (line,) = timelines(samples, MS, 77 * MS, sleep_due_times(tables, rt_cpu=3))
     assert line.method == BY_START and "APPROXIMATE" in line.method
     assert line.due_ns[0] == 77 * MS and line.matched is not None and line.matched < 0.9
 

@@ -15,7 +15,8 @@ from tracekit.analysis.cacheflush import BY_NEIGHBOUR, BY_PROBE
 from tracekit.bundle import BundleWriter, Manifest, RunRecord
 from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.bundle import export_bundle
-from tracekit.perfetto.tracks import TrackWriter, write_spans, write_trace_tracks
+from tracekit.perfetto.timeline import write_trace_tracks
+from tracekit.perfetto.tracks import TrackWriter, write_spans
 from tracekit.perfetto.validate import validate_file
 from tracekit.perfetto.writer import PacketWriter
 

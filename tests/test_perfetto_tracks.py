@@ -10,7 +10,7 @@ import polars as pl
 from tracekit.analysis.exits import exit_reason
 from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.protos import TracePacket, TrackEvent
-from tracekit.perfetto.tracks import write_tracks
+from tracekit.perfetto.timeline import write_tracks
 from tracekit.perfetto.validate import validate_file
 from tracekit.perfetto.writer import PacketWriter, read_packets
 

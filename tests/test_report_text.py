@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from report_bundles import make_bundle
+from report_bundles import copy_real_bundle, edit_manifest, make_bundle
 
 from tracekit.analysis.beforeafter import latency_comparisons
 from tracekit.ingest.bundle import load_bundle
@@ -54,3 +54,16 @@ def test_unreadable_probe_summary_is_one_clear_error(tmp_path: Path) -> None:
     (root / "runs/x-probe/probe.json").write_text("not json\n")
     with pytest.raises(TracekitError, match="probe's JSON summary"):
         load_bundle(root)
+
+
+def test_saturated_rt_cpu_and_probe_samples_are_said_plainly(tmp_path: Path) -> None:
+    """The real emulated run's median wake-up exceeds its 1000 us interval: said first."""
+    text = render_text(build_report([load_bundle(copy_real_bundle(tmp_path / "real"))]))
+    flat = " ".join(text.split())
+    assert "SATURATED: the emulated rt CPU's median wake-up latency (1049.3 us in the" in flat
+    assert "above cyclictest's 1000 us interval" in flat
+    assert "broadcast-TLBI call" not in flat and "mprotect per call" not in flat
+    assert "one syscall per sample" in flat and "never the slow responder" in flat
+    calm = make_bundle(tmp_path / "calm", runs=2, factor=1.0)
+    edit_manifest(calm, lambda m: m["options"].update(interval_us=1000))
+    assert "SATURATED" not in render_text(build_report([load_bundle(calm)]))

@@ -65,7 +65,7 @@ EXPECTED = {
 }
 
 PROBE_HEADER = struct.Struct("<8sIIIIII QQ II Q")
-PROBE_RECORD = struct.Struct("<QQ")
+PROBE_RECORD = struct.Struct("<QQII")  # timestamp, duration, direction, reserved
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +220,7 @@ def test_vmm_rejects_guest_without_note(build: Path, tmp_path: Path) -> None:
     assert_one_error_line(run_arm64(build / "vmm", str(bad)), 4, "no tracekit variant note")
 
 
-def read_probe_file(path: Path) -> tuple[dict[str, int], list[tuple[int, int]]]:
+def read_probe_file(path: Path) -> tuple[dict[str, int], list[tuple[int, int, int, int]]]:
     """Parse the probe's sample file as reproducer/README.md documents it."""
     data = path.read_bytes()
     fields = PROBE_HEADER.unpack_from(data)
@@ -248,15 +248,20 @@ def test_probe_samples_match_summary(
     summary = json.loads(result.stdout)
     header, records = read_probe_file(out)
 
-    assert header["magic"] == b"TKPROBE\0" and header["version"] == 1
+    assert header["magic"] == b"TKPROBE\0" and header["version"] == 2
     assert (header["mode"], header["pages"], header["cpu"]) == (mode_id, pages, 0)
     assert header["clock_id"] == 7 and header["counter_hz"] == summary["counter_hz"] > 0
     assert header["count"] == summary["count"] == 301 == len(records)
-    durations = sorted(duration for _, duration in records)
+    assert header["record_size"] == PROBE_RECORD.size == 24
+    # mprotect rounds alternate RW->RO (1) and RO->RW (2); every munmap sample is 3.
+    directions = [d for _, _, d, _ in records]
+    assert directions == ([1, 2] * 151)[:301] if mode == "page" else directions == [3] * 301
+    assert {r for *_, r in records} == {0}
+    durations = sorted(duration for _, duration, *_ in records)
     assert (durations[0], durations[-1]) == (summary["min_ns"], summary["max_ns"])
     assert summary["p50_ns"] == durations[150]
     assert summary["min_ns"] <= summary["p90_ns"] <= summary["p99_ns"] <= summary["max_ns"]
-    timestamps = [timestamp for timestamp, _ in records]
+    timestamps = [timestamp for timestamp, *_ in records]
     assert timestamps == sorted(timestamps) and timestamps[0] > 0
     histogram = summary["histogram"]
     assert sum(bucket["count"] for bucket in histogram) == 301

@@ -20,10 +20,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "analysis"
 KERNELS = {"teardown-6.1-a76": "6.1.0-50-arm64", "teardown-6.12-max": "6.12.117+deb13-arm64"}
 
 
-def make_vm_bundle(root: Path, runs: dict[str, str], kernel: str, kind: str = "guest") -> Path:
+def make_vm_bundle(
+    root: Path, runs: dict[str, str], kernel: str, kind: str = "guest", scenario: str = "test"
+) -> Path:
     """A complete emulated-host bundle with one run per {run_id: fixture name}."""
     host = {"emulated": True, "kernel_release": kernel, "kvm": {"mode": "nvhe"}}
-    writer = BundleWriter.create(root, Manifest(host=host, scenario={"name": "test"}))
+    writer = BundleWriter.create(root, Manifest(host=host, scenario={"name": scenario}))
     for index, (run_id, name) in enumerate(runs.items()):
         shutil.copy(FIXTURES / f"{name}.trace", writer.path(f"runs/{run_id}/trace"))
         shutil.copy(FIXTURES / f"{name}.vmm.txt", writer.path(f"runs/{run_id}/vmm.txt"))

@@ -23,11 +23,11 @@ def open(
     use_cache: bool = True,
     symbols: str | PathLike[str] | None = None,
 ) -> Trace:
-    """Open a trace (trace.dat, raw capture directory, text) as a tracekit Trace.
+    """Open a trace (trace.dat, raw capture directory, text) or a bundle as a tracekit Trace.
 
     `symbols` (a kallsyms copy or vmlinux) names address fields; by default the trace's
     own kallsyms copy does. Imports the ingest package (and so polars) only when called.
     """
-    from tracekit.ingest import open_trace
+    from tracekit.ingest import open_path
 
-    return open_trace(path, salvage=salvage, use_cache=use_cache, symbols=symbols)
+    return open_path(path, salvage=salvage, use_cache=use_cache, symbols=symbols)

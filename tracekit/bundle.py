@@ -263,14 +263,11 @@ def read_manifest(root: str | Path) -> Manifest:
     if not path.is_file():
         raise TracekitError(f"{root} is not a tracekit bundle: it has no {MANIFEST}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as err:
         raise TracekitError(f"{path}: unreadable manifest ({err}); the bundle is damaged") from None
-    if data.get("schema") != SCHEMA:
-        raise TracekitError(
-            f"{path}: not a tracekit bundle manifest (schema {data.get('schema')!r})"
-        )
-    if data.get("schema_version", 0) > SCHEMA_VERSION:
+    check_manifest_shape(data, path)
+    if data["schema_version"] > SCHEMA_VERSION:
         raise TracekitError(
             f"{path}: bundle schema version {data['schema_version']} is newer than this "
             f"tracekit understands ({SCHEMA_VERSION}); upgrade tracekit"
@@ -278,16 +275,100 @@ def read_manifest(root: str | Path) -> Manifest:
     return Manifest.from_json(data)
 
 
-def verify_files(root: Path, manifest: Manifest) -> list[str]:
-    """Names of files whose size or checksum no longer match the manifest."""
-    bad: list[str] = []
-    for rel, meta in manifest.files.items():
-        path = root / rel
+# Manifest keys and the JSON type each must have (absent ones take their default).
+_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "host": dict, "options": dict, "scenario": dict, "runs": list, "files": dict,
+    "complete": bool, "incomplete_reason": str, "created": str,
+}  # fmt: skip
+_RUN_TYPES: dict[str, type | tuple[type, ...]] = {
+    "phase": str, "kind": str, "index": int, "files": list, "lost_events": dict,
+    "status": str, "note": str, "params": dict, "start_ns": (int, type(None)),
+    "end_ns": (int, type(None)),
+}  # fmt: skip
+
+
+def check_manifest_shape(data: object, path: Path) -> None:
+    """One clear error for a manifest of the wrong shape (a damaged or foreign file)."""
+
+    def bad(what: str) -> TracekitError:
+        """The error, naming the manifest and what is wrong in it."""
+        return TracekitError(f"{path}: {what}; the bundle's manifest is damaged")
+
+    if not isinstance(data, dict):
+        raise bad(f"a JSON {type(data).__name__}, not an object")
+    if data.get("schema") != SCHEMA:
+        raise TracekitError(
+            f"{path}: not a tracekit bundle manifest (schema {data.get('schema')!r})"
+        )
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise bad(f"schema_version is {version!r}, not a positive whole number")
+    _check_types(data, _MANIFEST_TYPES, "", bad)
+    for n, run in enumerate(data.get("runs", [])):
+        if not isinstance(run, dict):
+            raise bad(f"runs[{n}] is a {type(run).__name__}, not an object")
+        for key in ("run_id", "phase", "kind", "index"):
+            if key not in run:
+                raise bad(f"runs[{n}] has no {key}")
+        check_run_id(run["run_id"])
+        _check_types(run, _RUN_TYPES, f"runs[{n}].", bad)
+
+
+def _check_types(
+    data: dict[str, Any],
+    types: dict[str, type | tuple[type, ...]],
+    where: str,
+    bad: Any,
+) -> None:
+    """Each present key has its JSON type (a bool is no int, here)."""
+    for key, kind in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        wrong = not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        if wrong:
+            raise bad(f"{where}{key} is {value!r} ({type(value).__name__})")
+
+
+def bundle_problems(
+    root: Path, manifest: Manifest, full: bool = False, damaged: dict[str, str] | None = None
+) -> list[str]:
+    """What is missing or changed in a bundle, one line each (sizes; with `full`, hashes).
+
+    Sizes are cheap and checked on every open; the sha256 of every file is checked on
+    request (`tracekit verify`, `report --verify`): mtimes do not survive a copy from a
+    board, so a hash is the only proof that nothing changed. `damaged`: damaged_files'
+    answer, when the caller has it already.
+    """
+    problems = [] if manifest.complete else [f"INCOMPLETE: {manifest.incomplete_reason}"]
+    if damaged is None:
+        damaged = damaged_files(root, manifest, full)
+    return problems + [f"{rel}: {what}" for rel, what in damaged.items()]
+
+
+def damaged_files(root: Path, manifest: Manifest, full: bool = False) -> dict[str, str]:
+    """Bundle-relative path -> what is wrong with it: missing, resized, or (full) changed."""
+    damaged: dict[str, str] = {}
+    for rel, meta in sorted(manifest.files.items()):
+        path = confined(root, rel)
         if not path.is_file():
-            bad.append(f"{rel}: missing")
-        elif path.stat().st_size != meta["size"] or sha256_file(path) != meta["sha256"]:
-            bad.append(f"{rel}: changed since collection")
-    return bad
+            damaged[rel] = "missing (the manifest lists it)"
+        elif path.stat().st_size != meta.get("size"):
+            size = path.stat().st_size
+            damaged[rel] = f"{size} bytes, the manifest recorded {meta.get('size')}"
+        elif full and sha256_file(path) != meta.get("sha256"):
+            damaged[rel] = "changed since collection (sha256 differs)"
+    for run in manifest.runs:
+        for rel in run.files:
+            if rel not in manifest.files and not confined(root, rel).is_file():
+                damaged[rel] = f"missing (run {run.run_id} lists it)"
+    return damaged
+
+
+def verify_files(root: Path, manifest: Manifest) -> list[str]:
+    """Files whose presence, size or checksum no longer match the manifest (full check)."""
+    problems = bundle_problems(root, manifest, full=True)
+    return [p for p in problems if not p.startswith("INCOMPLETE")]
 
 
 def add_file(root: Path, rel: str, source: Path, added_by: str, note: str = "") -> None:

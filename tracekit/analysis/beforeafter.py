@@ -49,8 +49,8 @@ def stress_comparison(stress: pl.DataFrame, kind: str = "quiet") -> Comparison:
 
 def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
     """Per phase and kind: runs, samples, and the mean of per-run max/p99.9 (us)."""
-    runs = latencies.select("run_id", "phase", "kind").unique()
-    per_run = run_metrics(latencies).join(runs, on="run_id")
+    runs = latencies.select("run_id", "phase", "kind").unique(maintain_order=True)
+    per_run = run_metrics(latencies).join(runs, on="run_id", maintain_order="left")
     return (
         per_run.group_by("phase", "kind")
         .agg(
@@ -59,5 +59,19 @@ def phase_summary(latencies: pl.DataFrame) -> pl.DataFrame:
             (pl.col("max_ns").mean() / 1000).round(1).alias("max_us"),
             (pl.col("p99_9_ns").mean() / 1000).round(1).alias("p99_9_us"),
         )
+        .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
+    )
+
+
+def saturated_phases(latencies: pl.DataFrame, interval_us: float) -> pl.DataFrame:
+    """Phases and kinds whose median wake-up is later than cyclictest's interval.
+
+    Columns phase, kind, median_us. Such a thread wakes after its next period was already
+    due: the CPU cannot keep up with the timer, and latencies then measure its backlog.
+    """
+    return (
+        latencies.group_by("phase", "kind")
+        .agg((pl.col("latency_ns").median() / 1000).round(1).alias("median_us"))
+        .filter(pl.col("median_us") > interval_us)
         .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
     )

@@ -14,6 +14,7 @@ import polars as pl
 
 from tracekit.analysis.compare import Comparison, compare, compare_all, secondary_family
 from tracekit.analysis.runs import RUN_METRICS, metric_values, run_metrics
+from tracekit.analysis.tlbi import probe_label
 
 PRIMARY = "p99.9"
 BASELINE = "before"
@@ -56,9 +57,10 @@ def _slot_values(slots: pl.DataFrame, quantile: float) -> pl.DataFrame:
 
 
 def probe_comparisons(samples: pl.DataFrame, phase: str = "during") -> list[Comparison]:
-    """Per CPU and mode, slot p50/p99 of PHASE against before; Holm over all of them."""
+    """Per CPU, mode and direction, slot p50/p99 of PHASE against before; Holm over all."""
     found = []
-    for (mode, cpu), slots in samples.group_by("mode", "cpu", maintain_order=True):
+    groups = samples.group_by("mode", "direction", "cpu", maintain_order=True)
+    for (mode, direction, cpu), slots in groups:
         base, test = (slots.filter(pl.col("phase") == p) for p in (BASELINE, phase))
         if base.is_empty() or test.is_empty():
             continue  # a CPU probed in one of the two phases only
@@ -68,7 +70,8 @@ def probe_comparisons(samples: pl.DataFrame, phase: str = "during") -> list[Comp
                 compare(
                     b["value"].to_list(),
                     t["value"].to_list(),
-                    f"{phase}/{BASELINE} probe {mode} cpu{cpu} {metric}",
+                    f"{phase}/{BASELINE} probe {probe_label(mode, direction)}"
+                    f" issued on cpu{cpu} {metric}",
                     before_runs=b["run_id"].to_list(),
                     after_runs=t["run_id"].to_list(),
                     ratio_label="",
@@ -78,15 +81,19 @@ def probe_comparisons(samples: pl.DataFrame, phase: str = "during") -> list[Comp
 
 
 def probe_by_phase(samples: pl.DataFrame) -> pl.DataFrame:
-    """Per CPU and phase (before, during, after): slots, p50 and p99 in us."""
+    """Per CPU, direction and phase (before, during, after): slots, p50 and p99 in us."""
     order = {"before": 0, "during": 1, "after": 2}
     d = pl.col("duration_ns")
     return (
-        samples.group_by("cpu", "phase")
+        samples.group_by("cpu", "direction", "phase")
         .agg(
             pl.col("run_id").n_unique().alias("slots"),
             (d.quantile(0.5, "higher") / 1000).round(1).alias("p50_us"),
             (d.quantile(0.99, "higher") / 1000).round(1).alias("p99_us"),
         )
-        .sort("cpu", pl.col("phase").replace_strict(order, default=9, return_dtype=pl.Int8))
+        .sort(
+            "cpu",
+            "direction",
+            pl.col("phase").replace_strict(order, default=9, return_dtype=pl.Int8),
+        )
     )

@@ -49,6 +49,21 @@ def check_events(available: Iterable[str]) -> None:
         )
 
 
+def toggle_changed() -> pl.Expr:
+    """True for a kvm_toggle_cache that switched the caches: only those flush stage 2."""
+    # mmu.c kvm_toggle_cache flushes when now != was; every trapped VM-register write
+    # (MAIR, TCR, TTBR0, SCTLR) fires the event, changed or not.
+    return pl.col("was") != pl.col("now")
+
+
+def cache_state_changes(toggles: pl.DataFrame) -> pl.DataFrame | None:
+    """The kvm_toggle_cache rows that changed the cache state; None when fields are absent."""
+    if "was" in toggles.columns:
+        return toggles.filter(toggle_changed())
+    # An event that never fired comes without its field columns: nothing changed.
+    return toggles if toggles.is_empty() else None
+
+
 def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl.DataFrame:
     """Every flush event with its kind: row, ts, cpu, common_pid, source, flushed.
 
@@ -65,7 +80,7 @@ def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl
                 "common_pid",
                 pl.lit("toggle").alias("source"),
                 # An event that never fired comes without its field columns.
-                (pl.col("was") != pl.col("now")).alias("flushed")
+                toggle_changed().alias("flushed")
                 if "was" in toggles.columns
                 else pl.lit(None, pl.Boolean).alias("flushed"),
             )
@@ -93,7 +108,9 @@ def neighbour_durations(flushes: pl.DataFrame, events: pl.DataFrame) -> pl.DataF
         pl.col("ts").shift(1).over("cpu").alias("prev_ts"),
         pl.col("ts").shift(-1).over("cpu").alias("next_ts"),
     )
-    joined = flushes.join(order.select("row", "prev_ts", "next_ts"), on="row", how="left")
+    joined = flushes.join(
+        order.select("row", "prev_ts", "next_ts"), on="row", how="left", maintain_order="left"
+    )
     dur = (
         pl.when(pl.col("source") == "toggle")
         .then(pl.col("ts") - pl.col("prev_ts"))
@@ -111,9 +128,13 @@ def probe_durations(flushes: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     starting first after it.
     """
     by_pid = spans.rename({"pid": "common_pid"}).with_columns(pl.col("common_pid").cast(pl.Int32))
-    flushes = flushes.with_columns(pl.col("common_pid").cast(pl.Int32)).sort("ts")
+    flushes = flushes.with_columns(pl.col("common_pid").cast(pl.Int32)).sort(
+        "ts", maintain_order=True
+    )
     before = flushes.join_asof(
-        by_pid.select("common_pid", "end_ts", pl.col("dur_ns").alias("dur_before")).sort("end_ts"),
+        by_pid.select("common_pid", "end_ts", pl.col("dur_ns").alias("dur_before")).sort(
+            "end_ts", maintain_order=True
+        ),
         left_on="ts",
         right_on="end_ts",
         by="common_pid",
@@ -122,7 +143,7 @@ def probe_durations(flushes: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
     )
     after = before.join_asof(
         by_pid.select("common_pid", "start_ts", pl.col("dur_ns").alias("dur_after")).sort(
-            "start_ts"
+            "start_ts", maintain_order=True
         ),
         left_on="ts",
         right_on="start_ts",
@@ -194,8 +215,11 @@ def mark_redundant(
         ),
         on=["vm_seq", "epoch"],
         how="left",
+        maintain_order="left",
     ).with_columns(pl.col("new_mappings").fill_null(0).cast(pl.Int64))
-    out = flushes.join(found.select("row", "new_mappings"), on="row", how="left")
+    out = flushes.join(
+        found.select("row", "new_mappings"), on="row", how="left", maintain_order="left"
+    )
     return out.with_columns(
         pl.when(pl.col("flushed") & pl.col("vm_seq").is_not_null())
         .then(pl.col("new_mappings") == 0)
@@ -212,7 +236,7 @@ def per_vm(flushes: pl.DataFrame, vms: pl.DataFrame) -> pl.DataFrame:
         (pl.col("dur_ns").sum().cast(pl.Float64) / 1e6).alias("flush_ms"),
     )
     return (
-        vms.join(totals, on="vm_seq", how="left")
+        vms.join(totals, on="vm_seq", how="left", maintain_order="left")
         .with_columns(
             pl.col("flushes", "redundant").fill_null(0), pl.col("flush_ms").fill_null(0.0)
         )

@@ -27,6 +27,8 @@ PERMUTATIONS = 20_000
 # Float midranks: statistics this close count as equally extreme.
 RANK_TOLERANCE = 1e-9
 DESCRIBE_WIDTH = 72
+# Runs a phase needs before the bootstrap can estimate any spread between runs.
+MIN_SPREAD_RUNS = 2
 # The verdict rule's false-positive rate at the default thresholds, measured by
 # tests/test_analysis_fpr.py on null comparisons built from real emulated runs (an MMU-off
 # guest, runs split into pseudo-runs, neighbouring windows compared); that test recomputes
@@ -98,13 +100,19 @@ class Comparison:
     # What the ratio divides, for describe(); "" when the metric's name already says it.
     ratio_label: str = "after/before"
 
+    def interval(self) -> str:
+        """The interval as "[lo, hi]", or "n/a" when one run per phase has no spread."""
+        if not (math.isfinite(self.ci_low) and math.isfinite(self.ci_high)):
+            return "n/a"
+        return f"[{self.ci_low:.2f}, {self.ci_high:.2f}]"
+
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
         p_name = "p" if self.role == "primary" else "p(Holm)"
         text = (
             f"{self.metric} {self.ratio_label + ' ' if self.ratio_label else ''}"
-            f"{self.ratio:.2f}x [{self.ci_low:.2f},"
-            f" {self.ci_high:.2f}], {p_name}={_p_text(self.p_adjusted)} ({self.test},"
+            f"{self.ratio:.2f}x {self.interval()},"
+            f" {p_name}={_p_text(self.p_adjusted)} ({self.test},"
             f" {self.n_before}+{self.n_after} runs): {self.verdict}"
         )
         if self.needed_runs is not None:
@@ -201,7 +209,13 @@ def _clean_phase(
 def bootstrap_ratio_ci(
     before: np.ndarray, after: np.ndarray, thresholds: Thresholds = DEFAULT_THRESHOLDS
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(after)/mean(before), resampling runs."""
+    """Percentile bootstrap interval of mean(after)/mean(before), resampling runs.
+
+    NaN, NaN when a phase has one run: resampling it gives that run back every time, an
+    interval of zero width that says nothing about the spread of runs.
+    """
+    if min(len(before), len(after)) < MIN_SPREAD_RUNS:
+        return math.nan, math.nan
     rng = np.random.default_rng(thresholds.seed)
     n = thresholds.resamples
     b_means = before[rng.integers(0, len(before), (n, len(before)))].mean(axis=1)
@@ -273,8 +287,8 @@ def runs_to_decide(c: Comparison) -> int | None:
     (beyond min_effect for "present", inside the equivalence band for "absent"). None when
     the estimate sits on a boundary, or the comparison is not inconclusive.
     """
-    if c.verdict != INCONCLUSIVE or c.ratio <= 0 or c.ci_low <= 0:
-        return c.needed_runs
+    if c.verdict != INCONCLUSIVE or c.ratio <= 0 or not c.ci_low > 0:
+        return c.needed_runs  # not c.ci_low > 0 also catches an interval of n/a (NaN)
     log_r, t = math.log(c.ratio), c.thresholds
     half = (math.log(c.ci_high) - math.log(c.ci_low)) / 2
     if abs(log_r) > math.log(t.min_effect):

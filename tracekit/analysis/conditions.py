@@ -1,17 +1,48 @@
 """What condition a bundle represents, read from its manifest (pure, no I/O).
 
-A decision table compares bundles that differ in one thing: the guest's variant, what was
-done after the guest, the KVM mode, whether the guest ran in the rt CPU's cluster, the
-kernel. This module names those five things for one manifest, so the table can pair
-bundles that differ in exactly one of them.
+A decision table compares bundles that differ in one thing. Every field a bundle can vary
+is a condition field: the guest (variant, revision, backing), what was done after it, the
+scenario, the KVM mode, the kernel, the cores (model, the rt and guest CPUs' core types),
+the placement (which CPUs ran rt, stress and guest, and their clusters relative to the rt
+CPU), the rt CPU's isolation, the emulation, whether the host was fresh, and the run
+length, interval and perf stat. A field an
+old bundle's manifest lacks reads "unknown", and an unknown equals nothing, not even
+another unknown: such a bundle pools with no other and no rule can call it "differs only
+in" anything, since nobody knows what it held equal.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
+from typing import Any
 
 from tracekit.bundle import Manifest
+from tracekit.cpus import format_cpu_list
+
+
+class Unknown(str):
+    """A field the manifest does not record: prints "unknown", equals only itself."""
+
+    __slots__ = ()
+
+    def __new__(cls) -> Unknown:
+        """A fresh unknown, distinct from every other."""
+        return super().__new__(cls, "unknown")
+
+    # Identity, not text: two bundles that both lack a field need not have held it equal.
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+    def __copy__(self) -> Unknown:
+        """Itself: a copy of an unknown is the same unknown."""
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Unknown:
+        """Itself, as for copy."""
+        return self
+
 
 UNKNOWN = "unknown"
 # What each reproducer variant does (reproducer/README.md, "The guests"): stage 1 and the
@@ -31,52 +62,113 @@ VARIANT_FACTS: dict[str, tuple[str, str]] = {
     "setway-after-on": ("on", "none"),
     "mmu-on-report": ("on", "none"),  # its TLBI comes before the MMU: the pre_tlbi knob
 }
-# Condition fields as the decision table names them.
+# Condition fields as the decision table names them, in Condition's order.
 FIELD_LABELS = {
     "variant": "guest",
+    "guest_revision": "guest revision",
+    "backing": "guest backing",
+    "knobs": "guest knobs",
     "after_guest": "after-guest",
+    "scenario": "scenario",
     "kvm_mode": "KVM",
-    "guest_cluster": "guest cluster",
     "kernel": "kernel",
+    "cpu_model": "cores",
+    "rt_core": "rt core",
+    "guest_core": "guest core",
+    "placement": "placement",
+    "guest_cluster": "guest cluster",
+    "stress_cluster": "stress cluster",
+    "isolation": "rt isolation",
+    "host": "host",
+    "freshness": "host freshness",
+    "protocol": "runs",
 }
+
+# What a label shows when no field varies (the table's note lists the rest).
+HEADLINE = ("variant", "after_guest", "kvm_mode", "guest_cluster", "kernel")
 
 
 @dataclass(frozen=True, order=True)
 class Condition:
-    """The experimental condition of one bundle: the five things a decision table varies."""
+    """The experimental condition of one bundle: everything a bundle can vary."""
 
     variant: str  # guest variant, e.g. mmu-on
     after_guest: str  # none, hotplug, rollover
     kvm_mode: str  # nvhe, vhe, protected
-    guest_cluster: str  # "same" as the rt CPU, "other", or unknown
+    guest_cluster: str  # "same" as the rt CPU, "other", "mixed", or unknown
     kernel: str  # kernel release
+    # Fields the first bundles did not record; absent, each is its own Unknown.
+    guest_revision: str = field(default_factory=Unknown)  # the guest ELF note's revision
+    backing: str = field(default_factory=Unknown)  # guest RAM backing: 4k, thp, hugetlb
+    knobs: str = field(default_factory=Unknown)  # --knob settings over the preset, or none
+    scenario: str = field(default_factory=Unknown)  # main, teardown, ...
+    cpu_model: str = field(default_factory=Unknown)  # the host's cores: Cortex-A55+Cortex-A76
+    rt_core: str = field(default_factory=Unknown)  # the rt CPU's core
+    guest_core: str = field(default_factory=Unknown)  # the guest CPUs' core(s)
+    placement: str = field(default_factory=Unknown)  # "rt3/stress0-2/guest1"
+    stress_cluster: str = field(default_factory=Unknown)  # stress CPUs vs the rt cluster
+    isolation: str = field(default_factory=Unknown)  # the rt CPU's isolcpus/nohz_full/...
+    host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
+    freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
+    protocol: str = field(default_factory=Unknown)  # run length @ cyclictest interval
 
     @property
     def stage1(self) -> str:
         """on, off, on-then-off (the variant's stage 1), or unknown."""
         return VARIANT_FACTS.get(self.variant, (UNKNOWN, UNKNOWN))[0]
 
+    def differing(self, other: Condition) -> tuple[str, ...]:
+        """The fields in which two conditions differ (an unknown differs from everything)."""
+        pairs = ((f.name, getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        return tuple(n for n, a, b in pairs if a != b or isinstance(a, Unknown))
+
     def differs_only_in(self, other: Condition) -> str | None:
         """The one field in which two conditions differ, or None (none or several)."""
-        names = [f.name for f in fields(self)]
-        diff = [n for n, a, b in zip(names, astuple(self), astuple(other), strict=True) if a != b]
+        diff = self.differing(other)
         return diff[0] if len(diff) == 1 else None
 
     def label(self, varying: tuple[str, ...] | None = None) -> str:
-        """Short label: the fields that vary across the compared bundles (all when none do)."""
-        shown = varying or tuple(FIELD_LABELS)
+        """Short label: the fields that vary across the compared bundles (HEADLINE if none)."""
+        shown = varying or HEADLINE
         return " ".join(f"{getattr(self, name)}" for name in shown)
 
 
 def bundle_condition(manifest: Manifest) -> Condition:
-    """The condition a bundle's manifest records."""
+    """The condition a bundle's manifest records; what it lacks is unknown."""
+    options, scenario = manifest.options, manifest.scenario
     return Condition(
         variant=guest_variant(manifest),
-        after_guest=str(manifest.options.get("after_guest") or "none"),
-        kvm_mode=str((manifest.host.get("kvm") or {}).get("mode") or UNKNOWN),
+        after_guest=str(options.get("after_guest") or "none"),
+        kvm_mode=_known((manifest.host.get("kvm") or {}).get("mode")),
         guest_cluster=guest_cluster(manifest),
-        kernel=str(manifest.host.get("kernel_release") or UNKNOWN),
+        kernel=_known(manifest.host.get("kernel_release")),
+        guest_revision=_known(scenario.get("guest_revision")),
+        backing=_known(scenario.get("backing") or options.get("backing")),
+        knobs=guest_knobs(options),
+        scenario=_known(scenario.get("name") or options.get("scenario")),
+        cpu_model=_cores(manifest, None),
+        rt_core=_cores(manifest, [options.get("rt_cpu")]),
+        guest_core=_cores(manifest, options.get("guest_cpus")),
+        placement=placement(manifest),
+        stress_cluster=_relation(manifest, options.get("stress_cpus")),
+        isolation=rt_isolation(manifest),
+        host=host_kind(manifest),
+        freshness=_known((manifest.host.get("freshness") or {}).get("state")),
+        protocol=protocol(manifest),
     )
+
+
+def _known(value: Any) -> str:
+    """The recorded value as text, or a fresh Unknown when it is absent."""
+    return Unknown() if value is None or value == "" else str(value)
+
+
+def guest_knobs(options: dict[str, Any]) -> str:
+    """The knobs set over the guest's preset, sorted ("none"); unknown where not recorded."""
+    knobs = options.get("knobs")
+    if not isinstance(knobs, list):
+        return Unknown()
+    return ",".join(sorted(str(k) for k in knobs)) or "none"
 
 
 def guest_variant(manifest: Manifest) -> str:
@@ -86,23 +178,88 @@ def guest_variant(manifest: Manifest) -> str:
         # Bundles from before collect recorded the variant that ran kept the scenario's
         # default in scenario.guest_variant; the file name is right for old and new ones.
         return PurePosixPath(str(guest)).name.removesuffix(".elf")
-    return str(manifest.scenario.get("guest_variant") or UNKNOWN)
+    return _known(manifest.scenario.get("guest_variant"))
 
 
-def guest_cluster(manifest: Manifest) -> str:
-    """ "same" when every guest CPU is in the rt CPU's cluster, "other" when none is."""
-    clusters = {c["cpu"]: c.get("cluster") for c in manifest.host.get("cpus", []) if "cpu" in c}
+def _cpu_facts(manifest: Manifest, key: str) -> dict[int, Any]:
+    """CPU number -> one per-CPU host fact (cluster, name)."""
+    return {c["cpu"]: c.get(key) for c in manifest.host.get("cpus", []) if "cpu" in c}
+
+
+def _cores(manifest: Manifest, cpus: list[Any] | None) -> str:
+    """The core names of these CPUs (all when None), joined with "+", or unknown."""
+    names = _cpu_facts(manifest, "name")
+    chosen = list(names.values()) if cpus is None else [names.get(c) for c in cpus]
+    if not chosen or None in chosen:
+        return Unknown()
+    return "+".join(sorted({str(n) for n in chosen}))
+
+
+def _relation(manifest: Manifest, cpus: list[Any] | None) -> str:
+    """ "same" when every CPU is in the rt CPU's cluster, "other" when none is, else mixed."""
+    clusters = _cpu_facts(manifest, "cluster")
     rt = clusters.get(manifest.options.get("rt_cpu"))
-    guests = [clusters.get(cpu) for cpu in manifest.options.get("guest_cpus") or []]
-    if rt is None or not guests or None in guests:
-        return UNKNOWN
-    if all(g == rt for g in guests):
+    theirs = [clusters.get(cpu) for cpu in cpus or []]
+    if rt is None or not theirs or None in theirs:
+        return Unknown()
+    if all(c == rt for c in theirs):
         return "same"
-    if all(g != rt for g in guests):
+    if all(c != rt for c in theirs):
         return "other"
     return "mixed"
 
 
+def guest_cluster(manifest: Manifest) -> str:
+    """The guest CPUs relative to the rt CPU's cluster: same, other, mixed or unknown."""
+    return _relation(manifest, manifest.options.get("guest_cpus"))
+
+
+def placement(manifest: Manifest) -> str:
+    """Which CPUs had which role: "rt3/stress0-2/guest1"."""
+    options = manifest.options
+    roles = (
+        ("rt", [options.get("rt_cpu")]),
+        ("stress", options.get("stress_cpus")),
+        ("guest", options.get("guest_cpus")),
+    )
+    if any(not cpus or None in cpus for _, cpus in roles):
+        return Unknown()
+    return "/".join(f"{role}{format_cpu_list(list(cpus))}" for role, cpus in roles)
+
+
+def rt_isolation(manifest: Manifest) -> str:
+    """The rt CPU's isolation flags as preflight read them ("none" when it had none)."""
+    rt = manifest.options.get("rt_cpu")
+    for entry in manifest.host.get("isolation", []):
+        if entry.get("cpu") == rt:
+            flags = [k for k in ("isolcpus", "nohz_full", "rcu_nocbs") if entry.get(k)]
+            return "+".join(flags) or "none"
+    return Unknown()
+
+
+def host_kind(manifest: Manifest) -> str:
+    """ "board", or the kind of emulation (emulated timings are not hardware timings)."""
+    emulation = manifest.host.get("emulation") or {}
+    if "emulated" not in emulation:
+        return Unknown()
+    return str(emulation.get("kind") or "emulated") if emulation["emulated"] else "board"
+
+
+def protocol(manifest: Manifest) -> str:
+    """Run length, cyclictest interval and perf stat beside the runs: metrics depend on them."""
+    duration = manifest.options.get("duration_s")
+    interval = manifest.options.get("interval_us")
+    if duration is None or interval is None:
+        return Unknown()
+    perf = "+perf" if manifest.options.get("perf_counters") else ""
+    return f"{duration}s@{interval}us{perf}"
+
+
 def varying_fields(conditions: list[Condition]) -> tuple[str, ...]:
-    """The condition fields that take more than one value among these bundles."""
-    return tuple(name for name in FIELD_LABELS if len({getattr(c, name) for c in conditions}) > 1)
+    """The condition fields that take more than one value (or are unknown) among these."""
+    return tuple(
+        name
+        for name in FIELD_LABELS
+        if len({getattr(c, name) for c in conditions}) > 1
+        or any(isinstance(getattr(c, name), Unknown) for c in conditions)
+    )

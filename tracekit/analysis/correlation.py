@@ -157,7 +157,9 @@ def per_wakeup(wakeups: pl.DataFrame, activity: pl.DataFrame) -> pl.DataFrame:
         pl.col("cpu").filter(pl.col("activity").is_in(BROADCAST)).n_unique().alias("tlbi_cpus"),
     )
     zeros = [c for c in sums.columns if c != "wake_id"]
-    joined = wakeups.select("wake_id", "total_ns").join(sums, on="wake_id", how="left")
+    joined = wakeups.select("wake_id", "total_ns").join(
+        sums, on="wake_id", how="left", maintain_order="left"
+    )
     return joined.with_columns(pl.col(c).fill_null(0) for c in zeros).with_columns(
         ((pl.col("tlbi_n") + pl.col("probe_n")) > 0).alias("broadcast")
     )
@@ -197,7 +199,7 @@ def exposure(wakeups: pl.DataFrame, intervals: pl.DataFrame) -> pl.DataFrame:
     touched = hits.select("wake_id").unique().with_columns(pl.lit(True).alias("broadcast"))
     return (
         wakeups.select("wake_id", "total_ns")
-        .join(touched, on="wake_id", how="left")
+        .join(touched, on="wake_id", how="left", maintain_order="left")
         .with_columns(pl.col("broadcast").fill_null(False))
     )
 

@@ -96,7 +96,7 @@ def time_in_states(timeline: pl.DataFrame, at: pl.DataFrame, ts: str, prefix: st
 
     `at` must carry a unique `wake_id`; rows before the CPU's first boundary get 0.
     """
-    points = at.select("wake_id", pl.col(ts).alias("_t")).sort("_t")
+    points = at.select("wake_id", pl.col(ts).alias("_t")).sort("_t", maintain_order=True)
     found = points.join_asof(
         timeline.rename({"ts": "_b"}), left_on="_t", right_on="_b", strategy="backward"
     )
@@ -107,4 +107,6 @@ def time_in_states(timeline: pl.DataFrame, at: pl.DataFrame, ts: str, prefix: st
         ).alias(f"{prefix}_{s}")
         for s in STATES
     ]
-    return at.join(found.select("wake_id", *values), on="wake_id", how="left")
+    return at.join(
+        found.select("wake_id", *values), on="wake_id", how="left", maintain_order="left"
+    )

@@ -11,6 +11,7 @@ open question, with the runs needed when that is known.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -43,10 +44,13 @@ class Rule:
     b_verdict: str
     conclusion: str  # may name {a} and {b}
     implies: str  # what it says about where the state is
+    # Fields the contrast cannot hold equal (another cluster is another guest CPU).
+    entails: tuple[str, ...] = ()
 
     def matches(self, a: Condition, b: Condition) -> bool:
-        """Whether A and B differ only in this rule's field, with the rule's values."""
-        if a.differs_only_in(b) != self.field:
+        """Whether A and B differ in this rule's field and nothing else, with its values."""
+        diff = set(a.differing(b))
+        if self.field not in diff or not diff <= {self.field, *self.entails}:
             return False
         return self.a in (None, getattr(a, self.field)) and self.b in (None, getattr(b, self.field))
 
@@ -57,65 +61,114 @@ class Rule:
         return f"{head} -> {self.conclusion.format(a=va, b=vb)}"
 
 
-def _rule(field: str, a: str | None, av: str, b: str | None, bv: str, c: str, i: str) -> Rule:
+def _rule(
+    field: str,
+    a: str | None,
+    av: str,
+    b: str | None,
+    bv: str,
+    c: str,
+    i: str,
+    entails: tuple[str, ...] = (),
+) -> Rule:
     """Shorthand for the table below."""
-    return Rule(field, a, av, b, bv, c, i)
+    return Rule(field, a, av, b, bv, c, i, entails)
 
 
 # The conclusions tracekit may draw, each with its evidence pattern. Order: creation,
-# what does not clear it, what clears it, where it reaches, mode and kernel.
+# what does not clear it, what clears it, where it reaches, mode and kernel. Each
+# implication says what that one contrast shows and no more; the kernel facts behind
+# them (read in the kernel source, arch/arm64/kvm):
+# - HCR_GUEST_FLAGS (arch/arm64/include/asm/kvm_arm.h) has HCR_FB and HCR_BSU_IS: a
+#   guest's TLBI VMALLE1 is executed as if it were VMALLE1IS, so no guest TLBI is local.
+# - mmu-on vs mmu-off is more than stage 1: without FEAT_FWB the guest's MAIR/TCR/TTBR/
+#   SCTLR writes trap (HCR_EL2.TVM, sys_regs.c access_vm_reg) and, when M and C both go
+#   on, kvm_toggle_cache (mmu.c) flushes the whole stage 2 (stage2_flush_vm).
+# - hotplug is PSCI CPU_OFF then CPU_ON, a power cycle of the core (in QEMU a CPU
+#   reset); what EL2 runs afterwards differs per kernel: 6.12 re-initialises EL2 on the
+#   re-plugged CPU, whose init (nvhe/hyp-init.S, "Invalidate the stale TLBs") issues a
+#   local TLBI ALLE2 and, as issue 17's emulated count shows, ALLE1; 6.1 runs no EL2
+#   invalidation once no VM is alive (it brings EL2 up only when a VM is created).
+# - a rollover is about 2^VMID-bits throwaway VMs, then one TLBI ALLE1IS
+#   (__kvm_flush_vm_context from vmid.c): eviction by those VMs is not separated from it.
+_FB = " (executed as broadcast: KVM sets HCR_EL2.FB)"
+# Under FB, VMALLE1 and VMALLE1IS are one experiment: one implication for both.
+_NOT_BY_GUEST_TLBI = (
+    "an invalidation of the guest VMID's EL1&0 stage-1 entries on every CPU of the"
+    " inner-shareable domain, issued by the guest with its MMU off, does not remove it"
+)
 RULES: tuple[Rule, ...] = (
     _rule("variant", "mmu-on", PRESENT, "mmu-off", ABSENT,
-          "created only when the guest's stage-1 MMU is on",
-          "the state comes from the guest's own stage-1 translation on the CPU that ran it"
-          " (entries its table walks leave behind), not from running a VMID as such"),
+          "created by what an MMU-on guest does and an MMU-off guest does not",
+          "something the MMU-on guest does creates the state: its stage-1 translation,"
+          " its trapped VM-register writes (without FEAT_FWB) or the stage-2 flush KVM"
+          " runs when its MMU and caches go on; this contrast does not tell which, and a"
+          " VMID that ran is not enough"),
     _rule("variant", "mmu-on", PRESENT, "mmu-on-off", PRESENT,
           "created even when the guest turns its MMU off again",
-          "once created the state outlives the guest's stage-1 being enabled"),
+          "the guest's stage 1 need not be on when the guest exits"),
     _rule("variant", "mmu-on", PRESENT, "mmu-on-nocache", PRESENT,
           "created with the guest's caches off too",
-          "the guest's data/instruction caches are not needed: translation, not caching"),
-    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1", PRESENT,
-          "not cleared by the guest's own VMALLE1",
-          "the state is not stage-1 TLB content of the guest's VMID that a local"
-          " invalidation by that VMID removes"),
-    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1is", PRESENT,
-          "not cleared by the guest's own broadcast VMALLE1IS",
-          "no invalidation scoped to the guest's VMID, local or broadcast, removes it"),
-    _rule("variant", "mmu-on", PRESENT, "mmu-on-vmalle1", ABSENT,
-          "cleared by the guest's own VMALLE1",
-          "the state is stage-1 TLB content of the guest's VMID on the guest's CPU"),
+          "the guest's caches need not be on, nor the stage-2 flush KVM runs only when"
+          " the guest's MMU and caches are both on (kvm_toggle_cache)"),
+    # Guest revision 2: the TLBI presets read pages with the MMU on, turn it off, then
+    # invalidate; their control is mmu-on-off, with the same dose (reproducer/README.md).
+    _rule("variant", "mmu-on-off", PRESENT, "mmu-on-vmalle1", PRESENT,
+          "not cleared by the guest's own TLBI VMALLE1" + _FB,
+          _NOT_BY_GUEST_TLBI),
+    _rule("variant", "mmu-on-off", PRESENT, "mmu-on-vmalle1is", PRESENT,
+          "not cleared by the guest's own TLBI VMALLE1IS",
+          _NOT_BY_GUEST_TLBI),
+    _rule("variant", "mmu-on-off", PRESENT, "mmu-on-vmalle1", ABSENT,
+          "cleared by the guest's own TLBI VMALLE1" + _FB,
+          "the guest's invalidation of its VMID's EL1&0 stage-1 entries, broadcast to"
+          " every CPU, removes it; this does not say on which CPU the state was"),
+    _rule("variant", "mmu-on", PRESENT, "mmu-on-report", PRESENT,
+          "created with or without the report's TLBI VMALLE1 before the MMU goes on",
+          "the guest's pre-enable TLBI VMALLE1 (broadcast under FB) is not what creates"
+          " it, nor does it prevent it"),
+    _rule("variant", "mmu-on", ABSENT, "mmu-on-report", PRESENT,
+          "created only with the report's TLBI VMALLE1 before the MMU goes on" + _FB,
+          "the report's guest differs from mmu-on by that one broadcast TLBI before"
+          " enabling its MMU: the TLBI, or what it does together with the MMU going on,"
+          " is needed"),
     _rule("after_guest", "none", PRESENT, "hotplug", ABSENT,
-          "cleared by re-initialising EL2 on the guest CPU (CPU hotplug)",
-          "the state lives in the CPU that ran the guest and does not survive that"
-          " CPU's EL2 re-initialisation"),
+          "cleared by hotplugging the guest CPU (PSCI CPU_OFF, CPU_ON)",
+          "a power cycle of the guest CPU (in QEMU a CPU reset) removes it, or what EL2"
+          " then executes there: on 6.12 a local TLBI ALLE2 and ALLE1 on that CPU, on 6.1"
+          " (no VM alive) no EL2 invalidation, so there the power cycle alone"),
     _rule("after_guest", "none", PRESENT, "hotplug", PRESENT,
           "not cleared by hotplugging the guest CPU",
-          "re-initialising EL2 on the guest CPU leaves the state in place"),
+          "neither a power cycle of the guest CPU nor what EL2 then executes there (on"
+          " 6.12 a local TLBI ALLE2 and ALLE1; on 6.1 with no VM alive nothing) removes"
+          " it"),
     _rule("after_guest", "none", PRESENT, "rollover", ABSENT,
-          "cleared by a VMID rollover (TLBI ALLE1IS)",
-          "an invalidation of all VMIDs' EL1&0 entries removes the state: it is TLB"
-          " content, tagged with a VMID other than the dead VM's alone"),
+          "cleared by a VMID rollover (thousands of VMs, then TLBI ALLE1IS)",
+          "a rollover removes it: the TLBI ALLE1IS that ends it, or the thousands of"
+          " throwaway VMs before it; this contrast does not separate the two"),
     _rule("after_guest", "none", PRESENT, "rollover", PRESENT,
           "not cleared by a VMID rollover",
-          "even TLBI ALLE1IS leaves it: the state is not in EL1&0 TLB entries"),
+          "neither thousands of VMs nor TLBI ALLE1IS removes it: it is not EL1&0 TLB"
+          " content that ALLE1IS invalidates"),
     _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
           "also when the guest ran in another cluster",
-          "the state slows broadcasts for the whole inner-shareable domain, not a"
-          " structure private to the guest CPU's cluster"),
+          "the guest need not run in the rt CPU's cluster: the effect reaches the rt CPU"
+          " across clusters", ("placement",)),
     _rule("guest_cluster", "same", PRESENT, "other", ABSENT,
           "only when the guest ran in the rt CPU's cluster",
-          "the state sits in something the cluster shares"),
+          "the guest CPU's cluster matters; this does not say where the state is (the"
+          " guest CPU itself or something its cluster shares)", ("placement",)),
     _rule("kvm_mode", "nvhe", PRESENT, "vhe", ABSENT,
           "specific to nVHE: absent with VHE",
-          "it depends on how nVHE switches between host and guest (host at EL1 beside"
-          " the guest's EL1&0 regime)"),
+          "it depends on KVM's mode: nVHE and VHE differ in where the host runs (EL1 or"
+          " EL2), in the world switch and in the invalidations KVM issues; this contrast"
+          " does not tell which"),
     _rule("kvm_mode", "nvhe", PRESENT, "protected", ABSENT,
           "no before/after change in protected mode",
           "with pKVM the host runs under stage 2 from boot; compare the before values"),
     _rule("kernel", None, PRESENT, None, ABSENT,
           "depends on the kernel: present with {a}, absent with {b}",
-          "a change between these kernels (e.g. a fix at stage-2 teardown) removes it"),
+          "something that differs between these kernels removes or hides it"),
 )  # fmt: skip
 
 
@@ -210,8 +263,8 @@ def decision_table(effects: list[ConditionEffect], varying: tuple[str, ...]) -> 
             "condition": e.condition.label(varying),
             "n": f"{e.comparison.n_before}+{e.comparison.n_after} {e.unit}",
             "ratio": round(e.comparison.ratio, 2),
-            "ci_low": round(e.comparison.ci_low, 2),
-            "ci_high": round(e.comparison.ci_high, 2),
+            "ci_low": _rounded(e.comparison.ci_low),
+            "ci_high": _rounded(e.comparison.ci_high),
             "verdict": e.comparison.verdict,
         }
         for e in effects
@@ -219,6 +272,11 @@ def decision_table(effects: list[ConditionEffect], varying: tuple[str, ...]) -> 
     schema = {"condition": pl.String, "n": pl.String, "ratio": pl.Float64}
     schema |= {"ci_low": pl.Float64, "ci_high": pl.Float64, "verdict": pl.String}
     return pl.DataFrame(rows, schema=schema)
+
+
+def _rounded(value: float) -> float | None:
+    """To two decimals; None (shown as n/a) for an interval a phase of one run cannot give."""
+    return round(value, 2) if math.isfinite(value) else None
 
 
 def conclusions(

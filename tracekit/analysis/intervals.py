@@ -26,10 +26,10 @@ def pair_intervals(
         return pl.DataFrame(schema=INTERVAL_SCHEMA), 0
     left = (
         starts.select(*by, pl.col("ts").alias("start_ns"))
-        .sort("start_ns")
+        .sort("start_ns", maintain_order=True)
         .with_columns(pl.col("start_ns").shift(-1).over(by).alias("next_start_ns"))
     )
-    right = ends.select(*by, pl.col("ts").alias("end_ns")).sort("end_ns")
+    right = ends.select(*by, pl.col("ts").alias("end_ns")).sort("end_ns", maintain_order=True)
     paired = left.join_asof(
         right,
         left_on="start_ns",

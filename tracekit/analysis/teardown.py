@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.calls import pair_calls
 from tracekit.errors import TracekitError
 
 # Kernel functions on the stage-2 teardown path, preferred first (names differ by version).
@@ -98,32 +99,16 @@ class Growth:
 
 
 def function_spans(entries: pl.DataFrame, returns: pl.DataFrame) -> pl.DataFrame:
-    """Pair a kprobe's entry and return events per thread: pid, start_ts, end_ts, dur_ns.
+    """A kprobed function's calls that returned: pid, start_ts, end_ts, dur_ns.
 
-    Each return closes the latest entry of the same thread before it (the teardown
-    functions do not recurse); an entry without its return (trace ended, event lost) is
-    left out, so `unmatched_entries` must be reported by the caller.
+    Paired per thread as a call stack (tracekit.analysis.calls); an entry without its
+    return (trace ended, event lost) is left out, so `unmatched_entries` must be
+    reported by the caller.
     """
-    both = pl.concat(
-        [
-            entries.select(
-                "ts", pl.col("common_pid").cast(pl.Int32).alias("pid"), pl.lit(True).alias("entry")
-            ),
-            returns.select(
-                "ts", pl.col("common_pid").cast(pl.Int32).alias("pid"), pl.lit(False).alias("entry")
-            ),
-        ]
-    ).sort("pid", "ts")
-    paired = both.with_columns(
-        pl.col("entry").shift(-1).over("pid").alias("next_entry"),
-        pl.col("ts").shift(-1).over("pid").alias("end_ts"),
-    ).filter(pl.col("entry") & (pl.col("next_entry") == False))  # noqa: E712
-    return paired.select(
-        "pid",
-        pl.col("ts").alias("start_ts"),
-        "end_ts",
-        (pl.col("end_ts") - pl.col("ts")).alias("dur_ns"),
-    ).sort("start_ts")
+    calls, _orphans = pair_calls(entries, returns)
+    return calls.filter(pl.col("end_ts").is_not_null()).select(
+        "pid", "start_ts", "end_ts", "dur_ns"
+    )
 
 
 def unmatched_entries(entries: pl.DataFrame, spans: pl.DataFrame) -> int:
@@ -133,9 +118,9 @@ def unmatched_entries(entries: pl.DataFrame, spans: pl.DataFrame) -> int:
 
 def spans_in_windows(spans: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """vm_seq, kernel_ns: the function's time inside each VM's teardown markers (summed)."""
-    joined = spans.sort("start_ts").join_asof(
+    joined = spans.sort("start_ts", maintain_order=True).join_asof(
         windows.select("vm_seq", "vmm_pid", "teardown_start_ts", "teardown_end_ts").sort(
-            "teardown_start_ts"
+            "teardown_start_ts", maintain_order=True
         ),
         left_on="start_ts",
         right_on="teardown_start_ts",

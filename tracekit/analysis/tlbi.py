@@ -1,9 +1,12 @@
 """Broadcast-TLBI cost per CPU and phase: the probe's samples and the flush paths' durations.
 
 Two views of the same question, "did invalidations get slower after the guest?":
-- the probe (reproducer/tlbiprobe) times mprotect/munmap calls, each a broadcast TLBI +
-  DSB ISH, from one CPU per slot; its per-sample file gives distributions per CPU and
-  phase, and each slot is one run for the before/after comparison;
+- the probe (reproducer/tlbiprobe) times whole mprotect/munmap syscalls, with the
+  kernel's broadcast TLBI and DSB ISH inside, from one CPU per slot; its per-sample file
+  gives distributions per CPU, phase and direction (RW->RO and RO->RW are different
+  kernel paths, never pooled), and each slot is one run for the before/after comparison.
+  A DSB ISH waits for every CPU, so a probe CPU is where the syscall was issued, never
+  the CPU that was slow to respond: nothing here says which CPU holds any state;
 - when the trace has entry/return probes (kprobe group `tracekit`: `X` + `X_ret`, or
   `p_X` + `r_X`) or function_graph exits, the host's own flush paths get durations.
 """
@@ -12,10 +15,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analysis.calls import pair_calls
 from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
 from tracekit.analysis.requires import require_events
 from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
+from tracekit.ingest.probe import UNKNOWN_DIRECTION
 
 PHASE_ORDER = {"before": 0, "guest": 1, "after": 2}
 # Probe metrics compared before/after: the typical call and the tail.
@@ -44,7 +49,7 @@ def _phase_rank() -> pl.Expr:
 
 def _check_samples(samples: pl.DataFrame) -> None:
     """Refuse a frame that is not probe samples, naming the missing columns."""
-    missing = {"run_id", "phase", "cpu", "mode", "duration_ns"} - set(samples.columns)
+    missing = {"run_id", "phase", "cpu", "mode", "direction", "duration_ns"} - set(samples.columns)
     if missing:
         raise TracekitError(
             f"TLBI probe analysis: no column {', '.join(sorted(missing))}; give the frame"
@@ -52,12 +57,20 @@ def _check_samples(samples: pl.DataFrame) -> None:
         )
 
 
+def probe_label(mode: str, direction: str) -> str:
+    """How a mode and direction are named: "page rw-ro", "munmap", "page, both pooled"."""
+    if direction == UNKNOWN_DIRECTION:
+        # Version-1 files did not record which way each mprotect went.
+        return f"{mode}, RW->RO and RO->RW pooled"
+    return mode if direction == mode else f"{mode} {direction}"
+
+
 def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
-    """Per mode, CPU and phase: slots, samples, p50/p99/p99.9/max in us (pooled samples)."""
+    """Per mode, direction, CPU and phase: slots, samples, p50/p99/p99.9/max in us."""
     _check_samples(samples)
     d = pl.col("duration_ns")
     return (
-        samples.group_by("mode", "cpu", "phase")
+        samples.group_by("mode", "direction", "cpu", "phase")
         .agg(
             pl.col("run_id").n_unique().alias("slots"),
             pl.len().alias("samples"),
@@ -67,22 +80,22 @@ def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
             ),
             (d.max() / 1000).round(1).alias("max_us"),
         )
-        .sort("mode", "cpu", _phase_rank())
+        .sort("mode", "direction", "cpu", _phase_rank())
     )
 
 
 def probe_histogram(samples: pl.DataFrame) -> pl.DataFrame:
-    """Long format for a histogram plot: mode, cpu, phase, duration_us (every sample)."""
+    """Long format for a histogram plot: mode, direction, cpu, phase, duration_us."""
     _check_samples(samples)
     return samples.select(
-        "mode", "cpu", "phase", (pl.col("duration_ns") / 1000).alias("duration_us")
-    ).sort("mode", "cpu", _phase_rank())
+        "mode", "direction", "cpu", "phase", (pl.col("duration_ns") / 1000).alias("duration_us")
+    ).sort("mode", "direction", "cpu", _phase_rank())
 
 
 def probe_comparisons(
     samples: pl.DataFrame, thresholds: Thresholds | None = None
 ) -> list[Comparison]:
-    """Per mode and CPU, each slot's p50 and p99 after vs before; Holm over all of them.
+    """Per mode, direction and CPU, each slot's p50 and p99 after vs before; Holm over all.
 
     A slot is one run: one slot per phase gives an "inconclusive" that says how many
     slots a verdict needs, never a verdict drawn from the samples of a single run.
@@ -90,7 +103,8 @@ def probe_comparisons(
     _check_samples(samples)
     options = {} if thresholds is None else {"thresholds": thresholds}
     comparisons = []
-    for (mode, cpu), slots in samples.group_by("mode", "cpu", maintain_order=True):
+    groups = samples.group_by("mode", "direction", "cpu", maintain_order=True)
+    for (mode, direction, cpu), slots in groups:
         phases = {p: slots.filter(pl.col("phase") == p) for p in ("before", "after")}
         if min(f.height for f in phases.values()) == 0:
             continue  # a CPU probed in one phase only has nothing to compare
@@ -100,7 +114,7 @@ def probe_comparisons(
                 compare(
                     before["value"].to_list(),
                     after["value"].to_list(),
-                    f"probe {mode} cpu{cpu} {metric}",
+                    f"probe {probe_label(mode, direction)} issued on cpu{cpu} {metric}",
                     before_runs=before["run_id"].to_list(),
                     after_runs=after["run_id"].to_list(),
                     **options,
@@ -133,37 +147,37 @@ def _entry_return_names(events: list[str]) -> dict[str, tuple[str, str]]:
 def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """Entry/return kprobe pairs as (function, cpu, pid, start_ns, duration_ns), and unpaired.
 
-    Pairs are matched per CPU and task in time order: an entry followed by its return.
-    An entry without a return (or a return without an entry: lost events, a call that
-    started before tracing) is not guessed at; the count of them is returned.
+    Pairs are matched per task as a call stack (tracekit.analysis.calls), not per CPU: a
+    call that migrated keeps its duration. An entry without a return (or a return
+    without an entry: lost events, a call that started before tracing) is not guessed
+    at; the count of them is returned.
     """
     # Text traces do not name the system (null): their pairs are found by name alone.
     system = pl.col("system").cast(pl.String)
     ours = events.filter((system == PROBE_GROUP) | system.is_null()).with_columns(
         pl.col("event").cast(pl.String)
     )
-    pairs = _entry_return_names(ours["event"].unique().to_list())
+    pairs = _entry_return_names(sorted(ours["event"].unique().to_list()))
     if not pairs:
         return pl.DataFrame(schema=DURATION_SCHEMA), 0
-    role = {e: (fn, "entry") for fn, (e, _) in pairs.items()}
-    role |= {r: (fn, "return") for fn, (_, r) in pairs.items()}
-    tagged = ours.filter(pl.col("event").is_in(list(role))).with_columns(
-        pl.col("event").replace_strict({k: v[0] for k, v in role.items()}).alias("function"),
-        pl.col("event").replace_strict({k: v[1] for k, v in role.items()}).alias("edge"),
-    )
-    ordered = tagged.sort("function", "cpu", "pid", "ts", "row").with_columns(
-        pl.col("edge").shift(-1).over("function", "cpu", "pid").alias("next_edge"),
-        pl.col("ts").shift(-1).over("function", "cpu", "pid").alias("next_ts"),
-    )
-    matched = ordered.filter((pl.col("edge") == "entry") & (pl.col("next_edge") == "return"))
-    durations = matched.select(
-        "function",
-        pl.col("cpu").cast(pl.Int32),
-        pl.col("pid").cast(pl.Int32),
-        pl.col("ts").alias("start_ns"),
-        (pl.col("next_ts") - pl.col("ts")).alias("duration_ns"),
-    )
-    return durations, tagged.height - 2 * durations.height
+    frames, unpaired = [], 0
+    as_events = ours.rename({"pid": "common_pid"}) if "common_pid" not in ours.columns else ours
+    for function, (entry, ret) in sorted(pairs.items()):
+        calls, orphans = pair_calls(
+            as_events.filter(pl.col("event") == entry), as_events.filter(pl.col("event") == ret)
+        )
+        done = calls.filter(pl.col("end_ts").is_not_null())
+        unpaired += orphans + calls.height - done.height
+        frames.append(
+            done.select(
+                pl.lit(function).alias("function"),
+                "cpu",
+                "pid",
+                pl.col("start_ts").alias("start_ns"),
+                pl.col("dur_ns").alias("duration_ns"),
+            )
+        )
+    return pl.concat(frames).cast(DURATION_SCHEMA), unpaired  # type: ignore[arg-type]
 
 
 def funcgraph_durations(exits: pl.DataFrame) -> pl.DataFrame:

@@ -16,14 +16,17 @@ generation above them; a new generation appearing is a VMID rollover.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import polars as pl
 
+from tracekit.analysis.cacheflush import cache_state_changes
 from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.requires import require_events
 
 MARKER_PREFIX = "tracekit-vmm:"
+# Markers tracekit's own programs write: `TOOL: key=value ...`.
+_TOOL_MARKER = r"^(tracekit-vmm|tracekit-probe):\s*(.*)$"
 MARKER_HOW = (
     "the VMM's trace markers: run reproducer/build/vmm with --trace-marker "
     "<instance>/trace_marker (tracekit collect does) and record ftrace `print`"
@@ -42,7 +45,7 @@ COUNTED = {
     "exits": "kvm_exit",
     "userspace_exits": "kvm_userspace_exit",
     "guest_faults": "kvm_guest_fault",
-    "cache_toggles": "kvm_toggle_cache",
+    "cache_toggles": "kvm_toggle_cache",  # only those that changed the cache state
     "set_way_flushes": "kvm_set_way_flush",
     "hvcs": "kvm_hvc_arm64",
     "mmio": "kvm_mmio",
@@ -61,14 +64,40 @@ def available_events(event_names: Iterable[str], meta: dict[str, object]) -> set
     return set(event_names) | {str(e).rsplit("/", 1)[-1] for e in enabled}  # type: ignore[union-attr]
 
 
+def marker_table(tables: Mapping[str, pl.DataFrame]) -> pl.DataFrame | None:
+    """The trace_marker writes of a trace's tables: `print` (binary) or its text name."""
+    return next((tables[n] for n in MARKER_EVENTS if n in tables), None)
+
+
+def _marker_text(prints: pl.DataFrame) -> pl.Expr:
+    """A marker's text: `buf` in binary traces, the line's `fields` in text ones."""
+    column = "buf" if "buf" in prints.columns else "fields"
+    return pl.col(column).cast(pl.String).str.strip_chars()
+
+
+def tracekit_markers(prints: pl.DataFrame) -> pl.DataFrame:
+    """Every tracekit marker (VMM and probe): ts, pid, tool, text (its key=value part)."""
+    text = _marker_text(prints)
+    found = prints.with_columns(text.str.extract(_TOOL_MARKER, 1).alias("tool"))
+    return (
+        found.filter(pl.col("tool").is_not_null())
+        .sort("ts", "row")
+        .select(
+            "ts",
+            pl.col("common_pid").cast(pl.Int32).alias("pid"),
+            "tool",
+            text.str.extract(_TOOL_MARKER, 2).alias("text"),
+        )
+    )
+
+
 def vmm_markers(prints: pl.DataFrame) -> pl.DataFrame:
     """The VMM's lifecycle markers: ts, pid, vm, event, vcpu, cpu, ipa_bits, vcpus.
 
     `prints` is the `print` table of a binary trace or `tracing_mark_write` of a text one.
     """
-    column = "buf" if "buf" in prints.columns else "fields"
-    text = pl.col(column).cast(pl.String).str.strip_chars()
-    found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts")
+    text = _marker_text(prints)
+    found = prints.filter(text.str.starts_with(MARKER_PREFIX)).sort("ts", maintain_order=True)
     fields = [text.str.extract(p, 1).cast(pl.Int32).alias(name) for name, p in _FIELD.items()]
     return found.select(
         "ts",
@@ -86,7 +115,7 @@ def _with_vm_seq(markers: pl.DataFrame) -> pl.DataFrame:
         .with_row_index("vm_seq")
         .with_columns(pl.col("vm_seq").cast(pl.Int32))
     )
-    return markers.sort("ts").join_asof(
+    return markers.sort("ts", maintain_order=True).join_asof(
         creates, on="ts", by="vm", strategy="backward", check_sortedness=False
     )
 
@@ -148,17 +177,19 @@ def attribute(events: pl.DataFrame, windows: pl.DataFrame, threads: pl.DataFrame
         pl.col("create_ts").alias("start_ts"),
         end.alias("end_ts"),
     )
-    vcpus = threads.join(windows.select("vm_seq", "teardown_end_ts"), on="vm_seq").select(
+    vcpus = threads.join(
+        windows.select("vm_seq", "teardown_end_ts"), on="vm_seq", maintain_order="left"
+    ).select(
         "pid",
         "vm_seq",
         pl.col("vcpu").cast(pl.Int32),
         pl.col("enter_ts").alias("start_ts"),
         end.alias("end_ts"),
     )
-    spans = pl.concat([main, vcpus]).sort("start_ts")
+    spans = pl.concat([main, vcpus]).sort("start_ts", maintain_order=True)
     joined = (
         events.with_columns(pl.col("common_pid").cast(pl.Int32).alias("_pid"))
-        .sort("ts")
+        .sort("ts", maintain_order=True)
         .join_asof(
             spans,
             left_on="ts",
@@ -181,7 +212,7 @@ def exit_reasons(exits: pl.DataFrame) -> pl.DataFrame:
     kinds = exits.select(keys).unique()
     names = [exit_reason(row) for row in kinds.iter_rows(named=True)]
     table = kinds.with_columns(pl.Series("reason", names, dtype=pl.String))
-    return exits.join(table, on=keys, how="left", nulls_equal=True)
+    return exits.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
 
 def exits_by_reason(exits: pl.DataFrame) -> pl.DataFrame:
@@ -190,7 +221,7 @@ def exits_by_reason(exits: pl.DataFrame) -> pl.DataFrame:
     return (
         named.group_by("vm_seq", "vcpu", "reason")
         .agg(pl.len().cast(pl.Int64).alias("count"))
-        .sort(["vm_seq", "vcpu", "count"], descending=[False, False, True])
+        .sort(["vm_seq", "vcpu", "count", "reason"], descending=[False, False, True, False])
     )
 
 
@@ -201,6 +232,8 @@ def lifecycle(
 
     `counted` maps a COUNTED column name to that event's attributed rows (absent events
     are left out and their column is null, never 0). `vmids` is `vm_vmids()` or None.
+    cache_toggles counts the kvm_toggle_cache events that changed the cache state, as
+    the cache-flush analysis does: a trapped MAIR/TCR/TTBR0 write fires the event too.
     """
     table = windows.select(
         "vm_seq",
@@ -214,6 +247,8 @@ def lifecycle(
     )
     for column in COUNTED:
         rows = counted.get(column)
+        if rows is not None and column == "cache_toggles":
+            rows = cache_state_changes(rows)
         if rows is None:
             table = table.with_columns(pl.lit(None, pl.Int64).alias(column))
             continue
@@ -233,11 +268,36 @@ def vm_vmids(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
     times it changed while the VM lived (a rollover in its lifetime gives it a new one).
     """
     span = 1 << vmid_bits
-    seen = updates.filter(pl.col("vm_seq").is_not_null() & (pl.col("vmid_id") != 0)).sort("ts")
+    seen = updates.filter(pl.col("vm_seq").is_not_null() & (pl.col("vmid_id") != 0)).sort(
+        "ts", maintain_order=True
+    )
     return seen.group_by("vm_seq").agg(
         (pl.col("vmid_id").last() % span).cast(pl.Int64).alias("vmid"),
         (pl.col("vmid_id").last() // span).cast(pl.Int64).alias("vmid_generation"),
         (pl.col("vmid_id").n_unique() - 1).cast(pl.Int64).alias("vmid_changes"),
+    )
+
+
+def vmid_width(updates: pl.DataFrame, recorded: int | None) -> int | None:
+    """The VMID width: as a rollover run recorded it, else inferred from the trace."""
+    return recorded if recorded is not None else infer_vmid_bits(updates)
+
+
+def vmids_per_vm(
+    prints: pl.DataFrame, updates: pl.DataFrame, recorded_bits: int | None
+) -> pl.DataFrame:
+    """Per VM of a trace (by its markers): vm_seq, create_ts, vmid, vmid_generation, changes.
+
+    The kvm_arm_vmid_update rows are given to VMs as every other event is (`attribute`).
+    """
+    markers = vmm_markers(prints)
+    bits = vmid_width(updates, recorded_bits)
+    windows, threads = vm_windows(markers), vcpu_threads(markers)
+    if bits is None or windows.is_empty() or "vmid_id" not in updates.columns:
+        return pl.DataFrame(schema={"vm_seq": pl.Int32, "create_ts": pl.Int64})
+    found = vm_vmids(attribute(updates, windows, threads), bits)
+    return windows.select("vm_seq", "create_ts").join(
+        found, on="vm_seq", how="inner", maintain_order="left"
     )
 
 
@@ -257,7 +317,7 @@ def vmid_rollovers(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:
     """Each first sighting of a newer VMID generation after the first: ts, from/to gen."""
     gens = (
         updates.filter(pl.col("vmid_id") != 0)
-        .sort("ts")
+        .sort("ts", maintain_order=True)
         .select("ts", (pl.col("vmid_id") // (1 << vmid_bits)).cast(pl.Int64).alias("generation"))
     )
     newest = pl.col("generation").cum_max()
@@ -315,7 +375,7 @@ def hvc_calls(hvcs: pl.DataFrame) -> pl.DataFrame:
     if "r0" not in hvcs.columns:  # enabled but never fired: no field columns to read
         return pl.DataFrame(schema={"vm_seq": pl.Int64, "call": pl.String, "count": pl.UInt32})
     named = hvcs.filter(pl.col("vm_seq").is_not_null()).with_columns(pl.col("r0").cast(pl.UInt64))
-    named = named.join(names, on="r0", how="left").with_columns(
+    named = named.join(names, on="r0", how="left", maintain_order="left").with_columns(
         pl.col("call").fill_null(pl.format("x0={}", pl.col("r0")))
     )
     return named.group_by("vm_seq", "call").len("count").sort("vm_seq", "call")

@@ -18,16 +18,22 @@ MEASURER = "cyclictest"
 SLEEP_TIMER = "hrtimer_wakeup"  # the hrtimer function of nanosleep's sleeper
 
 
+def due_column(starts: pl.DataFrame) -> str:
+    """The column holding the time a sleep asked for: `softexpires` (`expires` adds the
+    task's timer slack, 0 for real-time tasks such as cyclictest's), else `expires`."""
+    return "softexpires" if "softexpires" in starts.columns else "expires"
+
+
 def sleeps(starts: pl.DataFrame) -> pl.DataFrame:
     """The measuring threads' sleep timers, one per loop: wake_id, pid, expires, ..."""
     return (
-        starts.sort("ts")
+        starts.sort("ts", maintain_order=True)
         .select(
             pl.col("row").alias("start_row"),
             pl.col("ts").alias("start_ts"),
             pl.col("common_pid").alias("pid"),
             "hrtimer",
-            "expires",
+            pl.col(due_column(starts)).alias("expires"),
         )
         .with_row_index("wake_id")
         .with_columns(pl.col("start_ts").shift(-1).over("pid").alias("next_start_ts"))
@@ -141,9 +147,9 @@ def asof(
     strategy: str,
 ) -> pl.DataFrame:
     """join_asof for the rows whose key is known; the others get nulls (stage missing)."""
-    known = left.filter(pl.col(left_on).is_not_null()).sort(left_on)
+    known = left.filter(pl.col(left_on).is_not_null()).sort(left_on, maintain_order=True)
     joined = known.join_asof(
-        right.sort(right_on),
+        right.sort(right_on, maintain_order=True),
         left_on=left_on,
         right_on=right_on,
         by=by or None,

@@ -19,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis.cpustate import cpu_states, time_in_states
 from tracekit.analysis.requires import require_events
 from tracekit.analysis.wakestages import (
     MEASURER,
+    due_column,
     is_sleep_timer,
     match_stages,
     sleeps,
@@ -158,6 +160,25 @@ def measuring_threads(switches: pl.DataFrame, rt_cpu: int) -> list[int]:
             f" --affinity={rt_cpu} while tracing"
         )
     return pids
+
+
+def sleep_due_times(events: Mapping[str, pl.DataFrame], rt_cpu: int) -> list[np.ndarray]:
+    """Per measuring thread (pid order), the time each of its sleeps asked for.
+
+    The threads and their sleep timers are the decomposition's own (measuring_threads,
+    is_sleep_timer); empty when the trace lacks sched_switch or hrtimer_start.
+    """
+    switches, starts = events.get("sched_switch"), events.get("hrtimer_start")
+    if switches is None or starts is None or "expires" not in starts.columns:
+        return []
+    try:
+        threads = measuring_threads(switches, rt_cpu)
+    except TracekitError:
+        return []
+    mine = starts.filter((pl.col("cpu") == rt_cpu) & pl.col("common_pid").is_in(threads))
+    mine = mine.filter(is_sleep_timer(mine)).sort("ts")
+    due = due_column(mine)
+    return [mine.filter(pl.col("common_pid") == pid)[due].to_numpy() for pid in threads]
 
 
 def decompose(
@@ -295,5 +316,5 @@ def _incomplete(staged: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("stage").is_not_null())
         .group_by("stage")
         .agg(pl.len().cast(pl.Int64).alias("loops"))
-        .sort("loops", descending=True)
+        .sort(["loops", "stage"], descending=[True, False])
     )

@@ -34,21 +34,33 @@ class TracekitGroup(click.Group):
 def main() -> None:
     """Record and explain KVM/arm64 TLB-invalidation effects.
 
-    Host side (root on the arm64 host): collect. Anywhere: vhost (the emulated arm64
+    Host side (root on the arm64 host): collect, cleanup. Anywhere: vhost (the emulated arm64
     host), ingest, report, perfetto, symbols.
     """
 
 
 def _register() -> None:
     """Attach the command groups that exist; each module owns its commands."""
-    from tracekit.cli import campaign, collect, ingest, perfetto, report, symbols, vhost
+    from tracekit.cli import (
+        campaign,
+        cleanup,
+        collect,
+        ingest,
+        perfetto,
+        report,
+        symbols,
+        verify,
+        vhost,
+    )
 
     main.add_command(vhost.vhost)
     main.add_command(collect.collect)
+    main.add_command(cleanup.cleanup)
     ingest.register(main)
     main.add_command(perfetto.perfetto)
     main.add_command(symbols.symbols)
     main.add_command(report.report)
+    main.add_command(verify.verify)
     main.add_command(campaign.campaign)
 
 

@@ -21,9 +21,9 @@ SYMBOLS_HELP = (
 def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> None:
     """Decode PATH (trace.dat, raw capture directory or text trace), cache it as Parquet
     and print a summary: events per type per CPU, time span, lost events."""
-    from tracekit.ingest import open_trace
+    from tracekit.ingest import open_path
 
-    trace = open_trace(path, salvage=salvage, use_cache=not no_cache, symbols=symbols)
+    trace = open_path(path, salvage=salvage, use_cache=not no_cache, symbols=symbols)
     click.echo(trace.summary())
     if trace.meta.get("cache"):
         click.echo(f"cache: {trace.meta['cache']}")
@@ -53,9 +53,9 @@ def events(
     """Print the events of PATH (or one event type's fields) for a quick look."""
     import polars as pl
 
-    from tracekit.ingest import open_trace
+    from tracekit.ingest import open_path
 
-    trace = open_trace(path, salvage=salvage, symbols=symbols)
+    trace = open_path(path, salvage=salvage, symbols=symbols)
     df = trace.event(event) if event else trace.events
     if cpu is not None:
         df = df.filter(pl.col("cpu") == cpu)

@@ -45,6 +45,14 @@ from tracekit.errors import TracekitError
     is_flag=True,
     help="Serve the output once on 127.0.0.1:9001 and print the ui.perfetto.dev link.",
 )
+@click.option(
+    "--open-wait",
+    "open_wait",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="With --open: seconds to wait for the UI to fetch the file before giving up.",
+)
 def perfetto(
     path: str | None,
     out: str | None,
@@ -55,6 +63,7 @@ def perfetto(
     check_file: str | None,
     processor: str | None,
     open_ui: bool,
+    open_wait: float,
 ) -> None:
     """Export PATH (bundle, trace.dat, raw capture or text trace) as a Perfetto trace.
 
@@ -75,7 +84,7 @@ def perfetto(
     if processor is not None:
         _real_import(processor, out or check_file)  # type: ignore[arg-type]
     if open_ui:
-        _open(out or check_file)  # type: ignore[arg-type]
+        _open(out or check_file, open_wait)  # type: ignore[arg-type]
 
 
 def _export(
@@ -161,13 +170,16 @@ def _real_import(processor: str, path: str) -> None:
     click.echo(f"{path}: trace_processor imported it with no error or data-loss stat")
 
 
-def _open(path: str) -> None:
+def _open(path: str, wait_s: float) -> None:
     """Serve the file once and tell the user which link loads it."""
     from tracekit.perfetto.serve import serve_once
 
     def ready(link: str, port: int) -> None:
         """Print the link while the server waits."""
-        click.echo(f"serving {path} once on 127.0.0.1:{port} (nothing is uploaded); open:")
+        click.echo(
+            f"serving {path} once on 127.0.0.1:{port} for up to {wait_s:g} s "
+            "(nothing is uploaded); open:"
+        )
         click.echo(link)
 
-    serve_once(path, on_ready=ready)
+    serve_once(path, on_ready=ready, wait_s=wait_s)

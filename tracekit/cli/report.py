@@ -20,11 +20,18 @@ import click
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to a file.")
 @click.option(
+    "--verify",
+    is_flag=True,
+    help="Check every file's sha256 against the manifest first (sizes are always checked).",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress lines on stderr (default: when stderr is a terminal).",
 )
-def report(bundles: tuple[Path, ...], fmt: str, output: Path | None, progress: bool | None) -> None:
+def report(
+    bundles: tuple[Path, ...], fmt: str, output: Path | None, verify: bool, progress: bool | None
+) -> None:
     """Report on bundles: numbers with spread, verdicts, attribution, what is not known.
 
     A directory of bundles (a campaign's output) is taken as a whole.
@@ -43,7 +50,7 @@ def report(bundles: tuple[Path, ...], fmt: str, output: Path | None, progress: b
         if show:
             click.echo(message, err=True)
 
-    data = load_bundles(list(bundles), step)
+    data = load_bundles(list(bundles), step, verify)
     text = render(build_report(data, step), fmt)
     if output is None:
         click.echo(text, nl=False)

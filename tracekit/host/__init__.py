@@ -2,7 +2,8 @@
 
 Nothing here may import polars or perfetto. The layers, bottom up:
 
-- cleanup.py: the undo stack; every change to the host is pushed on it as it is made.
+- cleanup.py: the undo stack; every change's undo is pushed on it before the change.
+- journal.py: the same undo records on disk (/run/tracekit), for the run after a SIGKILL.
 - tracefs.py: find or mount tracefs, restorable writes, instances, `snapshot()`.
 - instance.py: tracekit's own instance (buffers, clock, events, filters, markers).
 - probes.py: kprobes/uprobes in the `tracekit` group, and leftovers of killed runs.
@@ -11,9 +12,9 @@ Nothing here may import polars or perfetto. The layers, bottom up:
 
 A run looks like::
 
-    with CleanupStack() as stack:
+    with CleanupStack.journaled() as stack:
         tracefs = Tracefs.open(stack)
-        remove_leftovers(tracefs)
+        remove_leftovers(tracefs)  # dead runs' journals, instances and probes
         define_kprobes(tracefs, ["p:tracekit/free kvm_free_stage2_pgd"])
         instance = Instance.create(tracefs)
         ...  # buffer size, clock, events, capture.start(), instance.start()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.host import journal
 from tracekit.host.cleanup import CleanupStack
 from tracekit.host.instance import Instance
 from tracekit.host.tracefs import INSTANCE_PREFIX, Tracefs
@@ -37,8 +38,12 @@ def hotplug(cpus: tuple[int, ...], stack: CleanupStack, now: Callable[[], int]) 
         online = Path(f"/sys/devices/system/cpu/cpu{cpu}/online")
         if not online.exists():
             raise TracekitError(f"CPU {cpu} cannot be hot-unplugged on this host")
-        stack.push(f"bring CPU {cpu} back online", lambda p=online: p.write_text("1"))
-        online.write_text("0")
+        stack.change(
+            f"bring CPU {cpu} back online",
+            lambda p=online: p.write_text("1"),
+            lambda p=online: p.write_text("0"),
+            journal.setting(online, "1"),
+        )
         log.append(f"cpu{cpu} offline at {now()}")
         online.write_text("1")
         log.append(f"cpu{cpu} online at {now()}")

@@ -1,16 +1,22 @@
 """The host side's undo stack: whatever tracekit changes on a host is put back, in reverse.
 
 Every change (a tracefs setting, a kprobe, an instance, a mount, a sysctl, a child
-process) pushes its undo action here the moment it is made. The stack unwinds on
-success, on error, on Ctrl-C (SIGINT), on SIGTERM and on SIGHUP (a board's ssh session
-going away). A failing undo action does not stop the others, and is never silent: each
-failure is printed, and if nothing else went wrong the unwinding ends in a TracekitError
-naming what is left to fix by hand.
+process) goes through `CleanupStack.change`, which pushes its undo action BEFORE making
+the change, with the stop signals held across the pair, so no signal can fall between
+a change and its undo. With a journal (journal.py) the undo is also written to disk
+first, so that the next run can undo what a SIGKILL left. Children get SIGKILL from the
+kernel when the run dies (PR_SET_PDEATHSIG), even once they have exec'd a tool.
+
+The stack unwinds on success, on error, on Ctrl-C (SIGINT), on SIGTERM and on SIGHUP (a
+board's ssh session going away). A failing undo action does not stop the others, and is
+never silent: each failure is printed, and if nothing else went wrong the unwinding ends
+in a TracekitError naming what is left to fix by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import os
 import signal
@@ -23,15 +29,21 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from tracekit.errors import TracekitError
+from tracekit.host import journal
+from tracekit.host.journal import Entry, Journal
 
 # The signals that end a run early; each one unwinds the stack before the process exits.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # How long a child process group gets to exit after SIGTERM before it is killed.
 CHILD_GRACE_SECONDS = 5.0
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+T = TypeVar("T")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -53,6 +65,7 @@ class UndoAction:
 
     description: str
     undo: Callable[[], None]
+    journal_id: int | None = None
 
 
 class CleanupStack:
@@ -63,27 +76,86 @@ class CleanupStack:
     ignored, so a second Ctrl-C cannot leave the host half restored.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Journal | None = None) -> None:
         self._actions: list[UndoAction] = []
         self._old_handlers: dict[int, Any] = {}
         self._unwinding = False
         self._late_signal: int | None = None
         self.failures: list[str] = []
+        self.journal = journal
+        self._owns_journal = True
 
-    def push(self, description: str, undo: Callable[[], None]) -> None:
-        """Remember how to undo a change that was just made."""
-        self._actions.append(UndoAction(description, undo))
+    @classmethod
+    def journaled(cls) -> CleanupStack:
+        """A stack whose every recorded undo is also on disk (journal.py) for the next run."""
+        return cls(Journal.create())
+
+    def scoped(self) -> CleanupStack:
+        """A stack for a step that restores its own changes early, in this run's journal."""
+        inner = CleanupStack(self.journal)
+        inner._owns_journal = False  # the journal lives as long as this, the outer stack
+        return inner
+
+    def push(self, description: str, undo: Callable[[], None], record: Entry | None = None) -> None:
+        """Remember how to undo a change; `record` is written to the journal first."""
+        journal_id = self.journal.record(record) if self.journal and record else None
+        self._actions.append(UndoAction(description, undo, journal_id))
+
+    def change(
+        self,
+        description: str,
+        undo: Callable[[], None],
+        do: Callable[[], T],
+        record: Entry | None = None,
+    ) -> T:
+        """Make a change whose undo (safe even if the change half failed) exists first.
+
+        The stop signals are held from before the undo is pushed until the change is
+        made, so a signal is handled either before both or after both. A change that
+        raises is taken as not made: its undo is withdrawn, and the error propagates.
+        """
+        with hold_stop_signals():
+            self.push(description, undo, record)
+            try:
+                return do()
+            except BaseException:
+                self._withdraw()
+                raise
 
     def spawn(self, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
-        """Start a child in its own process group; unwinding stops the whole group."""
-        try:
-            proc = subprocess.Popen(list(argv), start_new_session=True, **popen_kwargs)
-        except OSError as err:
-            raise TracekitError(
-                f"cannot start {argv[0]}: {err.strerror}; check that it is installed and executable"
-            ) from None
-        self.push(f"stop {argv[0]} (pid {proc.pid})", lambda: stop_process_group(proc))
+        """Start a child in its own process group; unwinding stops the whole group.
+
+        The child dies with this process even after a SIGKILL (PR_SET_PDEATHSIG); what it
+        started in its group is killed by the next run, from the journal. Call it from
+        the main thread: the kernel sends the death signal when the spawning THREAD ends.
+        """
+        with hold_stop_signals():
+            try:
+                proc = subprocess.Popen(
+                    list(argv),
+                    start_new_session=True,
+                    preexec_fn=_child_setup(os.getpid()),
+                    **popen_kwargs,
+                )
+            except OSError as err:
+                raise TracekitError(
+                    f"cannot start {argv[0]}: {err.strerror}; check that it is installed and "
+                    "executable"
+                ) from None
+            # The pid exists only now; a SIGKILL before this record kills the child anyway
+            # (parent-death signal), and it has had no time to start a group of its own.
+            self.push(
+                f"stop {argv[0]} (pid {proc.pid})",
+                lambda: stop_process_group(proc),
+                journal.process(proc.pid, argv[0]),
+            )
         return proc
+
+    def _withdraw(self) -> None:
+        """Drop the newest undo action: its change was not made."""
+        action = self._actions.pop()
+        if self.journal and action.journal_id is not None:
+            self.journal.done(action.journal_id)
 
     def __enter__(self) -> CleanupStack:
         """Start catching the stop signals (main thread only: Python's rule)."""
@@ -116,6 +188,9 @@ class CleanupStack:
                 action = self._actions.pop()
                 self._run(action)
         finally:
+            if self.journal and self._owns_journal:
+                # Kept (for the next run) if an undo failed; removed otherwise.
+                self.journal.close()
             self._restore_signal_handlers()
             self._unwinding = False
         if self.failures and raise_on_failure:
@@ -137,6 +212,9 @@ class CleanupStack:
             message = f"could not {action.description}: {err}"
             self.failures.append(message)
             print(f"tracekit: warning: {message}", file=sys.stderr, flush=True)
+            return
+        if self.journal and action.journal_id is not None:
+            self.journal.done(action.journal_id)
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         """Turn a stop signal into Interrupted, except while already unwinding."""
@@ -149,6 +227,9 @@ class CleanupStack:
                 flush=True,
             )
             return
+        if _Held.depth:
+            _Held.pending = signum
+            return
         raise Interrupted(signum)
 
     def _restore_signal_handlers(self) -> None:
@@ -156,6 +237,64 @@ class CleanupStack:
         for signum, handler in self._old_handlers.items():
             signal.signal(signum, handler)
         self._old_handlers.clear()
+
+
+@contextlib.contextmanager
+def hold_stop_signals() -> Iterator[None]:
+    """Hold the stop signals back while inside; they are handled on the way out.
+
+    The mask keeps them off this thread (no EINTR, no handler in mid-call). Another
+    thread (a library's worker pool) may still take a signal sent to the process, and
+    CPython then runs the handler here at the next bytecode: it sees the hold and defers.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _Held.depth += 1
+    try:
+        yield
+    finally:
+        _Held.depth -= 1
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if _Held.depth == 0 and _Held.pending is not None:
+            signum, _Held.pending = _Held.pending, None
+            signal.raise_signal(signum)  # handled now, by whoever handles it
+
+
+class _Held:
+    """How deep the stop signals are held in the main thread, and one that came meanwhile."""
+
+    depth = 0
+    pending: int | None = None
+
+
+def die_with_parent() -> None:
+    """In a child before exec: the kernel sends it SIGKILL when its parent dies, however."""
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library, for prctl (loaded once, in the parent, not after fork)."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _child_setup(parent: int) -> Callable[[], None]:
+    """What a spawned child does between fork and exec (async-signal-safe calls only)."""
+    libc = _libc()
+
+    def setup() -> None:
+        """Die with the parent, take the signals the parent held, and never outlive it."""
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The mask is inherited across fork and exec: a tool must see SIGTERM.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if os.getppid() != parent:
+            os._exit(127)  # the parent died before prctl: no death signal will come
+
+    return setup
 
 
 @contextlib.contextmanager
@@ -167,17 +306,15 @@ def open_fd(path: Path | str, flags: int) -> Iterator[int]:
     leaked descriptor on a tracefs file makes the instance impossible to remove (EBUSY).
     So the stop signals are held back until the descriptor is safely owned here.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    fd = -1
     try:
-        fd = os.open(path, flags)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        with hold_stop_signals():
+            fd = os.open(path, flags)
+        # A signal held meanwhile is raised as the hold ends: fd is already ours to close.
         yield fd
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_SECONDS) -> None:

@@ -226,7 +226,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     tools = toolbox.find_tools(
         options.vmm, options.probe, options.perf_counters, options.capture == "trace-cmd"
     )
-    with CleanupStack() as stack:
+    with CleanupStack.journaled() as stack:
         tracefs = Tracefs.open(stack)
         for leftover in remove_leftovers(tracefs):
             echo(f"removed a leftover of a killed run: {leftover}")
@@ -242,6 +242,9 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 # The variant that ran, from the guest's own note (--guest may differ
                 # from the scenario's default).
                 "guest_variant": variant.variant,
+                "guest_revision": variant.revision,
+                "guest_preset": variant.preset,
+                "backing": options.backing,
                 "guest": str(guest_path),
                 "parameters": jsonable(asdict(params)),
                 "capture": capture_record(options.capture, tools.trace_cmd),

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracekit.host.cleanup import CleanupStack, open_fd
+from tracekit.host.cleanup import open_fd
 from tracekit.host.instance import Instance
 from tracekit.host.probes import KALLSYMS, define_kprobes
 from tracekit.host.tracefs import INSTANCE_PREFIX, Tracefs
@@ -118,7 +118,7 @@ def read_vmid_state(tracefs: Tracefs, kallsyms: Path = KALLSYMS) -> VmidState:
         return VmidState(None, "unknown", "no /dev/kvm or no kprobe_events to read them with")
     fetches = " ".join(FETCHES[name] for name in FETCHES if name in symbols)
     # A stack of its own: the probe and instance are gone before the collection starts.
-    with CleanupStack() as stack:
+    with tracefs.stack.scoped() as stack:
         scoped = Tracefs(tracefs.root, stack)
         define_kprobes(scoped, [f"p:{STATE_PROBE} {TRIGGER_FUNCTION} {fetches}"])
         instance = Instance.create(scoped, f"{INSTANCE_PREFIX}{os.getpid()}-state")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tracekit.bundle import PROBE_GROUP
 from tracekit.errors import TracekitError
-from tracekit.host.tracefs import Tracefs
+from tracekit.host import journal
+from tracekit.host.tracefs import Tracefs, unmount_tracefs
 
 KALLSYMS = Path("/proc/kallsyms")
 
@@ -154,11 +155,17 @@ class ProbeSet:
                 f"name?); remove it with: echo '-:{probe.group_event}' >> "
                 f"{self.tracefs.path(self.control)}"
             )
+        self.tracefs.stack.change(
+            f"remove probe {probe.group_event}",
+            lambda: self.remove(probe.group_event),
+            lambda: self._add(probe),
+            journal.probe(self.tracefs.path(self.control), probe.group_event),
+        )
+
+    def _add(self, probe: ProbeDefinition) -> None:
+        """Append the definition; it counts as ours once the kernel took it."""
         self.tracefs.append(self.control, probe.line())
         self.defined.append(probe)
-        self.tracefs.stack.push(
-            f"remove probe {probe.group_event}", lambda: self.remove(probe.group_event)
-        )
 
     def remove(self, group_event: str) -> None:
         """Delete one probe by name, never touching the others (a no-op if already gone)."""
@@ -176,8 +183,24 @@ class ProbeSet:
 
 
 def remove_leftovers(tracefs: Tracefs) -> list[str]:
-    """Remove what killed runs left: their instances first, then the probes those enabled."""
-    removed = tracefs.remove_stale_instances()
+    """Undo what killed runs left: their journals first, then unjournaled instances and probes.
+
+    Call it right after `Tracefs.open`. A dead run's tracefs mount that this run now
+    uses is adopted (unmounted when this run ends). Anything that cannot be undone is
+    one TracekitError naming each piece and the command that removes it.
+    """
+    recovery = journal.recover(keep_mounted=lambda path: path == tracefs.root)
+    for path in recovery.adopted:
+        tracefs.stack.push(
+            f"unmount tracefs from {path}", lambda p=path: unmount_tracefs(p), journal.mount(path)
+        )
+    if recovery.left:
+        raise TracekitError(
+            "a killed tracekit run left changes that could not be undone: "
+            + "; ".join(recovery.left)
+        )
+    removed = recovery.undone + [f"adopted the tracefs mount at {p}" for p in recovery.adopted]
+    removed += tracefs.remove_stale_instances()
     for control in ("kprobe_events", "uprobe_events"):
         removed += ProbeSet(tracefs, control).remove_stale()
     return removed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from tracekit.bundle import RunKind
 from tracekit.cpus import format_cpu_list
 from tracekit.errors import TracekitError
 
@@ -297,7 +298,7 @@ class PlannedRun:
 
     run_id: str
     phase: str
-    kind: str  # quiet, traced, probe, guest, after-guest
+    kind: RunKind
     index: int
     detail: dict[str, object] = field(default_factory=dict)
 
@@ -337,16 +338,18 @@ def plan_runs(
     for phase in scenario.phases:
         kind = PHASE_KINDS.get(phase)
         if kind == "guest":
-            planned.append(PlannedRun("guest", phase, "guest", 0, {"cpus": roles.guest_cpus}))
+            planned.append(PlannedRun("guest", phase, RunKind.GUEST, 0, {"cpus": roles.guest_cpus}))
             if after_guest != "none":
-                planned.append(PlannedRun(f"after-guest-{after_guest}", phase, "after-guest", 0))
+                planned.append(
+                    PlannedRun(f"after-guest-{after_guest}", phase, RunKind.AFTER_GUEST, 0)
+                )
         elif kind == "sweep":
             planned += _sweep_runs(scenario, roles, params)
         elif kind == "during":
             start = {"cpus": roles.guest_cpus, "tlbi_count": params.tlbi_count}
-            planned.append(PlannedRun(f"{phase}-guest-start", phase, "guest-start", 0, start))
+            planned.append(PlannedRun(f"{phase}-guest-start", phase, RunKind.GUEST_START, 0, start))
             planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
-            planned.append(PlannedRun(f"{phase}-guest-stop", phase, "guest-stop", 0))
+            planned.append(PlannedRun(f"{phase}-guest-stop", phase, RunKind.GUEST_STOP, 0))
         elif kind == "measure":
             planned += _measure_runs(scenario, roles, phase, runs, traced_runs)
         else:
@@ -358,12 +361,16 @@ def _measure_runs(
     scenario: Scenario, roles: Roles, phase: str, runs: int, traced_runs: int
 ) -> list[PlannedRun]:
     """A measure phase: quiet runs, traced runs, then the probe slots (each with its mode)."""
-    planned = [PlannedRun(f"{phase}-quiet-{i}", phase, "quiet", i) for i in range(runs)]
-    planned += [PlannedRun(f"{phase}-traced-{i}", phase, "traced", i) for i in range(traced_runs)]
+    planned = [PlannedRun(f"{phase}-quiet-{i}", phase, RunKind.QUIET, i) for i in range(runs)]
+    planned += [
+        PlannedRun(f"{phase}-traced-{i}", phase, RunKind.TRACED, i) for i in range(traced_runs)
+    ]
     for mode in scenario.probe_modes:
         for cpu in probe_cpus(scenario, roles, phase):
             detail: dict[str, object] = {"cpu": cpu, "mode": mode}
-            planned.append(PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, "probe", 0, detail))
+            planned.append(
+                PlannedRun(f"{phase}-probe-{mode}-cpu{cpu}", phase, RunKind.PROBE, 0, detail)
+            )
     return planned
 
 
@@ -405,5 +412,5 @@ def _sweep_runs(scenario: Scenario, roles: Roles, params: ScenarioParams) -> lis
             "repeat": params.repeat,
         }
         label = "-".join(SWEEP_LABELS[axis].format(point[axis]) for axis, _ in axes)
-        planned.append(PlannedRun(f"sweep-{label}", "sweep", "vms", index, detail))
+        planned.append(PlannedRun(f"sweep-{label}", "sweep", RunKind.VMS, index, detail))
     return planned

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
-from tracekit.host.cleanup import CleanupStack, open_fd
+from tracekit.host.cleanup import open_fd
 from tracekit.host.instance import Instance
 from tracekit.host.tracefs import KPTR_RESTRICT
 
@@ -130,7 +130,7 @@ class RawCapture:
     def _copy_kallsyms(self) -> None:
         """Copy /proc/kallsyms with real addresses, lifting kptr_restrict=2 only meanwhile."""
         tracefs = self.instance.tracefs
-        with CleanupStack() as restore:
+        with tracefs.stack.scoped() as restore:
             if KPTR_RESTRICT.exists() and KPTR_RESTRICT.read_text().strip() == "2":
                 # 2 hides addresses even from root; 1 shows them to CAP_SYSLOG (root).
                 tracefs.set_file(KPTR_RESTRICT, "1", restore)

@@ -69,7 +69,7 @@ class TraceCmdCapture:
         (self.rundir / f"{EXTRACT_LOG}.argv").write_text(json.dumps(argv) + "\n")
         with (
             tempfile.TemporaryDirectory(prefix="tracekit-extract-") as work,
-            CleanupStack() as lift,
+            self.instance.tracefs.stack.scoped() as lift,
         ):
             self._show_kernel_addresses(lift)
             done = _run(argv, Path(work))

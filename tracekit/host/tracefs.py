@@ -1,10 +1,10 @@
 """tracefs on the host: find or mount it, and change it only through a record of old values.
 
 Every write that changes a setting goes through `Tracefs.set`, which reads the old value
-first and pushes its restoration on the cleanup stack, so the host is left as it was
-found (see cleanup.py). tracekit traces in an instance of its own, `tracekit-<pid>`
-(instance.py); `snapshot()` returns every setting tracekit may touch, so tests and the
-collector can check that a run left nothing behind.
+first and pushes its restoration on the cleanup stack (and its journal) before writing,
+so the host is left as it was found (see cleanup.py, journal.py). tracekit traces in an
+instance of its own, `tracekit-<pid>` (instance.py); `snapshot()` returns every setting
+tracekit may touch, so tests and the collector can check that a run left nothing behind.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.host import journal
 from tracekit.host.cleanup import CleanupStack, open_fd
 
 DEFAULT_MOUNT_POINT = Path("/sys/kernel/tracing")
@@ -132,8 +133,12 @@ class Tracefs:
         mounted = find_tracefs_mount(_read_text(PROC_MOUNTS))
         if mounted is not None:
             return cls(mounted, stack)
-        _mount_tracefs(mount_point)
-        stack.push(f"unmount tracefs from {mount_point}", lambda: _unmount(mount_point))
+        stack.change(
+            f"unmount tracefs from {mount_point}",
+            lambda: unmount_tracefs(mount_point),
+            lambda: _mount_tracefs(mount_point),
+            journal.mount(mount_point),
+        )
         return cls(mount_point, stack)
 
     def path(self, rel: str) -> Path:
@@ -165,9 +170,11 @@ class Tracefs:
         old = restorable_value(path.name, _read_text(path))
         if old == value.strip():
             return
-        self._write(path, value, append=False)
-        (stack or self.stack).push(
-            f"restore {path} to {old!r}", lambda: self._write(path, old, append=False)
+        (stack or self.stack).change(
+            f"restore {path} to {old!r}",
+            lambda: self._write(path, old, append=False),
+            lambda: self._write(path, value, append=False),
+            journal.setting(path, old),
         )
 
     def _write(self, path: Path, value: str, append: bool) -> None:
@@ -264,16 +271,12 @@ class Tracefs:
                 "tracefs instances (3.10+ needed)"
             )
         self._keep_top_buffer_size()
-        try:
-            (instances / name).mkdir()
-        except FileExistsError:
-            raise TracekitError(
-                f"tracefs instance {name} already exists; another tracekit run with this pid? "
-                f"remove it with: rmdir {instances / name}"
-            ) from None
-        except OSError as err:
-            raise TracekitError(f"cannot create tracefs instance {name}: {err.strerror}") from None
-        self.stack.push(f"remove tracefs instance {name}", lambda: self.remove_instance(name))
+        self.stack.change(
+            f"remove tracefs instance {name}",
+            lambda: self.remove_instance(name),
+            lambda: _make_instance(instances / name),
+            journal.instance(instances / name),
+        )
         return instances / name
 
     def _keep_top_buffer_size(self) -> None:
@@ -292,6 +295,7 @@ class Tracefs:
         self.stack.push(
             f"give the top-level ring buffer its full size ({full} KB per CPU)",
             lambda: self._expand_top_buffer(full),
+            journal.expand_buffer(self.path("buffer_size_kb"), full),
         )
 
     def _expand_top_buffer(self, full: str) -> None:
@@ -329,9 +333,23 @@ def _mount_tracefs(mount_point: Path) -> None:
     _run_mount_tool(["mount", "-t", "tracefs", "nodev", str(mount_point)])
 
 
-def _unmount(mount_point: Path) -> None:
-    """Unmount the tracefs that tracekit mounted itself."""
-    _run_mount_tool(["umount", str(mount_point)])
+def _make_instance(path: Path) -> None:
+    """mkdir a tracefs instance; an existing one is somebody else's and is refused."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        raise TracekitError(
+            f"tracefs instance {path.name} already exists; another tracekit run with this "
+            f"pid? remove it with: rmdir {path}"
+        ) from None
+    except OSError as err:
+        raise TracekitError(f"cannot create tracefs instance {path.name}: {err.strerror}") from None
+
+
+def unmount_tracefs(mount_point: Path) -> None:
+    """Unmount the tracefs that tracekit mounted itself (if it is still mounted)."""
+    if mount_point in journal.tracefs_mounts():
+        _run_mount_tool(["umount", str(mount_point)])
 
 
 def _run_mount_tool(argv: list[str]) -> None:

@@ -22,6 +22,8 @@ from tracekit.bundle import (
     RunFile,
     RunKind,
     RunRecord,
+    bundle_problems,
+    damaged_files,
     read_manifest,
     run_dir,
     run_trace_path,
@@ -53,6 +55,8 @@ class BundleData:
     lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
     cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
     opened: dict[str, RunData] = field(default_factory=dict, repr=False, compare=False)
+    # What is missing or changed (bundle.bundle_problems: sizes; hashes with verify=True).
+    problems: list[str] = field(default_factory=list, compare=False)
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""
@@ -62,12 +66,18 @@ class BundleData:
         return found
 
 
-def load_bundle(path: str | Path) -> BundleData:
-    """Read a bundle's manifest and its runs' tool outputs into tables."""
+def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
+    """Read a bundle's manifest and its runs' tool outputs into tables.
+
+    Its problems (missing or resized files; with `verify`, changed hashes) are listed in
+    `problems`, for every output to show; a file whose size changed is never read.
+    """
     path = Path(path)  # a notebook passes a str
     manifest = read_manifest(path)
+    damaged = damaged_files(path, manifest, full=verify)
+    problems = bundle_problems(path, manifest, damaged=damaged)
     latencies, stress, probes, lost, cycles = [], [], [], [], []
-    opened = {run.run_id: RunData(path, manifest, run) for run in manifest.runs}
+    opened = {run.run_id: RunData(path, manifest, run, set(damaged)) for run in manifest.runs}
     for run in manifest.runs:
         data = opened[run.run_id]
         samples = data.cyclictest if run.kind in MEASURE_KINDS else None
@@ -81,7 +91,8 @@ def load_bundle(path: str | Path) -> BundleData:
         if summary is not None:
             probes.append(_probe(run, summary))
         if run.lost_events:
-            lost.append((run.run_id, run.phase, run.kind, data.lost_events))
+            # As the collector recorded it; RunData.lost_events adds the trace's own reports.
+            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
     return BundleData(
         path=path,
         manifest=manifest,
@@ -101,6 +112,7 @@ def load_bundle(path: str | Path) -> BundleData:
         ),
         cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
         opened=opened,
+        problems=problems,
     )
 
 
@@ -118,7 +130,7 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
 
     `options` go to open_trace: salvage, use_cache, symbols.
     """
-    from tracekit.ingest.trace import open_trace
+    from tracekit.ingest.opening import open_trace
 
     path = run_trace_path(data.path, run.run_id)
     if path is None:

@@ -22,6 +22,9 @@ from tracekit import __version__
 from tracekit.ingest.tables import Tables
 
 CACHE_FORMAT = 3  # 3: `<field>_sym` columns
+# The cache's key (format, tracekit version, input size and mtime, options); not a
+# bundle manifest, so not called one.
+CACHE_KEY_FILE = "cache.json"
 DIR_CACHE = ".tracekit-cache"
 
 
@@ -80,7 +83,7 @@ def load(path: Path, salvage: bool, symbols: Path | None = None) -> tuple[Tables
     """Cached tables (lazy scans inside eager frames' place) if still valid, else None."""
     cdir = cache_dir(path)
     try:
-        manifest = json.loads((cdir / "manifest.json").read_text())
+        manifest = json.loads((cdir / CACHE_KEY_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return None
     if manifest.get("format") != CACHE_FORMAT or manifest.get("tracekit") != __version__:
@@ -112,9 +115,9 @@ def _read_tables(cdir: Path, manifest: dict[str, Any]) -> Tables:
 
 def _write_manifest(cdir: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest last-step atomically (a reader never sees half of it)."""
-    tmp = cdir / "manifest.json.tmp"
+    tmp = cdir / f"{CACHE_KEY_FILE}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, default=str))
-    tmp.replace(cdir / "manifest.json")
+    tmp.replace(cdir / CACHE_KEY_FILE)
 
 
 def save(path: Path, tables: Tables, salvage: bool, symbols: Path | None = None) -> Path | None:

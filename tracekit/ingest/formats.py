@@ -174,8 +174,10 @@ def _classify(decl: str, size: int, long_size: int) -> tuple[str, str, Kind, int
         if base == "char":
             return ctype, name, Kind.DYN_STR, 1, rel
         return ctype, name, Kind.DYN_ARRAY, _elem_size(base, long_size), rel
-    if count is not None:
-        if count == "" or count == "0" or size == 0:
+    if count is not None or size == 0:
+        # Kernels before 4.20 or so declared flexible arrays without brackets (`char buf;
+        # size:0`); libtraceevent reads a field of size 0 as the rest of the record.
+        if count in ("", "0", None) or size == 0:
             kind = Kind.TAIL_STR if base == "char" else Kind.TAIL_ARRAY
             return ctype, name, kind, _elem_size(base, long_size), False
         if base == "char":
@@ -183,6 +185,8 @@ def _classify(decl: str, size: int, long_size: int) -> tuple[str, str, Kind, int
         n = int(count) if count.isdigit() else 0
         elem = size // n if n else _elem_size(base, long_size)
         return ctype, name, Kind.INT_ARRAY, elem, False
+    if size not in (1, 2, 4, 8):  # a struct or __int128 by value: kept as its bytes
+        return ctype, name, Kind.INT_ARRAY, 1, False
     if "*" in ctype:
         if base.replace(" ", "") == "char*":
             return ctype, name, Kind.CONST_STR, size, False
@@ -231,7 +235,9 @@ def parse_format(text: str, system: str = "", long_size: int = 8) -> EventFormat
 
 def _field(m: re.Match[str], long_size: int) -> FieldSpec:
     """Build a FieldSpec from one matched `field:` line."""
-    size = int(m["size"])
+    size, offset = int(m["size"]), int(m["offset"])
+    if size > 0xFFFF or offset > 0xFFFF:  # a record is smaller than a ring-buffer page
+        raise ValueError(f"field at offset {offset} of size {size} lies beyond any record")
     ctype, name, kind, elem, rel = _classify(m["decl"], size, long_size)
     signed = m["signed"] == "1"
     return FieldSpec(name, ctype, int(m["offset"]), size, signed, kind, elem, rel)
@@ -249,7 +255,19 @@ def parse_header_page(text: str) -> HeaderPage:
         ts, commit, data = found["timestamp"], found["commit"], found["data"]
     except KeyError as err:
         raise ValueError(f"header_page lacks field {err}") from None
-    return HeaderPage(ts[0], ts[1], commit[0], commit[1], data[0], data[1])
+    hp = HeaderPage(ts[0], ts[1], commit[0], commit[1], data[0], data[1])
+    _check_header_page(hp)
+    return hp
+
+
+def _check_header_page(hp: HeaderPage) -> None:
+    """The page header is a timestamp and a commit word of 4 or 8 bytes before the data;
+    anything else is a damaged file, not a kernel's layout."""
+    if hp.timestamp_size not in (4, 8) or hp.commit_size not in (4, 8):
+        raise ValueError(f"timestamp/commit of {hp.timestamp_size}/{hp.commit_size} bytes")
+    ends = (hp.timestamp_offset + hp.timestamp_size, hp.commit_offset + hp.commit_size)
+    if max(ends) > hp.data_offset or hp.data_offset > 64 or hp.data_size <= 0:
+        raise ValueError(f"header fields end at {max(ends)}, data at {hp.data_offset}")
 
 
 def parse_header_event(text: str) -> HeaderEvent:

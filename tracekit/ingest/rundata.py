@@ -12,10 +12,11 @@ number silently.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
     from tracekit.ingest.vmm import VmmOutput
 
+T = TypeVar("T")
+
 
 @dataclass(eq=False)
 class RunData:
@@ -35,43 +38,66 @@ class RunData:
     root: Path
     manifest: Manifest
     run: RunRecord
+    damaged: set[str] = field(default_factory=set)  # files found missing or changed: not read
     trace_options: dict[str, Any] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> str:
         """The run's id."""
         return self.run.run_id
 
+    @cached_property
+    def lost_per_cpu(self) -> dict[int, int]:
+        """CPU -> events the run's trace lost (tracekit.ingest.lost: the one definition)."""
+        from tracekit.ingest.lost import lost_per_cpu
+
+        trace = self.trace
+        return lost_per_cpu(trace.lost if trace is not None else None, self.run.lost_events)
+
     @property
     def lost_events(self) -> int:
-        """Events the run's trace lost: overrun + dropped, summed over its CPUs (manifest)."""
-        return sum(int(n) for n in self.run.lost_events.values())
+        """Events the run's trace lost, over its CPUs."""
+        return sum(self.lost_per_cpu.values())
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """A value derived from this run's data, made once per report (e.g. its event tables)."""
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]  # type: ignore[no-any-return]
 
     def path(self, name: str) -> Path | None:
-        """A file of this run, checked against the manifest's size; None when absent."""
+        """A file of this run; None when absent, resized or (verified) changed.
+
+        A resized file is never read: its numbers would change silently. It is one of the
+        bundle's problems (bundle.bundle_problems), which every output shows first.
+        """
         rel = run_file(self.run_id, name)
         path = self.root / rel
-        if not path.exists():
+        if not path.exists() or rel in self.damaged:
             return None
         recorded = self.manifest.files.get(rel)
         if recorded is not None and path.is_file() and path.stat().st_size != recorded["size"]:
-            raise TracekitError(
-                f"{self.root}: {rel} is {path.stat().st_size} bytes, the manifest recorded "
-                f"{recorded['size']}: changed since collection; `tracekit verify` checks all"
-            )
+            return None
         return path
 
     @cached_property
     def trace_path(self) -> Path | None:
-        """The run's trace (raw capture directory or trace.dat), if it recorded one."""
-        return run_trace_path(self.root, self.run_id)
+        """The run's trace (raw capture directory or trace.dat); None without one, or when
+        a file of it is missing or changed (a bundle problem every output shows)."""
+        path = run_trace_path(self.root, self.run_id)
+        if path is None:
+            return None
+        rel = path.relative_to(self.root).as_posix()
+        hit = any(d == rel or d.startswith(f"{rel}/") for d in self.damaged)
+        return None if hit else path
 
     @cached_property
     def trace(self) -> Trace | None:
         """The run's trace, ingested once (Parquet-cached beside it)."""
         if self.trace_path is None:
             return None
-        from tracekit.ingest.trace import open_trace
+        from tracekit.ingest.opening import open_trace
 
         return open_trace(self.trace_path, **self.trace_options)
 
@@ -126,6 +152,13 @@ class RunData:
                 return int(argv[n + 1]) * 1000
         value = self.manifest.options.get("interval_us")
         return int(value) * 1000 if value else None
+
+    @cached_property
+    def vmid_bits(self) -> int | None:
+        """The VMID width a rollover run recorded (its rollover.json), else None."""
+        extra = self.extra(RunFile.ROLLOVER)
+        bits = extra.get("vmid_bits") if extra is not None else None
+        return bits if isinstance(bits, int) else None
 
     def extra(self, name: str) -> dict[str, Any] | None:
         """A JSON object the run left beside its outputs (e.g. rollover.json), or None."""

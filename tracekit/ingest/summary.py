@@ -58,6 +58,12 @@ def _span(events: pl.DataFrame) -> list[str]:
     """Event count and time span."""
     if events.is_empty():
         return ["events: 0"]
+    untimed = events["ts"].null_count()
+    if untimed == events.height:  # e.g. function_graph text without funcgraph-abstime
+        return [f"events: {events.height}, without timestamps (the text prints none)"]
+    if untimed:
+        timed = _span(events.filter(pl.col("ts").is_not_null()))
+        return [*timed, f"events without a timestamp: {untimed}"]
     first, last = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
     return [
         f"events: {events.height} from {first / 1e9:.6f} s to {last / 1e9:.6f} s "
@@ -69,8 +75,10 @@ def _per_type(events: pl.DataFrame) -> list[str]:
     """A table of event counts per type (rows) and CPU (columns)."""
     if events.is_empty():
         return []
+    # `perf script` without -a prints no CPU: those counts go in a `cpu?` column
     counts = events.group_by(pl.col("event").cast(pl.String), "cpu").len()
-    cpus = sorted(counts["cpu"].unique().to_list())
+    counts = counts.with_columns(pl.col("cpu").cast(pl.String).fill_null("?"))
+    cpus = sorted(counts["cpu"].unique().to_list(), key=lambda c: (c == "?", len(c), c))
     wide = counts.pivot(on="cpu", index="event", values="len", sort_columns=True).fill_null(0)
     wide = wide.with_columns(total=pl.sum_horizontal(pl.exclude("event"))).sort("event")
     width = max(5, *(len(e) for e in wide["event"]))
@@ -93,7 +101,9 @@ CHECKED = {
 def _lost(lost: pl.DataFrame, reader: str) -> list[str]:
     """Every lost-events report, grouped by CPU and source (never summed across sources)."""
     if lost.is_empty():
-        checked = CHECKED.get(reader, "page flags and per-CPU stats checked")
+        checked = CHECKED.get(
+            reader, "page flags, empty pages and per-CPU stats, read events included, checked"
+        )
         return [f"lost events: none reported ({checked})"]
     lines = ["lost events (each source counts the same losses its own way; do not add them):"]
     grouped = (

@@ -27,7 +27,7 @@ from tracekit.ingest.bytype import (
 )
 from tracekit.ingest.columns import Gatherer, standard_header
 from tracekit.ingest.formats import FormatSet
-from tracekit.ingest.ringbuf import Records, decode_pages
+from tracekit.ingest.ringbuf import Records, decode_pages, page_headers
 from tracekit.ingest.symcols import load_symbols
 from tracekit.ingest.threads import map_threads
 
@@ -363,6 +363,7 @@ def _lost_table(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> pl.
                     detail=f"{c.where} page {int(p)}",
                 )
             )  # fmt: skip
+    rows += _unread_by_stats(trace, parts) + _empty_pages(trace, parts)
     for cpu, stats in sorted(trace.stats.items()):
         for key, source in (
             ("overrun", "stats_overrun"),
@@ -371,11 +372,59 @@ def _lost_table(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> pl.
             ("entries", "stats_unread"),
         ):
             value = stats.get(key, "0")
-            if value.isdigit() and int(value) > 0:
+            count = _count(value)
+            if count != 0:  # a damaged counter is a report too, its count unknown
                 rows.append(
                     dict(
-                        cpu=cpu, ts=None, page=None, count=int(value), source=source,
-                        detail=f"{trace.stats_origin}: {key}",
+                        cpu=cpu, ts=None, page=None, count=count, source=source,
+                        detail=f"{trace.stats_origin}: {key}"
+                        + ("" if count is not None else f" {value[:30]!r} is not a count"),
                     )
                 )  # fmt: skip
     return pl.DataFrame(rows, schema=LOST_SCHEMA)
+
+
+def _empty_pages(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> list[dict[str, Any]]:
+    """Pages whose commit word says 0 bytes: the kernel hands out no empty page (a read of
+    trace_pipe_raw waits for data), so the page was zeroed or damaged and its events are
+    lost, how many unknown."""
+    rows: list[dict[str, Any]] = []
+    for c, rec in parts:
+        _, size, _, _ = page_headers(c.data, trace.formats.header_page, trace.page_size,
+                                     trace.endian)  # fmt: skip
+        for p in np.flatnonzero(size[: len(rec.page_ts)] == 0):
+            rows.append(
+                dict(
+                    cpu=c.cpu, ts=int(rec.page_ts[p]) + trace.ts_offset, page=int(p), count=None,
+                    source="empty_page", detail=f"{c.where} page {int(p)}: commit 0",
+                )
+            )  # fmt: skip
+    return rows
+
+
+def _count(text: str) -> int | None:
+    """A stats counter's value as a count; None when it is not one (damaged stats)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def _unread_by_stats(
+    trace: BinaryTrace, parts: list[tuple[CpuData, Records]]
+) -> list[dict[str, Any]]:
+    """Events a CPU's stats say were read out of the ring buffer that the capture does
+    not hold (its pages missing, empty, cut or not listed): lost, source stats_read."""
+    decoded = {c.cpu: len(rec.ts) for c, rec in parts}
+    rows: list[dict[str, Any]] = []
+    for cpu, stats in sorted(trace.stats.items()):
+        read = _count(stats.get("read events", "0"))
+        if read is None or read <= decoded.get(cpu, 0):
+            continue  # a damaged `read events` is not a count to compare
+        got = decoded.get(cpu)
+        held = f"{got} in its pages" if got is not None else "no pages for this CPU"
+        rows.append(
+            dict(
+                cpu=cpu, ts=None, page=None, count=read - (got or 0), source="stats_read",
+                detail=f"{trace.stats_origin}: read events {read}, the capture holds {held}",
+            )
+        )  # fmt: skip
+    return rows

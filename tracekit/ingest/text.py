@@ -225,7 +225,9 @@ def read_text(path: Path, salvage: bool = False) -> Tables:
     if split.is_empty():
         raise TracekitError(
             f"{READER} reader: {path}: no event lines found (expected tracefs `trace` or "
-            "`trace-cmd report` text, or a trace.dat / raw capture directory)"
+            "`trace-cmd report` text, function_graph text, `perf script` output of "
+            "tracepoints or of sampling events in its default fields, or a trace.dat / raw "
+            "capture directory)"
         )
     events = _events(split)
     del split

@@ -216,6 +216,9 @@ def parse_slow(rest: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         & col("cpu").cast(pl.Int32, strict=False).is_not_null()
         & col("frac").str.to_integer(strict=False).is_not_null()
         & col("sec").cast(pl.Int64, strict=False).is_not_null()
+        # ns in an Int64: at most 9 digits of seconds and of fraction, else not an event line
+        & (col("frac").str.len_bytes() <= 9)
+        & (col("sec").str.len_bytes() <= 9)
     ).fill_null(False)
     events = m.filter(is_event).select(
         "lineno",

@@ -17,10 +17,11 @@ import polars as pl
 
 from tracekit.errors import TracekitError
 
+_N = r"\d{1,18}"  # Int64 holds 18 digits: a longer number is damage, not cyclictest's
 CYCLIC_T_RE = re.compile(
-    r"^T:\s*(?P<thread>\d+)\s+\(\s*(?P<tid>\d+)\)\s+P:\s*(?P<prio>\d+)\s+I:\s*(?P<interval>\d+)"
-    r"\s+C:\s*(?P<cycles>\d+)\s+Min:\s*(?P<min>\d+)\s+Act:\s*(?P<act>\d+)\s+Avg:\s*(?P<avg>\d+)"
-    r"\s+Max:\s*(?P<max>\d+)"
+    rf"^T:\s*(?P<thread>\d{{1,9}})\s+\(\s*(?P<tid>{_N})\)\s+P:\s*(?P<prio>{_N})\s+"
+    rf"I:\s*(?P<interval>{_N})\s+C:\s*(?P<cycles>{_N})\s+Min:\s*(?P<min>{_N})\s+"
+    rf"Act:\s*(?P<act>{_N})\s+Avg:\s*(?P<avg>{_N})\s+Max:\s*(?P<max>{_N})"
 )
 STRESS_METRIC_RE = re.compile(
     r"metrc: \[\d+\]\s+(?P<stressor>[\w-]+)\s+(?P<ops>\d+)\s+(?P<real>[\d.]+)\s+"
@@ -74,13 +75,16 @@ def _cyclic_text(lines: list[str], skipped: list[str]) -> dict[str, pl.DataFrame
     for n, line in enumerate(lines, 1):
         if m := CYCLIC_T_RE.match(line.strip()):
             threads.append({k: int(v) for k, v in m.groupdict().items()})
-        elif re.match(r"^\d+(\s+\d+)+\s*$", line):
+        elif re.match(rf"^{_N}(\s+{_N})+\s*$", line):
             nums = [int(x) for x in line.split()]
             hist += [dict(thread=i, latency_us=nums[0], count=c) for i, c in enumerate(nums[1:])]
         elif m := re.match(r"^# (Total|Min Latencies|Avg Latencies|Max Latencies|"
                            r"Histogram Overflows):\s*(.*)$", line):  # fmt: skip
+            if not re.fullmatch(rf"\s*(?:{_N}(?:\s+{_N})*)?\s*", m.group(2)):
+                skipped.append(f"line {n}: {line[:60]!r} (not numbers)")
+                continue
             summary[m.group(1)] = [int(x) for x in m.group(2).split()]
-        elif m := re.match(r"^# Thread (\d+):\s*(.*)$", line):
+        elif m := re.match(rf"^# Thread (\d{{1,9}}):((?:\s+{_N})*)\s*$", line):
             overflow_cycles += [
                 dict(thread=int(m.group(1)), cycle=int(c)) for c in m.group(2).split()
             ]
@@ -168,9 +172,12 @@ def _perf_stat(lines: list[str], skipped: list[str]) -> dict[str, pl.DataFrame]:
         time_s = _float(fields[0]) if _is_interval(fields) else None
         if time_s is not None:
             fields = fields[1:]
-        cpu = int(fields[0][3:]) if re.fullmatch(r"CPU\d+", fields[0]) else None
+        cpu = int(fields[0][3:]) if re.fullmatch(r"CPU\d{1,9}", fields[0]) else None
         if cpu is not None:
             fields = fields[1:]
+        if len(fields) < 3:  # value, unit, event at least: a cut or damaged line
+            skipped.append(f"line {n}: {','.join(fields)[:60]!r} (too few fields)")
+            continue
         value = _float(fields[0])
         rows.append(
             dict(time_s=time_s, cpu=cpu, value=value, unit=fields[1] or None, event=fields[2],
@@ -230,7 +237,9 @@ def read_tool(path: Path) -> ToolTables:
 
 
 # %8d:%8d:%8ld: numbers of 8 digits or more fill their field, leaving no space.
-CYCLIC_SAMPLE_RE = re.compile(r"^\s*(?P<thread>\d+):\s*(?P<cycle>\d+):\s*(?P<latency>\d+)\s*$")
+CYCLIC_SAMPLE_RE = re.compile(
+    rf"^\s*(?P<thread>\d{{1,9}}):\s*(?P<cycle>{_N}):\s*(?P<latency>{_N})\s*$"
+)
 # Lines cyclictest -v prints around its samples; none of them is a sample.
 CYCLIC_VERBOSE_HEADER_RE = re.compile(
     r"^(#.*|Max CPUs = \d+|Online CPUs = \d+|Using \d+ cpus\.|Thread \d+ using cpu \d+\."
@@ -241,9 +250,9 @@ CYCLIC_SAMPLE_SCHEMA = {"thread": pl.Int32, "cycle": pl.Int64, "latency_ns": pl.
 
 # The `T:` summary of -v output; with -N its Act and Avg fields are 8 wide, else 5.
 CYCLIC_VERBOSE_T_RE = re.compile(
-    r"^T:\s*(?P<thread>\d+)\s+\(\s*(?P<tid>\d+)\)\s+P:\s*(?P<prio>\d+)\s+I:\s*(?P<interval>\d+)"
-    r"\s+C:\s*(?P<cycles>\d+)\s+Min:\s*(?P<min>\d+)\s+Act:(?P<act>\s*\d+)\s+Avg:\s*(?P<avg>\d+)"
-    r"\s+Max:\s*(?P<max>\d+)"
+    rf"^T:\s*(?P<thread>\d{{1,9}})\s+\(\s*(?P<tid>{_N})\)\s+P:\s*(?P<prio>{_N})\s+"
+    rf"I:\s*(?P<interval>{_N})\s+C:\s*(?P<cycles>{_N})\s+Min:\s*(?P<min>{_N})\s+"
+    rf"Act:(?P<act>\s*{_N})\s+Avg:\s*(?P<avg>{_N})\s+Max:\s*(?P<max>{_N})"
 )
 NS_FIELD_WIDTH = 8
 

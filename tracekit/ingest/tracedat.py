@@ -295,6 +295,9 @@ class TraceDat:
             self.meta["_latency_text"] = True
         elif OPT_HEADERS <= opt <= OPT_CMDLINES and self.version == 7:
             self._section_option(opt, body.uint(8))
+        elif opt > OPT_BUFFER_TEXT:  # 6, 10-13, 15 are known and not needed here
+            unknown = self.meta.setdefault("_unknown_options", [])
+            unknown.append(f"{opt} ({len(body.data)} bytes)")  # type: ignore[union-attr]
 
     def _section_option(self, opt: int, offset: int) -> None:
         """v7 options that point at metadata sections."""
@@ -452,6 +455,8 @@ class TraceDat:
     def _cpu_bytes_salvaged(self, offset: int, size: int) -> np.ndarray:
         """The whole pages that can be read before the damage."""
         if self.compression == "none":
+            if offset >= len(self.raw):  # the file ends before this CPU's data
+                return np.zeros(0, dtype=np.uint8)
             avail = max(0, min(size, len(self.raw) - offset))
             avail -= avail % self.page_size
             return np.frombuffer(self.raw, dtype=np.uint8, count=avail, offset=offset)
@@ -486,6 +491,9 @@ def read_tracedat(path: Path, salvage: bool = False, instance: str | None = None
         )
     buf = _choose_buffer(dat, instance)
     skipped: list[str] = []
+    if dat.meta.get("_unknown_options"):
+        ids = ", ".join(dat.meta["_unknown_options"])  # type: ignore[arg-type]
+        skipped.append(f"trace.dat options tracekit does not know, ignored: {ids}")
     try:
         cpus = dat.cpu_data(buf, salvage, skipped)
     except Truncated as err:
@@ -505,7 +513,16 @@ def _choose_buffer(dat: TraceDat, instance: str | None) -> _Buffer:
                 return b
         names = ", ".join(repr(b.name or "top") for b in dat.buffers)
         raise TracekitError(f"{dat.path}: no instance {instance!r} (it has {names})")
-    return with_data[0] if with_data else dat.buffers[0]
+    if with_data:
+        return with_data[0]
+    # No pages anywhere: the instance whose stats say what it read (a damaged BUFFER
+    # option), so its read events count as lost, not as a quiet empty trace.
+    return max(dat.buffers, key=_read_events)  # the first of equals: top when none read
+
+
+def _read_events(buf: _Buffer) -> int:
+    """The events a buffer's CPUSTAT options say were read out of its ring buffer."""
+    return sum(int(v) for s in buf.stats.values() if (v := s.get("read events", "")).isdigit())
 
 
 def _to_binary(dat: TraceDat, buf: _Buffer, cpus: list[CpuData], skipped: list[str]) -> BinaryTrace:

@@ -75,8 +75,18 @@ def _vm_row(fields: dict[str, str], batch: int, run: dict[str, str]) -> dict[str
         if dtype == pl.String:
             row[key] = text
         else:
-            row[key] = int(text) if text not in (None, "") else None
+            row[key] = _bounded(key, text, 31 if dtype == pl.Int32 else 63)
     return row
+
+
+def _bounded(key: str, text: str | None, bits: int) -> int | None:
+    """An integer field that fits its column; ValueError (the line's error) when not."""
+    if text in (None, ""):
+        return None
+    value = int(text)  # type: ignore[arg-type]
+    if not -(1 << bits) <= value < 1 << bits:
+        raise ValueError(f"{key}={text} does not fit a {bits + 1}-bit integer")
+    return value
 
 
 def parse_vmm_output(text: str, source: str = "VMM output") -> VmmOutput:

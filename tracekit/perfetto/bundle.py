@@ -19,12 +19,13 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.wakeup import sleep_due_times
 from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.ingest.rundata import RunData
 from tracekit.perfetto.export import ExportResult, TracePart, export_parts
-from tracekit.perfetto.latency import sleep_timers, timelines, write_latencies
+from tracekit.perfetto.latency import timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
@@ -102,6 +103,7 @@ def export_bundle(
         job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title
     )
     notes = check_timeline(job.spans)
+    notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]
     if manifest.host.get("emulated"):
         notes.append(f"the bundle was recorded on an {EMULATED}")
     return result, notes
@@ -137,7 +139,7 @@ class BundleExport:
             if not ts.is_empty():
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
             symbols = self.symbols if self.symbols is not None else found.kallsyms
-            yield TracePart(trace, symbols, vars(run), _vmm_runs(found))
+            yield TracePart(trace, symbols, vars(run), _vmm_runs(found), found.vmid_bits)
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""
@@ -171,10 +173,10 @@ class BundleExport:
         interval, samples = found.cyclictest_interval_ns, found.cyclictest
         if interval is None or samples is None:
             return
-        threads = samples["thread"].n_unique()
-        timers = sleep_timers(tables, events, threads) if tables and events is not None else []
-        lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
         rt_cpu = self.manifest.options.get("rt_cpu")
+        # The measuring threads' sleeps, as the wake-up decomposition finds them.
+        timers = sleep_due_times(tables, int(rt_cpu)) if tables and rt_cpu is not None else []
+        lines = timelines(samples, interval, int(run.get("start_ns") or 0), timers)
         write_latencies(tracks, parent, str(run["run_id"]), lines, self.window, rt_cpu)
 
 

@@ -20,7 +20,8 @@ from tracekit.errors import TracekitError
 from tracekit.perfetto.ftrace import FtraceSequence, write_ftrace, write_stats
 from tracekit.perfetto.runs import run_group, write_phases
 from tracekit.perfetto.system import collect_tasks, process_tree_packet, system_info_packet
-from tracekit.perfetto.tracks import TrackWriter, write_trace_tracks
+from tracekit.perfetto.timeline import write_trace_tracks
+from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class TracePart:
     symbols: Mapping[int, str] | None = None
     run: Mapping[str, Any] | None = None
     vmm_runs: Sequence[Mapping[str, str]] = ()
+    vmid_bits: int | None = None  # as a rollover run recorded it (else inferred)
 
     @property
     def name(self) -> str:
@@ -182,7 +184,7 @@ def _write_part(
         parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"
     write_trace_tracks(
         tracks, parent, tables, lost, last_ts, scope, events.select("row", "ts", "cpu"),
-        part.vmm_runs,
+        part.vmm_runs, part.vmid_bits,
     )  # fmt: skip
     per_type = events.group_by("event").len().with_columns(pl.col("event").cast(pl.String))
     result.source_counts += Counter(dict(per_type.iter_rows()))

@@ -86,7 +86,7 @@ class FtraceSequence:
         return self.symbols
 
 
-class BundleWriter:
+class FtraceBundleWriter:
     """Collects per-CPU bundles and writes each when full, at a loss, or at the end."""
 
     def __init__(
@@ -162,7 +162,7 @@ def write_ftrace(
     plans = {name: plan_event(name, table.schema) for name, table in tables.items()}
     sequence = sequence or FtraceSequence()
     interner = sequence.interner(symbols)
-    bundles = BundleWriter(writer, _loss_points(lost), interner, sequence)
+    bundles = FtraceBundleWriter(writer, _loss_points(lost), interner, sequence)
     counts: Counter[str] = Counter()
     columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
     for start in range(0, columns.height, CHUNK_ROWS):
@@ -178,7 +178,7 @@ def _write_chunk(
     chunk: pl.DataFrame,
     tables: Mapping[str, pl.DataFrame],
     plans: Mapping[str, EventPlan],
-    bundles: BundleWriter,
+    bundles: FtraceBundleWriter,
     counts: Counter[str],
     interner: KernelSymbols | None,
 ) -> None:

@@ -20,7 +20,6 @@ cyclictest's start-up, and the track's description says so.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,31 +53,6 @@ def grid_steps(latency_ns: np.ndarray, interval_ns: int) -> np.ndarray:
     """Due time of each sample in intervals after the first (see the module docstring)."""
     steps = latency_ns // interval_ns + 1
     return np.concatenate([[0], np.cumsum(steps)[:-1]]).astype(np.int64)
-
-
-def sleep_timers(
-    tables: Mapping[str, pl.DataFrame], events: pl.DataFrame, threads: int
-) -> list[np.ndarray]:
-    """Per measuring thread (THREADS of them, by tid order), its sleeps' due times.
-
-    `softexpires` is the time asked for; `expires` adds the task's timer slack (0 for
-    real-time tasks such as cyclictest's), so the former is used when recorded.
-    """
-    starts = tables.get("hrtimer_start")
-    if starts is None or "expires" not in starts.columns:
-        return []
-    due = "softexpires" if "softexpires" in starts.columns else "expires"
-    pids = events.filter(pl.col("comm").cast(pl.String) == "cyclictest")["pid"].unique()
-    mine = starts.filter(pl.col("common_pid").is_in(pids.implode()))
-    if "function_sym" in mine.columns:
-        mine = mine.filter(pl.col("function_sym") == "hrtimer_wakeup")
-    elif not mine.is_empty():  # no symbol names: the sleep timer is the common function
-        common = mine.group_by("function").len().sort("len")["function"][-1]
-        mine = mine.filter(pl.col("function") == common)
-    counts = mine.group_by("common_pid").len().sort("len", descending=True)
-    # The measuring threads sleep every loop; cyclictest's main thread far less often.
-    busy = counts.head(threads)["common_pid"].sort()
-    return [mine.filter(pl.col("common_pid") == pid)[due].to_numpy() for pid in busy]
 
 
 def timelines(

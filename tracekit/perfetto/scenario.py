@@ -17,12 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.vm import marker_table, vmids_per_vm
 from tracekit.perfetto.events import is_derived
-from tracekit.perfetto.tracks import Marker, Span, TrackWriter, write_spans
+from tracekit.perfetto.tracks import Span, TrackWriter, write_spans
+
+if TYPE_CHECKING:
+    from tracekit.perfetto.timeline import Marker
 
 VMID_EVENT = "kvm_arm_vmid_update"
 TLBI_LOOP = "tlbi-loop"
@@ -103,7 +108,7 @@ def vm_lives(markers: Sequence[Marker]) -> list[VmLife]:
 
 
 def kprobe_calls(tables: Mapping[str, pl.DataFrame]) -> list[Call]:
-    """Entry kprobes (with `__probe_ip`) paired per thread with their `<name>_ret` returns."""
+    """Entry kprobes (with `__probe_ip`) with their `<name>_ret` returns, as analysis pairs them."""
     entries = {n.split(":")[-1]: t for n, t in tables.items() if "__probe_ip" in t.columns}
     returns = {
         n.split(":")[-1].removesuffix("_ret"): t
@@ -117,15 +122,19 @@ def kprobe_calls(tables: Mapping[str, pl.DataFrame]) -> list[Call]:
             for c in entry.columns
             if c not in (*_COMMON, "__probe_ip") and not is_derived(c, entry.schema)
         ]
-        rows = entry.select("row", "ts", "common_pid", *own)
-        if function not in returns:
-            for row in rows.iter_rows(named=True):
-                calls.append(
-                    Call(row["common_pid"], function, row["ts"], None, _args(row, own), False)
+        paired, _orphans = pair_calls(entry, returns.get(function))
+        rows = paired.join(
+            entry.select(pl.col("row").cast(pl.Int64).alias("entry_row"), *own),
+            on="entry_row",
+            how="left",
+        )
+        for row in rows.iter_rows(named=True):
+            args = _args(row, own)
+            calls.append(
+                Call(
+                    row["pid"], function, row["start_ts"], row["end_ts"], args, function in returns
                 )
-            continue
-        ret = returns[function].select("row", "ts", "common_pid")
-        calls += _paired(function, rows, ret, own)
+            )
     return sorted(calls, key=lambda c: c.start)
 
 
@@ -134,56 +143,24 @@ def _args(row: Mapping[str, Any], own: Sequence[str]) -> dict[str, Any]:
     return {k: row[k] for k in own if row[k] is not None}
 
 
-def _paired(
-    function: str, entries: pl.DataFrame, returns: pl.DataFrame, own: list[str]
-) -> list[Call]:
-    """Entry/return pairs of one function, matched per thread as a call stack."""
-    merged = pl.concat(
-        [
-            entries.with_columns(pl.lit(True).alias("_entry")),
-            returns.with_columns(pl.lit(False).alias("_entry")),
-        ],
-        how="diagonal_relaxed",
-    ).sort("row")
-    stacks: dict[int, list[Call]] = {}
-    calls: list[Call] = []
-    for row in merged.iter_rows(named=True):
-        stack = stacks.setdefault(row["common_pid"], [])
-        if row["_entry"]:
-            call = Call(row["common_pid"], function, row["ts"], None, _args(row, own), True)
-            stack.append(call)
-            calls.append(call)
-        elif stack:
-            stack.pop().end = row["ts"]
-    return calls
+def vmids(
+    lives: Sequence[VmLife], tables: Mapping[str, pl.DataFrame], bits: int | None = None
+) -> dict[int, dict[str, int]]:
+    """Per VM (index in `lives`): its VMID and generation, as tracekit.analysis.vm finds them.
 
-
-def vmids(lives: Sequence[VmLife], tables: Mapping[str, pl.DataFrame]) -> dict[int, dict[str, int]]:
-    """Per VM (index in `lives`): the last non-zero VMID its vCPU threads loaded.
-
-    The kprobe reads kvm_vmid's 64-bit id, generation above the VMID bits; the width is
-    inferred as tracekit.analysis.vm does (the first generation is 1 << bits).
+    The kprobe reads kvm_vmid's 64-bit id, generation above the VMID bits (`bits` as a
+    rollover run recorded it, else inferred as the report does).
     """
-    updates = tables.get(VMID_EVENT)
-    if updates is None or "vmid_id" not in updates.columns:
+    updates, prints = tables.get(VMID_EVENT), marker_table(tables)
+    if updates is None or prints is None or "vmid_id" not in updates.columns:
         return {}
-    from tracekit.analysis.vm import infer_vmid_bits
-
-    bits = infer_vmid_bits(updates)
-    if bits is None:
-        return {}
+    per_vm = vmids_per_vm(prints, updates, bits)
+    by_create = {int(r["create_ts"]): r for r in per_vm.iter_rows(named=True)}
     found: dict[int, dict[str, int]] = {}
     for n, life in enumerate(lives):
-        pids = [pid for _ts, pid, _args in life.enters]
-        seen = updates.filter(
-            pl.col("common_pid").is_in(pids)
-            & (pl.col("ts") >= life.created)
-            & (pl.col("ts") <= (life.end if life.end is not None else 2**62))
-            & (pl.col("vmid_id") != 0)
-        )
-        if not seen.is_empty():
-            vmid_id = int(seen.sort("ts")["vmid_id"][-1])
-            found[n] = {"vmid": vmid_id % (1 << bits), "vmid_generation": vmid_id >> bits}
+        row = by_create.get(life.created) if life.seen_create else None
+        if row is not None and row.get("vmid") is not None:
+            found[n] = {"vmid": row["vmid"], "vmid_generation": row["vmid_generation"]}
     return found
 
 
@@ -196,12 +173,13 @@ def write_scenario_tracks(
     end_ts: int | None,
     scope: str = "",
     vmm_runs: Sequence[Mapping[str, str]] = (),
+    vmid_bits: int | None = None,
 ) -> None:
     """VM lifecycles with teardown spans, flush spans per vCPU, TLBI loops per CPU."""
     lives = vm_lives(markers)
     calls = kprobe_calls(tables)
     if lives:
-        write_vm_lifecycles(tracks, parent, lives, tables, calls, end_ts, scope)
+        write_vm_lifecycles(tracks, parent, lives, tables, calls, end_ts, scope, vmid_bits)
         write_tlbi_loops(tracks, parent, lives, vmm_runs, end_ts, scope)
     write_flushes(tracks, parent, tables, lives, calls, events, scope)
 
@@ -214,6 +192,7 @@ def write_vm_lifecycles(
     calls: Sequence[Call],
     end_ts: int | None,
     scope: str = "",
+    vmid_bits: int | None = None,
 ) -> None:
     """Per VM: lifetime holding vCPU runs and the teardown; the kernel's teardown path below.
 
@@ -222,7 +201,7 @@ def write_vm_lifecycles(
     slices named with the VM, so the UI is not flooded with tracks.
     """
     group = tracks.track(f"{scope}vms", "tracekit: VMs", parent)
-    found = vmids(lives, tables)
+    found = vmids(lives, tables, vmid_bits)
     shared = len({life.vm for life in lives}) > MAX_VM_TRACKS
     by_track: dict[str, list[Span]] = {}  # track name -> its spans, over every VM
     for n, life in enumerate(lives):

@@ -1,20 +1,14 @@
-"""tracekit's own tracks: the track writer, nested spans, and one trace's tracks.
+"""Drawing primitives of tracekit's own tracks: the track writer and nested spans.
 
-These are TrackEvent tracks on their own packet sequence, grouped under one "tracekit"
-parent so a newcomer finds them together (a bundle's runs each get a group of their
-own: runs.py). Everything is derived from the (windowed) trace tables; nothing is read
-from files here. VM lifecycles and the scenarios' spans are in scenario.py.
+These are TrackEvent tracks on their own packet sequence. What one trace's tracks are
+(composed from analysis results) is timeline.py; the scenarios' spans are scenario.py.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import polars as pl
-
-from tracekit.analysis.exits import exit_reason
 from tracekit.perfetto.protos import CounterDescriptor, TracePacket, TrackDescriptor, TrackEvent
 from tracekit.perfetto.writer import (
     SEQ_INCREMENTAL_STATE_CLEARED,
@@ -24,7 +18,6 @@ from tracekit.perfetto.writer import (
 
 # Track uuids live in a range of their own so they never meet another producer's.
 _UUID_BASE = 0x7472_6B00_0000_0000
-_MARKER = re.compile(r"^(tracekit-vmm|tracekit-probe):\s*(.*)$")
 
 
 class TrackWriter:
@@ -193,138 +186,3 @@ def _write_nested(tracks: TrackWriter, track: int, spans: Sequence[Span]) -> Non
             ends.append(end)
     while ends:
         tracks.end(track, ends.pop())
-
-
-def write_trace_tracks(
-    tracks: TrackWriter,
-    parent: int,
-    tables: Mapping[str, pl.DataFrame],
-    lost: pl.DataFrame,
-    end_ts: int | None,
-    scope: str = "",
-    events: pl.DataFrame | None = None,
-    vmm_runs: Sequence[Mapping[str, str]] = (),
-) -> None:
-    """Every track one trace allows, under PARENT; SCOPE keeps one run's tracks apart.
-
-    `events` (row, ts, cpu) times flushes by their neighbours when no flush kprobe was
-    recorded; `vmm_runs` are the VMM's `run` records (a bundle's vmm.txt), whose guest
-    variants say which VM was a TLBI loop.
-    """
-    from tracekit.perfetto.scenario import write_scenario_tracks
-
-    markers = list(markers_of(tables.get("print")))
-    write_scenario_tracks(tracks, parent, tables, markers, events, end_ts, scope, vmm_runs)
-    write_probe_runs(tracks, parent, markers, end_ts, scope)
-    write_guest_time(tracks, parent, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts, scope)
-    write_lost(tracks, parent, lost, scope)
-
-
-def write_tracks(
-    writer: PacketWriter,
-    tables: Mapping[str, pl.DataFrame],
-    lost: pl.DataFrame,
-    runs: Sequence[Mapping[str, Any]] = (),
-    end_ts: int | None = None,
-) -> None:
-    """One trace's tracks (and a bundle's phases and runs) under a new "tracekit" root."""
-    from tracekit.perfetto.runs import write_phases
-
-    tracks = TrackWriter(writer)
-    root = tracks.track("root", "tracekit", ordering="EXPLICIT")
-    write_phases(tracks, root, runs)
-    write_trace_tracks(tracks, root, tables, lost, end_ts)
-
-
-Marker = tuple[int, int, str, dict[str, str]]
-"""(ts, pid, tool, key=value fields) of one tracekit trace marker."""
-
-
-def markers_of(prints: pl.DataFrame | None) -> Iterable[Marker]:
-    """Every tracekit trace marker (tracekit-vmm, tracekit-probe) of a print table."""
-    if prints is None or "buf" not in prints.columns:
-        return
-    for ts, pid, buf in prints.select("ts", "common_pid", "buf").iter_rows():
-        match = _MARKER.match((buf or "").strip())
-        if match:
-            fields = dict(p.split("=", 1) for p in match.group(2).split() if "=" in p)
-            yield ts, pid, match.group(1), fields
-
-
-def write_probe_runs(
-    tracks: TrackWriter,
-    root: int,
-    markers: Sequence[Marker],
-    end_ts: int | None,
-    scope: str = "",
-) -> None:
-    """The TLBI probe's measuring windows (start..stop markers) per probe CPU."""
-    started: dict[int, tuple[int, str]] = {}
-    for ts, pid, tool, fields in markers:
-        if tool != "tracekit-probe":
-            continue
-        if fields.get("event") == "start":
-            cpu = fields.get("cpu", "?")
-            track = tracks.track(f"{scope}probe:{cpu}", f"tracekit: TLBI probe on CPU {cpu}", root)
-            tracks.begin(track, ts, f"probe {fields.get('mode', '')}".strip(), fields)
-            started[pid] = (track, cpu)
-        elif fields.get("event") == "stop" and pid in started:
-            track, _cpu = started.pop(pid)
-            tracks.end(track, ts, fields)
-    for track, _cpu in started.values():
-        tracks.end(track, end_ts or 0, {"unfinished": True})
-
-
-def write_guest_time(
-    tracks: TrackWriter,
-    root: int,
-    entries: pl.DataFrame | None,
-    exits: pl.DataFrame | None,
-    end_ts: int | None,
-    scope: str = "",
-) -> None:
-    """Per vCPU thread, an "in guest" slice from kvm_entry to kvm_exit, named by reason."""
-    if entries is None or exits is None:
-        return
-    group = tracks.track(f"{scope}guest", "tracekit: time in guest (per vCPU thread)", root)
-    fields = [c for c in exits.columns if c not in ("row", "ts", "cpu", "common_pid")]
-    both = pl.concat(
-        [
-            entries.select("row", "ts", "common_pid"),
-            exits.select("row", "ts", "common_pid", pl.struct(*fields).alias("exit")),
-        ],
-        how="diagonal_relaxed",
-    ).sort("row")
-    # Slices are written when they close, so each carries its exit reason as its name.
-    inside: dict[int, int] = {}
-    for _row, ts, tid, exit_fields in both.iter_rows():
-        track = tracks.track(f"{scope}guest:{tid}", f"vCPU thread {tid}: in guest", group)
-        if exit_fields is None:
-            if tid in inside:  # two entries without an exit between them
-                tracks.begin(track, inside[tid], "in guest (exit not recorded)")
-                tracks.end(track, ts)
-            inside[tid] = ts
-        elif tid in inside:
-            reason = exit_reason(exit_fields)
-            args = {k: v for k, v in exit_fields.items() if v is not None}
-            tracks.begin(track, inside.pop(tid), f"guest: {reason}", args)
-            tracks.end(track, ts)
-    for tid, ts in inside.items():
-        track = tracks.track(f"{scope}guest:{tid}", "")
-        tracks.begin(track, ts, "in guest (trace ends)")
-        tracks.end(track, max(ts, end_ts or 0))
-
-
-def write_lost(tracks: TrackWriter, root: int, lost: pl.DataFrame, scope: str = "") -> None:
-    """Each timed loss report as an instant, so gaps are visible where they happened."""
-    timed = lost.filter(pl.col("ts").is_not_null()).sort("ts", "cpu")
-    if timed.is_empty():
-        return
-    track = tracks.track(f"{scope}lost", "tracekit: lost events", root)
-    for cpu, ts, count, source, detail in timed.select(
-        "cpu", "ts", "count", "source", "detail"
-    ).iter_rows():
-        args = {"cpu": cpu, "source": source, "detail": detail or ""}
-        if count is not None:
-            args["count"] = count
-        tracks.instant(track, ts, f"lost events on CPU {cpu}", args)

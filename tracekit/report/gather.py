@@ -10,7 +10,13 @@ def lost_events_line(report: Report) -> str:
     used = [(s.title, s.lost_events) for s in report.sections if s.lost_events is not None]
     if not used:
         return "lost trace events: no section used traces"
-    total = sum(n for _, n in used)
+    # A run whose trace two sections used is counted once; sections without a per-run
+    # account add their own total.
+    per_run: dict[str, int] = {}
+    for s in report.sections:
+        per_run |= s.lost_by_run
+    unkeyed = (s.lost_events or 0 for s in report.sections if not s.lost_by_run)
+    total = sum(per_run.values()) + sum(unkeyed)
     if total == 0:
         return f"lost trace events: none (in the traces of {len(used)} section(s))"
     parts = "; ".join(f"{title}: {n}" for title, n in used if n)

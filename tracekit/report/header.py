@@ -102,6 +102,7 @@ def controls_line(bundles: list[BundleData]) -> str:
 def header_lines(bundles: list[BundleData]) -> list[str]:
     """The report's first lines: EMULATED first if any bundle is, then host and protocol."""
     lines = [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
+    lines += [damage_line(b, len(bundles) > 1) for b in bundles if _damage(b)]
     if len(bundles) == 1:
         data = bundles[0]
         lines += [f"bundle: {data.path}", host_line(data), protocol_line(data)]
@@ -121,3 +122,25 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         lines.append(line)
     lines.append(controls_line(bundles))
     return lines
+
+
+# Problems a damage line lists before pointing at `tracekit verify` for the rest.
+SHOWN_PROBLEMS = 3
+
+
+def _damage(data: BundleData) -> list[str]:
+    """The bundle's missing or changed files (its incompleteness has a line of its own)."""
+    return [p for p in data.problems if not p.startswith("INCOMPLETE")]
+
+
+def damage_line(data: BundleData, many: bool) -> str:
+    """DAMAGED: what is missing or changed, so no number is trusted without saying so."""
+    problems = _damage(data)
+    where = f"{bundle_label(data)}: " if many else ""
+    shown = "; ".join(problems[:SHOWN_PROBLEMS])
+    more = len(problems) - SHOWN_PROBLEMS
+    rest = f"; {more} more (`tracekit verify` lists them)" if more > 0 else ""
+    return (
+        f"DAMAGED bundle: {where}{len(problems)} file(s) missing or changed, not read: "
+        f"{shown}{rest}"
+    )

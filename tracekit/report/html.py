@@ -111,7 +111,7 @@ def _comparisons(comparisons: list[Comparison]) -> str:
         cells = [
             _td(c.metric, text=True),
             _td(f"{c.ratio:.2f}x" + (f" {c.ratio_label}" if c.ratio_label else "")),
-            _td(f"[{c.ci_low:.2f}, {c.ci_high:.2f}]"),
+            _td(c.interval()),
             _td(p),
             _td(c.test, text=True),
             _td(f"{c.n_before}+{c.n_after}"),

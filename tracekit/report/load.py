@@ -35,13 +35,13 @@ def find_bundles(path: Path) -> list[Path]:
 
 
 def load_bundles(
-    paths: list[Path], progress: Callable[[str], None] | None = None
+    paths: list[Path], progress: Callable[[str], None] | None = None, verify: bool = False
 ) -> list[BundleData]:
-    """Load every bundle named or found under the paths, each once."""
+    """Load every bundle named or found under the paths, each once (`verify`: hash all)."""
     dirs = list(dict.fromkeys(d.resolve() for p in paths for d in find_bundles(p)))
     loaded = []
     for n, bundle in enumerate(dirs, 1):
         if progress is not None:
             progress(f"report: loading bundle {n}/{len(dirs)} {bundle}")
-        loaded.append(load_bundle(bundle))
+        loaded.append(load_bundle(bundle, verify=verify))
     return loaded

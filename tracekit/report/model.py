@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
 if TYPE_CHECKING:
     from tracekit.analysis.compare import Comparison
+    from tracekit.bundle import RunRecord
     from tracekit.ingest.bundle import BundleData
 
 PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline"]
@@ -61,6 +62,8 @@ class Section:
     plots: list[Plot] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)  # what this section cannot tell
     lost_events: int | None = None  # lost events in the data it used; None: no traces used
+    # The same per run whose trace it used (run_key -> lost), so a report counts each once.
+    lost_by_run: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,13 @@ class Report:
 # A section builder reads loaded bundles (and may open their traces) and returns its
 # section, or None when the bundles hold nothing for it (e.g. no teardown runs).
 SectionBuilder = Callable[[list["BundleData"]], Section | None]
+
+
+def run_key(data: BundleData, run: RunRecord) -> str:
+    """One run of one bundle, as the lost-events accounting names it."""
+    return f"{data.path}::{run.run_id}"
+
+
+def used_runs(keys: dict[str, int]) -> dict[str, Any]:
+    """Section fields for the runs whose traces a section used: lost events, each once."""
+    return {"lost_events": sum(keys.values()), "lost_by_run": keys}

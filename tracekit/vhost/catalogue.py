@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from tracekit.errors import TracekitError
 from tracekit.vhost import apt
 from tracekit.vhost.cache import vhost_cache
-from tracekit.vhost.image import MANIFEST, find_image
+from tracekit.vhost.image import IMAGE_RECORD, find_image
 from tracekit.vhost.kernels import SUITES, KernelSpec
 
 
@@ -94,7 +94,7 @@ def cached_download_mb(spec: KernelSpec) -> float | None:
         return None
     archives = _apt_state(spec.suite).archives
     total = 0
-    for entry in json.loads((image.directory / MANIFEST).read_text())["packages"]:
+    for entry in json.loads((image.directory / IMAGE_RECORD).read_text())["packages"]:
         name, _, version = entry.partition("=")
         matches = list(archives.glob(f"{name}_{version.replace(':', '%3a')}_*.deb"))
         total += sum(path.stat().st_size for path in matches)

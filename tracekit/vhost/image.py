@@ -24,7 +24,8 @@ from tracekit.vhost.rootfs import add_skeleton, extract_deb, find_kernel, instal
 
 # Bump when the rootfs layout changes in a way the package versions do not show.
 LAYOUT_VERSION = 2
-MANIFEST = "manifest.json"
+# What an image holds and was built from (not a bundle manifest, so not called one).
+IMAGE_RECORD = "image.json"
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _spec_dir(spec: KernelSpec) -> Path:
 def _load(directory: Path, spec: KernelSpec) -> VhostImage | None:
     """The image in `directory` if it is complete (manifest written last), else None."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text())
+        manifest = json.loads((directory / IMAGE_RECORD).read_text())
     except (OSError, ValueError):
         return None
     image = VhostImage(directory, spec, manifest["kernel_release"], manifest["packages"])
@@ -152,7 +153,7 @@ def _assemble(
         "packages": [f"{p.name}={p.version}" for p in closure],
         "modules": modules,
     }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (directory / IMAGE_RECORD).write_text(json.dumps(manifest, indent=1) + "\n")
     return VhostImage(directory, spec, kernel.release, manifest["packages"])
 
 

@@ -8,7 +8,6 @@ outright (SIGKILL) cannot clean up: the kernel then kills QEMU (PR_SET_PDEATHSIG
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import selectors
 import signal
@@ -18,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from tracekit.errors import TracekitError
+from tracekit.host.cleanup import die_with_parent
 
 STOP_GRACE_S = 5.0
 
@@ -60,14 +60,6 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def run_pumping(argv: list[str], feed: Callable[[bytes], None], timeout_s: float) -> int:
     """Run `argv`, passing its output to `feed` as it comes; return its exit code.
 
@@ -81,7 +73,7 @@ def run_pumping(argv: list[str], feed: Callable[[bytes], None], timeout_s: float
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # async-signal-safe: one prctl call
+            preexec_fn=die_with_parent,  # async-signal-safe: one prctl call
         )
     except OSError as err:
         raise TracekitError(f"cannot start {argv[0]}: {err}") from err

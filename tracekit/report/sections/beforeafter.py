@@ -11,11 +11,18 @@ from dataclasses import replace
 
 import polars as pl
 
-from tracekit.analysis.beforeafter import latency_comparisons, phase_summary, stress_comparison
+from tracekit.analysis.beforeafter import (
+    latency_comparisons,
+    phase_summary,
+    saturated_phases,
+    stress_comparison,
+)
 from tracekit.analysis.compare import Comparison
+from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label
+from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table
+from tracekit.report.sections.tlbi import PROBE_NOTE
 
 PROBE_COLUMNS = ("phase", "cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns")
 # Below this many samples a run's p99.9 is its maximum (QUANTILE_INTERPOLATION "higher").
@@ -33,6 +40,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         prefix = f"{bundle_label(data)}: " if many else ""
         found, unknown = _comparisons(data, prefix)
         comparisons += found
+        findings += [prefix + line for line in _saturated(data)]
         findings += [_headline(c) for c in found[:1]]
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
@@ -48,14 +56,15 @@ def section(bundles: list[BundleData]) -> Section | None:
     if probes:
         tables.append(
             Table(
-                "broadcast-TLBI probe (mprotect per call, ns), one slot per phase",
+                "TLBI probe per issuing CPU: one syscall per sample (ns), one slot per phase",
                 _stack(probes, many),
+                note=PROBE_NOTE + "; the probe's own summary pools every direction (the TLBI"
+                " section keeps RW->RO and RO->RW apart)",
             )
         )
     unknowns += _few_samples(with_latencies)
     if not with_latencies:
         unknowns.append("wake-up latency before/after: the bundles hold no cyclictest runs")
-    lost = [int(b.lost["lost"].sum()) for b in bundles if b.lost.height]
     return Section(
         key="beforeafter",
         title="Before -> after one guest (quiet runs; primary: cyclictest p99.9)",
@@ -64,19 +73,21 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables if with_latencies else tables[1:],
         plots=_plots(with_latencies, many),
         unknowns=unknowns,
-        lost_events=sum(lost) if lost else None,
+        # Quiet runs' tool outputs, no trace: nothing this section shows can lose events
+        # (its finding names the traced runs' losses, which the trace sections count).
+        lost_events=None,
     )
 
 
 def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[str]]:
     """The bundle's quiet-run comparisons (primary first) and what they cannot tell."""
-    quiet = data.latencies.filter(pl.col("kind") == "quiet")
+    quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
     phases = set(quiet["phase"].unique())
     if not {"before", "after"} <= phases:
         return [], [f"{prefix}no before/after verdict: quiet runs only in {sorted(phases)}"]
     found = latency_comparisons(data.latencies)
     found.sort(key=lambda c: c.role != "primary")
-    quiet_stress = data.stress.filter(pl.col("kind") == "quiet")
+    quiet_stress = data.stress.filter(pl.col("kind") == RunKind.QUIET.value)
     if set(quiet_stress["phase"].unique()) >= {"before", "after"}:
         found.append(stress_comparison(data.stress))
     found = [replace(c, metric=prefix + c.metric) for c in found] if prefix else found
@@ -91,12 +102,32 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     return found, unknowns
 
 
+def _saturated(data: BundleData) -> list[str]:
+    """Say plainly when the rt CPU could not keep up with cyclictest's timer."""
+    interval = data.manifest.options.get("interval_us")
+    if not interval:
+        return []
+    rows = saturated_phases(data.latencies, float(interval))
+    if rows.is_empty():
+        return []
+    where = ", ".join(
+        f"{r['median_us']:g} us in the {r['phase']} {r['kind']} runs" for r in rows.to_dicts()
+    )
+    host = "emulated " if is_emulated(data) else ""
+    return [
+        f"SATURATED: the {host}rt CPU's median wake-up latency ({where}) is above"
+        f" cyclictest's {interval} us interval: most wake-ups come after the next period"
+        " was due, so these latencies measure how far behind the CPU fell, not its"
+        " wake-up path"
+    ]
+
+
 def _headline(c: Comparison) -> str:
     """The primary metric's result in one sentence."""
     text = (
         f"{c.metric} (primary) after/before: {c.ratio:.2f}x,"
-        f" {c.thresholds.confidence:.0%} CI [{c.ci_low:.2f},"
-        f" {c.ci_high:.2f}], {c.n_before}+{c.n_after} quiet runs: {c.verdict}"
+        f" {c.thresholds.confidence:.0%} CI {c.interval()},"
+        f" {c.n_before}+{c.n_after} quiet runs: {c.verdict}"
     )
     if c.needed_runs is not None:
         text += f" (a verdict needs {c.needed_runs}+{c.needed_runs} runs)"
@@ -122,8 +153,8 @@ def _observer_effect(data: BundleData) -> list[str]:
     for phase in ("before", "after"):
         rows = summary.filter(pl.col("phase") == phase)
         kinds = dict(zip(rows["kind"], rows["p99_9_us"], strict=True))
-        if kinds.get("quiet") and kinds.get("traced") is not None:
-            ratio = kinds["traced"] / kinds["quiet"]
+        if kinds.get(RunKind.QUIET) and kinds.get(RunKind.TRACED) is not None:
+            ratio = kinds[RunKind.TRACED] / kinds[RunKind.QUIET]
             out.append(
                 f"observer effect, {phase}: traced runs' p99.9 is {ratio:.2f}x the quiet"
                 " runs' (mean of per-run values); headline numbers use quiet runs only"
@@ -152,7 +183,7 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
     samples, per_run = [], []
     for data in bundles:
         tag = pl.lit(f"{bundle_label(data)} " if many else "")
-        quiet = data.latencies.filter(pl.col("kind") == "quiet")
+        quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
         samples.append(
             quiet.select(
                 (tag + pl.col("phase")).alias("series"),

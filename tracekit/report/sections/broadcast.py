@@ -15,6 +15,7 @@ from tracekit.ingest.bundle import BundleData
 from tracekit.ingest.probe import probe_samples
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Section, Table
+from tracekit.report.sections.tlbi import PROBE_NOTE
 
 RATIO_NOTE = (
     "ratios are phase/before: during/before is the load of the guest's broadcast TLBIs, "
@@ -71,7 +72,7 @@ def _bundle(data: BundleData, prefix: str) -> tuple[list[Comparison], list[Table
             Table(
                 f"{prefix}probe cost per CPU and phase (us)",
                 bc.probe_by_phase(samples),
-                note="one broadcast-TLBI call; the guest CPU itself is not probed",
+                note=PROBE_NOTE + "; the guest CPU itself is not probed",
             )
         )
     else:

@@ -14,7 +14,7 @@ from tracekit.analysis import teardown as td
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import is_emulated
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 from tracekit.report.sections.vmruns import VmRun, vm_runs
 
 # Guest variants made for this case, and the flushes each vCPU should cause on a CPU
@@ -70,7 +70,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=_tables(vcpus, vms),
         plots=[_plot(vms)],
         unknowns=sorted(set(unknowns)),
-        lost_events=sum(found.lost for found in runs),
+        **used_runs({run_key(f.data, f.run): f.lost for f in runs}),
     )
 
 
@@ -80,8 +80,12 @@ def _variant(found: VmRun) -> str:
 
 
 def _is_cache_run(found: VmRun) -> bool:
-    """A cache-toggle scenario run, or a run of a guest variant made for this case."""
-    return found.run.kind == "cache-toggle" or _variant(found) in EXPECTED_PER_VCPU
+    """A cache-toggle scenario run, or a run of a guest variant made for this case.
+
+    (This compared the run's kind with "cache-toggle", a scenario name no run kind has.)
+    """
+    scenario = found.data.manifest.scenario.get("name")
+    return scenario == "cache-toggle" or _variant(found) in EXPECTED_PER_VCPU
 
 
 def _flushes(found: VmRun) -> tuple[pl.DataFrame, str]:

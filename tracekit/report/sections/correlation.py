@@ -21,10 +21,11 @@ from tracekit.analysis.correlation import (
     window_activity,
     with_without,
 )
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, traced_runs
 from tracekit.ingest.probe import probe_samples
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 from tracekit.report.sections.wakeup import (
     RunWakeups,
     decomposed_runs,
@@ -33,7 +34,7 @@ from tracekit.report.sections.wakeup import (
 )
 
 WORST = 8
-GUEST_KINDS = ("guest", "after-guest")
+GUEST_KINDS = (RunKind.GUEST, RunKind.AFTER_GUEST)
 TIMELINE_MARGIN = 0.25  # of the window, shown before the expiry and after the switch-in
 
 
@@ -87,7 +88,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=plots,
         unknowns=problems + _unknowns(),
-        lost_events=sum(r.lost for r in runs if r.lost == 0) + guest_lost,
+        **used_runs({run_key(r.data, r.run): r.lost for r in runs if r.lost == 0} | guest_lost),
     )
 
 
@@ -109,8 +110,8 @@ def _statement(per_run: pl.DataFrame, comparisons: list[Comparison]) -> str:
     else:
         verdict = "whether excess latency concentrates with broadcast activity is not shown"
     return (
-        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x [{p99.ci_low:.2f},"
-        f" {p99.ci_high:.2f}] over {p99.n_after} run(s), verdict {p99.verdict}"
+        f"{verdict}: per-run p99 with/without {p99.ratio:.2f}x {p99.interval()}"
+        f" over {p99.n_after} run(s), verdict {p99.verdict}"
         f" ({100 * share:.0f}% of wake-ups had broadcast work on another CPU within a"
         " fixed window of the run's median latency after their expiry)"
     )
@@ -129,7 +130,7 @@ def _with_without_table(per_run: pl.DataFrame) -> Table:
 def _worst_rows(r: RunWakeups, per: pl.DataFrame) -> pl.DataFrame:
     """The run's slowest wake-ups with what the other CPUs did inside them."""
     return (
-        per.sort("total_ns", descending=True)
+        per.sort(["total_ns", "wake_id"], descending=[True, False])
         .head(WORST)
         .select(
             pl.lit(r.run.run_id).alias("run"),
@@ -146,7 +147,7 @@ def _worst_table(rows: pl.DataFrame) -> Table:
     """Slowest wake-ups over all runs."""
     return Table(
         "the slowest wake-ups and the other CPUs inside them",
-        rows.sort("total_us", descending=True).head(WORST),
+        rows.sort(["total_us", "run", "loop"], descending=[True, False, False]).head(WORST),
         note="tlbi_n: mprotect/munmap/madvise calls overlapping the wake-up on other CPUs;"
         " guest_us: guest time inside it; irq_n: hard interrupts on other CPUs",
     )
@@ -162,9 +163,12 @@ def _overview(run_id: str, phase: str, intervals: pl.DataFrame, span_ns: int) ->
     )
 
 
-def _guest_overviews(bundles: list[BundleData], problems: list[str]) -> tuple[list[Table], int]:
+def _guest_overviews(
+    bundles: list[BundleData], problems: list[str]
+) -> tuple[list[Table], dict[str, int]]:
     """The guest runs' activity per CPU (what running the guest did), and events lost."""
-    out, lost = [], 0
+    out: list[Table] = []
+    lost: dict[str, int] = {}
     for data in bundles:
         for run in traced_runs(data, kinds=GUEST_KINDS):
             try:
@@ -180,13 +184,13 @@ def _guest_overviews(bundles: list[BundleData], problems: list[str]) -> tuple[li
             if dropped:
                 table = Table(table.title, table.frame, f"{table.note}; {dropped} events lost")
             out.append(table)
-            lost += dropped
+            lost[run_key(data, run)] = dropped
     return out, lost
 
 
 def _timeline(r: RunWakeups, intervals: pl.DataFrame) -> Plot:
     """The run's slowest wake-up and every other CPU's activity around it."""
-    w = r.wakeups.frame.sort("total_ns", descending=True).row(0, named=True)
+    w = r.wakeups.frame.sort(["total_ns", "wake_id"], descending=[True, False]).row(0, named=True)
     margin = int(w["total_ns"] * TIMELINE_MARGIN)
     lo, hi = w["expiry_ns"] - margin, w["switch_ts"] + margin
     near = intervals.filter((pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi))
@@ -209,7 +213,9 @@ def _timeline(r: RunWakeups, intervals: pl.DataFrame) -> Plot:
             "kind": ["wake-up"],
         }
     )
-    frame = pl.concat([own, lanes.sort("lane", "start_ns")], how="vertical_relaxed")
+    frame = pl.concat(
+        [own, lanes.sort("lane", "start_ns", maintain_order=True)], how="vertical_relaxed"
+    )
     return Plot(
         f"{r.run.run_id}: slowest wake-up and the other CPUs",
         "timeline",

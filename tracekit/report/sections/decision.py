@@ -6,6 +6,7 @@ tracekit/analysis/decision.py. One bundle has nothing to decide between: None.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import polars as pl
@@ -27,6 +28,7 @@ from tracekit.analysis.decision import (
     describe_conclusion,
     field_names,
 )
+from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label
 from tracekit.report.model import Plot, Section, Table
@@ -86,7 +88,7 @@ def section(bundles: list[BundleData]) -> Section | None:
 
 def _has_quiet_phases(data: BundleData) -> bool:
     """Whether the bundle has quiet runs before and after the guest."""
-    quiet = data.latencies.filter(pl.col("kind") == "quiet")
+    quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
     return {"before", "after"} <= set(quiet["phase"].unique())
 
 
@@ -101,11 +103,11 @@ def _summary(effects: list[ConditionEffect], varying: tuple[str, ...]) -> str:
 
 
 def _where(found: list[Conclusion]) -> list[str]:
-    """What the settled conclusions together say about where the state is."""
+    """What the settled conclusions imply, each only what its own contrast shows."""
     implied = list(dict.fromkeys(c.implies for c in found if c.settled))
     if not implied:
         return []
-    return ["Where the state is, from the rules above: " + "; ".join(implied) + "."]
+    return ["What the settled rules above imply, each no more: " + "; ".join(implied) + "."]
 
 
 def _short(effects: list[ConditionEffect], varying: tuple[str, ...]) -> list[str]:
@@ -147,6 +149,7 @@ def _plot(effects: list[ConditionEffect], varying: tuple[str, ...]) -> Plot:
             ("ratio", e.comparison.ratio),
             ("ci_high", e.comparison.ci_high),
         )
+        if math.isfinite(value)  # a 1+1 comparison has no interval ends to draw
     ]
     frame = pl.DataFrame(rows, schema=["condition", "series", "ratio"], orient="row")
     return Plot(

@@ -11,10 +11,11 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import teardown as td
+from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 from tracekit.report.sections.vmruns import VmRun, vm_runs
 
 EMULATED_NOTE = "emulated host: teardown times are QEMU TCG times, not hardware times"
@@ -67,7 +68,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=[_plot(pl.concat(points))],
         unknowns=sorted(set(unknowns)),
-        lost_events=sum(found.lost for found in runs),
+        **used_runs({run_key(f.data, f.run): f.lost for f in runs}),
     )
 
 
@@ -79,7 +80,7 @@ def _kernel(data: BundleData) -> str:
 def _is_teardown_run(found: VmRun) -> bool:
     """A sweep run of VMs (the teardown scenario: one IPA size per run) or one VMM run
     that cycled several IPA sizes itself."""
-    return found.run.kind == "vms" or found.vmm.vms["ipa_bits"].n_unique() >= 2
+    return found.run.kind == RunKind.VMS or found.vmm.vms["ipa_bits"].n_unique() >= 2
 
 
 def _teardown_runs(bundles: list[BundleData]) -> list[tuple[str, str, list[VmRun]]]:
@@ -161,7 +162,7 @@ def _size_table(table: pl.DataFrame, label: str, kernel: str) -> Table:
     for column, name in (("marker_ns", "trace_ms"), ("kernel_ns", "kernel_ms")):
         if column in table.columns and table[column].is_not_null().any():
             more = td.by_ipa_size(table, column).select("ipa_bits", pl.col("median_ms").alias(name))
-            per = per.join(more, on="ipa_bits", how="left")
+            per = per.join(more, on="ipa_bits", how="left", maintain_order="left")
     return Table(
         f"{label}{kernel}: teardown per IPA size (median ms)",
         per.with_columns(pl.col(pl.Float64).round(2)),

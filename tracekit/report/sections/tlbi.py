@@ -18,6 +18,7 @@ from tracekit.analysis.tlbi import (
     funcgraph_durations,
     probe_comparisons,
     probe_histogram,
+    probe_label,
     probe_pair_durations,
     probe_percentiles,
     require_flush_events,
@@ -31,6 +32,12 @@ from tracekit.report.model import Plot, Section, Table
 
 # The traced runs whose flush-path calls the section times (not sweeps nor during phases).
 FLUSH_RUN_KINDS = (RunKind.TRACED, RunKind.GUEST, RunKind.AFTER_GUEST)
+# What a probe sample is (reproducer/tlbiprobe.c): said wherever probe numbers are shown.
+PROBE_NOTE = (
+    "a sample is one whole mprotect/munmap syscall with the kernel's TLBI and DSB ISH"
+    " inside; the DSB waits for every CPU, so the cpu column is the issuer, never the"
+    " slow responder"
+)
 
 
 def section(bundles: list[BundleData]) -> Section | None:
@@ -51,6 +58,11 @@ def section(bundles: list[BundleData]) -> Section | None:
             found = probe_comparisons(samples)
             comparisons += [replace(c, metric=prefix + c.metric) for c in found]
             unknowns += _short(found, prefix)
+            unknowns.append(
+                f"{prefix}which CPU holds any state: not from the probe alone; its DSB ISH"
+                " waits for every CPU, so a slower CPU here is the one that issued, and the"
+                " slow responder may be any CPU"
+            )
         flush = _flush(data, prefix)
         if flush is not None:
             table, lines, lost, missing = flush
@@ -73,35 +85,38 @@ def section(bundles: list[BundleData]) -> Section | None:
 
 
 def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
-    """One percentile table per probe mode."""
+    """One percentile table per probe mode and direction (RW->RO, RO->RW never pooled)."""
     out = []
     per = probe_percentiles(samples)
-    for (mode,), rows in per.group_by("mode", maintain_order=True):
+    for (mode, direction), rows in per.group_by("mode", "direction", maintain_order=True):
         out.append(
             Table(
-                f"{prefix}probe ({mode} mode): duration of one broadcast-TLBI call (us)",
+                f"{prefix}probe ({probe_label(mode, direction)}): one syscall per sample,"
+                " per issuing CPU (us)",
                 rows.select("cpu", "phase", "samples", "p50_us", "p99_us", "max_us"),
-                note="percentiles of every sample of the phase's slots on that CPU",
+                note="percentiles of every sample of the phase's slots on that CPU; " + PROBE_NOTE,
             )
         )
     return out
 
 
 def _probe_plots(samples: pl.DataFrame, prefix: str) -> list[Plot]:
-    """One histogram per mode and CPU, before/after as series, on a log scale."""
+    """One histogram per mode, direction and CPU, before/after as series, on a log scale."""
     frame = probe_histogram(samples)
     out = []
-    for (mode, cpu), rows in frame.group_by("mode", "cpu", maintain_order=True):
+    groups = frame.group_by("mode", "direction", "cpu", maintain_order=True)
+    for (mode, direction, cpu), rows in groups:
         out.append(
             Plot(
-                f"{prefix}probe ({mode}) on CPU {cpu}: call duration per phase",
+                f"{prefix}probe ({probe_label(mode, direction)}) issued on CPU {cpu}:"
+                " syscall duration per phase",
                 "histogram",
                 rows.select("phase", "duration_us"),
                 x="duration_us",
                 series="phase",
                 log_x=True,
-                x_label="one call (us)",
-                y_label="calls",
+                x_label="one syscall (us)",
+                y_label="syscalls",
             )
         )
     return out
@@ -135,11 +150,11 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
             durations = pl.concat([durations, graph])
         if durations.height == 0 and unpaired == 0:
             continue
-        run_lost = max(run.lost_events.values(), default=0)
+        run_lost = data.run(run).lost_events
         if run_lost:
             lines.append(
                 f"{prefix}{run.run_id} excluded from flush-path durations: it lost"
-                f" {sum(run.lost_events.values())} events"
+                f" {run_lost} events"
             )
             continue
         if unpaired:

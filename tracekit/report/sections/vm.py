@@ -10,11 +10,11 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import vm
-from tracekit.bundle import RunFile, run_trace_path
+from tracekit.bundle import RunFile, RunKind, run_trace_path
 from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
 from tracekit.report.header import is_emulated
-from tracekit.report.model import Section, Table
+from tracekit.report.model import Section, Table, run_key, used_runs
 from tracekit.report.sections.vmruns import VmRun, vm_runs
 
 # Above this many VMs a run's steps are summarised per IPA size instead of listed.
@@ -47,7 +47,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         findings=findings,
         tables=tables,
         unknowns=sorted(set(unknowns)),
-        lost_events=sum(found.lost for found in runs),
+        **used_runs({run_key(f.data, f.run): f.lost for f in runs}),
     )
 
 
@@ -59,7 +59,7 @@ def _background_stops(data: BundleData) -> list[str]:
     """
     out = []
     for run in data.manifest.runs:
-        if run.kind != "guest-stop" or run_trace_path(data.path, run.run_id) is None:
+        if run.kind != RunKind.GUEST_STOP or run_trace_path(data.path, run.run_id) is None:
             continue
         trace = open_run_trace(data, run)
         name = next((n for n in vm.MARKER_EVENTS if n in trace.event_names), None)
@@ -139,10 +139,10 @@ def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     updates = found.event("kvm_arm_vmid_update")
     if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
         return None, None, ""
-    extra = found.data.run(found.run).extra(RunFile.ROLLOVER)
-    if extra is not None and isinstance(extra.get("vmid_bits"), int):
-        return updates, int(extra["vmid_bits"]), f"the run's {RunFile.ROLLOVER}"  # type: ignore[arg-type]
-    bits = vm.infer_vmid_bits(updates)
+    recorded = found.data.run(found.run).vmid_bits
+    bits = vm.vmid_width(updates, recorded)
+    if recorded is not None:
+        return updates, bits, f"the run's {RunFile.ROLLOVER}"
     return updates, bits, "inferred from the smallest VMID seen (generation 1 assumed)"
 
 
@@ -240,6 +240,6 @@ def _exit_table(exits: pl.DataFrame, label: str) -> Table:
     summary = (
         per.group_by("reason")
         .agg(pl.col("count").sum(), pl.col("vm_seq").n_unique().alias("vms"))
-        .sort("count", descending=True)
+        .sort(["count", "reason"], descending=[True, False])
     )
     return Table(f"{label}: guest exits by reason", summary, note="kvm_exit: kind and ESR class")

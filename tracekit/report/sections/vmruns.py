@@ -37,8 +37,8 @@ class VmRun:
 
     @property
     def lost(self) -> int:
-        """Events the run's trace lost, over its CPUs (overrun + dropped per CPU)."""
-        return sum(self.run.lost_events.values())
+        """Events the run's trace lost, over its CPUs (RunData's one definition)."""
+        return self.data.run(self.run).lost_events
 
     def event(self, name: str) -> pl.DataFrame | None:
         """The event's table; empty when enabled but never fired; None when not recorded.

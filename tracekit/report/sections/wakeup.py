@@ -13,14 +13,13 @@ import polars as pl
 
 from tracekit.analysis.wakecheck import against_cyclictest, paired_offset
 from tracekit.analysis.wakeup import COMPONENTS, Wakeups, decompose
-from tracekit.bundle import RunRecord
+from tracekit.bundle import RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
 from tracekit.report.header import bundle_label, is_emulated
-from tracekit.report.model import Plot, Section, Table
+from tracekit.report.model import Plot, Section, Table, run_key, used_runs
 
 WORST = 8  # wake-ups shown in the worst-wake-ups table
-CACHED_RUNS = 8  # traced runs kept in memory between the wake-up and correlation sections
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,9 @@ class RunEvents:
 
     events: dict[str, pl.DataFrame]
     clock: str
-    lost_per_cpu: dict[int, int]  # per CPU, the largest count over loss sources
+    lost_per_cpu: dict[int, int]  # per CPU, as RunData defines it (ingest/lost.py)
     span_ns: int
     enabled: tuple[str, ...]  # events the recording enabled (some may never have fired)
-
-
-_LOADED: dict[tuple[str, str], RunEvents] = {}
 
 
 @dataclass(frozen=True)
@@ -59,32 +55,20 @@ class RunWakeups:
 
 
 def run_events(data: BundleData, run: RunRecord) -> RunEvents:
-    """A traced run's event tables, loaded once per report (both sections use them)."""
-    key = (str(data.path), run.run_id)
-    if key not in _LOADED:
-        if len(_LOADED) >= CACHED_RUNS:
-            _LOADED.pop(next(iter(_LOADED)))
+    """A traced run's event tables, made once per report (both sections use them)."""
+    found = data.run(run)
+
+    def make() -> RunEvents:
+        """The tables, clock, losses, span and enabled events of the run's trace."""
         trace = open_run_trace(data, run)
         events = {name: trace.event(name) for name in trace.event_names}
         ts = trace.events["ts"]
         span = int(ts.max() - ts.min()) if ts.len() else 0  # type: ignore[operator]
         clock = str(trace.meta.get("clock", ""))
         enabled = tuple(trace.meta.get("events_enabled") or ())
-        _LOADED[key] = RunEvents(events, clock, lost_per_cpu(trace.lost), span, enabled)
-    return _LOADED[key]
+        return RunEvents(events, clock, found.lost_per_cpu, span, enabled)
 
-
-def lost_per_cpu(lost: pl.DataFrame) -> dict[int, int]:
-    """Per CPU, the largest lost count over sources (sources overlap: never add them)."""
-    if lost.height == 0:
-        return {}
-    per = (
-        lost.group_by("cpu", "source")
-        .agg(pl.col("count").fill_null(0).sum())
-        .group_by("cpu")
-        .agg(pl.col("count").max())
-    )
-    return {int(c): int(n) for c, n in per.iter_rows()}
+    return found.memo("wakeup-events", make)
 
 
 def rt_cpu_of(data: BundleData) -> int:
@@ -102,7 +86,7 @@ def decomposed_runs(bundles: list[BundleData]) -> tuple[list[RunWakeups], list[s
     """Every traced run with cyclictest, decomposed; and why any could not be."""
     done, problems = [], []
     for data in bundles:
-        for run in traced_runs(data, kinds=("traced",)):
+        for run in traced_runs(data, kinds=(RunKind.TRACED,)):
             try:
                 rt_cpu = rt_cpu_of(data)
                 trace = run_events(data, run)
@@ -152,7 +136,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=plots,
         unknowns=problems + _unknowns(),
-        lost_events=sum(r.lost for r in used),
+        **used_runs({run_key(r.data, r.run): r.lost for r in used}),
     )
 
 
@@ -182,7 +166,7 @@ def _phase_findings(frame: pl.DataFrame) -> list[str]:
     """Per phase: wake-ups, median and p99, and the most common cause."""
     lines = []
     for (phase,), rows in frame.group_by("phase", maintain_order=True):
-        top = rows["cause"].value_counts(sort=True).row(0)
+        top = ranked(rows["cause"]).row(0)
         lines.append(
             f"{phase}: {rows.height} wake-ups in {rows['run_id'].n_unique()} run(s), median"
             f" {_us(rows['total_ns'].median())} us, p99"
@@ -190,6 +174,11 @@ def _phase_findings(frame: pl.DataFrame) -> list[str]:
             f" {top[0]} ({100 * top[1] / rows.height:.0f}%: {COMPONENTS[top[0] + '_ns']})"
         )
     return lines
+
+
+def ranked(values: pl.Series) -> pl.DataFrame:
+    """value, count: most frequent first, ties by value (value_counts leaves ties unordered)."""
+    return values.value_counts().sort(["count", values.name], descending=[True, False])
 
 
 def _path_finding(frame: pl.DataFrame, stress: set[int]) -> str:
@@ -203,7 +192,7 @@ def _path_finding(frame: pl.DataFrame, stress: set[int]) -> str:
         f" {_us(local['total_ns'].median())} us for timers that fired on the rt CPU"
     )
     if remote.height:
-        where = remote["timer_cpu"].value_counts(sort=True)
+        where = ranked(remote["timer_cpu"])
         cpus = ", ".join(
             f"CPU {cpu}{' (a stress CPU)' if cpu in stress else ''}: {n}"
             for cpu, n in where.iter_rows()
@@ -240,7 +229,8 @@ def _parts_table(frame: pl.DataFrame) -> Table:
 def _cause_table(frame: pl.DataFrame) -> Table:
     """Share of wake-ups whose largest part is each cause, per phase."""
     shares = (
-        frame.group_by("phase", "cause")
+        # In order of first appearance, as in the parts table: pivot's columns follow it.
+        frame.group_by("phase", "cause", maintain_order=True)
         .agg(pl.len().alias("n"))
         .with_columns((100 * pl.col("n") / pl.col("n").sum().over("phase")).round(1).alias("pct"))
         .pivot(on="phase", index="cause", values="pct")
@@ -255,7 +245,9 @@ def _cause_table(frame: pl.DataFrame) -> Table:
 
 def _worst_table(frame: pl.DataFrame) -> Table:
     """The slowest wake-ups with their largest part."""
-    worst = frame.sort("total_ns", descending=True).head(WORST)
+    worst = frame.sort(["total_ns", "run_id", "wake_id"], descending=[True, False, False]).head(
+        WORST
+    )
     part = pl.coalesce(
         [pl.when(pl.col("cause") == c.removesuffix("_ns")).then(pl.col(c)) for c in COMPONENTS]
     )

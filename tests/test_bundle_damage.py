@@ -1,0 +1,85 @@
+"""Damaged bundles: a manifest of the wrong shape is one line; missing or changed files are
+said by `tracekit verify`, first in every report, and in the Perfetto export's notes."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit.cli import main
+
+REPORT_FIXTURE = Path(__file__).parent / "fixtures" / "report" / "nvhe-a76"
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    """A copy of a real emulated-host bundle."""
+    root = tmp_path / "b"
+    shutil.copytree(REPORT_FIXTURE, root)
+    return root
+
+
+def _rewrite(root: Path, change) -> None:  # type: ignore[no-untyped-def]
+    """Apply `change` to the manifest's JSON data and write it back."""
+    path = root / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(change(data)))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: [d], "a JSON list, not an object"),
+        (lambda d: d | {"runs": "before-quiet-0"}, "runs is 'before-quiet-0'"),
+        (lambda d: d | {"host": None}, "host is None"),
+        (lambda d: d | {"options": None}, "options is None"),
+        (lambda d: d | {"schema_version": "1"}, "schema_version is '1'"),
+        (lambda d: d | {"schema_version": None}, "schema_version is None"),
+        (lambda d: d | {"complete": "false"}, "complete is 'false'"),
+        (lambda d: d | {"runs": [{"phase": "x"}]}, "runs[0] has no run_id"),
+        (lambda d: d | {"runs": [d["runs"][0] | {"run_id": "../../x"}]}, "not a plain name"),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_is_one_line(bundle: Path, change, message: str) -> None:  # type: ignore[no-untyped-def]
+    _rewrite(bundle, change)
+    for command in (["report", str(bundle)], ["verify", str(bundle)], ["ingest", str(bundle)]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2, (command, result.output)
+        assert message in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_says_ok_then_every_missing_or_changed_file(bundle: Path) -> None:
+    result = CliRunner().invoke(main, ["verify", str(bundle)])
+    assert result.exit_code == 0 and "ok (every file as collected)" in result.output
+    (bundle / "runs" / "before-quiet-1" / "cyclictest.txt").unlink()
+    probe = next(bundle.glob("runs/*/probe.json"))
+    data = bytearray(probe.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the hash can tell
+    probe.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["verify", str(bundle)])
+    assert result.exit_code == 1
+    assert "runs/before-quiet-1/cyclictest.txt: missing" in result.output
+    assert f"{probe.relative_to(bundle)}: changed since collection" in result.output
+
+
+def test_a_report_says_first_what_is_missing_and_never_reads_a_resized_file(
+    bundle: Path,
+) -> None:
+    (bundle / "runs" / "before-quiet-1" / "cyclictest.txt").unlink()
+    stress = bundle / "runs" / "after-quiet-0" / "stress-ng.yaml"
+    stress.write_text(stress.read_text() + "# edited\n")
+    text = CliRunner().invoke(main, ["report", str(bundle)]).output
+    assert text.splitlines()[1].startswith("DAMAGED bundle: 2 file(s) missing or changed")
+    header = json.loads(CliRunner().invoke(main, ["report", "-f", "json", str(bundle)]).output)
+    damaged = next(line for line in header["header"] if line.startswith("DAMAGED"))
+    assert "cyclictest.txt: missing" in damaged and "stress-ng.yaml: " in damaged
+    # A hash change is found on request only.
+    probe = next(bundle.glob("runs/*/probe.json"))
+    data = bytearray(probe.read_bytes())
+    data[-1] ^= 0xFF
+    probe.write_bytes(bytes(data))
+    verified = CliRunner().invoke(main, ["report", "--verify", str(bundle)]).output
+    assert verified.splitlines()[1].startswith("DAMAGED bundle: 3 file(s)")

@@ -1,0 +1,342 @@
+"""A record on disk of each change a run makes to the host, written BEFORE the change.
+
+The cleanup stack undoes a run's changes on every ending it sees (cleanup.py); SIGKILL,
+an out-of-memory kill or a crashed interpreter give it none. So each change is first
+appended here as plain data (what to put back, and how), and each undo that ran is
+appended as done. The next run, or `tracekit cleanup`, replays newest first what a dead
+run left undone, and says what it could not undo and how to do it by hand.
+
+The journal lives under /run (tmpfs): like tracefs settings, probes and mounts it does
+not survive a reboot, and a reboot undoes everything it records. A live run holds an
+exclusive flock on its journal, which the kernel drops however the run dies: a journal
+that can be locked is a dead run's, whatever became of its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import TracekitError
+
+DEFAULT_JOURNAL_DIR = Path("/run/tracekit")
+# Tests (and a host whose /run is unusable) point the journal elsewhere with this.
+JOURNAL_DIR_ENV = "TRACEKIT_JOURNAL_DIR"
+SUFFIX = ".journal"
+
+Entry = dict[str, Any]
+
+
+def journal_dir() -> Path:
+    """Where journals are kept: $TRACEKIT_JOURNAL_DIR, else /run/tracekit."""
+    return Path(os.environ.get(JOURNAL_DIR_ENV) or DEFAULT_JOURNAL_DIR)
+
+
+class Journal:
+    """This run's journal: append-only JSON lines, each synced before the change it records."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._next_id = 1
+        self._pending: set[int] = set()
+
+    @classmethod
+    def create(cls, directory: Path | None = None) -> Journal:
+        """Open a new journal for this process and lock it for as long as the process lives."""
+        directory = directory or journal_dir()
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # The time keeps a reused pid from meeting its predecessor's journal.
+            path = directory / f"{os.getpid()}-{time.time_ns():x}{SUFFIX}"
+            # Locked under another name first: a recoverer must never find it unlocked.
+            fresh = path.with_suffix(".new")
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fresh.rename(path)
+        except OSError as err:
+            raise TracekitError(
+                f"cannot write the cleanup journal in {directory}: {err.strerror}; "
+                f"make it writable or set {JOURNAL_DIR_ENV} to a directory on tmpfs"
+            ) from None
+        return cls(path, fd)
+
+    def record(self, entry: Entry) -> int:
+        """Write one change's undo record and sync it; returns its id for `done`."""
+        entry_id = self._next_id
+        self._next_id += 1
+        self._append({"id": entry_id, **entry})
+        self._pending.add(entry_id)
+        return entry_id
+
+    def done(self, entry_id: int) -> None:
+        """Note that the change `entry_id` has been undone (or was never made)."""
+        self._pending.discard(entry_id)
+        # Unrecorded, the undo is merely done again by the next run: every undo is
+        # idempotent, and a failure here must not stop the unwinding.
+        with contextlib.suppress(TracekitError):
+            self._append({"done": entry_id})
+
+    def close(self) -> None:
+        """Delete the journal if everything in it was undone, else keep it for the next run."""
+        if self._fd < 0:
+            return
+        if not self._pending:
+            self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = -1
+
+    def _append(self, line: Entry) -> None:
+        """One write(2) of one line, then fsync: the record is there before the change."""
+        try:
+            os.write(self._fd, (json.dumps(line, sort_keys=True) + "\n").encode())
+            os.fsync(self._fd)
+        except OSError as err:
+            raise TracekitError(
+                f"cannot write the cleanup journal {self.path}: {err.strerror}; the change it "
+                "was to record was not made (free space in /run, or set "
+                f"{JOURNAL_DIR_ENV})"
+            ) from None
+
+
+# --- what each kind of record is, how to undo it, and how a person would -----------------
+
+
+def setting(path: Path, value: str) -> Entry:
+    """A file (tracefs, /proc/sys, sysfs) to write `value` back into."""
+    return {"kind": "setting", "path": str(path), "value": value}
+
+
+def instance(path: Path) -> Entry:
+    """A tracefs instance directory to remove."""
+    return {"kind": "instance", "path": str(path)}
+
+
+def probe(control: Path, name: str) -> Entry:
+    """A probe ("group/event") to delete from kprobe_events or uprobe_events."""
+    return {"kind": "probe", "control": str(control), "name": name}
+
+
+def mount(path: Path) -> Entry:
+    """A tracefs mount to unmount."""
+    return {"kind": "mount", "path": str(path)}
+
+
+def process(pid: int, argv0: str) -> Entry:
+    """A child process group (its pid is its group id) to kill, if it is still that child."""
+    return {"kind": "process", "pid": pid, "start": process_start(pid), "argv0": argv0}
+
+
+def expand_buffer(path: Path, full: str) -> Entry:
+    """The top-level buffer_size_kb to give its full size if it is still the boot size."""
+    return {"kind": "expand_buffer", "path": str(path), "value": full}
+
+
+# Per kind: what undoing a record does, in words, and the shell command that does it.
+WORDS = {
+    "setting": ("restore {path} to {value!r}", "echo '{value}' > {path}"),
+    "instance": ("remove tracefs instance {path}", "rmdir {path}"),
+    "probe": ("remove probe {name}", "echo '-:{name}' >> {control}"),
+    "mount": ("unmount tracefs from {path}", "umount {path}"),
+    "process": ("stop {argv0} (process group {pid})", "kill -KILL -- -{pid}"),
+    "expand_buffer": ("give {path} its full size ({value} KB)", "echo '{value}' > {path}"),
+}
+
+
+def describe(entry: Entry) -> str:
+    """What undoing the record does, in words."""
+    return _words(entry, 0, f"understand the record {entry!r}")
+
+
+def by_hand(entry: Entry) -> str:
+    """The shell command that undoes the record, for the user to run."""
+    return _words(entry, 1, "inspect the record and undo it by hand")
+
+
+def _words(entry: Entry, which: int, unknown: str) -> str:
+    """One of a kind's WORDS filled in from the record (a damaged record gets `unknown`)."""
+    try:
+        return WORDS[entry["kind"]][which].format(**entry)
+    except (KeyError, TypeError, IndexError, ValueError):
+        return unknown
+
+
+def undo(entry: Entry) -> None:
+    """Undo one record; a no-op where the change is already gone (or was never made)."""
+    kind = entry.get("kind")
+    if kind == "setting":
+        _write(Path(entry["path"]), entry["value"])
+    elif kind == "instance":
+        with contextlib.suppress(FileNotFoundError):
+            Path(entry["path"]).rmdir()
+    elif kind == "probe":
+        _remove_probe(Path(entry["control"]), entry["name"])
+    elif kind == "mount":
+        if Path(entry["path"]) in tracefs_mounts():
+            _run(["umount", entry["path"]])
+    elif kind == "process":
+        _kill_group(entry["pid"], entry["start"])
+    elif kind == "expand_buffer":
+        path = Path(entry["path"])
+        if "expanded" not in path.read_text():
+            _write(path, entry["value"])
+    else:
+        raise OSError(f"tracekit does not know how to undo {entry!r}")
+
+
+def _write(path: Path, value: str) -> None:
+    """One write(2) of a whole value, as tracefs wants it."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, (value + "\n").encode() if value else b"")
+    finally:
+        os.close(fd)
+
+
+def _remove_probe(control: Path, name: str) -> None:
+    """Delete one probe by name (appending, never truncating everybody's probes)."""
+    if not control.exists() or f":{name} " not in control.read_text():
+        return
+    fd = os.open(control, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, f"-:{name}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def tracefs_mounts() -> list[Path]:
+    """Where tracefs is mounted in this mount namespace (as /proc/self/mounts shows it)."""
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "tracefs":
+            points.append(Path(fields[1].replace("\\040", " ")))
+    return points
+
+
+def _run(argv: list[str]) -> None:
+    """Run umount; its own message is the error."""
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise OSError(result.stderr.strip() or f"{argv[0]} exited {result.returncode}")
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _kill_group(pid: int, start: int | None) -> None:
+    """SIGKILL a dead run's child group, unless its pid now belongs to another process."""
+    if start is not None and process_start(pid) not in (start, None):
+        return  # the pid was reused: not ours to kill
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# --- the next run: find dead runs' journals and replay them -------------------------------
+
+
+@dataclass
+class Recovery:
+    """What recovering dead runs' journals did, and what it could not do."""
+
+    undone: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    adopted: list[Path] = field(default_factory=list)
+
+
+def pending_entries(text: str) -> list[Entry]:
+    """The records of a journal not yet marked done, oldest first.
+
+    A SIGKILL in the middle of a write leaves a partial last line: its change was never
+    made (the record comes first), so it is skipped.
+    """
+    entries: dict[int, Entry] = {}
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(item, dict):
+            continue
+        if "done" in item:
+            entries.pop(item["done"], None)
+        elif isinstance(item.get("id"), int):
+            entries[item["id"]] = item
+    return [entries[key] for key in sorted(entries)]
+
+
+def recover(
+    directory: Path | None = None, keep_mounted: Callable[[Path], bool] | None = None
+) -> Recovery:
+    """Undo what dead runs left, newest change first; live runs' journals are left alone.
+
+    `keep_mounted(path)` says whether a dead run's tracefs mount is in use by the caller
+    (then it is adopted: the caller unmounts it on its way out) instead of unmounted now.
+    """
+    directory = directory or journal_dir()
+    recovery = Recovery()
+    if not directory.is_dir():
+        return recovery
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        with _locked(path) as fd:
+            if fd is not None:
+                _recover_one(path, fd, recovery, keep_mounted)
+    return recovery
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[int | None]:
+    """The journal's descriptor, locked; None if a live run (or a recoverer) holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _recover_one(
+    path: Path, fd: int, recovery: Recovery, keep_mounted: Callable[[Path], bool] | None
+) -> None:
+    """Replay one dead run's journal; remove it when nothing is left."""
+    left_before = len(recovery.left)
+    for entry in reversed(pending_entries(path.read_text(errors="replace"))):
+        if entry.get("kind") == "mount" and keep_mounted and keep_mounted(Path(entry["path"])):
+            recovery.adopted.append(Path(entry["path"]))
+        else:
+            try:
+                undo(entry)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                recovery.left.append(
+                    f"could not {describe(entry)} ({err}); do it with: {by_hand(entry)}"
+                )
+                continue
+            recovery.undone.append(describe(entry))
+        os.write(fd, (json.dumps({"done": entry["id"]}) + "\n").encode())
+    if len(recovery.left) == left_before:
+        path.unlink(missing_ok=True)
+    else:
+        recovery.left.append(f"then remove the journal {path}")
