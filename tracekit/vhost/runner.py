@@ -275,7 +275,7 @@ def add_to_bundles(out: Path) -> list[Path]:
     each recorded in the manifest with its checksum and what it is. The log covers the
     whole boot; a run's rows are those inside the run's start and end in the manifest.
     """
-    from tracekit.bundle import MANIFEST, add_file, read_manifest
+    from tracekit.bundle import MANIFEST, read_manifest
 
     added = []
     for manifest in sorted(out.rglob(MANIFEST)):
@@ -286,13 +286,24 @@ def add_to_bundles(out: Path) -> list[Path]:
             read_manifest(root)
         except TracekitError:
             continue
-        if (root / GT_BUNDLE_DIR).exists():
-            continue
-        for name in GT_FILES:
-            if (out / name).is_file():
-                add_file(root, f"{GT_BUNDLE_DIR}/{name}", out / name, GT_ADDED_BY, GT_NOTE)
-        added.append(root)
+        if add_ground_truth(out, root):
+            added.append(root)
     return added
+
+
+def add_ground_truth(out: Path, bundle: Path) -> bool:
+    """Add the ground-truth files of the boot whose --out is `out` to one bundle.
+
+    False (nothing added) if the bundle has them already: nothing is replaced.
+    """
+    from tracekit.bundle import add_file
+
+    if (bundle / GT_BUNDLE_DIR).exists():
+        return False
+    for name in GT_FILES:
+        if (out / name).is_file():
+            add_file(bundle, f"{GT_BUNDLE_DIR}/{name}", out / name, GT_ADDED_BY, GT_NOTE)
+    return True
 
 
 def _plugin_option(out: Path, say: Callable[[str], None]) -> list[str]:
