@@ -39,8 +39,11 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
         timeout_s=1500,
     ),
-    # Cortex-A53 has 8-bit VMIDs: a VMID rollover takes ~255 VMs.
-    "nvhe-a53": VhostConfig(kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900),
+    # Cortex-A53 has 8-bit VMIDs: a VMID rollover takes ~255 VMs. With the ground-truth
+    # plugin (tests/test_vhost_groundtruth.py): every TLBI of the boot is logged.
+    "nvhe-a53": VhostConfig(
+        kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900, ground_truth=True
+    ),
     "vhe-max": VhostConfig(kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900),
     "protected-a76": VhostConfig(
         kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900

@@ -152,6 +152,15 @@ def test_cell_command_line_and_boot(tmp_path: Path) -> None:
     assert settings["kernel"] == cell.kernel and settings["smp"] == 4
     assert settings["clusters"] == 2
     assert settings["append"] == "isolcpus=3 nohz_full=3 rcu_nocbs=3"
+    assert settings["ground_truth"] is False
+
+
+def test_ground_truth_asked_for_every_cell() -> None:
+    """[vhost] ground_truth = true boots every cell with the plugin; a non-bool is refused."""
+    plan = parse_plan({"vhost": {"ground_truth": True}})
+    assert all(vhost_settings(c, plan)["ground_truth"] for c in expand_cells(plan, 1))
+    with pytest.raises(TracekitError, match="ground_truth"):
+        parse_plan({"vhost": {"ground_truth": "yes"}})
 
 
 def test_emulated_host_refuses_impossible_cells() -> None:

@@ -90,6 +90,7 @@ def vhost_settings(cell: Cell, plan: Plan) -> dict[str, Any]:
         "memory_mb": int(plan.vhost.get("memory", 2048)),
         "timeout_s": float(plan.vhost.get("timeout", 3600)),
         "append": " ".join(part for part in (isolation_args(placement.rt_cpu), extra) if part),
+        "ground_truth": bool(plan.vhost.get("ground_truth", False)),
     }
     return settings
 

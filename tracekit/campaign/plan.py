@@ -14,7 +14,8 @@ names the key and what is allowed, before anything is built or booted.
     guest_cpu = "1"
     [collect]                # `tracekit collect` options, by their long names
     runs = 4
-    [vhost]                  # the emulated host: smp, clusters, memory, timeout, append
+    [vhost]                  # the emulated host: smp, clusters, memory, timeout, append,
+                             # ground_truth (every cell's boot with the TCG plugin)
     smp = 4
     [design]                 # factors over guest knobs and options (campaign/design.py)
     kind = "full"
@@ -81,6 +82,8 @@ VHOST_OPTIONS: dict[str, type] = {
     "memory": int,
     "timeout": float,
     "append": str,
+    # Every cell's boot loads the ground-truth plugin; its log goes into the cell's bundle.
+    "ground_truth": bool,
 }
 
 TOP_LEVEL = (

@@ -131,7 +131,7 @@ def _finish_cell(
 
 def run_vhost_campaign(plan: Plan, out: Path, echo: Echo) -> Campaign:
     """Run every pending cell, each in a fresh boot of the emulated host."""
-    from tracekit.vhost.runner import VhostConfig
+    from tracekit.vhost.runner import GT_BUNDLE_DIR, VhostConfig, add_ground_truth
     from tracekit.vhost.runner import run as run_vhost
 
     state_path = out / state.CAMPAIGN_FILE
@@ -168,6 +168,10 @@ def run_vhost_campaign(plan: Plan, out: Path, echo: Echo) -> Campaign:
         record.kernel_release = result.kernel_release
         record.kvm_mode = result.kvm_mode
         record.notes = list(result.notes)
+        if config.ground_truth and (out / record.cell_id / MANIFEST).is_file():
+            # The bundle is on the share (out/CELL), not under the boot's --out: by name.
+            add_ground_truth(logs, out / record.cell_id)
+            record.notes.append(f"ground truth added to {record.cell_id}/{GT_BUNDLE_DIR}/")
         _finish_cell(out, plan, record, attempt, result.exit_status)
         state.save(campaign, paths)
         echo(f"campaign: cell {record.cell_id}: {record.status}")

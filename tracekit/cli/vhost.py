@@ -32,13 +32,22 @@ def vhost() -> None:
     help="Debian suite[:flavour], e.g. bookworm, trixie, sid:16k (see `vhost kernels`).",
 )
 @click.option("--force", is_flag=True, help="Rebuild even if the cached image is current.")
-def build(kernel: str, force: bool) -> None:
+@click.option(
+    "--ground-truth",
+    is_flag=True,
+    help="Also build the TCG plugin of `vhost run --ground-truth` (fetches QEMU's header).",
+)
+def build(kernel: str, force: bool, ground_truth: bool) -> None:
     """Fetch Debian arm64 packages and build the kernel + initramfs (cached by version)."""
     from tracekit.vhost.image import build_image
     from tracekit.vhost.kernels import parse_kernel_spec
 
     image = build_image(parse_kernel_spec(kernel), _progress, force=force)
     click.echo(f"{image.spec.name}: kernel {image.kernel_release}, image {image.directory}")
+    if ground_truth:
+        from tracekit.vhost.groundtruth import build_plugin
+
+        click.echo(f"ground-truth plugin: {build_plugin(_progress)}")
 
 
 @vhost.command()
@@ -122,6 +131,11 @@ def kernels(refresh: bool) -> None:
     show_default=True,
     help="Output directory, mounted at /out (the command's working directory).",
 )
+@click.option(
+    "--ground-truth",
+    is_flag=True,
+    help="Load the TCG plugin: every TLBI, DSB, IC IALLU(IS) logged into --out.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     kvm_mode: str,
@@ -134,6 +148,7 @@ def run(
     timeout: float,
     share: Path | None,
     out: Path,
+    ground_truth: bool,
     command: tuple[str, ...],
 ) -> None:
     """Boot the emulated host and run COMMAND as root in it; exit with its status.
@@ -155,6 +170,7 @@ def run(
         timeout_s=timeout,
         share=share,
         out=out,
+        ground_truth=ground_truth,
     )
     result = run_vhost(config, list(command), progress=_progress)
     booted = "" if result.boot_s is None else f"; booted in {result.boot_s:g} s"

@@ -39,6 +39,9 @@ class AptState:
     suite: str
     mirror: str = DEFAULT_MIRROR
     keyring: Path = KEYRING
+    # Source packages (deb-src) instead of arm64 binaries, e.g. QEMU's plugin header.
+    source: bool = False
+    extra_suites: tuple[str, ...] = ()
 
     @property
     def archives(self) -> Path:
@@ -66,8 +69,10 @@ def mirror_from_env() -> str:
 
 
 def sources_list(state: AptState) -> str:
-    """The one-line sources.list of the private state, signed by the Debian keyring."""
-    return f"deb [signed-by={state.keyring}] {state.mirror} {state.suite} main\n"
+    """The sources.list of the private state (one line a suite), signed by the Debian keyring."""
+    kind = "deb-src" if state.source else "deb"
+    suites = (state.suite, *state.extra_suites)
+    return "".join(f"{kind} [signed-by={state.keyring}] {state.mirror} {s} main\n" for s in suites)
 
 
 def apt_options(state: AptState) -> list[str]:
@@ -206,3 +211,23 @@ def download(
             f"{absent[0]}); delete {state.root} and run `tracekit vhost build` again"
         )
     return wanted
+
+
+def download_source(state: AptState, package: str, version: str, dest: Path) -> list[Path]:
+    """Download one source package at one version (.dsc and tarballs) into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "apt-get",
+        "-q",
+        *apt_options(state),
+        "source",
+        "--download-only",
+        f"{package}={version}",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=dest)
+    if done.returncode != 0:
+        raise TracekitError(
+            f"apt-get source could not get {package} {version} from {state.suite}: "
+            f"{_last_error(done.stderr + done.stdout)}; check the network or ${MIRROR_ENV}"
+        )
+    return sorted(dest.iterdir())

@@ -42,6 +42,22 @@ EMULATED_NOTE = (
 CONSOLE_LOG = "vhost-console.log"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
 RUN_RECORD = "vhost-run.json"
+# --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
+# (No tracekit.ingest import at module level: the emulated host has no polars, and its
+# `python3 -m tracekit` imports this module.)
+GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
+KALLSYMS = "vhost-kallsyms.txt"
+MARKERS = "vhost-gtmark.txt"
+# What a bundle made in such a boot receives, in BUNDLE/groundtruth/, and how it is named.
+GT_BUNDLE_DIR = "groundtruth"
+GT_FILES = (GROUND_TRUTH_LOG, KALLSYMS, MARKERS, BOOT_DMESG, RUN_RECORD)
+GT_ADDED_BY = "tracekit vhost run --ground-truth"
+GT_NOTE = (
+    "emulated ground truth: QEMU TCG plugin log of the whole boot and what aligns it "
+    "(docs/tables.md); what the emulated CPUs executed, not hardware"
+)
+# The marker helper as the emulated host sees the checkout (cross-built by make).
+GTMARK = "reproducer/build/gtmark"
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,8 @@ class VhostConfig:
     timeout_s: float = 600.0
     share: Path | None = None
     out: Path | None = None
+    # Load the ground-truth TCG plugin: every TLBI/DSB/IC IALLU* logged into --out.
+    ground_truth: bool = False
 
 
 @dataclass
@@ -76,6 +94,8 @@ class VhostResult:
     notes: list[str] = field(default_factory=list)
     # Wall seconds from starting QEMU to the command's start (boot + /init), this machine.
     boot_s: float | None = None
+    # The plugin's log (with --ground-truth), and what its header says of it.
+    ground_truth_log: Path | None = None
 
 
 def project_tree() -> Path:
@@ -105,10 +125,30 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
     smp_option(config.smp, config.clusters)
     if shutil.which(QEMU) is None:
         raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
+    if config.ground_truth and not (project_tree() / GTMARK).is_file():
+        raise TracekitError(
+            f"--ground-truth needs the marker helper {GTMARK}: build it with "
+            "`make -C reproducer CROSS_COMPILE=aarch64-linux-gnu-`"
+        )
     return spec
 
 
-def _write_control(ctl: Path, spec: KernelSpec, command: list[str]) -> str:
+def _ground_truth_script(command: list[str]) -> list[str]:
+    """The command between two rounds of clock markers, after saving this boot's kallsyms."""
+    gtmark = f"/tracekit/{GTMARK}"
+    return [
+        f"cat /proc/kallsyms > /out/{KALLSYMS}",
+        f"{gtmark} > /out/{MARKERS}",
+        shlex.join(command),
+        "status=$?",
+        f"{gtmark} >> /out/{MARKERS}",
+        "exit $status",
+    ]
+
+
+def _write_control(
+    ctl: Path, spec: KernelSpec, command: list[str], ground_truth: bool = False
+) -> str:
     """Put the command script and a fresh marker token on the control share.
 
     The script exports what the kernel is and, without KVM, why, so tools inside (the
@@ -120,7 +160,8 @@ def _write_control(ctl: Path, spec: KernelSpec, command: list[str]) -> str:
     if not spec.has_kvm:
         exports["TRACEKIT_VHOST_NO_KVM"] = f"{spec.info.note}; guests cannot run on {spec.name}"
     lines = [f"export {key}={shlex.quote(value)}" for key, value in exports.items()]
-    (ctl / "command.sh").write_text("\n".join([*lines, f"exec {shlex.join(command)}"]) + "\n")
+    body = _ground_truth_script(command) if ground_truth else [f"exec {shlex.join(command)}"]
+    (ctl / "command.sh").write_text("\n".join([*lines, *body]) + "\n")
     return token
 
 
@@ -212,9 +253,92 @@ def run(
         boot_dmesg=out / BOOT_DMESG,
         notes=_notes(config, spec, mode, dev_kvm),
         boot_s=boot_s,
+        ground_truth_log=out / GROUND_TRUTH_LOG if config.ground_truth else None,
     )
+    if config.ground_truth:
+        result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out, mode)]
     _record(result, config, command)
+    if config.ground_truth:
+        added = add_to_bundles(out)
+        if added:
+            names = ", ".join(str(root.relative_to(out)) for root in added)
+            result.notes.append(f"ground truth added to the bundle(s) {names} ({GT_BUNDLE_DIR}/)")
+            _record(result, config, command)
     return result
+
+
+def add_to_bundles(out: Path) -> list[Path]:
+    """Add this boot's ground truth to every bundle the command left under `out`.
+
+    From outside the emulated host, after the collection (the collector inside cannot see
+    QEMU's log): the files go to BUNDLE/groundtruth/ through tracekit.bundle.add_file,
+    each recorded in the manifest with its checksum and what it is. The log covers the
+    whole boot; a run's rows are those inside the run's start and end in the manifest.
+    """
+    from tracekit.bundle import MANIFEST, read_manifest
+
+    added = []
+    for manifest in sorted(out.rglob(MANIFEST)):
+        root = manifest.parent
+        if any(part.startswith(".") for part in root.relative_to(out).parts):
+            continue  # ingest caches keep a manifest.json of their own
+        try:
+            read_manifest(root)
+        except TracekitError:
+            continue
+        if add_ground_truth(out, root):
+            added.append(root)
+    return added
+
+
+def add_ground_truth(out: Path, bundle: Path) -> bool:
+    """Add the ground-truth files of the boot whose --out is `out` to one bundle.
+
+    False (nothing added) if the bundle has them already: nothing is replaced.
+    """
+    from tracekit.bundle import add_file
+
+    if (bundle / GT_BUNDLE_DIR).exists():
+        return False
+    for name in GT_FILES:
+        if (out / name).is_file():
+            add_file(bundle, f"{GT_BUNDLE_DIR}/{name}", out / name, GT_ADDED_BY, GT_NOTE)
+    return True
+
+
+def _plugin_option(out: Path, say: Callable[[str], None]) -> list[str]:
+    """-plugin loading the ground-truth plugin (built first if needed), logging into out."""
+    from tracekit.vhost.groundtruth import build_plugin, plugin_argv
+
+    return plugin_argv(build_plugin(say), out / GROUND_TRUTH_LOG)
+
+
+def ground_truth_note(log: Path) -> str:
+    """What the plugin's log holds, or why there is none: one line for every report."""
+    from tracekit.ingest.groundtruth import read_header
+
+    if not log.is_file():
+        return f"ground truth: QEMU left no plugin log ({log.name} is missing)"
+    header = read_header(log)
+    lost = f"; {header.not_written} NOT written (log full)" if header.not_written else ""
+    closed = "" if header.complete else "; log not closed (QEMU did not exit normally)"
+    return (
+        f"ground truth (QEMU TCG plugin, emulated, not hardware): {header.written} records "
+        f"in {log.name}, bound {header.capacity} (of which {header.marker_capacity} for "
+        f"markers){lost}{closed}"
+    )
+
+
+def _alignment_note(out: Path, kvm_mode: str) -> str:
+    """The clock fit of this boot's markers (and the vCPU map check), or why it failed."""
+    from tracekit.ingest.groundtruth import load_ground_truth
+
+    try:
+        truth = load_ground_truth(out, kvm_mode)
+    except TracekitError as exc:
+        return f"ground truth NOT aligned to the trace clock: {exc}"
+    cpus = ", ".join(f"{v}->{c}" for v, c in sorted(truth.vcpu_to_cpu.items()))
+    return f"ground truth: {truth.fit.summary()}; vCPU->CPU {cpus} (checked by markers)"
 
 
 def _boot(
@@ -228,16 +352,20 @@ def _boot(
     say: Callable[[str], None],
 ) -> tuple[int, float | None]:
     """Run QEMU to completion; return the command's status and the boot time, or raise."""
-    token = _write_control(ctl, spec, command)
-    argv = qemu_argv(
-        image.kernel,
-        image.initramfs,
-        cpu_model=config.cpu_model,
-        cpus=config.smp,
-        clusters=config.clusters,
-        memory_mb=config.memory_mb,
-        kernel_args=_kernel_args(config, spec),
-        shares=_shares(ctl, out, config.share),
+    token = _write_control(ctl, spec, command, config.ground_truth)
+    plugin = _plugin_option(out, say) if config.ground_truth else []
+    argv = (
+        qemu_argv(
+            image.kernel,
+            image.initramfs,
+            cpu_model=config.cpu_model,
+            cpus=config.smp,
+            clusters=config.clusters,
+            memory_mb=config.memory_mb,
+            kernel_args=_kernel_args(config, spec),
+            shares=_shares(ctl, out, config.share),
+        )
+        + plugin
     )
     kvm = (
         f"KVM mode {config.kvm_mode} asked"

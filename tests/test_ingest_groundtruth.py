@@ -1,0 +1,380 @@
+"""The ground-truth log: its reader, where each record ran, the vCPU map and the clock fit.
+
+The fixture is cut from a real boot (tests/fixtures/groundtruth/README.md). The plugin's
+classifier (reproducer/groundtruth/tkgt.h) is compiled here into a small host program and
+compared, over every SYS encoding it can match, with the Python names; the names are
+compared with what GNU as assembles for them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from bundlegen import Spec, generate
+
+from tracekit.bundle import read_manifest, sha256_file, verify_files
+from tracekit.errors import TracekitError
+from tracekit.ingest import groundtruth as gt
+from tracekit.ingest import gtalign
+from tracekit.ingest.vmm import parse_vmm_output
+from tracekit.symbols.kallsyms import read_kallsyms
+from tracekit.vhost.runner import _alignment_note, add_to_bundles, ground_truth_note
+
+FIXTURE = Path(__file__).parent / "fixtures" / "groundtruth" / "nvhe-a76"
+PLUGIN_DIR = Path(__file__).resolve().parent.parent / "reproducer" / "groundtruth"
+AS = "aarch64-linux-gnu-as"
+OBJDUMP = "aarch64-linux-gnu-objdump"
+
+
+@pytest.fixture(scope="module")
+def truth() -> gt.GroundTruth:
+    """The fixture boot, read as `vhost run --ground-truth` leaves it."""
+    return gt.load_ground_truth(FIXTURE)
+
+
+def _copy_fixture(tmp_path: Path) -> Path:
+    """A writable copy of the fixture directory."""
+    dest = tmp_path / "out"
+    shutil.copytree(FIXTURE, dest)
+    return dest
+
+
+def test_header_and_records(truth: gt.GroundTruth) -> None:
+    """The header's counts hold, nothing is lost, and the records are in time order."""
+    assert truth.header.written == truth.table.height == 1476
+    assert truth.header.not_written == 0 and truth.unfilled == 0 and truth.header.complete
+    assert truth.table["ts_host"].is_sorted()
+    assert truth.table.filter(pl.col("kind") == "marker").height == 32
+
+
+def test_vcpu_map_from_mpidr_checked_by_markers(truth: gt.GroundTruth) -> None:
+    """QEMU vCPU i is Linux CPU i here, and every marker ran on the CPU gtmark was pinned to."""
+    assert truth.vcpu_to_cpu == {0: 0, 1: 1, 2: 2, 3: 3}
+    markers = truth.table.filter(pl.col("kind") == "marker")
+    assert markers.group_by("cpu").len().sort("cpu")["len"].to_list() == [8, 8, 8, 8]
+
+
+def test_clock_fit_within_100_us(truth: gt.GroundTruth) -> None:
+    """The host clock maps onto CLOCK_BOOTTIME with a residual under 100 us, slope ~1."""
+    assert truth.fit.max_residual_ns < 100_000
+    assert abs(truth.fit.slope - 1) < 1e-4
+
+
+def test_hyp_invalidations_of_6_1_nvhe(truth: gt.GroundTruth) -> None:
+    """6.1 nVHE: EL2 init on every CPU at boot and at VM creation; a flush on the guest CPU."""
+    hyp = truth.table.filter((pl.col("where") == "hyp") & (pl.col("kind") != "dsb"))
+    counts = hyp.group_by("operation", "symbol", "cpu").len()
+    init = counts.filter(pl.col("symbol").str.starts_with("__kvm_nvhe____kvm_hyp_init"))
+    assert sorted(set(init["operation"])) == ["TLBI ALLE2", "TLBI VMALLS12E1"]
+    assert init["len"].to_list() == [2] * 8  # twice on each of the 4 CPUs
+    flush = counts.filter(pl.col("symbol").str.starts_with("__kvm_nvhe___kvm_flush_cpu_context"))
+    assert sorted(flush.select("operation", "cpu").rows()) == [("IC IALLU", 1), ("TLBI VMALLE1", 1)]
+    assert set(hyp["regime"].drop_nulls()) == {"EL2", "EL1&0"}
+
+
+def test_hyp_records_fall_in_the_vmm_lifecycle(truth: gt.GroundTruth) -> None:
+    """On the trace clock, the second EL2 init is inside the VM's creation, the flush inside
+    its run, and nothing at EL2 but barriers during its teardown (the VMM's own times)."""
+    vm = parse_vmm_output((FIXTURE / "vmm.txt").read_text()).vms.row(0, named=True)
+    created = vm["create_start_ns"] + vm["create_ns"]
+    ran = created + vm["run_ns"]
+    hyp = truth.table.filter((pl.col("where") == "hyp") & (pl.col("kind") != "dsb"))
+    late_init = hyp.filter(pl.col("symbol").str.contains("hyp_init") & (pl.col("ts") > 10**10))
+    assert late_init.height == 8
+    assert late_init["ts"].min() >= vm["create_start_ns"] and late_init["ts"].max() <= created
+    flush = hyp.filter(pl.col("symbol").str.contains("flush_cpu_context"))
+    assert flush["ts"].min() >= created and flush["ts"].max() <= ran
+    assert hyp.filter(pl.col("ts").is_between(ran, vm["teardown_end_ns"])).height == 0
+
+
+def test_where_by_physical_side(truth: gt.GroundTruth) -> None:
+    """Kernel code run at its physical address (MMU off) is the kernel; the guest's DSB is the
+    guest's; the trampoline's DSBs are the kernel's but get no kallsyms name."""
+    table = truth.table
+    idmap = table.filter(pl.col("symbol").str.starts_with("__cpu_setup"))
+    assert idmap.height and (idmap["vaddr"] < 1 << 32).all() and set(idmap["where"]) == {"kernel"}
+    guest = table.filter(pl.col("where") == "guest")
+    assert guest.select("operation", "vaddr", "cpu").rows() == [("DSB SY", 0x40000064, 1)]
+    assert guest["effective_shareability"].to_list() == ["full-system"]
+    tramp = table.filter((pl.col("vaddr") >= 0xFFFFFB0000000000) & (pl.col("kind") == "dsb"))
+    assert tramp.height == 20 and set(tramp["where"]) == {"kernel"}
+    assert tramp["symbol"].null_count() == 20 and tramp["where_certain"].all()
+
+
+def test_a_full_log_says_how_much_was_not_written(tmp_path: Path) -> None:
+    """A header whose reservations passed its capacity counts the records not written."""
+    out = _copy_fixture(tmp_path)
+    log = out / gt.GT_LOG
+    data = bytearray(log.read_bytes())
+    data[16:24] = (1000).to_bytes(8, "little")  # capacity below the 1476 reserved
+    log.write_bytes(bytes(data))
+    full = gt.read_log(log)
+    assert full.header.not_written == 476 and full.records.height == 1000
+    assert "476 NOT written (log full)" in ground_truth_note(log)
+    # The markers were among the records not written: the clock cannot be aligned, and
+    # the run's note says so instead of a table on a wrong clock.
+    assert "NOT aligned" in _alignment_note(out, "nvhe") and "0 markers" in _alignment_note(
+        out, "nvhe"
+    )
+
+
+def test_unfilled_slots_are_counted(tmp_path: Path) -> None:
+    """A slot reserved but never filled (QEMU killed mid-record) is counted, not read."""
+    out = _copy_fixture(tmp_path)
+    log = out / gt.GT_LOG
+    data = bytearray(log.read_bytes())
+    data[gt.HEADER_SIZE : gt.HEADER_SIZE + 8] = bytes(8)  # the first record's ts
+    log.write_bytes(bytes(data))
+    assert gt.read_log(log).unfilled == 1
+
+
+def test_bad_files_are_one_line(tmp_path: Path) -> None:
+    """Not a log, a wrong version, a missing file: each one clear error."""
+    bad = tmp_path / "bad.tkgt"
+    bad.write_bytes(b"hello" * 20)
+    with pytest.raises(TracekitError, match="no TKGTLOG header"):
+        gt.read_header(bad)
+    data = bytearray((FIXTURE / gt.GT_LOG).read_bytes()[:64])
+    data[8:12] = (9).to_bytes(4, "little")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TracekitError, match="format version 9"):
+        gt.read_header(bad)
+    with pytest.raises(TracekitError, match=r"vhost-kallsyms\.txt"):
+        (tmp_path / "empty").mkdir()
+        shutil.copy(FIXTURE / gt.GT_LOG, tmp_path / "empty")
+        gt.load_ground_truth(tmp_path / "empty")
+
+
+def test_wrong_cpu_map_is_caught_by_the_markers(truth: gt.GroundTruth) -> None:
+    """A dmesg naming other MPIDRs for CPUs 1 and 2 makes the marker check fail."""
+    records = gt.read_log(FIXTURE / gt.GT_LOG).records
+    layout = gtalign.kernel_layout(read_kallsyms(FIXTURE / gt.GT_KALLSYMS))
+    dmesg = (FIXTURE / gt.GT_DMESG).read_text()
+    swapped = dmesg.replace("0x0000000001 ", "0xTMP ").replace("0x0000000002 ", "0x0000000001 ")
+    swapped = swapped.replace("0xTMP ", "0x0000000002 ")
+    markers = gt.parse_gtmark((FIXTURE / gt.GT_MARKERS).read_text())
+    with pytest.raises(TracekitError, match="another CPU than gtmark was pinned to"):
+        gtalign.ground_truth_table(records, layout, markers, swapped, 4, "nvhe")
+    with pytest.raises(TracekitError, match="31 markers but gtmark printed 32"):
+        gtalign.ground_truth_table(
+            records.filter(
+                pl.col("ts_host") != records.filter(pl.col("kind") == "marker")["ts_host"][0]
+            ),
+            layout,
+            markers,
+            dmesg,
+            4,
+            "nvhe",
+        )
+
+
+def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
+    """In VHE the host kernel's EL1-form TLBIs are EL2&0; a guest's local TLBI is broadcast."""
+    frame = pl.DataFrame(
+        {
+            "operation": ["TLBI VMALLE1IS", "TLBI VMALLE1", "TLBI ALLE1IS", "TLBI ALLE2"],
+            "kind": ["tlbi"] * 4,
+            "el_form": ["EL1", "EL1", "EL2", "EL2"],
+            "where": ["kernel", "guest", "kernel", "kernel"],
+            "shareability": ["inner", "non-shareable", "inner", "non-shareable"],
+            "symbol": ["flush_tlb_mm+0x40", None, None, None],
+        }
+    )
+    # KVM's VHE TLB helpers clear TGE first: their EL1-form TLBIs act on the guest's EL1&0.
+    kvm = frame.with_columns(symbol=pl.lit("__kvm_tlb_flush_vmid+0x58"))
+    assert gtalign.effective(kvm, "vhe")["regime"][0] == "EL1&0"
+    vhe = gtalign.effective(frame, "vhe")
+    assert vhe["regime"].to_list() == ["EL2&0", "EL1&0", "EL1&0", "EL2&0"]
+    assert vhe["effective_shareability"].to_list() == ["inner", "inner", "inner", "non-shareable"]
+    assert gtalign.effective(frame, "nvhe")["regime"].to_list() == [
+        "EL1&0",
+        "EL1&0",
+        "EL1&0",
+        "EL2",
+    ]
+
+
+# Every word the plugin can match: all SYS encodings with CRn 7/8/9, every DSB/DSB nXS,
+# and neighbours that must not match (SYSL, DMB, another HINT, MSR).
+def _candidate_words() -> list[int]:
+    """The encodings the classifier test feeds to both sides."""
+    words = []
+    for crn in (7, 8, 9):
+        for op1 in range(8):
+            for crm in range(16):
+                for op2 in range(8):
+                    words.append(0xD5080000 | op1 << 16 | crn << 12 | crm << 8 | op2 << 5 | 31)
+    words += [0xD503309F | crm << 8 for crm in range(16)]
+    words += [0xD503323F | imm << 10 for imm in range(4)]
+    return [*words, 0xD5032EFF, 0xD5288000 | 3 << 8, 0xD50330BF, 0xD503201F, 0xD51B4200]
+
+
+HARNESS = """
+#include <stdio.h>
+#include "tkgt.h"
+int main(void) {
+    unsigned int w; unsigned char kind, flags;
+    while (scanf("%x", &w) == 1) {
+        if (tkgt_classify(w, &kind, &flags)) printf("%08x %u %u\\n", w, kind, flags);
+        else printf("%08x 0 0\\n", w);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def c_classes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[int, int]]:
+    """The C classifier's (kind, flags) for every candidate word, compiled -Werror here."""
+    tmp = tmp_path_factory.mktemp("tkgt")
+    (tmp / "harness.c").write_text(HARNESS)
+    subprocess.run(
+        [
+            "gcc",
+            "-std=gnu11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{PLUGIN_DIR}",
+            "-o",
+            str(tmp / "harness"),
+            str(tmp / "harness.c"),
+        ],
+        check=True,
+    )
+    words = _candidate_words()
+    done = subprocess.run(
+        [str(tmp / "harness")],
+        input="\n".join(f"{w:x}" for w in words),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = (line.split() for line in done.stdout.splitlines())
+    return {int(w, 16): (int(k), int(f)) for w, k, f in rows}
+
+
+def test_c_classifier_agrees_with_python_names(c_classes: dict[int, tuple[int, int]]) -> None:
+    """Every TLBI Python names gets the shareability and range its name says from the C side;
+    SYSL, DMB, NOP and MSR are not logged; IC other than IALLU(IS) is not logged."""
+    shares = {"IS": 1, "OS": 2}
+    for word, (kind, flags) in c_classes.items():
+        name = gt.operation(word)
+        if name.startswith("TLBI ") and "op1=" not in name:
+            base = name.removeprefix("TLBI ").removesuffix("nXS")
+            assert kind == (2 if name.endswith("nXS") else 1), name
+            assert flags & 3 == shares.get(base[-2:], 0), name
+            assert bool(flags & 0x10) == base.startswith(("R", "RIPAS")), name
+        elif name in ("IC IALLU", "IC IALLUIS", "MARKER") or name.startswith(
+            ("DSB", "SSBB", "PSSBB")
+        ):
+            assert kind != 0, name
+        elif not name.startswith("TLBI "):
+            assert kind == 0, f"{word:#x} logged as {kind}"
+    assert c_classes[0xD503309F | 11 << 8] == (3, 1 | 3 << 2)  # DSB ISH: inner, all
+    assert c_classes[0xD503323F | 2 << 10] == (4, 1 | 3 << 2)  # DSB ISHnXS
+
+
+@pytest.mark.skipif(shutil.which(AS) is None, reason="needs binutils-aarch64-linux-gnu")
+def test_names_match_gnu_as(tmp_path: Path) -> None:
+    """What GNU as assembles for each TLBI/DSB/IC name is the word Python gives that name."""
+    names = sorted({gt.operation(w) for w in _candidate_words()} - {"MARKER"})
+    # binutils 2.40 assembles DSB nXS but no TLBI nXS: those are the CRn=8 words with
+    # CRn=9, which the classifier test covers.
+    names = [
+        n
+        for n in names
+        if not n.startswith(("unknown", "DSB #"))
+        and "op1=" not in n
+        and not (n.startswith("TLBI") and n.endswith("nXS"))
+    ]
+    lines = []
+    for name in names:
+        mnemonic, _, operand = name.partition(" ")
+        needs_reg = mnemonic == "TLBI" and any(
+            s in operand for s in ("VA", "ASID", "IPA", "RVA", "RIPA")
+        )
+        lines.append(f"{mnemonic.lower()} {operand.lower()}{', x0' if needs_reg else ''}")
+    source = tmp_path / "all.S"
+    source.write_text("\n".join(lines) + "\n")
+    obj = tmp_path / "all.o"
+    subprocess.run([AS, "-march=armv8.7-a", "-o", str(obj), str(source)], check=True)
+    dump = subprocess.run([OBJDUMP, "-d", str(obj)], capture_output=True, text=True, check=True)
+    words = [int(line.split()[1], 16) for line in dump.stdout.splitlines() if ":\t" in line]
+    assert len(words) == len(names)
+    for name, word in zip(names, words, strict=True):
+        assert gt.operation(word & ~0x1F | (word & 0x1F if name.startswith("DSB") else 31)) == name
+
+
+def _relaid(markers_at_end: bool, marker_capacity: int, extra: int = 0) -> bytes:
+    """The fixture's records re-laid as the plugin lays them with a marker region."""
+    raw = np.frombuffer((FIXTURE / gt.GT_LOG).read_bytes()[gt.HEADER_SIZE :], gt._RECORD)
+    marks, others = raw[raw["kind"] == 6], raw[raw["kind"] != 6]
+    capacity = len(others) + marker_capacity + extra
+    header = bytearray((FIXTURE / gt.GT_LOG).read_bytes()[: gt.HEADER_SIZE])
+    header[16:24] = capacity.to_bytes(8, "little")
+    header[24:32] = len(others).to_bytes(8, "little")
+    header[32:36] = (0 if markers_at_end else 1).to_bytes(4, "little")
+    header[44:48] = marker_capacity.to_bytes(4, "little")
+    header[56:64] = len(marks).to_bytes(8, "little")
+    if not markers_at_end:
+        return bytes(header) + others.tobytes() + marks.tobytes()
+    gap = np.zeros(capacity - marker_capacity - len(others), gt._RECORD)
+    return bytes(header) + others.tobytes() + gap.tobytes() + marks.tobytes()
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_marker_slots_closed_or_not(tmp_path: Path, closed: bool) -> None:
+    """Markers in their own slots: moved up behind the others once closed, still at the
+    end of the capacity in a log QEMU never closed; both read as the same records."""
+    expected = gt.read_log(FIXTURE / gt.GT_LOG).records
+    log = tmp_path / "log.tkgt"
+    log.write_bytes(_relaid(markers_at_end=not closed, marker_capacity=64, extra=5))
+    read = gt.read_log(log)
+    assert read.header.complete is closed and read.header.not_written == 0
+    assert read.records.equals(expected)
+
+
+def test_ground_truth_added_to_the_bundles_of_the_boot(tmp_path: Path) -> None:
+    """Every bundle left in --out gets the boot's ground truth in groundtruth/, recorded in
+    its manifest with checksum and note; it loads from there; caches and repeats skip."""
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "checks" / "x" / "bundle", Spec(runs=2))
+    (out / "bundle" / ".tracekit-cache").mkdir(parents=True)
+    (out / "bundle" / ".tracekit-cache" / "manifest.json").write_text("{}")
+    assert add_to_bundles(out) == [bundle]
+    manifest = read_manifest(bundle)
+    entry = manifest.files[f"groundtruth/{gt.GT_LOG}"]
+    assert entry["sha256"] == sha256_file(FIXTURE / gt.GT_LOG)
+    assert entry["added_by"] == "tracekit vhost run --ground-truth"
+    assert "emulated ground truth" in entry["note"] and "not hardware" in entry["note"]
+    assert verify_files(bundle, manifest) == []
+    inside = gt.load_ground_truth(bundle / "groundtruth")
+    assert inside.table.equals(gt.load_ground_truth(FIXTURE).table)
+    assert add_to_bundles(out) == []  # already there: nothing replaced
+
+
+def test_bundle_rows_given_to_their_runs(tmp_path: Path) -> None:
+    """Each ground-truth row inside a run's [start, end] gets that run; counted apart."""
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "bundle", Spec(runs=2))
+    add_to_bundles(out)
+    truth, given = gt.bundle_ground_truth(bundle)
+    runs = [r for r in read_manifest(bundle).runs if r.start_ns is not None]
+    expected = sum(
+        truth.table.filter(pl.col("ts").is_between(r.start_ns, r.end_ns)).height for r in runs
+    )
+    assert expected > 0 and given.height == expected
+    for run in runs:
+        mine = given.filter(pl.col("run_id") == run.run_id)
+        assert mine.height == 0 or (
+            mine["ts"].min() >= run.start_ns and mine["ts"].max() <= run.end_ns
+        )
+    board = generate(tmp_path / "board", Spec(runs=2))
+    with pytest.raises(TracekitError, match="no ground truth"):
+        gt.bundle_ground_truth(board)

@@ -1,0 +1,261 @@
+"""The ground-truth plugin: its build side (QEMU version checks, the header out of
+Debian's source tarballs, the deb-src apt state, make against the header) and, in the
+emulated host, what it sees of VMs in nVHE on bookworm's 6.1.
+
+The tarballs here are generated; the build uses the header `tracekit vhost build
+--ground-truth` cached (the real one of the installed QEMU), and is skipped without it.
+The vhost test loads the plugin in the existing `nvhe-a53` boot (no boot of its own).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import register_vhost_check
+
+from tracekit.bundle import read_manifest
+from tracekit.cpus import parse_cpu_list
+from tracekit.errors import TracekitError
+from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, parse_gtmark
+from tracekit.ingest.vmm import parse_vmm_output
+from tracekit.vhost import apt, groundtruth
+
+HEADER = b"/* qemu-plugin.h */\n#define QEMU_PLUGIN_VERSION 1\n"
+
+
+def _tarball(path: Path, files: dict[str, bytes]) -> Path:
+    """An .tar.xz holding `files`."""
+    with tarfile.open(path, "w:xz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_debian_version_from_qemu_version_output() -> None:
+    """The Debian version is read from `qemu-system-aarch64 --version`, or None."""
+    line = "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)\nCopyright"
+    assert groundtruth.parse_debian_version(line) == "1:7.2+dfsg-7+deb12u18+b3"
+    assert groundtruth.parse_debian_version("QEMU emulator version 9.1.0") is None
+
+
+def test_version_mismatch_is_one_line() -> None:
+    """A QEMU on PATH other than the packaged one is refused, naming both versions."""
+    groundtruth.check_same_version("1:7.2+dfsg-7+deb12u18+b3", "1:7.2+dfsg-7+deb12u18+b3")
+    with pytest.raises(TracekitError, match="reports Debian version none, but qemu-system-arm"):
+        groundtruth.check_same_version("1:7.2+dfsg-7+deb12u18+b3", None)
+
+
+def test_header_cut_from_the_upstream_tarball(tmp_path: Path) -> None:
+    """include/qemu/qemu-plugin.h comes out of the .orig tarball; its API is checked."""
+    orig = _tarball(
+        tmp_path / "qemu_7.2+dfsg.orig.tar.xz",
+        {"qemu-7.2.0/include/qemu/qemu-plugin.h": HEADER, "qemu-7.2.0/README": b"x"},
+    )
+    assert groundtruth.header_from_tarball(orig) == HEADER
+    groundtruth.check_api(HEADER)
+    with pytest.raises(TracekitError, match="plugin API 2"):
+        groundtruth.check_api(HEADER.replace(b"VERSION 1", b"VERSION 2"))
+    empty = _tarball(tmp_path / "other.tar.xz", {"x/README": b"x"})
+    with pytest.raises(TracekitError, match="not a QEMU source tarball"):
+        groundtruth.header_from_tarball(empty)
+
+
+def test_a_debian_patch_to_the_header_is_refused(tmp_path: Path) -> None:
+    """If Debian patches the header, the tarball's copy is not the installed QEMU's."""
+    clean = _tarball(tmp_path / "a.debian.tar.xz", {"debian/patches/x.patch": b"--- a/foo.c\n"})
+    groundtruth.check_not_patched(clean)
+    patched = _tarball(
+        tmp_path / "b.debian.tar.xz",
+        {"debian/patches/y.patch": b"--- a/include/qemu/qemu-plugin.h\n+++ b/..."},
+    )
+    with pytest.raises(TracekitError, match=r"patches qemu-plugin\.h"):
+        groundtruth.check_not_patched(patched)
+
+
+def test_source_state_lists_deb_src(tmp_path: Path) -> None:
+    """The private source state asks for deb-src lines of the suite and its -updates."""
+    state = apt.AptState(
+        tmp_path,
+        "bookworm",
+        "http://mirror.example/debian",
+        source=True,
+        extra_suites=("bookworm-updates",),
+    )
+    lines = apt.sources_list(state).splitlines()
+    assert [line.split()[0] for line in lines] == ["deb-src", "deb-src"]
+    assert [line.split()[3] for line in lines] == ["bookworm", "bookworm-updates"]
+
+
+def test_plugin_argv_refuses_commas(tmp_path: Path) -> None:
+    """QEMU's option parser splits on commas: such a path is one clear error."""
+    argv = groundtruth.plugin_argv(tmp_path / "tkgt.so", tmp_path / "log", 10)
+    assert argv == ["-plugin", f"file={tmp_path}/tkgt.so,out={tmp_path}/log,limit=10"]
+    with pytest.raises(TracekitError, match="comma"):
+        groundtruth.plugin_argv(tmp_path / "a,b" / "tkgt.so", tmp_path / "log")
+
+
+def _cached_header() -> Path | None:
+    """The header of the installed QEMU, if `vhost build --ground-truth` cached it."""
+    try:
+        version = groundtruth.installed_qemu()
+    except TracekitError:
+        return None
+    header = groundtruth.header_dir(version) / groundtruth.HEADER
+    return header if header.is_file() else None
+
+
+@pytest.mark.skipif(_cached_header() is None, reason="run `tracekit vhost build --ground-truth`")
+def test_plugin_builds_with_werror_and_exports_install(tmp_path: Path) -> None:
+    """make builds the plugin -Wall -Wextra -Werror; it exports what QEMU looks up."""
+    header = _cached_header()
+    assert header is not None
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            str(groundtruth.plugin_source_dir()),
+            f"QEMU_PLUGIN_INCLUDE={header.parent}",
+            f"O={tmp_path}",
+        ],
+        check=True,
+    )
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(tmp_path / groundtruth.PLUGIN)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "qemu_plugin_install" in symbols and "qemu_plugin_version" in symbols
+    assert "intern_site" not in symbols  # everything else stays hidden
+
+
+# One VMM run of three MMU-on VMs on CPU 1, between two markers on CPU 0 that bound it on
+# the trace clock (appended to the boot's marker file, so the clock fit pairs them too).
+GT_CONFIG = "nvhe-a53"
+GT_VMS = 3
+register_vhost_check(
+    GT_CONFIG,
+    "groundtruth_vms",
+    "G=/tracekit/reproducer/build/gtmark; "
+    "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-start; "
+    f"/tracekit/reproducer/build/vmm --cpus 1 --repeat {GT_VMS} "
+    "/tracekit/reproducer/build/guests/mmu-on.elf > vmm.txt; status=$?; "
+    "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-end; "
+    "cat /sys/devices/system/cpu/online > online; exit $status",
+)
+
+
+def _within(frame: pl.DataFrame, windows: list[tuple[int, int]]) -> pl.DataFrame:
+    """The rows whose trace time falls in one of the [start, end] windows."""
+    inside = pl.lit(False)
+    for start, end in windows:
+        inside = inside | pl.col("ts").is_between(start, end)
+    return frame.filter(inside)
+
+
+@pytest.mark.vhost
+def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
+    """bookworm 6.1 nVHE: each VM's creation re-initialises EL2 on every online CPU (TLBI
+    ALLE2 + TLBI VMALLS12E1, local), its first vCPU run flushes the guest CPU's context
+    (TLBI VMALLE1 + IC IALLU, local), and its teardown issues no invalidation at EL2;
+    counts equal the VMM's VMs times the CPUs the kernel lists online."""
+    boot = vhost_boot(GT_CONFIG)
+    check = boot.checks["groundtruth_vms"]
+    assert check.status == 0, check.stderr
+    here = boot.result.out_dir / "checks" / "groundtruth_vms"
+    truth = load_ground_truth(boot.result.out_dir)
+    assert truth.header.not_written == 0 and truth.fit.max_residual_ns < 100_000
+    start = parse_gtmark((here / "window-start").read_text())["t0"][0]
+    end = parse_gtmark((here / "window-end").read_text())["t1"][0]
+    vms = parse_vmm_output((here / "vmm.txt").read_text()).vms
+    assert vms.height == GT_VMS and set(vms["result"]) == {"ok"}
+    online = (here / "online").read_text().strip()
+    cpus = len(parse_cpu_list(online))
+    hyp = truth.table.filter(
+        (pl.col("where") == "hyp")
+        & pl.col("kind").is_in(["tlbi", "ic"])
+        & pl.col("ts").is_between(start, end)
+    )
+    creates = [
+        (r["create_start_ns"], r["create_start_ns"] + r["create_ns"])
+        for r in vms.iter_rows(named=True)
+    ]
+    runs = [
+        (b, b + r["run_ns"]) for (_, b), r in zip(creates, vms.iter_rows(named=True), strict=True)
+    ]
+    teardowns = [
+        (r["teardown_end_ns"] - r["teardown_ns"], r["teardown_end_ns"])
+        for r in vms.iter_rows(named=True)
+    ]
+    init = hyp.filter(pl.col("symbol").str.starts_with("__kvm_nvhe____kvm_hyp_init"))
+    for operation in ("TLBI ALLE2", "TLBI VMALLS12E1"):
+        mine = init.filter(pl.col("operation") == operation)
+        assert mine.height == GT_VMS * cpus, operation
+        assert mine.group_by("cpu").len()["len"].to_list() == [GT_VMS] * cpus
+        assert _within(mine, creates).height == mine.height
+    flush = hyp.filter(pl.col("symbol").str.starts_with("__kvm_nvhe___kvm_flush_cpu_context"))
+    assert sorted(flush["operation"].to_list()) == ["IC IALLU"] * GT_VMS + ["TLBI VMALLE1"] * GT_VMS
+    assert set(flush["cpu"]) == {1} and _within(flush, runs).height == flush.height
+    assert hyp.height == init.height + flush.height  # nothing else at EL2, ALLE1(IS) included
+    assert _within(hyp, teardowns).height == 0
+
+
+BLOCK_POLARS = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("polars", "numpy"):
+            raise ImportError("the emulated host has no " + name)
+sys.meta_path.insert(0, Block())
+import tracekit.cli
+"""
+
+
+def test_cli_imports_without_polars() -> None:
+    """The emulated host runs `python3 -m tracekit` without polars or numpy: importing the
+    CLI (which imports the vhost runner) must not pull them in."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_POLARS],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.vhost
+def test_vhost_nvhe_6_1_vmid_rollover_is_one_alle1is(vhost_boot) -> None:
+    """bookworm 6.1 nVHE, 8-bit VMIDs (cortex-a53): the VMID rollover collect's check sees
+    exactly one new generation, and EL2 executes exactly one TLBI ALLE1IS in the whole boot
+    (`__kvm_flush_vm_context`), inside the rollover run, on the CPU the guests ran on."""
+    boot = vhost_boot(GT_CONFIG)
+    if "collect_rollover" not in boot.checks:
+        pytest.skip("the rollover check is registered by tests/test_collect.py")
+    assert boot.checks["collect_rollover"].status == 0
+    bundle = boot.result.out_dir / "checks" / "collect_rollover" / "bundle"
+    result = json.loads((bundle / "runs/after-guest-rollover/rollover.json").read_text())
+    generations = {vmid >> result["vmid_bits"] for vmid in result["vmid_ids"]}
+    truth, given = bundle_ground_truth(bundle)
+    alle1 = truth.table.filter(
+        (pl.col("where") == "hyp") & pl.col("operation").str.starts_with("TLBI ALLE1")
+    )
+    assert alle1.height == len(generations) - 1 == 1
+    assert alle1["operation"][0] == "TLBI ALLE1IS"
+    assert alle1["symbol"][0].startswith("__kvm_nvhe___kvm_flush_vm_context")
+    mine = given.filter(pl.col("where") == "hyp", pl.col("operation") == "TLBI ALLE1IS")
+    assert mine["run_id"].to_list() == ["after-guest-rollover"]
+    assert [alle1["cpu"][0]] == read_manifest(bundle).options["guest_cpus"]

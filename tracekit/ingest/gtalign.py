@@ -1,0 +1,362 @@
+"""Ground truth of one emulated boot: where each logged instruction ran, on which Linux
+CPU, at what time of the trace clock. Pure functions over the plugin's records (the
+files are read by tracekit.ingest.groundtruth).
+
+Where (no register reads in QEMU 7.2's plugin API, so the exception level is inferred):
+- the plugin logs each instruction's VA and QEMU's host address of its bytes. Guest RAM
+  is one host mapping, so for the kernel image `haddr - vaddr` is one constant; with it
+  every record's host address gives the kernel-image address of the same bytes (the
+  "physical side"), whatever VA they ran at;
+- bytes inside [__hyp_idmap_text_start, __hyp_text_end) run at a low VA: the nVHE
+  (or protected) hypervisor at EL2, which runs from TTBR0_EL2 (or its idmap with the MMU
+  off); kallsyms names them `__kvm_nvhe_*`;
+- other kernel-image bytes: the host kernel (also when run at their physical address
+  by the early boot code and CPU bring-up, MMU off);
+- a high VA outside the kernel image: the host kernel if a kallsyms span (a module)
+  covers it, else "kernel" uncertain (JIT, fixmap; a Linux guest's kernel would look so);
+- a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so they
+  ran in a guest at EL1; a DSB or marker there is a guest's if in the reproducer's guest
+  RAM window (IPA 0x40000000, 16 MB, identity-mapped), else user space; both uncertain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.errors import TracekitError
+from tracekit.symbols.table import SymbolTable
+
+KERNEL_HALF = 1 << 63
+# The reproducer's guest RAM: IPA 0x40000000, 16 MB, run identity-mapped or MMU off.
+GUEST_WINDOW = (0x4000_0000, 0x4100_0000)
+# QEMU 7.2 virt with GICv3: MPIDR Aff0 = vCPU index % 16, Aff1 = index / 16.
+QEMU_AFF0_CPUS = 16
+# gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned.
+MARKER_SLOTS = 64
+MARKER_SLOT_BYTES = 8
+# KVM's VHE TLB maintenance runs in the kernel with HCR_EL2.TGE cleared and the guest's
+# VTTBR loaded (arch/arm64/kvm/hyp/vhe/tlb.c): its EL1-form TLBIs act on the guest's EL1&0.
+VHE_GUEST_CONTEXT = "__kvm_"
+# A marker whose [t0, t1] is at most this wide measures the clock offset well.
+TIGHT_BRACKET_NS = 20_000
+
+_BOOT_CPU = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
+_SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """The boot's kernel image (executable part) and hypervisor text, from its kallsyms."""
+
+    # _stext .. _einittext: text, the .rodata.text between (entry trampoline, idmap
+    # text, kexec/hibernate; kallsyms names none of it) and init text.
+    image: tuple[int, int]
+    # _etext .. __init_begin: the unnamed .rodata.text part (no symbol is given there).
+    unnamed: tuple[int, int]
+    hyp: tuple[int, int]
+    symbols: SymbolTable
+
+
+@dataclass(frozen=True)
+class ClockFit:
+    """trace ns = offset + slope * (host ns - host0); residuals over the markers, in ns."""
+
+    host0: int
+    offset: float
+    slope: float
+    markers: int
+    max_residual_ns: float
+    # Largest distance of the fit outside a marker's [t0, t1] bracket (0: inside all).
+    max_outside_ns: float
+    # Markers whose bracket is at most TIGHT_BRACKET_NS: those the residual is taken over.
+    tight_markers: int = 0
+
+    def apply(self, host_ns: pl.Expr) -> pl.Expr:
+        """The trace-clock time of host-clock timestamps."""
+        return (
+            (self.offset + self.slope * (host_ns - self.host0).cast(pl.Float64))
+            .round(0)
+            .cast(pl.Int64)
+        )
+
+    def summary(self) -> str:
+        """One line for the user: markers, residual, bracket."""
+        return (
+            f"clock fit over {self.markers} markers: trace = host x {self.slope:.9f} + offset; "
+            f"max residual {self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} "
+            f"with a bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's "
+            f"bracket {self.max_outside_ns / 1000:.1f} us"
+        )
+
+
+def kernel_layout(symbols: SymbolTable) -> KernelLayout:
+    """The image and hyp-text spans a boot's kallsyms names; one line if they are missing."""
+    names = (
+        "_stext",
+        "_etext",
+        "__init_begin",
+        "_einittext",
+        "__hyp_idmap_text_start",
+        "__hyp_text_end",
+    )
+    found = {name: symbols.address_of(name) for name in names}
+    missing = [name for name, address in found.items() if address is None]
+    if missing:
+        raise TracekitError(
+            f"the kallsyms copy lacks {', '.join(missing)}: it must be this boot's "
+            "/proc/kallsyms read as root (vhost run --ground-truth saves it)"
+        )
+    at = {name: int(address) for name, address in found.items() if address is not None}
+    return KernelLayout(
+        image=(at["_stext"], at["_einittext"]),
+        unnamed=(at["_etext"], at["__init_begin"]),
+        hyp=(at["__hyp_idmap_text_start"], at["__hyp_text_end"]),
+        symbols=symbols,
+    )
+
+
+def host_offset(sites: pl.DataFrame, layout: KernelLayout) -> int:
+    """haddr - vaddr of the kernel image, checked to be one constant."""
+    low, high = layout.image
+    text = sites.filter(
+        (pl.col("vaddr") >= low) & (pl.col("vaddr") < high) & (pl.col("haddr") != 0)
+    )
+    pairs = zip(text["vaddr"].to_list(), text["haddr"].to_list(), strict=True)
+    deltas = Counter((h - v) % (1 << 64) for v, h in pairs)
+    if not deltas:
+        raise TracekitError(
+            "no logged instruction ran at a kernel text address of this kallsyms: is the "
+            "kallsyms copy from the same boot as the log?"
+        )
+    if len(deltas) > 1:
+        raise TracekitError(
+            f"kernel text appears at {len(deltas)} host offsets, not one: the log and the "
+            "kallsyms copy are not from the same boot"
+        )
+    return next(iter(deltas))
+
+
+def _where(vaddr: int, haddr: int, kind: str, offset: int, layout: KernelLayout) -> tuple:
+    """(where, certain, image address or None) of one instruction site."""
+    image = (haddr - offset) % (1 << 64) if haddr else None
+    in_image = image is not None and layout.image[0] <= image < layout.image[1]
+    if in_image and vaddr < KERNEL_HALF and layout.hyp[0] <= image < layout.hyp[1]:
+        return "hyp", True, image
+    if in_image:
+        return "kernel", True, image
+    if vaddr >= KERNEL_HALF:
+        return "kernel", layout.symbols.covers(vaddr), vaddr
+    if kind in ("tlbi", "tlbi-nxs", "ic"):
+        return "guest", True, None
+    in_guest = GUEST_WINDOW[0] <= vaddr < GUEST_WINDOW[1]
+    return ("guest" if in_guest else "user"), False, None
+
+
+def locate(records: pl.DataFrame, layout: KernelLayout) -> pl.DataFrame:
+    """Add where, where_certain and symbol (function+offset where kallsyms names it)."""
+    sites = records.select("vaddr", "haddr", "kind").unique()
+    offset = host_offset(sites, layout)
+    rows = []
+    for vaddr, haddr, kind in sites.iter_rows():
+        where, certain, image = _where(vaddr, haddr, kind, offset, layout)
+        named = image is not None and not layout.unnamed[0] <= image < layout.unnamed[1]
+        found = layout.symbols.lookup(image) if named else None
+        symbol = f"{found.symbol.name}+{found.offset:#x}" if found else None
+        rows.append((vaddr, haddr, kind, where, certain, symbol))
+    table = pl.DataFrame(
+        rows,
+        schema={
+            "vaddr": pl.UInt64,
+            "haddr": pl.UInt64,
+            "kind": pl.String,
+            "where": pl.String,
+            "where_certain": pl.Boolean,
+            "symbol": pl.String,
+        },
+        orient="row",
+    )
+    return records.join(table, on=["vaddr", "haddr", "kind"], how="left", maintain_order="left")
+
+
+def mpidrs_from_dmesg(dmesg: str) -> dict[int, int]:
+    """Linux CPU number -> MPIDR, from the boot log's bring-up lines."""
+    found: dict[int, int] = {}
+    boot = _BOOT_CPU.search(dmesg)
+    if boot:
+        found[0] = int(boot.group(1), 16)
+    for cpu, mpidr in _SECONDARY.findall(dmesg):
+        found[int(cpu)] = int(mpidr, 16)
+    return found
+
+
+def qemu_mpidr(vcpu: int) -> int:
+    """The MPIDR affinity QEMU 7.2's virt machine (GICv3) gives vCPU index `vcpu`."""
+    return (vcpu // QEMU_AFF0_CPUS) << 8 | vcpu % QEMU_AFF0_CPUS
+
+
+def vcpu_to_cpu(vcpus: int, mpidrs: dict[int, int]) -> dict[int, int]:
+    """QEMU vCPU index -> Linux CPU number, by MPIDR; one line if a vCPU has no CPU."""
+    by_mpidr = {mpidr & 0xFF_00FF_FFFF: cpu for cpu, mpidr in mpidrs.items()}
+    mapping = {}
+    for vcpu in range(vcpus):
+        cpu = by_mpidr.get(qemu_mpidr(vcpu))
+        if cpu is None:
+            raise TracekitError(
+                f"vCPU {vcpu} (MPIDR {qemu_mpidr(vcpu):#x}) is in no 'Booted secondary "
+                "processor' line of the boot log: is it this boot's dmesg?"
+            )
+        mapping[vcpu] = cpu
+    return mapping
+
+
+def pair_markers(records: pl.DataFrame, gtmark: pl.DataFrame) -> pl.DataFrame:
+    """The plugin's markers beside gtmark's lines, in order; checked by slot."""
+    seen = records.filter(pl.col("kind") == "marker").sort("ts_host")
+    lines = gtmark.sort("seq")
+    if seen.height != lines.height:
+        raise TracekitError(
+            f"the log holds {seen.height} markers but gtmark printed {lines.height}: "
+            "something else executed the marker, or a run was cut short; cannot pair them"
+        )
+    slots = (seen["vaddr"] // MARKER_SLOT_BYTES) % MARKER_SLOTS
+    paired = lines.with_columns(
+        ts_host=seen["ts_host"], vcpu=seen["vcpu"], seen_slot=slots.cast(pl.Int64)
+    )
+    wrong = paired.filter(pl.col("seen_slot") != pl.col("slot"))
+    if wrong.height:
+        raise TracekitError(
+            f"{wrong.height} markers ran at another table slot than gtmark says "
+            f"(first: seq {wrong['seq'][0]}): the pairing by order is wrong"
+        )
+    return paired
+
+
+def check_cpu_map(paired: pl.DataFrame, mapping: dict[int, int]) -> list[int]:
+    """The markers (seq) whose vCPU maps to another CPU than gtmark was pinned to."""
+    mapped = paired["vcpu"].replace_strict(mapping, default=None)
+    return paired.filter(mapped != paired["cpu"])["seq"].to_list()
+
+
+def fit_clock(paired: pl.DataFrame) -> ClockFit:
+    """Weighted least-squares line from the plugin's host time to the midpoint of [t0, t1].
+
+    A marker's bracket is its uncertainty: the first marker of a fresh gtmark process can
+    take milliseconds between t0 and t1 (page faults, translation), the rest a few
+    hundred ns. Weights 1/half-width (at least 0.5 us) keep the wide ones from pulling
+    the line; the residual is reported over the tight markers (bracket <= 20 us), and
+    the distance outside the bracket over all of them.
+    """
+    if paired.height < 2:
+        raise TracekitError("fewer than 2 clock markers: cannot fit the host clock to the trace's")
+    host = paired["ts_host"].to_numpy().astype(np.int64)
+    host0 = int(host[0])
+    x = (host - host0).astype(np.float64)
+    t0 = paired["t0"].to_numpy().astype(np.float64)
+    t1 = paired["t1"].to_numpy().astype(np.float64)
+    mid = (t0 + t1) / 2
+    half = np.maximum((t1 - t0) / 2, 500.0)
+    slope, offset = np.polyfit(x, mid, 1, w=1 / half)
+    fitted = offset + slope * x
+    outside = np.maximum(np.maximum(t0 - fitted, fitted - t1), 0)
+    tight = (t1 - t0) <= TIGHT_BRACKET_NS
+    residual = np.abs(fitted - mid)[tight] if tight.any() else np.abs(fitted - mid)
+    return ClockFit(
+        host0=host0,
+        offset=float(offset),
+        slope=float(slope),
+        markers=paired.height,
+        max_residual_ns=float(np.max(residual)),
+        max_outside_ns=float(np.max(outside)),
+        tight_markers=int(tight.sum()),
+    )
+
+
+def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
+    """Add regime and effective_shareability: what the instruction acted on, by context.
+
+    regime: a TLBI's translation regime. EL2-form (op1=4) *E1 operations act on EL1&0
+    (every VMID's or the current VMID's stage 1+2), *E2 on EL2 (EL2&0 in VHE); EL1-form
+    ones act on EL1&0, except in a VHE host kernel, where E2H+TGE send them to EL2&0
+    (not in KVM's VHE TLB helpers, which clear TGE and load the guest's VMID first).
+    effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS, so its local
+    TLBI/IC are broadcast inner-shareable and its non-shareable DSB is upgraded to ISH.
+    """
+    vhe = kvm_mode == "vhe"
+    op = pl.col("operation")
+    tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"])
+    e2 = op.str.contains(r"E2(IS|OS)?(nXS)?$")
+    regime = (
+        pl.when(~tlbi)
+        .then(None)
+        .when(pl.col("el_form") == "EL3")
+        .then(pl.lit("EL3"))
+        .when((pl.col("el_form") == "EL2") & e2)
+        .then(pl.lit("EL2&0" if vhe else "EL2"))
+        .when(
+            (pl.col("el_form") == "EL1")
+            & (pl.col("where") == "kernel")
+            & vhe
+            & ~pl.col("symbol").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        )
+        .then(pl.lit("EL2&0"))
+        .otherwise(pl.lit("EL1&0"))
+    )
+    upgraded = (pl.col("where") == "guest") & (pl.col("shareability") == "non-shareable")
+    share = (
+        pl.when(upgraded & pl.col("kind").is_in(["tlbi", "tlbi-nxs", "ic", "dsb", "dsb-nxs"]))
+        .then(pl.lit("inner"))
+        .otherwise(pl.col("shareability"))
+    )
+    return frame.with_columns(regime=regime, effective_shareability=share)
+
+
+def ground_truth_table(
+    records: pl.DataFrame,
+    layout: KernelLayout,
+    gtmark: pl.DataFrame,
+    dmesg: str,
+    vcpus: int,
+    kvm_mode: str,
+) -> tuple[pl.DataFrame, ClockFit, dict[int, int]]:
+    """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map."""
+    mapping = vcpu_to_cpu(vcpus, mpidrs_from_dmesg(dmesg))
+    paired = pair_markers(records, gtmark)
+    wrong = check_cpu_map(paired, mapping)
+    if wrong:
+        raise TracekitError(
+            f"{len(wrong)} markers ran on another CPU than gtmark was pinned to (first seq "
+            f"{wrong[0]}): the vCPU -> CPU mapping from dmesg does not hold"
+        )
+    fit = fit_clock(paired)
+    located = locate(records, layout)
+    table = effective(located, kvm_mode).with_columns(
+        ts=fit.apply(pl.col("ts_host")),
+        cpu=pl.col("vcpu").replace_strict(mapping, return_dtype=pl.Int32),
+    )
+    return table.select(COLUMNS), fit, mapping
+
+
+COLUMNS = [
+    "ts",
+    "ts_host",
+    "cpu",
+    "vcpu",
+    "operation",
+    "kind",
+    "el_form",
+    "regime",
+    "scope",
+    "shareability",
+    "effective_shareability",
+    "range",
+    "where",
+    "where_certain",
+    "symbol",
+    "vaddr",
+    "insn",
+]
