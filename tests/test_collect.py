@@ -311,6 +311,9 @@ def test_every_guest_parameter_reaches_the_vmm() -> None:
     assert argv == ["--touch-kb", "4096", "--tlbi-count", "1000", "--timeout", "600"]
     sweep = guest_settings(params, ipa_bits=44, ram_mb=16, touch_kb=0, timeout=0)
     assert sweep[:4] == ["--ipa-bits", "44", "--touch-kb", "0"]
+    # A sweep's several values never reach the one-value check (the point has its own).
+    swept = SCENARIOS["teardown"].defaults.merged(ipa_bits=(32, 36, 40))
+    assert guest_settings(swept, ipa_bits=36, touch_kb=0)[:2] == ["--ipa-bits", "36"]
     with pytest.raises(TracekitError, match="give one value"):
         SCENARIOS["main"].defaults.merged(vcpus=(1, 2)).single("vcpus")
 

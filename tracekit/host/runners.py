@@ -134,7 +134,10 @@ def guest_settings(params: ScenarioParams, **point: int) -> list[str]:
     """
     values: dict[str, int | None] = {}
     for name in ("ipa_bits", "touch_kb"):
-        values[name] = point.get(name, params.single(name) if params.explicit(name) else None)
+        if name in point:  # a sweep point's own value (the scenario sweeps this one)
+            values[name] = point[name]
+        elif params.explicit(name):
+            values[name] = params.single(name)
     values["tlbi_count"] = params.tlbi_count if params.explicit("tlbi_count") else None
     values |= {k: v for k, v in point.items() if k not in values}
     return toolbox.vmm_settings(**{k: v for k, v in values.items() if v is not None})
