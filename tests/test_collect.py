@@ -340,3 +340,17 @@ def test_rollover_vms_get_the_guests_backing_and_no_knobs() -> None:
     assert "--knob" not in argv and "--preset" not in argv
     with pytest.raises(TracekitError, match="backing"):
         rollover_argv(tools, Path("mmu-off.elf"), (1,), "huge", 1)
+
+
+def test_budget_counts_the_vms_of_knob_guests(tmp_path: Path) -> None:
+    """A knob guest's record=vm line goes on after `result`: its VMs count (0 did)."""
+    from tracekit.host.guestruns import vms_recorded
+
+    out = tmp_path / "vmm.txt"
+    out.write_text(
+        "record=run variant=mmu-off\n"
+        "record=vm vm=0 ipa_bits=40 result=ok sctlr_on=0x0 pages_read=0 tlbis=0\n"
+        "record=vm vm=1 ipa_bits=40 result=ok\n"
+        "record=vm vm=2 ipa_bits=40 result=stopped sctlr_on=0x0\n"
+    )
+    assert vms_recorded(out) == 2
