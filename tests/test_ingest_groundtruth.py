@@ -278,6 +278,42 @@ def test_c_classifier_agrees_with_python_names(c_classes: dict[int, tuple[int, i
             assert kind == 0, f"{word:#x} logged as {kind}"
     assert c_classes[0xD503309F | 11 << 8] == (3, 1 | 3 << 2)  # DSB ISH: inner, all
     assert c_classes[0xD503323F | 2 << 10] == (4, 1 | 3 << 2)  # DSB ISHnXS
+    # SSBB and PSSBB name no domain: a kind of their own; DSB #8/#12 execute as SY.
+    assert c_classes[0xD503309F] == c_classes[0xD503309F | 4 << 8] == (7, 0)
+    assert c_classes[0xD503309F | 8 << 8] == c_classes[0xD503309F | 12 << 8] == (3, 3 | 3 << 2)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_speculation_barriers_are_no_dsb(version: int) -> None:
+    """SSBB/PSSBB decode as kind ssb with no shareability (also a version-1 log's, coded as
+    DSB OSH/NSH type 0); DSB #8/#12 as full-system; neither is upgraded for a guest."""
+    words = [0xD503309F, 0xD503349F, 0xD503389F, 0xD5033C9F, 0xD5033F9F]
+    v1 = [(3, 2), (3, 0), (3, 1 << 0 | 0), (3, 3), (3, 3 | 3 << 2)]
+    v2 = [(7, 0), (7, 0), (3, 3 | 3 << 2), (3, 3 | 3 << 2), (3, 3 | 3 << 2)]
+    codes = v1 if version == 1 else v2
+    raw = pl.DataFrame(
+        {
+            "ts_host": list(range(1, 6)),
+            "vcpu": [0] * 5,
+            "insn": pl.Series(words, dtype=pl.UInt32),
+            "vaddr": pl.Series([0x40000000] * 5, dtype=pl.UInt64),
+            "haddr": pl.Series([0] * 5, dtype=pl.UInt64),
+            "kind_code": pl.Series([k for k, _ in codes], dtype=pl.UInt8),
+            "flags": pl.Series([f for _, f in codes], dtype=pl.UInt8),
+        }
+    )
+    decoded = gt.decode(raw)
+    assert decoded["operation"].to_list() == [
+        "SSBB",
+        "PSSBB",
+        "DSB #8 (as SY)",
+        "DSB #12 (as SY)",
+        "DSB SY",
+    ]
+    assert decoded["kind"].to_list() == ["ssb", "ssb", "dsb", "dsb", "dsb"]
+    assert decoded["shareability"].to_list() == [None, None] + ["full-system"] * 3
+    guest = gtalign.effective(decoded.with_columns(where=pl.lit("guest"), symbol=None), "nvhe")
+    assert guest["effective_shareability"].to_list() == [None, None] + ["full-system"] * 3
 
 
 @pytest.mark.skipif(shutil.which(AS) is None, reason="needs binutils-aarch64-linux-gnu")

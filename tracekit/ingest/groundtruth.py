@@ -30,7 +30,9 @@ GT_DMESG = runner.BOOT_DMESG
 GT_RUN = runner.RUN_RECORD
 
 MAGIC = b"TKGTLOG\0"
-VERSION = 1
+# 2: SSBB/PSSBB have kind 7 and DSB #8/#12 are flagged SY; a version-1 log's are
+# corrected from the instruction word (decode), so both are read the same.
+VERSIONS = (1, 2)
 HEADER_SIZE = 64
 RECORD_SIZE = 32
 CLOCK_MONOTONIC = 1
@@ -118,8 +120,9 @@ def read_header(path: str | os.PathLike[str]) -> LogHeader:
     if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
         raise _bad(source, "no TKGTLOG header")
     head = np.frombuffer(raw, _HEADER, count=1)[0]
-    if int(head["version"]) != VERSION:
-        raise _bad(source, f"format version {int(head['version'])}, this reader knows {VERSION}")
+    if int(head["version"]) not in VERSIONS:
+        known = ", ".join(map(str, VERSIONS))
+        raise _bad(source, f"format version {int(head['version'])}, this reader knows {known}")
     if int(head["record_size"]) != RECORD_SIZE or int(head["clock"]) != CLOCK_MONOTONIC:
         raise _bad(source, "unexpected record size or clock")
     return LogHeader(
@@ -134,7 +137,11 @@ def read_header(path: str | os.PathLike[str]) -> LogHeader:
 
 
 # enum tkgt_kind of reproducer/groundtruth/tkgt.h.
-KINDS = {1: "tlbi", 2: "tlbi-nxs", 3: "dsb", 4: "dsb-nxs", 5: "ic", 6: "marker"}
+KINDS = {1: "tlbi", 2: "tlbi-nxs", 3: "dsb", 4: "dsb-nxs", 5: "ic", 6: "marker", 7: "ssb"}
+# SSBB and PSSBB (DSB encoding CRm 0 and 4): barriers naming no shareability domain.
+SSB_WORDS = (0xD503309F, 0xD503349F)
+# DSB #8 and #12 (CRm 8, 12): reserved options, which the Arm ARM has execute as DSB SY.
+RESERVED_DSB_WORDS = (0xD503389F, 0xD5033C9F)
 # flags bits 0-1 (enum tkgt_share): what the encoding names.
 SHARES = ("non-shareable", "inner", "outer", "full-system")
 RANGE_FLAG = 0x10
@@ -243,7 +250,7 @@ def operation(insn: int) -> str:
         nxs = "nXS" if insn & 0x1000 else ""
         return f"TLBI {base}{nxs}" if base else f"TLBI op1={op1} CRm={crm} op2={op2}{nxs}"
     if (insn & 0xFFFFF0FF) == 0xD503309F:
-        return {0: "SSBB", 4: "PSSBB"}.get(crm) or f"DSB {_DSB_OPTIONS.get(crm, f'#{crm}')}"
+        return {0: "SSBB", 4: "PSSBB"}.get(crm) or f"DSB {_DSB_OPTIONS.get(crm, f'#{crm} (as SY)')}"
     if (insn & 0xFFFFF3FF) == 0xD503323F:
         return f"DSB {_DSB_NXS[crm >> 2]}"
     if (insn & 0xFFFFFFE0) == 0xD5087100:
@@ -310,16 +317,21 @@ def decode(frame: pl.DataFrame) -> pl.DataFrame:
             "scope": [_scope(w, names[w]) for w in words],
         }
     )
+    # From the word, not the kind code: a version-1 log has SSBB/PSSBB as kind dsb.
+    ssb = pl.col("insn").is_in(SSB_WORDS)
+    encoded = (pl.col("flags") & 3).replace_strict(dict(enumerate(SHARES)), return_dtype=pl.String)
     return (
         frame.join(table, on="insn", how="left")
         .with_columns(
-            kind=pl.col("kind_code").replace_strict(KINDS, return_dtype=pl.String),
-            # A marker names no shareability; every other kind's flags do.
-            shareability=pl.when(pl.col("kind_code") != 6).then(
-                (pl.col("flags") & 3).replace_strict(
-                    dict(enumerate(SHARES)), return_dtype=pl.String
-                )
-            ),
+            kind=pl.when(ssb)
+            .then(pl.lit("ssb"))
+            .otherwise(pl.col("kind_code").replace_strict(KINDS, return_dtype=pl.String)),
+            # Markers and SSBB/PSSBB name no shareability; every other kind's flags do.
+            shareability=pl.when((pl.col("kind_code") == 6) | ssb)
+            .then(None)
+            .when(pl.col("insn").is_in(RESERVED_DSB_WORDS))
+            .then(pl.lit("full-system"))
+            .otherwise(encoded),
             range=(pl.col("flags") & RANGE_FLAG) != 0,
         )
         .drop("kind_code", "flags")
