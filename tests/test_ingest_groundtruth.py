@@ -278,6 +278,11 @@ def test_c_classifier_agrees_with_python_names(c_classes: dict[int, tuple[int, i
             assert kind == 0, f"{word:#x} logged as {kind}"
     assert c_classes[0xD503309F | 11 << 8] == (3, 1 | 3 << 2)  # DSB ISH: inner, all
     assert c_classes[0xD503323F | 2 << 10] == (4, 1 | 3 << 2)  # DSB ISHnXS
+    # FEAT_TLBIW's VMALLWS2E1 (op1=4 CRm=6 op2=2; LLVM 0xd50c865f) and its IS/OS forms
+    # (CRm 2, 5) are no range TLBIs; RVAE2IS (op2=1) beside them is.
+    for crm in (2, 5, 6):
+        assert not c_classes[0xD50C805F | crm << 8][1] & 0x10, crm
+        assert c_classes[0xD50C803F | crm << 8][1] & 0x10, crm
     # SSBB and PSSBB name no domain: a kind of their own; DSB #8/#12 execute as SY.
     assert c_classes[0xD503309F] == c_classes[0xD503309F | 4 << 8] == (7, 0)
     assert c_classes[0xD503309F | 8 << 8] == c_classes[0xD503309F | 12 << 8] == (3, 3 | 3 << 2)

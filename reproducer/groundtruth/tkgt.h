@@ -71,7 +71,10 @@ struct tkgt_record {
 _Static_assert(sizeof(struct tkgt_header) == 64, "header is 64 bytes");
 _Static_assert(sizeof(struct tkgt_record) == 32, "record is 32 bytes");
 
-/* TLBI shareability from CRm; CRm 0 and 4 hold only op1=4 IPA forms (IS, and OS/local). */
+/* TLBI shareability from CRm; CRm 0 and 4 hold only op1=4 IPA forms (IS, and OS/local).
+ * In CRm 2/5/6 only odd op2 are range forms: op1=4 op2=2 there is FEAT_TLBIW's
+ * VMALLWS2E1(IS/OS), not a range. Not named (docs/tables.md): FEAT_TLBIW, RME's PA
+ * forms (op1=6), FEAT_D128's TLBIP (SYSP, not matched at all); none exists in QEMU 7.2. */
 static inline uint8_t tkgt_tlbi_flags(uint32_t crm, uint32_t op2)
 {
 	switch (crm) {
@@ -80,7 +83,7 @@ static inline uint8_t tkgt_tlbi_flags(uint32_t crm, uint32_t op2)
 	case 1:
 		return TKGT_OUTER;
 	case 2:
-		return TKGT_INNER | TKGT_FLAG_RANGE;
+		return TKGT_INNER | (op2 & 1 ? TKGT_FLAG_RANGE : 0);
 	case 3:
 		return TKGT_INNER;
 	case 4:
@@ -88,9 +91,9 @@ static inline uint8_t tkgt_tlbi_flags(uint32_t crm, uint32_t op2)
 		return ((op2 & 3) == 0 || (op2 & 3) == 3 ? TKGT_OUTER : TKGT_NONSHARED) |
 		       ((op2 & 3) >= 2 ? TKGT_FLAG_RANGE : 0);
 	case 5:
-		return TKGT_OUTER | TKGT_FLAG_RANGE;
+		return TKGT_OUTER | (op2 & 1 ? TKGT_FLAG_RANGE : 0);
 	case 6:
-		return TKGT_NONSHARED | TKGT_FLAG_RANGE;
+		return TKGT_NONSHARED | (op2 & 1 ? TKGT_FLAG_RANGE : 0);
 	default:
 		return TKGT_NONSHARED;
 	}
