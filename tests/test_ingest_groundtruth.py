@@ -123,6 +123,20 @@ def test_a_full_log_says_how_much_was_not_written(tmp_path: Path) -> None:
     )
 
 
+def test_untracked_sites_are_reported(tmp_path: Path) -> None:
+    """Sites the plugin could not track are in notes() and the run's line, as lost in
+    unknown number; a log without them says nothing of it."""
+    out = _copy_fixture(tmp_path)
+    log = out / gt.GT_LOG
+    assert "NOT tracked" not in ground_truth_note(log)
+    data = bytearray(log.read_bytes())
+    data[48:56] = (3).to_bytes(8, "little")
+    log.write_bytes(bytes(data))
+    line = "3 instruction sites NOT tracked"
+    assert line in ground_truth_note(log) and "unknown" in ground_truth_note(log)
+    assert any(note.startswith(line) for note in gt.load_ground_truth(out).notes())
+
+
 def test_unfilled_slots_are_counted(tmp_path: Path) -> None:
     """A slot reserved but never filled (QEMU killed mid-record) is counted, not read."""
     out = _copy_fixture(tmp_path)

@@ -54,7 +54,8 @@ struct tkgt_header {
 	uint32_t clock;			/* clockid of ts_ns: CLOCK_MONOTONIC (1) */
 	uint32_t vcpus;			/* -smp's maximum */
 	uint32_t marker_capacity;	/* the last slots of the file, kept for markers */
-	uint64_t untracked_sites;	/* instructions left unlogged for lack of memory */
+	uint64_t untracked_sites;	/* sites given no callback for lack of memory: their
+					 * executions, of unknown number, were not logged */
 	uint64_t markers_reserved;	/* markers seen; past marker_capacity: not written */
 };
 

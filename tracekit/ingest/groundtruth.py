@@ -102,6 +102,15 @@ class LogHeader:
         """Records the plugin saw but could not store: the log (or its marker part) was full."""
         return self.reserved + self.markers_reserved - self.written
 
+    def untracked_note(self) -> str | None:
+        """The line saying executions were lost in unknown number, or None if none were."""
+        if not self.untracked_sites:
+            return None
+        return (
+            f"{self.untracked_sites} instruction sites NOT tracked (the plugin ran out of "
+            "memory): none of their executions was logged, and how many there were is unknown"
+        )
+
 
 def _bad(path: Path, what: str) -> TracekitError:
     """One line naming the file and what is wrong with it."""
@@ -399,6 +408,9 @@ class GroundTruth:
             )
         if self.unfilled:
             notes.append(f"{self.unfilled} records reserved but never filled (QEMU stopped)")
+        untracked = self.header.untracked_note()
+        if untracked:
+            notes.append(untracked)
         notes.append(self.fit.summary())
         return notes
 
