@@ -106,6 +106,41 @@ def test_where_by_physical_side(truth: gt.GroundTruth) -> None:
     assert tramp["symbol"].null_count() == 20 and tramp["where_certain"].all()
 
 
+def test_freed_init_text_is_kernel_only_at_its_image_va_or_idmap() -> None:
+    """Bytes mapping into init text (freed after boot, so reusable as guest RAM) run at a
+    low VA other than their physical address follow the VA rules, unnamed; at their
+    physical address (the idmap) they are the kernel, named after the __init function."""
+    records = gt.read_log(FIXTURE / gt.GT_LOG).records
+    layout = gtalign.kernel_layout(read_kallsyms(FIXTURE / gt.GT_KALLSYMS))
+    sites = records.select("vaddr", "haddr", "kind").unique()
+    offset = gtalign.host_offset(sites, layout)
+    idmap = gtalign.idmap_offset(sites, layout, offset)
+    assert idmap is not None
+    init_haddr = (layout.init[0] + 0x1000 + offset) % (1 << 64)
+    tlbi = records.filter(pl.col("kind") == "tlbi").head(1)
+    dsb = records.filter(pl.col("kind") == "dsb").head(1)
+
+    def at(row: pl.DataFrame, vaddr: int) -> pl.DataFrame:
+        """The record run at vaddr from bytes in init text."""
+        return row.with_columns(vaddr=pl.lit(vaddr, pl.UInt64), haddr=pl.lit(init_haddr, pl.UInt64))
+
+    synthetic = pl.concat(
+        [
+            at(tlbi, 0x4000_1000),
+            at(dsb, 0x7F00_0000_1000),
+            at(tlbi, (init_haddr - idmap) % (1 << 64)),
+        ]
+    )
+    located = gtalign.locate(pl.concat([records, synthetic]), layout).tail(3)
+    assert located.select("where", "where_certain").rows() == [
+        ("guest", True),
+        ("user", False),
+        ("kernel", True),
+    ]
+    assert located["symbol"][:2].to_list() == [None, None]
+    assert located["symbol"][2] is not None
+
+
 def test_a_full_log_says_how_much_was_not_written(tmp_path: Path) -> None:
     """A header whose reservations passed its capacity counts the records not written."""
     out = _copy_fixture(tmp_path)

@@ -11,7 +11,11 @@ Where (no register reads in QEMU 7.2's plugin API, so the exception level is inf
   (or protected) hypervisor at EL2, which runs from TTBR0_EL2 (or its idmap with the MMU
   off); kallsyms names them `__kvm_nvhe_*`;
 - other kernel-image bytes: the host kernel (also when run at their physical address
-  by the early boot code and CPU bring-up, MMU off);
+  by the early boot code and CPU bring-up, MMU off), except init text: free_initmem()
+  gives [__init_begin, __init_end) back to the page allocator after boot, so those bytes
+  may later hold guest RAM, page cache or module text. They are the kernel only when run
+  at their image VA or at their physical address (the idmap: `haddr - vaddr` is that of
+  the boot's other idmap records); run anywhere else, the VA rules below apply;
 - a high VA outside the kernel image: the host kernel if a kallsyms span (a module)
   covers it, else "kernel" uncertain (JIT, fixmap; a Linux guest's kernel would look so);
 - a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so they
@@ -58,6 +62,8 @@ class KernelLayout:
     image: tuple[int, int]
     # _etext .. __init_begin: the unnamed .rodata.text part (no symbol is given there).
     unnamed: tuple[int, int]
+    # __init_begin .. _einittext: the image's init text, freed after boot (free_initmem).
+    init: tuple[int, int]
     hyp: tuple[int, int]
     symbols: SymbolTable
 
@@ -115,6 +121,7 @@ def kernel_layout(symbols: SymbolTable) -> KernelLayout:
     return KernelLayout(
         image=(at["_stext"], at["_einittext"]),
         unnamed=(at["_etext"], at["__init_begin"]),
+        init=(at["__init_begin"], at["_einittext"]),
         hyp=(at["__hyp_idmap_text_start"], at["__hyp_text_end"]),
         symbols=symbols,
     )
@@ -141,12 +148,37 @@ def host_offset(sites: pl.DataFrame, layout: KernelLayout) -> int:
     return next(iter(deltas))
 
 
-def _where(vaddr: int, haddr: int, kind: str, offset: int, layout: KernelLayout) -> tuple:
+def idmap_offset(sites: pl.DataFrame, layout: KernelLayout, offset: int) -> int | None:
+    """haddr - vaddr of kernel text run at its physical address (low VA, outside hyp and
+    init text: only the idmap runs kernel text there); None if no such record, or if
+    they disagree (then no init-text record is taken for an idmap one)."""
+    deltas = Counter()
+    for vaddr, haddr in sites.select("vaddr", "haddr").iter_rows():
+        image = (haddr - offset) % (1 << 64) if haddr else None
+        if vaddr >= KERNEL_HALF or image is None or not _inside(image, layout.image):
+            continue
+        if not (_inside(image, layout.hyp) or _inside(image, layout.init)):
+            deltas[(haddr - vaddr) % (1 << 64)] += 1
+    return next(iter(deltas)) if len(deltas) == 1 else None
+
+
+def _inside(address: int, span: tuple[int, int]) -> bool:
+    """address in [span[0], span[1])."""
+    return span[0] <= address < span[1]
+
+
+def _where(
+    vaddr: int, haddr: int, kind: str, offset: int, layout: KernelLayout, idmap: int | None
+) -> tuple:
     """(where, certain, image address or None) of one instruction site."""
     image = (haddr - offset) % (1 << 64) if haddr else None
-    in_image = image is not None and layout.image[0] <= image < layout.image[1]
-    if in_image and vaddr < KERNEL_HALF and layout.hyp[0] <= image < layout.hyp[1]:
+    in_image = image is not None and _inside(image, layout.image)
+    if in_image and vaddr < KERNEL_HALF and _inside(image, layout.hyp):
         return "hyp", True, image
+    if in_image and _inside(image, layout.init):
+        # Freed after boot: the kernel's only at its image VA or its physical address.
+        idmapped = vaddr < KERNEL_HALF and (haddr - vaddr) % (1 << 64) == idmap
+        in_image = vaddr == image or idmapped
     if in_image:
         return "kernel", True, image
     if vaddr >= KERNEL_HALF:
@@ -161,9 +193,10 @@ def locate(records: pl.DataFrame, layout: KernelLayout) -> pl.DataFrame:
     """Add where, where_certain and symbol (function+offset where kallsyms names it)."""
     sites = records.select("vaddr", "haddr", "kind").unique()
     offset = host_offset(sites, layout)
+    idmap = idmap_offset(sites, layout, offset)
     rows = []
     for vaddr, haddr, kind in sites.iter_rows():
-        where, certain, image = _where(vaddr, haddr, kind, offset, layout)
+        where, certain, image = _where(vaddr, haddr, kind, offset, layout, idmap)
         named = image is not None and not layout.unnamed[0] <= image < layout.unnamed[1]
         found = layout.symbols.lookup(image) if named else None
         symbol = f"{found.symbol.name}+{found.offset:#x}" if found else None
