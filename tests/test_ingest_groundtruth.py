@@ -208,7 +208,7 @@ def test_wrong_cpu_map_is_caught_by_the_markers(truth: gt.GroundTruth) -> None:
     swapped = swapped.replace("0xTMP ", "0x0000000002 ")
     markers = gt.parse_gtmark((FIXTURE / gt.GT_MARKERS).read_text())
     with pytest.raises(TracekitError, match="another CPU than gtmark was pinned to"):
-        gtalign.ground_truth_table(records, layout, markers, swapped, 4, "nvhe")
+        gtalign.ground_truth_table(records, layout, markers, swapped, 4, False)
     with pytest.raises(TracekitError, match="31 markers but gtmark printed 32"):
         gtalign.ground_truth_table(
             records.filter(
@@ -218,8 +218,24 @@ def test_wrong_cpu_map_is_caught_by_the_markers(truth: gt.GroundTruth) -> None:
             markers,
             dmesg,
             4,
-            "nvhe",
+            False,
         )
+
+
+def test_vhe_from_the_boot_log_not_kvm() -> None:
+    """VHE is what the boot log's CPU features say (a forced-off VH, KVM aside, is nVHE);
+    a log that cannot say is refused unless told, and a contradicting flag is refused."""
+    fixtures = Path(__file__).parent / "fixtures" / "vhost"
+    nvhe = (FIXTURE / gt.GT_DMESG).read_text()
+    assert "SYS_ID_AA64MMFR1_EL1[11:8]: forced to 0" in nvhe  # cortex-a76 has VHE
+    assert gtalign.host_vhe(nvhe) is False
+    assert gtalign.host_vhe((fixtures / "dmesg-bookworm-max-vhe.txt").read_text()) is True
+    bringup = "\n".join(line for line in nvhe.splitlines() if "CPU features" not in line)
+    with pytest.raises(TracekitError, match="cannot say whether the host kernel ran with VHE"):
+        gtalign.host_vhe(bringup)
+    assert gtalign.host_vhe(bringup, vhe=True) is True
+    with pytest.raises(TracekitError, match="VHE given as True but the boot log says False"):
+        gtalign.host_vhe(nvhe, vhe=True)
 
 
 def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
@@ -236,11 +252,11 @@ def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
     )
     # KVM's VHE TLB helpers clear TGE first: their EL1-form TLBIs act on the guest's EL1&0.
     kvm = frame.with_columns(symbol=pl.lit("__kvm_tlb_flush_vmid+0x58"))
-    assert gtalign.effective(kvm, "vhe")["regime"][0] == "EL1&0"
-    vhe = gtalign.effective(frame, "vhe")
+    assert gtalign.effective(kvm, True)["regime"][0] == "EL1&0"
+    vhe = gtalign.effective(frame, True)
     assert vhe["regime"].to_list() == ["EL2&0", "EL1&0", "EL1&0", "EL2&0"]
     assert vhe["effective_shareability"].to_list() == ["inner", "inner", "inner", "non-shareable"]
-    assert gtalign.effective(frame, "nvhe")["regime"].to_list() == [
+    assert gtalign.effective(frame, False)["regime"].to_list() == [
         "EL1&0",
         "EL1&0",
         "EL1&0",
@@ -366,7 +382,7 @@ def test_speculation_barriers_are_no_dsb(version: int) -> None:
     ]
     assert decoded["kind"].to_list() == ["ssb", "ssb", "dsb", "dsb", "dsb"]
     assert decoded["shareability"].to_list() == [None, None] + ["full-system"] * 3
-    guest = gtalign.effective(decoded.with_columns(where=pl.lit("guest"), symbol=None), "nvhe")
+    guest = gtalign.effective(decoded.with_columns(where=pl.lit("guest"), symbol=None), False)
     assert guest["effective_shareability"].to_list() == [None, None] + ["full-system"] * 3
 
 

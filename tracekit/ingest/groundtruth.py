@@ -394,6 +394,8 @@ class GroundTruth:
     header: LogHeader
     unfilled: int
     kvm_mode: str
+    # The host kernel ran at EL2 with E2H: from the boot log (gtalign.host_vhe), not KVM.
+    vhe: bool = False
 
     def notes(self) -> list[str]:
         """What every output of this table must say: emulated, losses, clock residual."""
@@ -416,11 +418,12 @@ class GroundTruth:
 
 
 def load_ground_truth(
-    directory: str | os.PathLike[str], kvm_mode: str | None = None
+    directory: str | os.PathLike[str], kvm_mode: str | None = None, vhe: bool | None = None
 ) -> GroundTruth:
     """A `vhost run --ground-truth` output directory as one table on the trace clock.
 
-    The KVM mode the kernel initialised comes from vhost-run.json unless given.
+    The KVM mode the kernel initialised comes from vhost-run.json unless given; whether the
+    host kernel ran with VHE from the boot log, or `vhe` where the log cannot say.
     """
     out = Path(directory)
     need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG] + ([] if kvm_mode else [GT_RUN])
@@ -433,15 +436,17 @@ def load_ground_truth(
     log = read_log(out / GT_LOG)
     if kvm_mode is None:
         kvm_mode = json.loads((out / GT_RUN).read_text()).get("kvm_mode", "unknown")
+    dmesg = (out / GT_DMESG).read_text(errors="replace")
+    host_vhe = gtalign.host_vhe(dmesg, vhe)
     table, fit, mapping = gtalign.ground_truth_table(
         log.records,
         gtalign.kernel_layout(read_kallsyms(out / GT_KALLSYMS)),
         parse_gtmark((out / GT_MARKERS).read_text(), str(out / GT_MARKERS)),
-        (out / GT_DMESG).read_text(errors="replace"),
+        dmesg,
         log.header.vcpus,
-        kvm_mode,
+        host_vhe,
     )
-    return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode)
+    return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode, host_vhe)
 
 
 def bundle_ground_truth(root: str | os.PathLike[str]) -> tuple[GroundTruth, pl.DataFrame]:

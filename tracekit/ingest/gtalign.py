@@ -50,6 +50,10 @@ VHE_GUEST_CONTEXT = "__kvm_"
 TIGHT_BRACKET_NS = 20_000
 
 _BOOT_CPU = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
+# arch/arm64/kernel/cpufeature.c: ARM64_HAS_VIRT_HOST_EXTN (matches runs_at_el2, a boot
+# CPU feature) is printed with this desc when the kernel runs at EL2 with E2H.
+VHE_LINE = "CPU features: detected: Virtualization Host Extensions"
+_FEATURE_LINE = "CPU features: detected: "
 _SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
 
 
@@ -309,7 +313,31 @@ def fit_clock(paired: pl.DataFrame) -> ClockFit:
     )
 
 
-def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
+def host_vhe(dmesg: str, vhe: bool | None = None) -> bool:
+    """Whether the host kernel ran at EL2 with E2H (VHE): from the boot log, else `vhe`.
+
+    Not KVM's mode line: the kernel runs with VHE whenever the CPU has it and boot did not
+    force nVHE, whether KVM initialised or not. The log decides when it starts at boot and
+    has the boot CPU's feature lines; an explicit `vhe` contradicting it is refused.
+    """
+    complete = _BOOT_CPU.search(dmesg) is not None and _FEATURE_LINE in dmesg
+    from_log = True if VHE_LINE in dmesg else False if complete else None
+    if vhe is not None and from_log is not None and vhe != from_log:
+        raise TracekitError(
+            f"VHE given as {vhe} but the boot log says {from_log} ('{VHE_LINE}' "
+            f"{'present' if from_log else 'absent'}): is it this boot's log?"
+        )
+    decided = from_log if vhe is None else vhe
+    if decided is None:
+        raise TracekitError(
+            "the boot log has no 'Booting Linux' and 'CPU features: detected' lines, so it "
+            "cannot say whether the host kernel ran with VHE: give this boot's whole dmesg, "
+            "or say vhe=True/False"
+        )
+    return decided
+
+
+def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
     """Add regime and effective_shareability: what the instruction acted on, by context.
 
     regime: a TLBI's translation regime. EL2-form (op1=4) *E1 operations act on EL1&0
@@ -319,7 +347,6 @@ def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
     effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS, so its local
     TLBI/IC are broadcast inner-shareable and its non-shareable DSB is upgraded to ISH.
     """
-    vhe = kvm_mode == "vhe"
     op = pl.col("operation")
     tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"])
     e2 = op.str.contains(r"E2(IS|OS)?(nXS)?$")
@@ -354,9 +381,12 @@ def ground_truth_table(
     gtmark: pl.DataFrame,
     dmesg: str,
     vcpus: int,
-    kvm_mode: str,
+    vhe: bool,
 ) -> tuple[pl.DataFrame, ClockFit, dict[int, int]]:
-    """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map."""
+    """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map.
+
+    `vhe`: whether the host kernel ran with VHE (host_vhe decides it from the boot log).
+    """
     mapping = vcpu_to_cpu(vcpus, mpidrs_from_dmesg(dmesg))
     paired = pair_markers(records, gtmark)
     wrong = check_cpu_map(paired, mapping)
@@ -367,7 +397,7 @@ def ground_truth_table(
         )
     fit = fit_clock(paired)
     located = locate(records, layout)
-    table = effective(located, kvm_mode).with_columns(
+    table = effective(located, vhe).with_columns(
         ts=fit.apply(pl.col("ts_host")),
         cpu=pl.col("vcpu").replace_strict(mapping, return_dtype=pl.Int32),
     )
