@@ -366,21 +366,31 @@ _GTMARK_LINE = re.compile(r"^gtmark seq=(\d+) cpu=(\d+) slot=(\d+) t0=(\d+) t1=(
 
 
 def parse_gtmark(text: str, source: str = "gtmark output") -> pl.DataFrame:
-    """gtmark's lines (reproducer/gtmark.c) as seq, cpu, slot, t0, t1 (CLOCK_BOOTTIME ns).
+    """gtmark's lines (reproducer/gtmark.c) as seq, cpu, slot, t0, t1 (CLOCK_BOOTTIME ns)
+    and round.
 
     gtmark numbers each run's markers from 0, and one boot runs it before and after the
-    command: `seq` here counts every line of the file in order.
+    command: `seq` here counts every line of the file in order, `round` the gtmark runs
+    (0 before the command, 1 after), each starting where gtmark's own seq is 0 again.
     """
-    rows = []
+    rows: list[tuple[int, ...]] = []
     for number, line in enumerate(text.splitlines(), 1):
         match = _GTMARK_LINE.match(line.strip())
         if not match:
             if line.strip():
                 raise TracekitError(f"{source}:{number}: not a gtmark line: {line.strip()!r}")
             continue
-        _, cpu, slot, t0, t1 = (int(group) for group in match.groups())
-        rows.append((len(rows), cpu, slot, t0, t1))
-    schema = {"seq": pl.Int64, "cpu": pl.Int64, "slot": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
+        own, cpu, slot, t0, t1 = (int(group) for group in match.groups())
+        run = rows[-1][5] + (own == 0) if rows else 0
+        rows.append((len(rows), cpu, slot, t0, t1, run))
+    schema = {
+        "seq": pl.Int64,
+        "cpu": pl.Int64,
+        "slot": pl.Int64,
+        "t0": pl.Int64,
+        "t1": pl.Int64,
+        "round": pl.Int64,
+    }
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
