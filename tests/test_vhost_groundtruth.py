@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -24,7 +26,12 @@ from conftest import register_vhost_check
 from tracekit.bundle import read_manifest
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
-from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, parse_gtmark
+from tracekit.ingest.groundtruth import (
+    bundle_ground_truth,
+    load_ground_truth,
+    parse_gtmark,
+    read_log,
+)
 from tracekit.ingest.vmm import parse_vmm_output
 from tracekit.vhost import apt, groundtruth
 
@@ -138,6 +145,43 @@ def test_plugin_builds_with_werror_and_exports_install(tmp_path: Path) -> None:
     ).stdout.split()
     assert "qemu_plugin_install" in symbols and "qemu_plugin_version" in symbols
     assert "intern_site" not in symbols  # everything else stays hidden
+
+
+# An EL0 program: the marker, a TLBI (UNDEFINED at EL0: SIGILL), then exit(0) it never reaches.
+UNDEF_AT_EL0 = """
+.globl _start
+_start:
+    hint #0x77
+    tlbi vmalle1
+    mov x8, #93
+    mov x0, #0
+    svc #0
+"""
+
+
+@pytest.mark.skipif(
+    _cached_header() is None or shutil.which("qemu-aarch64") is None,
+    reason="needs the cached plugin header and qemu-user (qemu-aarch64)",
+)
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="needs the cross gcc")
+def test_an_instruction_that_undefs_is_logged_as_attempted(tmp_path: Path) -> None:
+    """The exec callback runs as the instruction starts: a TLBI at EL0, which UNDEFs (the
+    program dies of SIGILL), is in the log. Run under QEMU 7.2's user-mode emulator, the
+    same TCG and plugin API as qemu-system, so no boot."""
+    header = _cached_header()
+    assert header is not None
+    make = ["make", "-s", "-C", str(groundtruth.plugin_source_dir())]
+    subprocess.run([*make, f"QEMU_PLUGIN_INCLUDE={header.parent}", f"O={tmp_path}"], check=True)
+    (tmp_path / "undef.S").write_text(UNDEF_AT_EL0)
+    program = tmp_path / "undef"
+    gcc = ["aarch64-linux-gnu-gcc", "-nostdlib", "-static", "-o", str(program)]
+    subprocess.run([*gcc, str(tmp_path / "undef.S")], check=True)
+    log = tmp_path / "log.tkgt"
+    plugin = f"file={tmp_path / groundtruth.PLUGIN},out={log},limit=4096"
+    done = subprocess.run(["qemu-aarch64", "-plugin", plugin, str(program)], capture_output=True)
+    assert done.returncode == -signal.SIGILL
+    records = read_log(log).records
+    assert records["operation"].to_list() == ["MARKER", "TLBI VMALLE1"]
 
 
 # One VMM run of three MMU-on VMs on CPU 1, between two markers on CPU 0 that bound it on

@@ -18,9 +18,12 @@ Where (no register reads in QEMU 7.2's plugin API, so the exception level is inf
   the boot's other idmap records); run anywhere else, the VA rules below apply;
 - a high VA outside the kernel image: the host kernel if a kallsyms span (a module)
   covers it, else "kernel" uncertain (JIT, fixmap; a Linux guest's kernel would look so);
-- a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so they
-  ran in a guest at EL1; a DSB or marker there is a guest's if in the reproducer's guest
-  RAM window (IPA 0x40000000, 16 MB, identity-mapped), else user space; both uncertain.
+- a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so a
+  guest at EL1 executed them, but a record is an attempt (the exec callback runs as the
+  instruction starts, so one that UNDEFs or traps is logged too): a user task trying one
+  looks the same. They are the guest's, certain inside the reproducer's guest RAM window
+  (IPA 0x40000000, 16 MB, identity-mapped), uncertain elsewhere; a DSB or marker there is
+  a guest's if in that window, else user space; both uncertain.
 """
 
 from __future__ import annotations
@@ -225,9 +228,10 @@ def _where(
         return "kernel", True, image
     if vaddr >= KERNEL_HALF:
         return "kernel", layout.symbols.covers(vaddr), vaddr
+    in_guest = _inside(vaddr, GUEST_WINDOW)
     if kind in ("tlbi", "tlbi-nxs", "ic"):
-        return "guest", True, None
-    in_guest = GUEST_WINDOW[0] <= vaddr < GUEST_WINDOW[1]
+        # UNDEFINED at EL0, but logged when attempted: outside the window, maybe a user's.
+        return "guest", in_guest, None
     return ("guest" if in_guest else "user"), False, None
 
 
@@ -407,8 +411,10 @@ def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
     (every VMID's or the current VMID's stage 1+2), *E2 on EL2 (EL2&0 in VHE); EL1-form
     ones act on EL1&0, except in a VHE host kernel, where E2H+TGE send them to EL2&0
     (not in KVM's VHE TLB helpers, which clear TGE and load the guest's VMID first).
-    effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS, so its local
-    TLBI/IC are broadcast inner-shareable and its non-shareable DSB is upgraded to ISH.
+    effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS
+    (HCR_GUEST_FLAGS, arch/arm64/include/asm/kvm_arm.h), so its local TLBI/IC are
+    broadcast inner-shareable and its non-shareable DSB is upgraded to ISH. Both columns
+    rest on `where`: they are as certain as where_certain.
     """
     op = pl.col("operation")
     tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"])
