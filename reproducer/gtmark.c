@@ -8,7 +8,9 @@
  *
  * The marker's identity travels in its address: a table of 64 "hint #0x77; ret" pairs,
  * 512-byte aligned, entered at slot (cpu % 64), so the plugin's logged VA gives
- * (VA >> 3) & 63 without reading any register.
+ * (VA >> 3) & 63 without reading any register. The entries, reached by BLR, have no
+ * `bti c` (it would not fit the 8-byte slot), so gtmark is built with
+ * -mbranch-protection=none (Makefile): never mapped PROT_BTI, even on FEAT_BTI cores.
  *
  * Output, one line per marker (stdout):
  *   gtmark seq=S cpu=C slot=K t0=NS t1=NS

@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -24,7 +26,12 @@ from conftest import register_vhost_check
 from tracekit.bundle import read_manifest
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
-from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, parse_gtmark
+from tracekit.ingest.groundtruth import (
+    bundle_ground_truth,
+    load_ground_truth,
+    parse_gtmark,
+    read_log,
+)
 from tracekit.ingest.vmm import parse_vmm_output
 from tracekit.vhost import apt, groundtruth
 
@@ -140,6 +147,43 @@ def test_plugin_builds_with_werror_and_exports_install(tmp_path: Path) -> None:
     assert "intern_site" not in symbols  # everything else stays hidden
 
 
+# An EL0 program: the marker, a TLBI (UNDEFINED at EL0: SIGILL), then exit(0) it never reaches.
+UNDEF_AT_EL0 = """
+.globl _start
+_start:
+    hint #0x77
+    tlbi vmalle1
+    mov x8, #93
+    mov x0, #0
+    svc #0
+"""
+
+
+@pytest.mark.skipif(
+    _cached_header() is None or shutil.which("qemu-aarch64") is None,
+    reason="needs the cached plugin header and qemu-user (qemu-aarch64)",
+)
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="needs the cross gcc")
+def test_an_instruction_that_undefs_is_logged_as_attempted(tmp_path: Path) -> None:
+    """The exec callback runs as the instruction starts: a TLBI at EL0, which UNDEFs (the
+    program dies of SIGILL), is in the log. Run under QEMU 7.2's user-mode emulator, the
+    same TCG and plugin API as qemu-system, so no boot."""
+    header = _cached_header()
+    assert header is not None
+    make = ["make", "-s", "-C", str(groundtruth.plugin_source_dir())]
+    subprocess.run([*make, f"QEMU_PLUGIN_INCLUDE={header.parent}", f"O={tmp_path}"], check=True)
+    (tmp_path / "undef.S").write_text(UNDEF_AT_EL0)
+    program = tmp_path / "undef"
+    gcc = ["aarch64-linux-gnu-gcc", "-nostdlib", "-static", "-o", str(program)]
+    subprocess.run([*gcc, str(tmp_path / "undef.S")], check=True)
+    log = tmp_path / "log.tkgt"
+    plugin = f"file={tmp_path / groundtruth.PLUGIN},out={log},limit=4096"
+    done = subprocess.run(["qemu-aarch64", "-plugin", plugin, str(program)], capture_output=True)
+    assert done.returncode == -signal.SIGILL
+    records = read_log(log).records
+    assert records["operation"].to_list() == ["MARKER", "TLBI VMALLE1"]
+
+
 # One VMM run of three MMU-on VMs on CPU 1, between two markers on CPU 0 that bound it on
 # the trace clock (appended to the boot's marker file, so the clock fit pairs them too).
 GT_CONFIG = "nvhe-a53"
@@ -169,13 +213,16 @@ def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
     """bookworm 6.1 nVHE: each VM's creation re-initialises EL2 on every online CPU (TLBI
     ALLE2 + TLBI VMALLS12E1, local), its first vCPU run flushes the guest CPU's context
     (TLBI VMALLE1 + IC IALLU, local), and its teardown issues no invalidation at EL2;
-    counts equal the VMM's VMs times the CPUs the kernel lists online."""
+    counts equal a model of the run, the VMM's VMs times the CPUs the kernel lists online,
+    not an independent count of the same events (the rollover test below has one)."""
     boot = vhost_boot(GT_CONFIG)
     check = boot.checks["groundtruth_vms"]
     assert check.status == 0, check.stderr
     here = boot.result.out_dir / "checks" / "groundtruth_vms"
     truth = load_ground_truth(boot.result.out_dir)
-    assert truth.header.not_written == 0 and truth.fit.max_residual_ns < 100_000
+    # Nothing lost in any way the log can say: not written, never filled, never tracked.
+    assert truth.header.not_written == 0 and truth.unfilled == 0 and truth.header.complete
+    assert truth.header.untracked_sites == 0 and truth.fit.max_residual_ns < 100_000
     start = parse_gtmark((here / "window-start").read_text())["t0"][0]
     end = parse_gtmark((here / "window-end").read_text())["t1"][0]
     vms = parse_vmm_output((here / "vmm.txt").read_text()).vms

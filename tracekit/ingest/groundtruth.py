@@ -30,7 +30,9 @@ GT_DMESG = runner.BOOT_DMESG
 GT_RUN = runner.RUN_RECORD
 
 MAGIC = b"TKGTLOG\0"
-VERSION = 1
+# 2: SSBB/PSSBB have kind 7 and DSB #8/#12 are flagged SY; a version-1 log's are
+# corrected from the instruction word (decode), so both are read the same.
+VERSIONS = (1, 2)
 HEADER_SIZE = 64
 RECORD_SIZE = 32
 CLOCK_MONOTONIC = 1
@@ -100,6 +102,15 @@ class LogHeader:
         """Records the plugin saw but could not store: the log (or its marker part) was full."""
         return self.reserved + self.markers_reserved - self.written
 
+    def untracked_note(self) -> str | None:
+        """The line saying executions were lost in unknown number, or None if none were."""
+        if not self.untracked_sites:
+            return None
+        return (
+            f"{self.untracked_sites} instruction sites NOT tracked (the plugin ran out of "
+            "memory): none of their executions was logged, and how many there were is unknown"
+        )
+
 
 def _bad(path: Path, what: str) -> TracekitError:
     """One line naming the file and what is wrong with it."""
@@ -118,8 +129,9 @@ def read_header(path: str | os.PathLike[str]) -> LogHeader:
     if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
         raise _bad(source, "no TKGTLOG header")
     head = np.frombuffer(raw, _HEADER, count=1)[0]
-    if int(head["version"]) != VERSION:
-        raise _bad(source, f"format version {int(head['version'])}, this reader knows {VERSION}")
+    if int(head["version"]) not in VERSIONS:
+        known = ", ".join(map(str, VERSIONS))
+        raise _bad(source, f"format version {int(head['version'])}, this reader knows {known}")
     if int(head["record_size"]) != RECORD_SIZE or int(head["clock"]) != CLOCK_MONOTONIC:
         raise _bad(source, "unexpected record size or clock")
     return LogHeader(
@@ -134,7 +146,11 @@ def read_header(path: str | os.PathLike[str]) -> LogHeader:
 
 
 # enum tkgt_kind of reproducer/groundtruth/tkgt.h.
-KINDS = {1: "tlbi", 2: "tlbi-nxs", 3: "dsb", 4: "dsb-nxs", 5: "ic", 6: "marker"}
+KINDS = {1: "tlbi", 2: "tlbi-nxs", 3: "dsb", 4: "dsb-nxs", 5: "ic", 6: "marker", 7: "ssb"}
+# SSBB and PSSBB (DSB encoding CRm 0 and 4): barriers naming no shareability domain.
+SSB_WORDS = (0xD503309F, 0xD503349F)
+# DSB #8 and #12 (CRm 8, 12): reserved options, which the Arm ARM has execute as DSB SY.
+RESERVED_DSB_WORDS = (0xD503389F, 0xD5033C9F)
 # flags bits 0-1 (enum tkgt_share): what the encoding names.
 SHARES = ("non-shareable", "inner", "outer", "full-system")
 RANGE_FLAG = 0x10
@@ -243,7 +259,7 @@ def operation(insn: int) -> str:
         nxs = "nXS" if insn & 0x1000 else ""
         return f"TLBI {base}{nxs}" if base else f"TLBI op1={op1} CRm={crm} op2={op2}{nxs}"
     if (insn & 0xFFFFF0FF) == 0xD503309F:
-        return {0: "SSBB", 4: "PSSBB"}.get(crm) or f"DSB {_DSB_OPTIONS.get(crm, f'#{crm}')}"
+        return {0: "SSBB", 4: "PSSBB"}.get(crm) or f"DSB {_DSB_OPTIONS.get(crm, f'#{crm} (as SY)')}"
     if (insn & 0xFFFFF3FF) == 0xD503323F:
         return f"DSB {_DSB_NXS[crm >> 2]}"
     if (insn & 0xFFFFFFE0) == 0xD5087100:
@@ -310,16 +326,21 @@ def decode(frame: pl.DataFrame) -> pl.DataFrame:
             "scope": [_scope(w, names[w]) for w in words],
         }
     )
+    # From the word, not the kind code: a version-1 log has SSBB/PSSBB as kind dsb.
+    ssb = pl.col("insn").is_in(SSB_WORDS)
+    encoded = (pl.col("flags") & 3).replace_strict(dict(enumerate(SHARES)), return_dtype=pl.String)
     return (
         frame.join(table, on="insn", how="left")
         .with_columns(
-            kind=pl.col("kind_code").replace_strict(KINDS, return_dtype=pl.String),
-            # A marker names no shareability; every other kind's flags do.
-            shareability=pl.when(pl.col("kind_code") != 6).then(
-                (pl.col("flags") & 3).replace_strict(
-                    dict(enumerate(SHARES)), return_dtype=pl.String
-                )
-            ),
+            kind=pl.when(ssb)
+            .then(pl.lit("ssb"))
+            .otherwise(pl.col("kind_code").replace_strict(KINDS, return_dtype=pl.String)),
+            # Markers and SSBB/PSSBB name no shareability; every other kind's flags do.
+            shareability=pl.when((pl.col("kind_code") == 6) | ssb)
+            .then(None)
+            .when(pl.col("insn").is_in(RESERVED_DSB_WORDS))
+            .then(pl.lit("full-system"))
+            .otherwise(encoded),
             range=(pl.col("flags") & RANGE_FLAG) != 0,
         )
         .drop("kind_code", "flags")
@@ -345,21 +366,31 @@ _GTMARK_LINE = re.compile(r"^gtmark seq=(\d+) cpu=(\d+) slot=(\d+) t0=(\d+) t1=(
 
 
 def parse_gtmark(text: str, source: str = "gtmark output") -> pl.DataFrame:
-    """gtmark's lines (reproducer/gtmark.c) as seq, cpu, slot, t0, t1 (CLOCK_BOOTTIME ns).
+    """gtmark's lines (reproducer/gtmark.c) as seq, cpu, slot, t0, t1 (CLOCK_BOOTTIME ns)
+    and round.
 
     gtmark numbers each run's markers from 0, and one boot runs it before and after the
-    command: `seq` here counts every line of the file in order.
+    command: `seq` here counts every line of the file in order, `round` the gtmark runs
+    (0 before the command, 1 after), each starting where gtmark's own seq is 0 again.
     """
-    rows = []
+    rows: list[tuple[int, ...]] = []
     for number, line in enumerate(text.splitlines(), 1):
         match = _GTMARK_LINE.match(line.strip())
         if not match:
             if line.strip():
                 raise TracekitError(f"{source}:{number}: not a gtmark line: {line.strip()!r}")
             continue
-        _, cpu, slot, t0, t1 = (int(group) for group in match.groups())
-        rows.append((len(rows), cpu, slot, t0, t1))
-    schema = {"seq": pl.Int64, "cpu": pl.Int64, "slot": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
+        own, cpu, slot, t0, t1 = (int(group) for group in match.groups())
+        run = rows[-1][5] + (own == 0) if rows else 0
+        rows.append((len(rows), cpu, slot, t0, t1, run))
+    schema = {
+        "seq": pl.Int64,
+        "cpu": pl.Int64,
+        "slot": pl.Int64,
+        "t0": pl.Int64,
+        "t1": pl.Int64,
+        "round": pl.Int64,
+    }
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
@@ -373,6 +404,8 @@ class GroundTruth:
     header: LogHeader
     unfilled: int
     kvm_mode: str
+    # The host kernel ran at EL2 with E2H: from the boot log (gtalign.host_vhe), not KVM.
+    vhe: bool = False
 
     def notes(self) -> list[str]:
         """What every output of this table must say: emulated, losses, clock residual."""
@@ -387,16 +420,20 @@ class GroundTruth:
             )
         if self.unfilled:
             notes.append(f"{self.unfilled} records reserved but never filled (QEMU stopped)")
+        untracked = self.header.untracked_note()
+        if untracked:
+            notes.append(untracked)
         notes.append(self.fit.summary())
         return notes
 
 
 def load_ground_truth(
-    directory: str | os.PathLike[str], kvm_mode: str | None = None
+    directory: str | os.PathLike[str], kvm_mode: str | None = None, vhe: bool | None = None
 ) -> GroundTruth:
     """A `vhost run --ground-truth` output directory as one table on the trace clock.
 
-    The KVM mode the kernel initialised comes from vhost-run.json unless given.
+    The KVM mode the kernel initialised comes from vhost-run.json unless given; whether the
+    host kernel ran with VHE from the boot log, or `vhe` where the log cannot say.
     """
     out = Path(directory)
     need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG] + ([] if kvm_mode else [GT_RUN])
@@ -409,15 +446,17 @@ def load_ground_truth(
     log = read_log(out / GT_LOG)
     if kvm_mode is None:
         kvm_mode = json.loads((out / GT_RUN).read_text()).get("kvm_mode", "unknown")
+    dmesg = (out / GT_DMESG).read_text(errors="replace")
+    host_vhe = gtalign.host_vhe(dmesg, vhe)
     table, fit, mapping = gtalign.ground_truth_table(
         log.records,
         gtalign.kernel_layout(read_kallsyms(out / GT_KALLSYMS)),
         parse_gtmark((out / GT_MARKERS).read_text(), str(out / GT_MARKERS)),
-        (out / GT_DMESG).read_text(errors="replace"),
+        dmesg,
         log.header.vcpus,
-        kvm_mode,
+        host_vhe,
     )
-    return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode)
+    return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode, host_vhe)
 
 
 def bundle_ground_truth(root: str | os.PathLike[str]) -> tuple[GroundTruth, pl.DataFrame]:

@@ -11,12 +11,19 @@ Where (no register reads in QEMU 7.2's plugin API, so the exception level is inf
   (or protected) hypervisor at EL2, which runs from TTBR0_EL2 (or its idmap with the MMU
   off); kallsyms names them `__kvm_nvhe_*`;
 - other kernel-image bytes: the host kernel (also when run at their physical address
-  by the early boot code and CPU bring-up, MMU off);
+  by the early boot code and CPU bring-up, MMU off), except init text: free_initmem()
+  gives [__init_begin, __init_end) back to the page allocator after boot, so those bytes
+  may later hold guest RAM, page cache or module text. They are the kernel only when run
+  at their image VA or at their physical address (the idmap: `haddr - vaddr` is that of
+  the boot's other idmap records); run anywhere else, the VA rules below apply;
 - a high VA outside the kernel image: the host kernel if a kallsyms span (a module)
   covers it, else "kernel" uncertain (JIT, fixmap; a Linux guest's kernel would look so);
-- a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so they
-  ran in a guest at EL1; a DSB or marker there is a guest's if in the reproducer's guest
-  RAM window (IPA 0x40000000, 16 MB, identity-mapped), else user space; both uncertain.
+- a low VA outside the kernel image: TLBI and IC IALLU(IS) are UNDEFINED at EL0, so a
+  guest at EL1 executed them, but a record is an attempt (the exec callback runs as the
+  instruction starts, so one that UNDEFs or traps is logged too): a user task trying one
+  looks the same. They are the guest's, certain inside the reproducer's guest RAM window
+  (IPA 0x40000000, 16 MB, identity-mapped), uncertain elsewhere; a DSB or marker there is
+  a guest's if in that window, else user space; both uncertain.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ VHE_GUEST_CONTEXT = "__kvm_"
 TIGHT_BRACKET_NS = 20_000
 
 _BOOT_CPU = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
+# arch/arm64/kernel/cpufeature.c: ARM64_HAS_VIRT_HOST_EXTN (matches runs_at_el2, a boot
+# CPU feature) is printed with this desc when the kernel runs at EL2 with E2H.
+VHE_LINE = "CPU features: detected: Virtualization Host Extensions"
+_FEATURE_LINE = "CPU features: detected: "
 _SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
 
 
@@ -58,6 +69,8 @@ class KernelLayout:
     image: tuple[int, int]
     # _etext .. __init_begin: the unnamed .rodata.text part (no symbol is given there).
     unnamed: tuple[int, int]
+    # __init_begin .. _einittext: the image's init text, freed after boot (free_initmem).
+    init: tuple[int, int]
     hyp: tuple[int, int]
     symbols: SymbolTable
 
@@ -75,6 +88,14 @@ class ClockFit:
     max_outside_ns: float
     # Markers whose bracket is at most TIGHT_BRACKET_NS: those the residual is taken over.
     tight_markers: int = 0
+    # The check the residual cannot give (it is over the fitted points): an offset fitted
+    # on the markers before the command alone, slope 1, predicting the markers after it.
+    heldout: HeldOut | None = None
+
+    @property
+    def slope_ppm(self) -> float:
+        """How far the fitted slope is from 1, in parts per million."""
+        return (self.slope - 1.0) * 1e6
 
     def apply(self, host_ns: pl.Expr) -> pl.Expr:
         """The trace-clock time of host-clock timestamps."""
@@ -85,12 +106,42 @@ class ClockFit:
         )
 
     def summary(self) -> str:
-        """One line for the user: markers, residual, bracket."""
+        """One line for the user: markers, residual, bracket, slope, the held-out error."""
+        held = self.heldout.summary() if self.heldout else HeldOut.NONE
         return (
-            f"clock fit over {self.markers} markers: trace = host x {self.slope:.9f} + offset; "
-            f"max residual {self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} "
-            f"with a bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's "
-            f"bracket {self.max_outside_ns / 1000:.1f} us"
+            f"clock fit over {self.markers} markers: trace = host x {self.slope:.9f} + offset "
+            f"(slope {self.slope_ppm:+.4f} ppm from 1); max residual at the fitted markers "
+            f"{self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} with a "
+            f"bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's bracket "
+            f"{self.max_outside_ns / 1000:.1f} us; {held}; {CLOCK_CONDITIONS}"
+        )
+
+
+# When a line maps the clocks at all (QEMU 7.2: the guest counter reads QEMU_CLOCK_VIRTUAL,
+# host CLOCK_MONOTONIC plus an offset that vm_stop freezes; unverified in QEMU's source).
+CLOCK_CONDITIONS = (
+    "valid while QEMU's VM is never stopped and the emulated kernel never adjtimex'es"
+)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Error at markers left out of a fit: offset on the first round, slope 1."""
+
+    NONE = "held-out error not measured (one round of markers)"
+
+    fitted: int
+    left_out: int
+    max_error_ns: float
+    max_outside_ns: float
+
+    def summary(self) -> str:
+        """One clause: what was fitted, what was left out, the error there."""
+        return (
+            f"held out: offset fitted on the {self.fitted} markers before the command "
+            f"(slope 1), error at the {self.left_out} after it max "
+            f"{self.max_error_ns / 1000:.1f} us ({self.max_outside_ns / 1000:.1f} us outside "
+            "a bracket)"
         )
 
 
@@ -115,6 +166,7 @@ def kernel_layout(symbols: SymbolTable) -> KernelLayout:
     return KernelLayout(
         image=(at["_stext"], at["_einittext"]),
         unnamed=(at["_etext"], at["__init_begin"]),
+        init=(at["__init_begin"], at["_einittext"]),
         hyp=(at["__hyp_idmap_text_start"], at["__hyp_text_end"]),
         symbols=symbols,
     )
@@ -141,19 +193,45 @@ def host_offset(sites: pl.DataFrame, layout: KernelLayout) -> int:
     return next(iter(deltas))
 
 
-def _where(vaddr: int, haddr: int, kind: str, offset: int, layout: KernelLayout) -> tuple:
+def idmap_offset(sites: pl.DataFrame, layout: KernelLayout, offset: int) -> int | None:
+    """haddr - vaddr of kernel text run at its physical address (low VA, outside hyp and
+    init text: only the idmap runs kernel text there); None if no such record, or if
+    they disagree (then no init-text record is taken for an idmap one)."""
+    deltas = Counter()
+    for vaddr, haddr in sites.select("vaddr", "haddr").iter_rows():
+        image = (haddr - offset) % (1 << 64) if haddr else None
+        if vaddr >= KERNEL_HALF or image is None or not _inside(image, layout.image):
+            continue
+        if not (_inside(image, layout.hyp) or _inside(image, layout.init)):
+            deltas[(haddr - vaddr) % (1 << 64)] += 1
+    return next(iter(deltas)) if len(deltas) == 1 else None
+
+
+def _inside(address: int, span: tuple[int, int]) -> bool:
+    """address in [span[0], span[1])."""
+    return span[0] <= address < span[1]
+
+
+def _where(
+    vaddr: int, haddr: int, kind: str, offset: int, layout: KernelLayout, idmap: int | None
+) -> tuple:
     """(where, certain, image address or None) of one instruction site."""
     image = (haddr - offset) % (1 << 64) if haddr else None
-    in_image = image is not None and layout.image[0] <= image < layout.image[1]
-    if in_image and vaddr < KERNEL_HALF and layout.hyp[0] <= image < layout.hyp[1]:
+    in_image = image is not None and _inside(image, layout.image)
+    if in_image and vaddr < KERNEL_HALF and _inside(image, layout.hyp):
         return "hyp", True, image
+    if in_image and _inside(image, layout.init):
+        # Freed after boot: the kernel's only at its image VA or its physical address.
+        idmapped = vaddr < KERNEL_HALF and (haddr - vaddr) % (1 << 64) == idmap
+        in_image = vaddr == image or idmapped
     if in_image:
         return "kernel", True, image
     if vaddr >= KERNEL_HALF:
         return "kernel", layout.symbols.covers(vaddr), vaddr
+    in_guest = _inside(vaddr, GUEST_WINDOW)
     if kind in ("tlbi", "tlbi-nxs", "ic"):
-        return "guest", True, None
-    in_guest = GUEST_WINDOW[0] <= vaddr < GUEST_WINDOW[1]
+        # UNDEFINED at EL0, but logged when attempted: outside the window, maybe a user's.
+        return "guest", in_guest, None
     return ("guest" if in_guest else "user"), False, None
 
 
@@ -161,9 +239,10 @@ def locate(records: pl.DataFrame, layout: KernelLayout) -> pl.DataFrame:
     """Add where, where_certain and symbol (function+offset where kallsyms names it)."""
     sites = records.select("vaddr", "haddr", "kind").unique()
     offset = host_offset(sites, layout)
+    idmap = idmap_offset(sites, layout, offset)
     rows = []
     for vaddr, haddr, kind in sites.iter_rows():
-        where, certain, image = _where(vaddr, haddr, kind, offset, layout)
+        where, certain, image = _where(vaddr, haddr, kind, offset, layout, idmap)
         named = image is not None and not layout.unnamed[0] <= image < layout.unnamed[1]
         found = layout.symbols.lookup(image) if named else None
         symbol = f"{found.symbol.name}+{found.offset:#x}" if found else None
@@ -273,20 +352,70 @@ def fit_clock(paired: pl.DataFrame) -> ClockFit:
         max_residual_ns=float(np.max(residual)),
         max_outside_ns=float(np.max(outside)),
         tight_markers=int(tight.sum()),
+        heldout=held_out(paired),
     )
 
 
-def effective(frame: pl.DataFrame, kvm_mode: str) -> pl.DataFrame:
+def held_out(paired: pl.DataFrame) -> HeldOut | None:
+    """Fit the offset on round 0's markers (slope 1: one cluster of markers cannot give a
+    slope), and measure it at the later rounds' markers; None with one round."""
+    if "round" not in paired.columns or paired["round"].n_unique() < 2:
+        return None
+    host = paired["ts_host"].to_numpy().astype(np.float64)
+    t0 = paired["t0"].to_numpy().astype(np.float64)
+    t1 = paired["t1"].to_numpy().astype(np.float64)
+    mid, half = (t0 + t1) / 2, np.maximum((t1 - t0) / 2, 500.0)
+    first = paired["round"].to_numpy() == paired["round"].min()
+    offset = np.average((mid - host)[first], weights=1 / half[first])
+    later = ~first
+    predicted = host[later] + offset
+    tight = ((t1 - t0) <= TIGHT_BRACKET_NS)[later]
+    error = np.abs(predicted - mid[later])
+    outside = np.maximum(np.maximum(t0[later] - predicted, predicted - t1[later]), 0)
+    return HeldOut(
+        fitted=int(first.sum()),
+        left_out=int(later.sum()),
+        max_error_ns=float(np.max(error[tight] if tight.any() else error)),
+        max_outside_ns=float(np.max(outside)),
+    )
+
+
+def host_vhe(dmesg: str, vhe: bool | None = None) -> bool:
+    """Whether the host kernel ran at EL2 with E2H (VHE): from the boot log, else `vhe`.
+
+    Not KVM's mode line: the kernel runs with VHE whenever the CPU has it and boot did not
+    force nVHE, whether KVM initialised or not. The log decides when it starts at boot and
+    has the boot CPU's feature lines; an explicit `vhe` contradicting it is refused.
+    """
+    complete = _BOOT_CPU.search(dmesg) is not None and _FEATURE_LINE in dmesg
+    from_log = True if VHE_LINE in dmesg else False if complete else None
+    if vhe is not None and from_log is not None and vhe != from_log:
+        raise TracekitError(
+            f"VHE given as {vhe} but the boot log says {from_log} ('{VHE_LINE}' "
+            f"{'present' if from_log else 'absent'}): is it this boot's log?"
+        )
+    decided = from_log if vhe is None else vhe
+    if decided is None:
+        raise TracekitError(
+            "the boot log has no 'Booting Linux' and 'CPU features: detected' lines, so it "
+            "cannot say whether the host kernel ran with VHE: give this boot's whole dmesg, "
+            "or say vhe=True/False"
+        )
+    return decided
+
+
+def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
     """Add regime and effective_shareability: what the instruction acted on, by context.
 
     regime: a TLBI's translation regime. EL2-form (op1=4) *E1 operations act on EL1&0
     (every VMID's or the current VMID's stage 1+2), *E2 on EL2 (EL2&0 in VHE); EL1-form
     ones act on EL1&0, except in a VHE host kernel, where E2H+TGE send them to EL2&0
     (not in KVM's VHE TLB helpers, which clear TGE and load the guest's VMID first).
-    effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS, so its local
-    TLBI/IC are broadcast inner-shareable and its non-shareable DSB is upgraded to ISH.
+    effective_shareability: a guest runs with KVM's HCR_EL2.FB and BSU=IS
+    (HCR_GUEST_FLAGS, arch/arm64/include/asm/kvm_arm.h), so its local TLBI/IC are
+    broadcast inner-shareable and its non-shareable DSB is upgraded to ISH. Both columns
+    rest on `where`: they are as certain as where_certain.
     """
-    vhe = kvm_mode == "vhe"
     op = pl.col("operation")
     tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"])
     e2 = op.str.contains(r"E2(IS|OS)?(nXS)?$")
@@ -321,9 +450,12 @@ def ground_truth_table(
     gtmark: pl.DataFrame,
     dmesg: str,
     vcpus: int,
-    kvm_mode: str,
+    vhe: bool,
 ) -> tuple[pl.DataFrame, ClockFit, dict[int, int]]:
-    """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map."""
+    """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map.
+
+    `vhe`: whether the host kernel ran with VHE (host_vhe decides it from the boot log).
+    """
     mapping = vcpu_to_cpu(vcpus, mpidrs_from_dmesg(dmesg))
     paired = pair_markers(records, gtmark)
     wrong = check_cpu_map(paired, mapping)
@@ -334,7 +466,7 @@ def ground_truth_table(
         )
     fit = fit_clock(paired)
     located = locate(records, layout)
-    table = effective(located, kvm_mode).with_columns(
+    table = effective(located, vhe).with_columns(
         ts=fit.apply(pl.col("ts_host")),
         cpu=pl.col("vcpu").replace_strict(mapping, return_dtype=pl.Int32),
     )

@@ -322,10 +322,11 @@ def ground_truth_note(log: Path) -> str:
     header = read_header(log)
     lost = f"; {header.not_written} NOT written (log full)" if header.not_written else ""
     closed = "" if header.complete else "; log not closed (QEMU did not exit normally)"
+    untracked = header.untracked_note()
     return (
         f"ground truth (QEMU TCG plugin, emulated, not hardware): {header.written} records "
         f"in {log.name}, bound {header.capacity} (of which {header.marker_capacity} for "
-        f"markers){lost}{closed}"
+        f"markers){lost}{closed}{'; ' + untracked if untracked else ''}"
     )
 
 
