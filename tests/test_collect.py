@@ -354,3 +354,25 @@ def test_budget_counts_the_vms_of_knob_guests(tmp_path: Path) -> None:
         "record=vm vm=2 ipa_bits=40 result=stopped sctlr_on=0x0\n"
     )
     assert vms_recorded(out) == 2
+
+
+def test_every_guest_run_gets_the_knobs_and_backing_before_the_guest(tmp_path: Path) -> None:
+    """The one VMM command line of guest runs: settings, then knobs and backing, then ELF."""
+    from types import SimpleNamespace
+
+    from tracekit.host.runners import guest_argv
+    from tracekit.host.tools import ToolPaths
+
+    tools = ToolPaths("cyclictest", "stress-ng", "vmm", "tlbiprobe", None)
+    session = SimpleNamespace(
+        tools=tools,
+        guest_path=tmp_path / "mmu-on.elf",
+        roles=SimpleNamespace(guest_cpus=(1,)),
+        trace_marker=lambda: None,
+        guest_options=["--knob", "pages=64", "--backing", "4k"],
+    )
+    argv = guest_argv(session, ["--timeout", "600"], None, repeat=3)  # type: ignore[arg-type]
+    assert argv[-7:] == [
+        "--timeout", "600", "--knob", "pages=64", "--backing", "4k", str(tmp_path / "mmu-on.elf")
+    ]  # fmt: skip
+    assert argv[argv.index("--repeat") + 1] == "3" and argv[argv.index("--vcpus") + 1] == "1"

@@ -143,18 +143,25 @@ def guest_settings(params: ScenarioParams, **point: int) -> list[str]:
     return toolbox.vmm_settings(**{k: v for k, v in values.items() if v is not None})
 
 
-def run_guest(session: Session, ctx: RunContext) -> None:
-    """Run the guest once on the guest CPUs; its markers go into the trace."""
-    settings = guest_settings(session.params, timeout=GUEST_TIMEOUT_SECONDS)
-    settings += session.guest_options
-    argv = toolbox.vmm_argv(
+def guest_argv(
+    session: Session, settings: list[str], vcpus: int | None, repeat: int = 1
+) -> list[str]:
+    """The VMM running the session's guest on the guest CPUs, with its knobs and backing."""
+    return toolbox.vmm_argv(
         session.tools,
         session.guest_path,
         list(session.roles.guest_cpus),
         session.trace_marker(),
-        extra=settings,
-        vcpus=session.guest_vcpus(),
+        repeat=repeat,
+        extra=[*settings, *session.guest_options],
+        vcpus=vcpus,
     )
+
+
+def run_guest(session: Session, ctx: RunContext) -> None:
+    """Run the guest once on the guest CPUs; its markers go into the trace."""
+    settings = guest_settings(session.params, timeout=GUEST_TIMEOUT_SECONDS)
+    argv = guest_argv(session, settings, session.guest_vcpus())
     proc = session.spawn(argv, ctx.path(RunFile.VMM))
     session.wait(proc, "vmm", GUEST_TIMEOUT_SECONDS)
 
@@ -168,16 +175,7 @@ def run_sweep_point(session: Session, ctx: RunContext) -> Outcome:
         touch_kb=ctx.detail_int("touch_kb"),
         timeout=0,  # the VMM's watchdog off: the budget decides, and says so
     )
-    settings += session.guest_options
-    argv = toolbox.vmm_argv(
-        session.tools,
-        session.guest_path,
-        list(session.roles.guest_cpus),
-        session.trace_marker(),
-        repeat=session.params.repeat,
-        extra=settings,
-        vcpus=ctx.detail_int("vcpus"),
-    )
+    argv = guest_argv(session, settings, ctx.detail_int("vcpus"), session.params.repeat)
     output = ctx.path(RunFile.VMM)
     proc = session.spawn(argv, output)
     outcome = wait_within_budget(proc, session.params.vm_budget_s, output, session.params.repeat)
@@ -188,14 +186,7 @@ def run_sweep_point(session: Session, ctx: RunContext) -> Outcome:
 
 def run_guest_start(session: Session, ctx: RunContext) -> None:
     """Start the during phase's guest; it runs until the guest-stop run (markers traced)."""
-    argv = toolbox.vmm_argv(
-        session.tools,
-        session.guest_path,
-        list(session.roles.guest_cpus),
-        session.trace_marker(),
-        extra=[*guest_settings(session.params, timeout=0), *session.guest_options],
-        vcpus=session.guest_vcpus(),
-    )
+    argv = guest_argv(session, guest_settings(session.params, timeout=0), session.guest_vcpus())
     output = ctx.path(RunFile.VMM)
     background = BackgroundGuest(session.spawn(argv, output), len(session.roles.guest_cpus), output)
     session.background = background
