@@ -57,12 +57,14 @@ class BundleData:
     opened: dict[str, RunData] = field(default_factory=dict, repr=False, compare=False)
     # What is missing or changed (bundle.bundle_problems: sizes; hashes with verify=True).
     problems: list[str] = field(default_factory=list, compare=False)
+    damaged: set[str] = field(default_factory=set, repr=False, compare=False)  # never read
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""
         found = self.opened.get(run.run_id)
         if found is None:
-            found = self.opened[run.run_id] = RunData(self.path, self.manifest, run)
+            found = RunData(self.path, self.manifest, run, self.damaged)
+            self.opened[run.run_id] = found
         return found
 
 
@@ -113,6 +115,7 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
         cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
         opened=opened,
         problems=problems,
+        damaged=set(damaged),
     )
 
 
