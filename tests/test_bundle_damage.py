@@ -83,3 +83,18 @@ def test_a_report_says_first_what_is_missing_and_never_reads_a_resized_file(
     probe.write_bytes(bytes(data))
     verified = CliRunner().invoke(main, ["report", "--verify", str(bundle)]).output
     assert verified.splitlines()[1].startswith("DAMAGED bundle: 3 file(s)")
+
+
+def test_a_damaged_trace_is_one_line_not_read(tmp_path: Path) -> None:
+    """A run whose trace has a changed file: opening it says so (it was an assert)."""
+    from tracekit.errors import TracekitError
+    from tracekit.ingest.bundle import load_bundle, open_run_trace
+
+    root = tmp_path / "b"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "perfetto" / "nvhe-a76-kprobes", root)
+    capture = root / "runs" / "guest" / "trace" / "capture.json"
+    capture.write_text(capture.read_text() + " ")
+    data = load_bundle(root)
+    guest = next(r for r in data.manifest.runs if r.run_id == "guest")
+    with pytest.raises(TracekitError, match="guest's trace is damaged and not read"):
+        open_run_trace(data, guest)

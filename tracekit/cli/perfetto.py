@@ -130,11 +130,11 @@ def _export_trace(
     """One trace (trace.dat, raw capture, text) into OUT."""
     import tracekit
     from tracekit.perfetto.export import export_trace
-    from tracekit.symbols.kallsyms import address_names as read_kallsyms
+    from tracekit.symbols.kallsyms import address_names
 
     if kallsyms is None and (path / "kallsyms").is_file():
         kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy
-    symbols = read_kallsyms(kallsyms) if kallsyms else None
+    symbols = address_names(kallsyms) if kallsyms else None
     return export_trace(tracekit.open(path), out, bounds, symbols)
 
 

@@ -141,9 +141,15 @@ def open_run_trace(data: BundleData, run: RunRecord, **options: Any) -> Trace:
             f"{data.path}: run {run.run_id} has no trace ({run_dir(run.run_id)}/"
             f"{RunFile.TRACE} or {RunFile.TRACE_DAT}); only traced runs have one"
         )
+    found = data.run(run)
+    if found.trace_path is None:  # there, but a file of it is missing or changed
+        raise TracekitError(
+            f"{data.path}: run {run.run_id}'s trace is damaged and not read "
+            f"({'; '.join(p for p in data.problems if p.startswith(run_dir(run.run_id)))})"
+        )
     if not options:  # the usual case: opened once, shared by every section and export
-        trace = data.run(run).trace
-        assert trace is not None
+        trace = found.trace
+        assert trace is not None  # found.trace_path is set
         return trace
     return open_trace(path, **options)  # a trace.dat gets the bundle's clock there
 

@@ -170,7 +170,7 @@ class BundleExport:
         events: pl.DataFrame | None,
     ) -> None:
         """One run's cyclictest samples as a latency counter and its worst wake-ups."""
-        found = self.data.opened[str(run["run_id"])]
+        found = self.data.run(next(r for r in self.selected if r.run_id == run["run_id"]))
         interval, samples = found.cyclictest_interval_ns, found.cyclictest
         if interval is None or samples is None:
             return

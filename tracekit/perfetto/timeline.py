@@ -90,7 +90,7 @@ def write_probe_runs(
     scope: str = "",
 ) -> None:
     """The TLBI probe's measuring windows (start..stop markers) per probe CPU."""
-    started: dict[int, tuple[int, str]] = {}
+    started: dict[int, int] = {}  # probe pid -> its track
     for ts, pid, tool, fields in markers:
         if tool != "tracekit-probe":
             continue
@@ -98,11 +98,11 @@ def write_probe_runs(
             cpu = fields.get("cpu", "?")
             track = tracks.track(f"{scope}probe:{cpu}", f"tracekit: TLBI probe on CPU {cpu}", root)
             tracks.begin(track, ts, f"probe {fields.get('mode', '')}".strip(), fields)
-            started[pid] = (track, cpu)
+            started[pid] = track
         elif fields.get("event") == "stop" and pid in started:
-            track, _cpu = started.pop(pid)
+            track = started.pop(pid)
             tracks.end(track, ts, fields)
-    for track, _cpu in started.values():
+    for track in started.values():
         tracks.end(track, end_ts or 0, {"unfinished": True})
 
 
