@@ -17,6 +17,17 @@ def test_sources_overlap_so_per_cpu_takes_the_largest() -> None:
     assert lost_per_cpu(None, {"1": 7}) == {1: 7}
 
 
+def test_losses_of_their_own_add_to_the_overrun() -> None:
+    """Dropped and commit-overrun events are other losses than the overrun's; events left
+    behind (read but not captured, or unread) too, the larger of the two."""
+    lost = pl.DataFrame(
+        {"cpu": [0] * 6, "count": [100, 40, 5, 2, 50, 30],
+         "source": ["stats_overrun", "page_flag", "stats_dropped", "stats_commit_overrun",
+                    "stats_unread", "stats_read"]}
+    )  # fmt: skip
+    assert lost_per_cpu(lost, {"0": 105}) == {0: 100 + 5 + 2 + 50}
+
+
 def test_a_run_two_sections_used_is_counted_once() -> None:
     both = {"b::after-traced-0": 40}
     report = Report(
