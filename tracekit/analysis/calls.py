@@ -49,8 +49,11 @@ def pair_calls(entries: pl.DataFrame, returns: pl.DataFrame | None) -> tuple[pl.
         strategy="backward",
         check_sortedness=False,
     )
-    orphans = matched.filter(pl.col("entry_row").is_null()).height
-    ends = matched.filter(pl.col("entry_row").is_not_null()).unique("entry_row", keep="first")
+    closing = matched.filter(pl.col("entry_row").is_not_null())
+    ends = closing.unique("entry_row", keep="first", maintain_order=True)
+    # A return with no entry, or a second return for an entry already closed (an entry
+    # lost inside the nesting), is counted, never paired.
+    orphans = matched.height - ends.height
     calls = opened.join(
         ends.select("entry_row", "end_ts"), left_on="row", right_on="entry_row", how="left"
     )
