@@ -173,21 +173,24 @@ def effective_tlbi(
     values = variant.knob_values
     if params.explicit("tlbi_count"):
         values["tlbi_count"] = str(params.tlbi_count)
-    for text in knobs:
-        name, _, value = text.partition("=")
-        values[name] = value
+    values |= parse_knobs(knobs)
     return values.get("tlbi", "none"), values.get("tlbi_count", "0")
+
+
+def parse_knobs(knobs: Sequence[str]) -> dict[str, str]:
+    """--knob NAME=VALUE settings as a dict, or one line for a malformed one."""
+    parsed = {}
+    for text in knobs:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise TracekitError(f"--knob {text!r}: write NAME=VALUE, e.g. --knob pages=64")
+        parsed[name] = value
+    return parsed
 
 
 def guest_options(options: CollectOptions) -> list[str]:
     """The VMM options for the guest's knobs and RAM backing, checked before anything runs."""
-    knobs = {}
-    for text in options.knobs:
-        name, sep, value = text.partition("=")
-        if not sep or not name:
-            raise TracekitError(f"--knob {text!r}: write NAME=VALUE, e.g. --knob pages=64")
-        knobs[name] = value
-    return vmm_guest_argv(None, knobs, options.backing)
+    return vmm_guest_argv(None, parse_knobs(options.knobs), options.backing)
 
 
 def require_arm64() -> None:
@@ -239,7 +242,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
     check_guest(variant, params, options.knobs)
-    guest_options(options)  # bad knobs fail here
+    vmm_options = guest_options(options)  # bad knobs fail here
     params = resolve_ipa_sizes(scenario, params)
     plan = plan_runs(
         scenario,
@@ -254,7 +257,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
         echo(f"parameters: {describe_params(scenario, params)}")
-        echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(guest_options(options))}")
+        echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(vmm_options)}")
         for planned in plan:
             echo("  " + planned.describe())
         return None

@@ -119,7 +119,8 @@ class ScenarioParams:
     given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
 
     def explicit(self, name: str) -> bool:
-        """Whether a parameter was given, or the scenario's default differs from the VMM's."""
+        """Whether a parameter was given, or the scenario's default is not the plain one
+        (ScenarioParams()'s, which leaves the guest preset's own value to the VMM)."""
         return name in self.given or getattr(self, name) != getattr(ScenarioParams(), name)
 
     def single(self, axis: str) -> int | None:
@@ -411,7 +412,7 @@ def vmid_prep_runs(scenario: Scenario, roles: Roles, vmid: int | None) -> list[P
             f"{scenario.name!r} has none; leave --vmid out (or use --scenario main)"
         )
     detail: dict[str, object] = {"vms": vmid - 1, "vmid": vmid, "cpus": roles.guest_cpus}
-    return [PlannedRun("vmid-prep", "prep", "vmid-prep", 0, detail)]
+    return [PlannedRun("vmid-prep", "prep", RunKind.VMID_PREP, 0, detail)]
 
 
 def _measure_runs(
