@@ -35,7 +35,7 @@ def main() -> None:
     """Record and explain KVM/arm64 TLB-invalidation effects.
 
     Host side (root on the arm64 host): collect, cleanup. Anywhere: vhost (the emulated arm64
-    host), ingest, report, perfetto, symbols.
+    host), ingest, report, dataset, perfetto, symbols.
     """
 
 
@@ -45,6 +45,7 @@ def _register() -> None:
         campaign,
         cleanup,
         collect,
+        dataset,
         ingest,
         perfetto,
         report,
@@ -62,6 +63,7 @@ def _register() -> None:
     main.add_command(report.report)
     main.add_command(verify.verify)
     main.add_command(campaign.campaign)
+    main.add_command(dataset.dataset)
 
 
 _register()
