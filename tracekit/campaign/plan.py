@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.campaign.design import Design, parse_design
+from tracekit.campaign.lavaplan import parse_lava
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
 
@@ -95,6 +96,7 @@ TOP_LEVEL = (
     "collect",
     "vhost",
     "design",
+    "lava",
 )
 
 
@@ -130,18 +132,23 @@ class Plan:
     source: str = ""
     design: Design | None = None
     design_table: dict[str, Any] = field(default_factory=dict)  # as written, for the record
+    lava: dict[str, Any] = field(default_factory=dict)  # [lava], campaign/lavaplan.py
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON data (recorded in campaign.json, hashed for resume)."""
-        return {
-            "matrix": self.matrix,
-            "placements": {name: vars(p) for name, p in self.placements.items()},
-            "collect": self.collect,
-            "vhost": self.vhost,
-            "repeats": self.repeats,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-        } | ({"design": self.design_table} if self.design_table else {})
+        return (
+            {
+                "matrix": self.matrix,
+                "placements": {name: vars(p) for name, p in self.placements.items()},
+                "collect": self.collect,
+                "vhost": self.vhost,
+                "repeats": self.repeats,
+                "seed": self.seed,
+                "shuffle": self.shuffle,
+            }
+            | ({"design": self.design_table} if self.design_table else {})
+            | ({"lava": self.lava} if self.lava else {})
+        )
 
     def fingerprint(self) -> str:
         """A short hash of the plan's content: a state file resumes only the plan it was for."""
@@ -263,6 +270,7 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> Plan:
         source=source,
         design=design,
         design_table=data.get("design", {}),
+        lava=parse_lava(source, data.get("lava")),
     )
     _check_values(plan)
     return plan
