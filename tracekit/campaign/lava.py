@@ -131,15 +131,14 @@ def _test_action(cell: Cell, plan: Plan) -> dict[str, Any]:
     # collect_argv starts with `python -m tracekit`; the pack's run script stands for that.
     command = shlex.join([f"{WORKDIR}/{PACK_RUN}", *collect[3:]])
     archive, url = f"{bundle}.tar.gz", bundle_url(plan, cell.cell_id)
-    q = shlex.quote
     steps = [
         f"mkdir -p {WORKDIR} && cd {WORKDIR}",
-        f"curl -fsSL {q(plan.lava['pack_url'])} -o pack.tar.gz && tar xzf pack.tar.gz",
+        f"{_fetch_step(plan.lava['pack_url'], 'pack.tar.gz')} && tar xzf pack.tar.gz",
         f"if {command}; then lava-test-case collect --result pass;"
         " else lava-test-case collect --result fail; fi",
-        f"tar czf {q(archive)} -C {WORKDIR} {q(cell.cell_id)}",
-        f"if curl -fsS -T {q(archive)} {q(url)}; then lava-test-reference bundle --result pass"
-        f" --reference {q(url)}; else lava-test-case bundle-upload --result fail; fi",
+        f"tar czf {shlex.quote(archive)} -C {WORKDIR} {shlex.quote(cell.cell_id)}",
+        f"if {_upload_step(archive, url)}; then lava-test-reference bundle --result pass"
+        f" --reference {shlex.quote(url)}; else lava-test-case bundle-upload --result fail; fi",
     ]
     return {
         "timeout": {"minutes": plan.lava["action_timeout"]},
@@ -159,6 +158,23 @@ def _test_action(cell: Cell, plan: Plan) -> dict[str, Any]:
             }
         ],
     }
+
+
+def _fetch_step(url: str, name: str) -> str:
+    """A shell step that gets `url` as `name`: a local copy, curl, or busybox's wget."""
+    q = shlex.quote
+    if url.startswith("file://"):
+        return f"cp {q(url.removeprefix('file://'))} {q(name)}"
+    return f"(curl -fsSL {q(url)} -o {q(name)} || wget -q -O {q(name)} {q(url)})"
+
+
+def _upload_step(archive: str, url: str) -> str:
+    """A shell step that puts `archive` at `url` (HTTP PUT, or a copy on a mounted store)."""
+    q = shlex.quote
+    if url.startswith("file://"):
+        target = url.removeprefix("file://")
+        return f"mkdir -p {q(str(Path(target).parent))} && cp {q(archive)} {q(target)}"
+    return f"curl -fsS -T {q(archive)} {q(url)}"
 
 
 def to_yaml(data: Any, indent: int = 0) -> str:
