@@ -132,7 +132,7 @@ def test_a_job_deploys_its_kernel_and_runs_its_cells_collect(tmp_path: Path) -> 
 )
 def test_plan_mistakes_are_one_line(change: dict, message: str) -> None:
     table = {k: v for k, v in (UBOOT | change).items() if v is not None}
-    with pytest.raises(TracekitError, match="^plan plan.toml: ") as err:
+    with pytest.raises(TracekitError, match=r"^plan plan\.toml: ") as err:
         parse_plan(_plan(table), "plan.toml")
     assert message in str(err.value) and "\n" not in str(err.value)
 
@@ -222,6 +222,6 @@ def test_a_bad_archive_at_the_store_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "x.tar.gz"
     with tarfile.open(bad, "w:gz") as tar:
         tar.add(__file__, arcname="cell/notes.txt")
-    with pytest.raises(TracekitError, match="holds no cell/manifest.json"):
+    with pytest.raises(TracekitError, match=r"holds no cell/manifest\.json"):
         lava.fetch_bundle(f"file://{bad}", tmp_path, "cell")
     assert lava.fetch_bundle(f"file://{tmp_path / 'absent.tar.gz'}", tmp_path, "cell") is False
