@@ -210,9 +210,7 @@ def test_cli_writes_job_files_only(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(_plan(UBOOT)))
     out = tmp_path / "camp"
-    result = CliRunner().invoke(
-        main, ["campaign", str(plan), "-o", str(out), "--lava-jobs-only"]
-    )
+    result = CliRunner().invoke(main, ["campaign", str(plan), "-o", str(out), "--lava-jobs-only"])
     assert result.exit_code == 0, result.output
     assert "2 LAVA job definitions" in result.output
     assert len(list((out / lava.JOBS_DIR).glob("*.yaml"))) == 2
