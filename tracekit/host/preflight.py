@@ -400,6 +400,49 @@ class HostFacts:
     power: list[CpuPower]
     thermal: dict[str, float]
     emulation: Emulation
+    kpatch: Kpatch | None = None
+
+
+# reproducer/kpatch's debugfs directory (present only when booted kvm-arm.debug_maint=1).
+KPATCH_DIR = Path("/sys/kernel/debug/kvm/arm64_debug_maint")
+
+
+@dataclass
+class Kpatch:
+    """What tracekit's debug series offers on this kernel, and its teardown switch."""
+
+    mode: str  # the KVM mode it reports; "protected (refused)" refuses every operation
+    vmid_bits: int | None
+    ops: list[str]
+    teardown_flush: str | None  # off, alle1is or last-ran; None if the file is absent
+    teardown_flushes: int | None
+
+
+def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
+    """The series' `op` file (mode, vmid_bits, ops) and `teardown_flush` ([choice], count)."""
+    fields = dict(line.split(":", 1) for line in op_text.splitlines() if ":" in line)
+    bits = fields.get("vmid_bits", "").strip()
+    policy, flushes = None, None
+    if teardown_text is not None:
+        chosen = re.search(r"\[([\w-]+)\]", teardown_text)
+        policy = chosen.group(1) if chosen else None
+        count = re.search(r"flushes: (\d+)", teardown_text)
+        flushes = int(count.group(1)) if count else None
+    return Kpatch(
+        mode=fields.get("mode", "").strip(),
+        vmid_bits=int(bits) if bits.isdigit() else None,
+        ops=fields.get("ops", "").split(),
+        teardown_flush=policy,
+        teardown_flushes=flushes,
+    )
+
+
+def read_kpatch(directory: Path = KPATCH_DIR) -> Kpatch | None:
+    """The debug series' interface on this kernel, or None (stock kernel, or not enabled)."""
+    op_text = _read(directory / "op")
+    if op_text is None:
+        return None
+    return parse_kpatch(op_text, _read(directory / "teardown_flush"))
 
 
 def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
@@ -419,6 +462,7 @@ def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
         power=[read_cpu_power(core.cpu) for core in cpus],
         thermal=read_thermal(),
         emulation=detect_emulation(),
+        kpatch=read_kpatch(),
     )
 
 
