@@ -16,7 +16,8 @@ import pytest
 
 from tracekit.errors import TracekitError
 from tracekit.vhost import kbuild, kcustom, ksource
-from tracekit.vhost.kernels import parse_kernel_spec
+from tracekit.vhost.kernels import BOOT_MODULES, parse_kernel_spec
+from tracekit.vhost.rootfs import install_modules
 
 SERIES = Path(__file__).parent.parent / "reproducer" / "kpatch" / "6.1"
 
@@ -207,3 +208,61 @@ def test_series_applies_to_debian_source_and_is_checkpatch_clean() -> None:
     # which arch/arm64/kvm/'s entry already covers.
     assert all(line.startswith("total: 0 errors") and "0 checks" in line for line in totals)
     assert done.stdout.count("WARNING:") == done.stdout.count("MAINTAINERS need updating")
+
+
+def _deb(tmp_path: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A real .deb (dpkg-deb -b) holding `files`."""
+    root = tmp_path / f"{name}-root"
+    (root / "DEBIAN").mkdir(parents=True)
+    control = f"Package: {name}\nVersion: {version}\nArchitecture: arm64\n"
+    control += "Maintainer: t <t@t>\nDescription: test\n"
+    (root / "DEBIAN" / "control").write_text(control)
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    deb = tmp_path / f"{name}_{version}_arm64.deb"
+    subprocess.run(["dpkg-deb", "-b", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_debian_kernel_package_gives_version_and_config(tmp_path: Path) -> None:
+    """The image package (not the metapackage) is the one with boot/config-REL."""
+    meta = _deb(tmp_path, "linux-image-arm64", "6.1.176-1", {"usr/share/doc/x": "x"})
+    image = _deb(
+        tmp_path, "linux-image-6.1.0-50-arm64", "6.1.176-1", {"boot/config-6.1.0-50-arm64": "C\n"}
+    )
+    assert kcustom.debian_kernel_deb([meta, image]) == image
+    assert kcustom.debian_version(image) == "6.1.176-1"
+    assert kcustom.debian_config_text(image) == "C\n"
+    with pytest.raises(TracekitError, match="no boot/config"):
+        kcustom.debian_kernel_deb([meta])
+
+
+def test_built_kernel_as_the_image_builder_takes_it(tmp_path: Path) -> None:
+    """Everything built in: an empty module tree with the build's modules.builtin."""
+    build = tmp_path / "build-0123456789"
+    (build / "arch" / "arm64" / "boot").mkdir(parents=True)
+    (build / "arch" / "arm64" / "boot" / "Image").write_bytes(b"image")
+    (build / "modules.builtin").write_text("kernel/net/9p/9pnet.ko\n")
+    (build / ".config").write_text("CONFIG_KVM=y\n")
+    kernel = kbuild.BuiltKernel(build, "6.1.176-tk012345", "6.1.176-1", "", "0123456789", 1.0)
+    assert kbuild.load_build(build) is None  # no record yet: not a finished build
+    files = kcustom.kernel_files(kernel)
+    assert files.image == kernel.image and files.release == "6.1.176-tk012345"
+    assert (files.modules_dir / "modules.builtin").read_text() == "kernel/net/9p/9pnet.ko\n"
+    assert (files.modules_dir / "kernel").is_dir() and files.config == build / ".config"
+
+
+def test_an_all_builtin_kernel_loads_no_module(tmp_path: Path) -> None:
+    """With the 9p chain built in, /init's module list is empty (no `insmod ''`)."""
+    build = tmp_path / "build-0123456789"
+    build.mkdir()
+    builtin = ["drivers/virtio/virtio_pci.ko", "net/9p/9pnet.ko", "net/9p/9pnet_virtio.ko"]
+    builtin.append("fs/9p/9p.ko")
+    (build / "modules.builtin").write_text("".join(f"kernel/{m}\n" for m in builtin))
+    kernel = kbuild.BuiltKernel(build, "6.1.176-tk012345", "6.1.176-1", "", "0123456789", 1.0)
+    root = tmp_path / "root"
+    root.mkdir()
+    assert install_modules(kcustom.kernel_files(kernel), root, list(BOOT_MODULES)) == []
+    assert (root / "etc" / "tracekit" / "modules").read_text() == ""

@@ -138,6 +138,7 @@ def install_modules(kernel: KernelFiles, root: Path, names: list[str]) -> list[s
         (dest_base / relative).parent.mkdir(parents=True, exist_ok=True)
         (dest_base / relative).write_bytes(image)
         loaded.append(f"/lib/modules/{kernel.release}/{relative}")
+    dest_base.mkdir(parents=True, exist_ok=True)  # also when every module is built in
     for extra in ("modules.builtin", "modules.order"):
         if (kernel.modules_dir / extra).is_file():
             shutil.copy2(kernel.modules_dir / extra, dest_base / extra)
