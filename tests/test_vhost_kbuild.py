@@ -261,8 +261,10 @@ def test_an_all_builtin_kernel_loads_no_module(tmp_path: Path) -> None:
     builtin = ["drivers/virtio/virtio_pci.ko", "net/9p/9pnet.ko", "net/9p/9pnet_virtio.ko"]
     builtin.append("fs/9p/9p.ko")
     (build / "modules.builtin").write_text("".join(f"kernel/{m}\n" for m in builtin))
+    (build / ".config").write_text("CONFIG_9P_FS=y\n")
     kernel = kbuild.BuiltKernel(build, "6.1.176-tk012345", "6.1.176-1", "", "0123456789", 1.0)
     root = tmp_path / "root"
     root.mkdir()
     assert install_modules(kcustom.kernel_files(kernel), root, list(BOOT_MODULES)) == []
     assert (root / "etc" / "tracekit" / "modules").read_text() == ""
+    assert (root / "boot" / "config-6.1.176-tk012345").read_text() == "CONFIG_9P_FS=y\n"
