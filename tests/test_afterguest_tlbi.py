@@ -96,3 +96,26 @@ def test_preflight_protected_mode_and_no_switch() -> None:
     found = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
     assert found.mode == "protected (refused)"
     assert (found.teardown_flush, found.teardown_flushes) == (None, None)
+
+
+def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:
+    """A bundle whose preflight found the series says so, with the teardown switch."""
+    from report_bundles import edit_manifest, make_bundle
+
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.report.header import header_lines, host_line
+
+    stock = load_bundle(make_bundle(tmp_path / "stock", 2, 1.0))
+    assert "debug series" not in host_line(stock)
+    patched = make_bundle(tmp_path / "kp", 2, 1.0)
+    found = parse_kpatch(OP_TEXT, "off [alle1is] last-ran\nflushes: 0\n")
+
+    def add(manifest: dict) -> None:
+        """Put what preflight found in the manifest, as facts.py writes it."""
+        manifest["host"]["kpatch"] = found.__dict__
+
+    edit_manifest(patched, add)
+    line = host_line(load_bundle(patched))
+    assert line.endswith("; debug series (reproducer/kpatch) on, teardown_flush alle1is")
+    both = header_lines([stock, load_bundle(patched)])
+    assert sum("teardown_flush alle1is" in entry for entry in both) == 1
