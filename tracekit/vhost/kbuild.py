@@ -264,12 +264,8 @@ def build_kernel(
     progress(f"kernel build: {tree.name} {suffix} (nice 19; log {log})")
     _make(build, [*env, "Image", "modules.builtin"], log)
     elapsed = round(time.monotonic() - started, 1)
-    release = subprocess.run(
-        ["make", "-s", "-C", str(tree), f"O={build.name}", "ARCH=arm64", *env, "kernelrelease"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    # Kbuild writes the release it built with here (no second make, no other compiler).
+    release = (build / "include" / "config" / "kernel.release").read_text().strip()
     record = {
         "release": release,
         "source_version": source_version,
