@@ -7,6 +7,7 @@ cross compile: they are run by hand or by a CI that budgets for them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -268,3 +269,16 @@ def test_an_all_builtin_kernel_loads_no_module(tmp_path: Path) -> None:
     assert install_modules(kcustom.kernel_files(kernel), root, list(BOOT_MODULES)) == []
     assert (root / "etc" / "tracekit" / "modules").read_text() == ""
     assert (root / "boot" / "config-6.1.176-tk012345").read_text() == "CONFIG_9P_FS=y\n"
+
+
+def test_a_finished_build_is_taken_from_the_cache(tmp_path: Path) -> None:
+    """A build directory with its record and Image is returned as is: no tool, no make."""
+    config = "CONFIG_KVM=y\n"
+    build = tmp_path / "linux-1.0" / f"build-{kbuild.config_hash(config)}"
+    (build / "arch" / "arm64" / "boot").mkdir(parents=True)
+    (build / "arch" / "arm64" / "boot" / "Image").write_bytes(b"image")
+    record = {"release": "1.0-tkx", "source_version": "1.0-1", "patch_hash": ""}
+    record |= {"config_hash": kbuild.config_hash(config), "build_s": 12.5}
+    (build / kbuild.BUILD_RECORD).write_text(json.dumps(record))
+    kernel = kbuild.build_kernel(build.parent, config, "1.0-1", "", lambda m: None)
+    assert (kernel.directory, kernel.release, kernel.build_s) == (build, "1.0-tkx", 12.5)

@@ -10,13 +10,15 @@ build: only what the series changes is recompiled. The cache of builds is capped
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +101,7 @@ class BuiltKernel:
     source_version: str
     patch_hash: str  # "" for the unpatched tree
     config_hash: str
-    build_s: float
+    build_s: float  # wall seconds of the make run that finished it (a resumed build: its part)
 
     @property
     def image(self) -> Path:
@@ -241,13 +243,43 @@ def build_kernel(
     seed: Path | None = None,
 ) -> BuiltKernel:
     """Build `tree` with `config` (cached); `seed` is a finished build to start from."""
-    digest = config_hash(config)
-    build = tree / f"build-{digest}"
+    build = tree / f"build-{config_hash(config)}"
     cached = load_build(build)
     if cached is not None:
         os.utime(build)  # the cache's eviction goes by last use
         return cached
     check_tools()
+    # Two builds in one directory would corrupt it: the second waits for the first.
+    # The lock sits beside the tree: inside, a patched copy of the tree would link it.
+    with _locked(tree.parent / f".{tree.name}-{build.name}.lock", progress):
+        return load_build(build) or _build(
+            build, config, source_version, patch_hash, progress, seed
+        )
+
+
+@contextlib.contextmanager
+def _locked(path: Path, progress: Progress) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, saying so when another build holds it."""
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"kernel build: waiting for the other build of {path.parent.name}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _build(
+    build: Path,
+    config: str,
+    source_version: str,
+    patch_hash: str,
+    progress: Progress,
+    seed: Path | None,
+) -> BuiltKernel:
+    """The build itself, under the lock: seeded, resumed or cold."""
+    digest = config_hash(config)
+    tree = build.parent
     # An interrupted build is resumed (make redoes only what is missing), never restarted.
     if not build.exists() and seed is not None and load_build(seed) is not None:
         progress(f"kernel build: starting from {seed.name} of {seed.parent.name}")
