@@ -15,7 +15,7 @@ from tracekit.bundle import check_run_id
 from tracekit.campaign.plan import AFTER_GUEST_ACTIONS as PLAN_ACTIONS
 from tracekit.errors import TracekitError
 from tracekit.host.afterguest import TLBI_ACTIONS, issue_maint, tlbi_request
-from tracekit.host.preflight import parse_kpatch, read_kpatch
+from tracekit.host.preflight import check_kpatch_for, parse_kpatch, read_kpatch
 from tracekit.host.protocol import AFTER_GUEST_ACTIONS, SCENARIOS, Roles, plan_runs
 
 ROLES = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
@@ -119,3 +119,17 @@ def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:
     assert line.endswith("; debug series (reproducer/kpatch) on, teardown_flush alle1is")
     both = header_lines([stock, load_bundle(patched)])
     assert sum("teardown_flush alle1is" in entry for entry in both) == 1
+
+
+def test_preflight_refuses_an_action_this_kernel_cannot_do() -> None:
+    """No series, protected mode, or an operation it lacks: one line before anything runs."""
+    check_kpatch_for("hotplug", None)  # not a tlbi action: nothing to check
+    with pytest.raises(TracekitError, match="--kernel bookworm:kpatch"):
+        check_kpatch_for("tlbi:alle1@guest-cpu", None)
+    refused = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
+    with pytest.raises(TracekitError, match="refuses EL2 maintenance in protected mode"):
+        check_kpatch_for("tlbi:alle1@guest-cpu", refused)
+    older = parse_kpatch("mode: nvhe\nvmid_bits: 8\nops: alle1\n", None)
+    check_kpatch_for("tlbi:alle1@other-cpu", older)
+    with pytest.raises(TracekitError, match="offers alle1, not vmalls12e1is"):
+        check_kpatch_for("tlbi:vmalls12e1is@vmid", older)

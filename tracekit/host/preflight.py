@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.afterguest import TLBI_ACTIONS
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 PROC = Path("/proc")
@@ -443,6 +444,29 @@ def read_kpatch(directory: Path = KPATCH_DIR) -> Kpatch | None:
     if op_text is None:
         return None
     return parse_kpatch(op_text, _read(directory / "teardown_flush"))
+
+
+def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
+    """One line, before anything runs, if --after-guest tlbi:... cannot be done here."""
+    if action not in TLBI_ACTIONS:
+        return
+    op = TLBI_ACTIONS[action][0]
+    if kpatch is None:
+        raise TracekitError(
+            f"--after-guest {action} needs tracekit's debug series, and {KPATCH_DIR} is "
+            "missing: boot a kernel with reproducer/kpatch/ and kvm-arm.debug_maint=1 (in the "
+            "emulated host: --kernel bookworm:kpatch)"
+        )
+    if kpatch.mode.startswith("protected"):
+        raise TracekitError(
+            f"--after-guest {action}: the debug series refuses EL2 maintenance in protected "
+            "mode (the host does not own EL2 there); use nvhe or vhe"
+        )
+    if op not in kpatch.ops:
+        raise TracekitError(
+            f"--after-guest {action}: this kernel's debug series offers {', '.join(kpatch.ops)}"
+            f", not {op}: rebuild it from this checkout's reproducer/kpatch/"
+        )
 
 
 def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
