@@ -454,7 +454,8 @@ def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
     if kpatch is None:
         raise TracekitError(
             f"--after-guest {action} needs tracekit's debug series, and {KPATCH_DIR} is "
-            "missing: boot a kernel with reproducer/kpatch/ and kvm-arm.debug_maint=1 (in the "
+            "missing (or unreadable: debugfs needs root): boot a kernel with reproducer/kpatch/"
+            " and kvm-arm.debug_maint=1 (in the "
             "emulated host: --kernel bookworm:kpatch)"
         )
     if kpatch.mode.startswith("protected"):
