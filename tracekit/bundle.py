@@ -70,6 +70,7 @@ class RunFile(StrEnum):
     PROBE_SUMMARY = "probe.json"
     VMM = "vmm.txt"  # the VMM's stdout
     HOTPLUG = "hotplug.txt"
+    MAINT = "el2-maint.txt"  # --after-guest tlbi:...: the request and when it ran
     ROLLOVER = "rollover.json"
     VMID_PREP = "vmid-prep.json"
     GUEST_STOP = "guest-stop.json"

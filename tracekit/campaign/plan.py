@@ -49,7 +49,15 @@ AXES: dict[str, Any] = {
     "scenario": "main",
 }
 
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")  # as host/protocol.py
+AFTER_GUEST_ACTIONS = (  # as host/protocol.py
+    "none",
+    "hotplug",
+    "hotplug-other",
+    "rollover",
+    "tlbi:alle1@guest-cpu",
+    "tlbi:vmalls12e1is@vmid",
+    "tlbi:alle1@other-cpu",
+)
 
 # `tracekit collect` options a plan may set; everything else in [collect] is a mistake.
 # Placement, guest, after-guest, scenario and the output come from the cell itself.

@@ -8,6 +8,7 @@ import click
 
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS
 
 
 def _one_cpu(text: str, option: str) -> int:
@@ -41,9 +42,10 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(["none", "hotplug", "hotplug-other", "rollover"]),
+    type=click.Choice(AFTER_GUEST_ACTIONS),
     help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
-    " stress CPU that did not run the guest, the control of hotplug).",
+    " stress CPU that did not run the guest, the control of hotplug; tlbi:OP@TARGET: one"
+    " EL2 invalidation through reproducer/kpatch's interface, the VMID one needs --vmid).",
 )
 @click.option(
     "--rollover-max-vms",

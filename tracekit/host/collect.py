@@ -42,6 +42,7 @@ from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
+from tracekit.host.preflight import check_kpatch_for, read_kpatch
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
 from tracekit.host.protocol import (
     PlannedRun,
@@ -124,6 +125,7 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
     check_capture(options.capture, options.after_guest)
+    check_kpatch_for(options.after_guest, read_kpatch())
     roles = Roles(options.rt_cpu, tuple(options.stress_cpus), tuple(options.guest_cpus))
     roles.check(online_cpus())
     params = scenario.defaults.merged(

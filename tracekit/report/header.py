@@ -32,7 +32,16 @@ def host_line(data: BundleData) -> str:
     """Kernel release, cores (with how many), KVM mode, emulated or not."""
     host = data.manifest.host
     where = "emulated" if is_emulated(data) else "hardware"
-    return f"host: {host.get('kernel_release', '?')}, {cores(data)}, KVM {kvm_mode(data)}, {where}"
+    line = f"host: {host.get('kernel_release', '?')}, {cores(data)}, KVM {kvm_mode(data)}, {where}"
+    return line + kpatch_note(data)
+
+
+def kpatch_note(data: BundleData) -> str:
+    """The debug series' state preflight found (reproducer/kpatch), or nothing."""
+    found = data.manifest.host.get("kpatch")
+    if not isinstance(found, dict):
+        return ""
+    return f"; debug series (reproducer/kpatch) on, teardown_flush {found.get('teardown_flush')}"
 
 
 def cores(data: BundleData) -> str:
@@ -114,6 +123,7 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")
         line = f"{bundle_label(data)}: {release}, {cores(data)}, KVM {kvm_mode(data)}"
+        line += kpatch_note(data)
         line += f"; {condition(data)}"
         if is_emulated(data):
             line += ", emulated"
