@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import header_lines, is_emulated
+from tracekit.report.header import header_lines, is_emulated, warning_lines
 from tracekit.report.model import Report, Section, SectionBuilder
 from tracekit.report.sections import (
     beforeafter,
@@ -64,6 +64,8 @@ def build_report(
         header=header_lines(bundles),
         emulated=any(is_emulated(b) for b in bundles),
         sections=sections,
+        warnings=warning_lines(bundles),
+        contradictions=list(dict.fromkeys(c for s in sections for c in s.contradictions)),
     )
 
 

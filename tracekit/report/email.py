@@ -11,7 +11,13 @@ from __future__ import annotations
 import textwrap
 
 from tracekit.report.ascii import table_lines
-from tracekit.report.gather import lost_events_line, unknowns, verdict_rules
+from tracekit.report.gather import (
+    contradiction_lines,
+    lost_events_line,
+    unknowns,
+    verdict_rules,
+    warnings_line,
+)
 from tracekit.report.model import Report, Section
 
 WIDTH = 72
@@ -20,7 +26,8 @@ WIDTH = 72
 def render_email(report: Report) -> str:
     """The whole report as a plain-text email body."""
     lines: list[str] = []
-    for line in report.header:
+    first = [warnings_line(report)] if report.warnings else []
+    for line in [*first, *contradiction_lines(report), *report.header]:
         lines += _wrap(line)
     lines += _wrap(lost_events_line(report))
     for number, section in enumerate(report.sections, 1):

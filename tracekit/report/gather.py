@@ -5,6 +5,16 @@ from __future__ import annotations
 from tracekit.report.model import Report, Section
 
 
+def warnings_line(report: Report) -> str:
+    """The report's first line: every warning that applies, or "" when none does."""
+    return " ".join(report.warnings)
+
+
+def contradiction_lines(report: Report) -> list[str]:
+    """Findings that contradict the setup, each said as such (they follow the warnings)."""
+    return [f"CONTRADICTS THE SETUP: {c}" for c in report.contradictions]
+
+
 def lost_events_line(report: Report) -> str:
     """Lost trace events of every section that used traces, or that none did."""
     used = [(s.title, s.lost_events) for s in report.sections if s.lost_events is not None]

@@ -5,6 +5,8 @@ Every string here comes from a manifest; renderers escape it as their format nee
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -100,17 +102,13 @@ def controls_line(bundles: list[BundleData]) -> str:
 
 
 def header_lines(bundles: list[BundleData]) -> list[str]:
-    """The report's first lines: EMULATED first if any bundle is, then host and protocol."""
-    lines = [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
-    lines += [damage_line(b, len(bundles) > 1) for b in bundles if _damage(b)]
+    """The setup: the bundle, host and protocol (several bundles: one line each), controls."""
     if len(bundles) == 1:
         data = bundles[0]
-        lines += [f"bundle: {data.path}", host_line(data), protocol_line(data)]
+        lines = [f"bundle: {data.path.name}", host_line(data), protocol_line(data)]
         lines.append(controls_line(bundles))
-        if not data.manifest.complete:
-            lines.append(f"INCOMPLETE bundle: {data.manifest.incomplete_reason}")
         return lines
-    lines.append(f"{len(bundles)} bundles:")
+    lines = [f"{len(bundles)} bundles:"]
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")
         line = f"{bundle_label(data)}: {release}, {cores(data)}, KVM {kvm_mode(data)}"
@@ -118,10 +116,45 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         if is_emulated(data):
             line += ", emulated"
         if not data.manifest.complete:
-            line += f"; INCOMPLETE: {data.manifest.incomplete_reason}"
+            line += "; INCOMPLETE"
         lines.append(line)
     lines.append(controls_line(bundles))
     return lines
+
+
+def emulated_warnings(bundles: list[BundleData]) -> list[str]:
+    """EMULATED HOST when any bundle's host is emulated: its timings are not hardware's."""
+    return [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
+
+
+def incomplete_warnings(bundles: list[BundleData]) -> list[str]:
+    """INCOMPLETE for each bundle whose collection was interrupted, with the reason."""
+    many = len(bundles) > 1
+    return [
+        f"INCOMPLETE bundle: {bundle_label(b) + ': ' if many else ''}"
+        f"{b.manifest.incomplete_reason}."
+        for b in bundles
+        if not b.manifest.complete
+    ]
+
+
+def damage_warnings(bundles: list[BundleData]) -> list[str]:
+    """DAMAGED for each bundle with missing or changed files."""
+    return [damage_line(b, len(bundles) > 1) + "." for b in bundles if _damage(b)]
+
+
+# The warnings of a report's first line, in this order. Adding one (e.g. SIMULATED EFFECT
+# with its model, right after EMULATED HOST) is one function and one entry here.
+WARNINGS: list[Callable[[list[BundleData]], list[str]]] = [
+    emulated_warnings,
+    incomplete_warnings,
+    damage_warnings,
+]
+
+
+def warning_lines(bundles: list[BundleData]) -> list[str]:
+    """Every warning that applies to the bundles, one sentence each, in WARNINGS order."""
+    return [line for warn in WARNINGS for line in warn(bundles)]
 
 
 # Problems a damage line lists before pointing at `tracekit verify` for the rest.

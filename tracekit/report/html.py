@@ -12,8 +12,13 @@ from html import escape
 
 from tracekit.analysis.compare import Comparison
 from tracekit.report.ascii import cell
-from tracekit.report.gather import lost_events_line, unknowns, verdict_rules
-from tracekit.report.header import EMULATED_LINE
+from tracekit.report.gather import (
+    contradiction_lines,
+    lost_events_line,
+    unknowns,
+    verdict_rules,
+    warnings_line,
+)
 from tracekit.report.model import Plot, Report, Section, Table
 from tracekit.report.svg import render_svg
 
@@ -22,7 +27,7 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'"
 STYLE = """
 body { font-family: sans-serif; max-width: 60rem; margin: 1rem auto; padding: 0 1rem;
        color: #222; line-height: 1.4; }
-.emulated { background: #fff3cd; border: 1px solid #e0b000; padding: .4rem .6rem;
+.warning { background: #fff3cd; border: 1px solid #e0b000; padding: .4rem .6rem;
             font-weight: bold; }
 table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
 th, td { border: 1px solid #ccc; padding: .15rem .5rem; text-align: right; }
@@ -61,10 +66,9 @@ def render_html(report: Report) -> str:
 
 def _header(report: Report) -> str:
     """Header lines; the emulated-host warning stands out."""
-    lines = []
-    for line in report.header:
-        css = ' class="emulated"' if line == EMULATED_LINE else ""
-        lines.append(f"<p{css}>{escape(line)}</p>")
+    lines = [f'<p class="warning">{escape(warnings_line(report))}</p>'] if report.warnings else []
+    lines += [f'<p class="warning">{escape(c)}</p>' for c in contradiction_lines(report)]
+    lines += [f"<p>{escape(line)}</p>" for line in report.header]
     lines.append(f"<p>{escape(lost_events_line(report))}</p>")
     return "<header>" + "\n".join(lines) + "</header>"
 

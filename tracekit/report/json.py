@@ -34,6 +34,8 @@ def report_data(report: Report) -> dict[str, Any]:
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "emulated": report.emulated,
+        "warnings": list(report.warnings),
+        "contradictions": list(report.contradictions),
         "header": list(report.header),
         "lost_events": lost_events_line(report),
         "sections": [_section(s) for s in report.sections],

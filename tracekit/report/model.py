@@ -62,6 +62,9 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)  # what this section cannot tell
+    # Findings that contradict the setup (e.g. the ground truth shows an action did not do
+    # what it claims): the report's lead states them right after its warnings line.
+    contradictions: list[str] = field(default_factory=list)
     lost_events: int | None = None  # lost events in the data it used; None: no traces used
     # The same per run whose trace it used (run_key -> lost), so a report counts each once.
     lost_by_run: dict[str, int] = field(default_factory=dict)
@@ -69,11 +72,16 @@ class Section:
 
 @dataclass(frozen=True)
 class Report:
-    """A whole report: who/where first (EMULATED when it is), then sections."""
+    """A whole report: its warnings first, then findings against the setup, then sections."""
 
-    header: list[str]  # host, kernel, KVM mode, protocol; "EMULATED HOST ..." first if so
+    header: list[str]  # bundle, host, kernel, KVM mode, protocol, controls
     emulated: bool
     sections: list[Section]
+    # The lead's first line, one sentence each: EMULATED HOST, SIMULATED EFFECT (and its
+    # model), INCOMPLETE or DAMAGED bundle (tracekit/report/header.py WARNINGS adds them).
+    warnings: list[str] = field(default_factory=list)
+    # Every section's contradictions, in report order, each once.
+    contradictions: list[str] = field(default_factory=list)
 
 
 # A section builder reads loaded bundles (and may open their traces) and returns its

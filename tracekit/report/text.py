@@ -9,7 +9,12 @@ from __future__ import annotations
 import textwrap
 
 from tracekit.report.ascii import table_lines
-from tracekit.report.gather import lost_events_line, verdict_rules
+from tracekit.report.gather import (
+    contradiction_lines,
+    lost_events_line,
+    verdict_rules,
+    warnings_line,
+)
 from tracekit.report.model import Report, Section
 
 WIDTH = 72
@@ -17,7 +22,8 @@ WIDTH = 72
 
 def render_text(report: Report) -> str:
     """The whole text report."""
-    lines = [_wrap(line) for line in report.header]
+    first = [warnings_line(report)] if report.warnings else []
+    lines = [_wrap(line) for line in [*first, *contradiction_lines(report), *report.header]]
     for section in report.sections:
         lines += ["", *_section(section)]
     lines += ["", lost_events_line(report)]
