@@ -113,5 +113,5 @@ def test_warnings_and_contradictions_lead_every_format(
         assert " ".join(line.strip() for line in lines[:2]) == first
         assert lines[2] == said
     html = render(report, "html")
-    assert html.index(first) < html.index(said) < html.index("bundle: b")
+    assert html.index(first) < html.index(said) < html.index("bundle b;")
     assert '"contradictions": [\n  "hotplug did not flush CPU 1"' in render(report, "json")

@@ -142,12 +142,12 @@ def _screenshot(html: str, tmp_path: Path, name: str) -> list[bytes]:
         [
             "chromium", "--headless", "--no-sandbox", "--disable-gpu",
             f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars",
-            f"--screenshot={png}", "--window-size=760,760", page.as_uri(),
+            f"--screenshot={png}", "--window-size=760,1000", page.as_uri(),
         ],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     width, height, rows = _png_pixels(png)
-    assert (width, height) == (760, 760)
+    assert (width, height) == (760, 1000)
     return rows
 
 

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import header_lines, is_emulated, warning_lines
+from tracekit.report.header import (
+    controls_line,
+    header_lines,
+    is_emulated,
+    question_line,
+    warning_lines,
+)
 from tracekit.report.model import Report, Section, SectionBuilder
 from tracekit.report.sections import (
     beforeafter,
@@ -66,6 +72,8 @@ def build_report(
         sections=sections,
         warnings=warning_lines(bundles),
         contradictions=list(dict.fromkeys(c for s in sections for c in s.contradictions)),
+        question=question_line(bundles),
+        controls=[controls_line(bundles), *(c for s in sections for c in s.controls)],
     )
 
 

@@ -92,7 +92,7 @@ def controls_line(bundles: list[BundleData]) -> str:
     else:  # they differ: say whose is whose
         isolated = "; ".join(f"{bundle_label(b)}: {isolation(b)}" for b in bundles)
     line = (
-        "controls: the before phase on the same boot is the baseline; quiet (untraced)"
+        "the before phase on the same boot is the baseline; quiet (untraced)"
         " runs give the verdicts, traced runs the attribution and the observer effect;"
         f" probe slots run apart from latency runs; {isolated}"
     )
@@ -105,9 +105,7 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
     """The setup: the bundle, host and protocol (several bundles: one line each), controls."""
     if len(bundles) == 1:
         data = bundles[0]
-        lines = [f"bundle: {data.path.name}", host_line(data), protocol_line(data)]
-        lines.append(controls_line(bundles))
-        return lines
+        return [f"bundle {data.path.name}; {host_line(data)}", protocol_line(data)]
     lines = [f"{len(bundles)} bundles:"]
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")
@@ -118,8 +116,48 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         if not data.manifest.complete:
             line += "; INCOMPLETE"
         lines.append(line)
-    lines.append(controls_line(bundles))
     return lines
+
+
+# What each scenario was collected to answer ({guest}: the guest and its CPU).
+QUESTIONS = {
+    "main": (
+        "after one guest ({guest}) has run, are the rt CPU's wake-ups (cyclictest p99.9,"
+        " quiet runs) and stress-ng's throughput different from before, on the same boot?"
+    ),
+    "teardown": "how does stage-2 teardown time grow with the VM's IPA size?",
+    "cache-toggle": (
+        "how many full-VM stage-2 flushes, and how long, when each vCPU turns its caches on?"
+    ),
+    "guest-broadcast": (
+        "what does a guest ({guest}) issuing broadcast TLBIs in a loop cost the rt CPU and"
+        " the TLBI probe?"
+    ),
+}
+
+
+def question_line(bundles: list[BundleData]) -> str:
+    """The question the bundles' scenarios ask, each once; several bundles compare them."""
+    many = len(bundles) > 1
+    text = " ".join(dict.fromkeys(_question(b, many) for b in bundles))
+    if many:
+        text += f" Over {len(bundles)} bundles: which of the conditions they vary changes it?"
+    return text
+
+
+def _question(data: BundleData, many: bool) -> str:
+    """One bundle's question, from its scenario (an unknown scenario is named as such)."""
+    options, scenario = data.manifest.options, data.manifest.scenario
+    name = scenario.get("name") or options.get("scenario") or "main"
+    asked = QUESTIONS.get(name)
+    if asked is None:
+        return f"what does scenario {name!r} show?"
+    if many:
+        return asked.format(guest="each bundle's guest")
+    guest = scenario.get("guest_variant") or options.get("guest") or "default guest"
+    cpus = options.get("guest_cpus") or []
+    where = "CPUs" if len(cpus) > 1 else "CPU"
+    return asked.format(guest=f"{guest} on {where} {','.join(map(str, cpus)) or '?'}")
 
 
 def emulated_warnings(bundles: list[BundleData]) -> list[str]:

@@ -58,13 +58,18 @@ class Section:
     key: str  # stable identifier, used as the JSON key and the HTML anchor
     title: str
     findings: list[str] = field(default_factory=list)  # plain sentences, most important first
-    comparisons: list[Comparison] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)  # the details' comparisons
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)  # what this section cannot tell
     # Findings that contradict the setup (e.g. the ground truth shows an action did not do
     # what it claims): the report's lead states them right after its warnings line.
     contradictions: list[str] = field(default_factory=list)
+    # The comparisons that answer the report's question: the lead states them (and only
+    # it), as its result with their spread.
+    headline: list[Comparison] = field(default_factory=list)
+    # Findings about the controls (the observer effect): the lead's controls part.
+    controls: list[str] = field(default_factory=list)
     lost_events: int | None = None  # lost events in the data it used; None: no traces used
     # The same per run whose trace it used (run_key -> lost), so a report counts each once.
     lost_by_run: dict[str, int] = field(default_factory=dict)
@@ -74,7 +79,7 @@ class Section:
 class Report:
     """A whole report: its warnings first, then findings against the setup, then sections."""
 
-    header: list[str]  # bundle, host, kernel, KVM mode, protocol, controls
+    header: list[str]  # the setup: bundle, host, kernel, KVM mode, protocol
     emulated: bool
     sections: list[Section]
     # The lead's first line, one sentence each: EMULATED HOST, SIMULATED EFFECT (and its
@@ -82,6 +87,13 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     # Every section's contradictions, in report order, each once.
     contradictions: list[str] = field(default_factory=list)
+    question: str = ""  # what the bundles were collected to answer
+    controls: list[str] = field(default_factory=list)  # the protocol's, then the sections'
+    # The comparisons that answer the report's question: the lead states them (and only
+    # it), as its result with their spread.
+    headline: list[Comparison] = field(default_factory=list)
+    # Findings about the controls (the observer effect): the lead's controls part.
+    controls: list[str] = field(default_factory=list)
 
 
 # A section builder reads loaded bundles (and may open their traces) and returns its
