@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from tracekit.ingest.bundle import BundleData
 
 PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline", "intervals"]
+# Log axes only where values span decades by nature: distributions. A bar's length, a
+# point on a curve or an interval's whiskers on a log axis mislead the eye.
+LOG_KINDS = ("cdf", "histogram")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class Plot:
 
     cdf/histogram use `x` only; bars, xy and timeline use `x` and `y` (timeline: `x` is
     the start in ns, `y` the lane, and `frame` also has `end` and `label` columns);
-    intervals: `x` the estimate, `y` the row's label, `frame` also has `low` and `high`.
+    intervals: `x` the estimate, `y` the row's label, `frame` also has `low` and `high`
+    (null when there is no interval: the point alone is drawn), against a line at
+    `reference` (1.0: no change, for ratios).
     """
 
     title: str
@@ -47,8 +52,14 @@ class Plot:
     series: str | None = None
     log_x: bool = False
     log_y: bool = False
+    reference: float = 1.0  # intervals: the reference line's x
     x_label: str = ""
     y_label: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a log axis outside distributions (a bug in the section that asks)."""
+        if (self.log_x or self.log_y) and self.kind not in LOG_KINDS:
+            raise ValueError(f"plot {self.title!r}: a {self.kind} plot has linear axes only")
 
 
 @dataclass(frozen=True)

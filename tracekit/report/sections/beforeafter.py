@@ -219,7 +219,6 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             x="run",
             y="p99_9_us",
             series="series",
-            log_y=True,
             x_label="run",
             y_label="p99.9 (us)",
         ),
