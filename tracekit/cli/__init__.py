@@ -52,6 +52,7 @@ def _register() -> None:
         verify,
         vhost,
     )
+    from tracekit.cli.examples import add_examples
 
     main.add_command(vhost.vhost)
     main.add_command(collect.collect)
@@ -62,6 +63,7 @@ def _register() -> None:
     main.add_command(report.report)
     main.add_command(verify.verify)
     main.add_command(campaign.campaign)
+    add_examples(main)
 
 
 _register()

@@ -19,16 +19,27 @@ from tracekit.bundle import RunRecord, run_trace_path
 from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace
 from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables
 from tracekit.ingest.trace import Trace
+from tracekit.progress import Steps
 
 
 def open_bundle(
-    path: Path, *, salvage: bool = False, use_cache: bool = True, symbols: Path | None = None
+    path: Path,
+    *,
+    salvage: bool = False,
+    use_cache: bool = True,
+    symbols: Path | None = None,
+    progress: Steps | None = None,
 ) -> Trace:
-    """Every run trace of the bundle at PATH as one Trace (each run cached beside it)."""
+    """Every run trace of the bundle at PATH as one Trace (each run cached beside it);
+    `progress` hears each run before it is read."""
     data = load_bundle(path)
     runs = [run for run in data.manifest.runs if run_trace_path(path, run.run_id) is not None]
     options = {"salvage": salvage, "use_cache": use_cache, "symbols": symbols}
-    traces = [(run, open_run_trace(data, run, **options)) for run in runs]
+    traces = []
+    for done, run in enumerate(runs):
+        if progress is not None:
+            progress(done, len(runs), run.run_id)
+        traces.append((run, open_run_trace(data, run, **options)))
     tables = _stack(traces)
     tables.tools = _tool_tables(data)
     tables.meta.update(_meta(data, traces, use_cache))

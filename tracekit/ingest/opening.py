@@ -16,6 +16,7 @@ from tracekit.ingest.rawcapture import is_raw_capture, read_raw_capture
 from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables, build_tables
 from tracekit.ingest.trace import Trace
 from tracekit.ingest.tracedat import MAGIC, read_tracedat
+from tracekit.progress import Steps
 
 
 def _kind(path: Path) -> str:
@@ -125,15 +126,19 @@ def open_path(
     salvage: bool = False,
     use_cache: bool = True,
     symbols: str | Path | None = None,
+    progress: Steps | None = None,
 ) -> Trace:
-    """One recording, or a whole collect bundle (every run's trace, run and phase columns)."""
+    """One recording, or a whole collect bundle (every run's trace, run and phase columns);
+    `progress` hears a bundle's runs one by one."""
     from tracekit.bundle import is_bundle
 
     if is_bundle(Path(path)):
         from tracekit.ingest.bundletrace import open_bundle
 
         sym_path = check_symbols(symbols)
-        return open_bundle(Path(path), salvage=salvage, use_cache=use_cache, symbols=sym_path)
+        return open_bundle(
+            Path(path), salvage=salvage, use_cache=use_cache, symbols=sym_path, progress=progress
+        )
     return open_trace(path, salvage=salvage, use_cache=use_cache, symbols=symbols)
 
 
