@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 EXAMPLES: dict[str, list[str]] = {
+    "board-pack": ["tracekit board-pack -o tracekit-board.tar.gz"],
     "campaign": [
         "tracekit campaign plan.toml -o camp",
         "tracekit campaign plan.toml --board --state /var/lib/tracekit/campaign.json"
