@@ -24,7 +24,10 @@ EXAMPLES: dict[str, list[str]] = {
         "tracekit events trace.dat --event sched_switch --cpu 0-2,5 --format csv",
         "tracekit events bundle --phase after --event kvm_exit --limit 20",
     ],
-    "ingest": ["tracekit ingest bundle/runs/before-traced-0/trace.dat", "tracekit ingest bundle"],
+    "ingest": [
+        "tracekit ingest bundle/runs/before-traced-0/trace.dat",
+        "tracekit ingest bundle --parquet bundle-tables/",
+    ],
     "perfetto": [
         "tracekit perfetto bundle -o bundle.pftrace --open",
         "tracekit perfetto bundle --phase after --window 10:12 -o after.pftrace",

@@ -20,7 +20,16 @@ SYMBOLS_HELP = (
 )
 @click.option("--no-cache", is_flag=True, help="Parse again and do not write the Parquet cache.")
 @click.option("--symbols", type=click.Path(path_type=str), help=SYMBOLS_HELP)
-def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> None:
+@click.option(
+    "--parquet",
+    "parquet_dir",
+    type=click.Path(path_type=str),
+    help="Also write every table as Parquet into this directory, with tables.json listing"
+    " them (docs/tables.md).",
+)
+def ingest(
+    path: str, salvage: bool, no_cache: bool, symbols: str | None, parquet_dir: str | None
+) -> None:
     """Decode PATH (trace.dat, raw capture directory, text trace or a bundle), cache it as
     Parquet and print a summary: events per type per CPU, time span, lost events."""
     from tracekit.ingest import open_path
@@ -32,6 +41,8 @@ def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> Non
     click.echo(trace.summary())
     if trace.meta.get("cache"):
         click.echo(f"cache: {trace.meta['cache']}")
+    if parquet_dir is not None:
+        click.echo(f"parquet: {trace.write_parquet(parquet_dir)}")
 
 
 @click.command("events")

@@ -57,6 +57,12 @@ class Trace:
                 f"{self.path}: no event {name!r} in this trace (it has: {have})"
             ) from None
 
+    def write_parquet(self, directory: str | Path) -> Path:
+        """Every table as a Parquet file in DIRECTORY, with tables.json listing them."""
+        from tracekit.ingest.parquet import export_parquet
+
+        return export_parquet(self._tables, self.path, Path(directory))
+
     def lazy(self, name: str | None = None) -> pl.LazyFrame:
         """A LazyFrame over the events table, or over one event's table."""
         return (self.events if name is None else self.event(name)).lazy()
