@@ -128,17 +128,20 @@ def open_path(
     symbols: str | Path | None = None,
     progress: Steps | None = None,
 ) -> Trace:
-    """One recording, or a whole collect bundle (every run's trace, run and phase columns);
-    `progress` hears a bundle's runs one by one."""
-    from tracekit.bundle import is_bundle
+    """One recording, a whole collect bundle (every run's trace, run and phase columns),
+    or a directory of bundles such as a campaign's (a bundle column too), as `tracekit
+    report` takes them; `progress` hears a bundle's runs, or the bundles, one by one."""
+    from tracekit.bundle import MANIFEST, find_bundles, is_bundle
 
-    if is_bundle(Path(path)):
-        from tracekit.ingest.bundletrace import open_bundle
+    given = Path(path)
+    holds_bundles = given.is_dir() and not is_raw_capture(given) and any(given.rglob(MANIFEST))
+    if is_bundle(given) or holds_bundles:
+        from tracekit.ingest.bundletrace import open_bundle, open_bundles
 
-        sym_path = check_symbols(symbols)
-        return open_bundle(
-            Path(path), salvage=salvage, use_cache=use_cache, symbols=sym_path, progress=progress
-        )
+        options = {"salvage": salvage, "use_cache": use_cache, "symbols": check_symbols(symbols)}
+        if is_bundle(given):
+            return open_bundle(given, progress=progress, **options)  # type: ignore[arg-type]
+        return open_bundles(given, find_bundles(given), progress=progress, **options)
     return open_trace(path, salvage=salvage, use_cache=use_cache, symbols=symbols)
 
 

@@ -9,29 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tracekit.bundle import MANIFEST
-from tracekit.errors import TracekitError
+from tracekit.bundle import find_bundles
 from tracekit.ingest.bundle import BundleData, load_bundle
-
-
-def find_bundles(path: Path) -> list[Path]:
-    """The bundle directories at or under `path` (a bundle's own runs are not searched)."""
-    if not path.exists():
-        raise TracekitError(f"{path}: no such file or directory; name a bundle directory")
-    if not path.is_dir():
-        raise TracekitError(
-            f"{path} is not a directory; name a bundle (a directory with {MANIFEST})"
-        )
-    if (path / MANIFEST).is_file():
-        return [path]
-    found = sorted(m.parent for m in path.rglob(MANIFEST))
-    bundles = [b for b in found if not any(o in b.parents for o in found)]
-    if not bundles:
-        raise TracekitError(
-            f"{path} holds no tracekit bundle (no {MANIFEST} in it or below it);"
-            " name the directory `tracekit collect -o` wrote"
-        )
-    return bundles
 
 
 def load_bundles(
