@@ -115,3 +115,19 @@ def test_warnings_and_contradictions_lead_every_format(
     html = render(report, "html")
     assert html.index(first) < html.index(said) < html.index("bundle b;")
     assert '"contradictions": [\n  "hotplug did not flush CPU 1"' in render(report, "json")
+
+
+def test_the_header_names_the_guest_the_decision_table_names(tmp_path: Path) -> None:
+    """A bundle from before collect recorded the variant that ran: its file name wins, in
+    the header as in the decision table's conditions."""
+    from report_bundles import edit_manifest
+
+    from tracekit.analysis.conditions import guest_variant
+
+    bundle = make_bundle(tmp_path / "b", 2, 1.0, guest="mmu-on")
+    edit_manifest(bundle, lambda m: m["scenario"].update(guest="/x/build/guests/mmu-off.elf"))
+    data = load_bundle(bundle)
+    report = assemble.build_report([data])
+    assert guest_variant(data.manifest) == "mmu-off"
+    assert "guest mmu-off on CPU 1" in " ".join(report.header)
+    assert "(mmu-off on CPU 1)" in report.question and "mmu-on" not in report.question

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tracekit.analysis.conditions import guest_variant
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -53,7 +54,7 @@ def condition(data: BundleData) -> str:
     """What this bundle varied: scenario, guest variant and CPU, after-guest action."""
     options, scenario = data.manifest.options, data.manifest.scenario
     name = scenario.get("name") or options.get("scenario") or "?"
-    guest = scenario.get("guest_variant") or options.get("guest") or "default guest"
+    guest = guest_variant(data.manifest)  # as the decision table names it
     cpus = ",".join(str(c) for c in options.get("guest_cpus") or []) or "?"
     after = options.get("after_guest", "none")
     return f"{name}: guest {guest} on CPU {cpus}, after-guest {after}"
@@ -154,7 +155,7 @@ def _question(data: BundleData, many: bool) -> str:
         return f"what does scenario {name!r} show?"
     if many:
         return asked.format(guest="each bundle's guest")
-    guest = scenario.get("guest_variant") or options.get("guest") or "default guest"
+    guest = guest_variant(data.manifest)
     cpus = options.get("guest_cpus") or []
     where = "CPUs" if len(cpus) > 1 else "CPU"
     return asked.format(guest=f"{guest} on {where} {','.join(map(str, cpus)) or '?'}")
