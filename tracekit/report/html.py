@@ -13,7 +13,6 @@ from html import escape
 from tracekit.analysis.compare import Comparison
 from tracekit.report.ascii import cell
 from tracekit.report.gather import (
-    comparisons_note,
     contradiction_lines,
     headline,
     lead,
@@ -93,8 +92,7 @@ def _section(section: Section) -> str:
     if section.findings:
         parts.append("<ul>" + "".join(f"<li>{escape(f)}</li>" for f in section.findings) + "</ul>")
     if section.comparisons:
-        parts.append(_comparisons(section.comparisons))
-        parts.append(f'<p class="note">{escape(comparisons_note(section))}</p>')
+        parts.append(_comparisons(section.comparisons))  # its columns name test and runs
     parts += [_table(t) for t in section.tables]
     parts += [_plot(p) for p in section.plots]
     if section.lost_events is not None:
