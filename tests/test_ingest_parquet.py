@@ -62,7 +62,7 @@ def test_a_bundle_exports_its_runs_and_tool_tables(tmp_path: Path) -> None:
     tools = json.loads((out / "tables.json").read_text())["tables"]
     for name, frame in quiet.tools.items():
         assert pl.read_parquet(out / tools[f"tool:{name}"]["file"]).equals(frame)
-    assert "tool:cyclictest_latency" in tools
+    assert "tool:cyclictest_samples" in tools
 
 
 def test_a_directory_with_other_files_is_refused(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ def _stack(
 def _tool_tables(data: BundleData) -> dict[str, pl.DataFrame]:
     """The bundle's tool results, by name; empty ones left out."""
     tools = {
-        "cyclictest_latency": data.latencies,
+        "cyclictest_samples": data.latencies,
         "cyclictest_cycles": data.cycles,
         "stress_ng": data.stress,
         "probe": data.probes,
