@@ -53,8 +53,9 @@ class TracekitGroup(click.Group):
 def main() -> None:
     """Record and explain KVM/arm64 TLB-invalidation effects.
 
-    Host side (root on the arm64 host): collect, cleanup. Anywhere: vhost (the emulated arm64
-    host), ingest, report, perfetto, symbols.
+    Host side (root on the arm64 host): collect, cleanup. Anywhere: board-pack (the archive
+    for a board), vhost (the emulated arm64 host), ingest, events, report, perfetto,
+    symbols, verify, campaign.
     """
 
 
