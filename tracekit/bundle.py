@@ -412,7 +412,8 @@ def confined(root: Path, rel: str) -> Path:
 
 
 def find_bundles(path: Path) -> list[Path]:
-    """The bundle directories at or under `path` (a bundle's own runs are not searched)."""
+    """The bundle directories at or under `path` (a bundle's own runs are not searched):
+    a bundle, or a directory of bundles such as a campaign's, in sorted path order."""
     if not path.exists():
         raise TracekitError(f"{path}: no such file or directory; name a bundle directory")
     if not path.is_dir():

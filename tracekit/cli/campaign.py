@@ -81,8 +81,6 @@ def campaign(
     With --lava each cell is a job on a LAVA board farm, its bundle fetched back into
     the same directory (docs/campaign.md, "Board farms").
     Every start prints the design first (docs/campaign.md, "Designs").
-
-    Example: tracekit campaign plan.toml -o camp/ && tracekit report camp/
     """
     from tracekit.campaign.cells import plan_conditions
     from tracekit.campaign.estimate import summary_lines

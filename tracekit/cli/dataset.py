@@ -27,8 +27,6 @@ def dataset(campaigns: tuple[Path, ...], output: Path, campaign: str | None) -> 
     One file per bundle and table under TABLE/campaign=NAME/schema_version=N/; a bundle
     already in the dataset (same manifest) is skipped. `tracekit report DIR` reads the
     dataset for the cross-campaign sections; DuckDB, polars or Spark read it directly.
-
-    Example: tracekit dataset camp-a camp-b -o results/
     """
     from tracekit.dataset import add_campaigns
 

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import header_lines, is_emulated
+from tracekit.report.header import (
+    controls_line,
+    header_lines,
+    is_emulated,
+    question_line,
+    warning_lines,
+)
 from tracekit.report.model import Report, Section, SectionBuilder
 from tracekit.report.sections import (
     beforeafter,
@@ -73,6 +79,10 @@ def build_report(
         header=header_lines(bundles) + ([TABLES_ONLY_LINE] if tables_only else []),
         emulated=any(is_emulated(b) for b in bundles),
         sections=sections,
+        warnings=warning_lines(bundles),
+        contradictions=list(dict.fromkeys(c for s in sections for c in s.contradictions)),
+        question=question_line(bundles),
+        controls=[controls_line(bundles), *(c for s in sections for c in s.controls)],
     )
 
 
