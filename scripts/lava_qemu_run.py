@@ -8,8 +8,9 @@ lava-server's own qemu.jinja2 device-type template. The device boots the emulate
 host (Debian's arm64 kernel and tracekit's vhost initramfs, KVM inside in nVHE); LAVA
 appends its test overlay to the initramfs, logs in on the serial console, and runs the
 job's test action: unpack the board pack, `tracekit collect` the cell, upload the bundle
-to the store, lava-test-reference it. The script then fetches the bundle from the store
-as `tracekit campaign --lava` does and prints what each step gave.
+to the store, lava-test-reference it. The pack is `tracekit board-pack`'s archive. The
+script then fetches the bundle from the store as `tracekit campaign --lava` does and
+prints what each step gave.
 
 How the dispatcher is provided (nothing is installed on this machine): the .debs of
 lava-common, lava-dispatcher, lava-dispatcher-host and lava-server are fetched with
@@ -34,10 +35,10 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
+from tracekit.boardpack import board_pack, default_cross
 from tracekit.campaign import lava
 from tracekit.campaign.plan import parse_plan
 from tracekit.campaign.run import open_campaign
@@ -88,22 +89,11 @@ def dispatcher(root: Path) -> tuple[Path, Path]:
     return unpacked, venv
 
 
-def board_pack(work: Path) -> Path:
-    """A minimal board pack: tracekit's package, the built reproducer, a run script."""
-    tree = project_tree()
-    pack = work / "pack" / lava.PACK_DIR
-    shutil.rmtree(pack.parent, ignore_errors=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(tree / "tracekit", pack / "tracekit", ignore=ignore)
-    shutil.copytree(tree / "reproducer" / "build", pack / "reproducer" / "build")
-    run = pack / "run"
-    run.write_text('#!/bin/sh\nPYTHONPATH="$(dirname "$0")" exec python3 -m tracekit "$@"\n')
-    run.chmod(0o755)
+def pack(work: Path) -> Path:
+    """`tracekit board-pack`'s archive, as a board gets it, on the store's share."""
     archive = work / "share" / "pack.tar.gz"
     archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(pack, arcname=lava.PACK_DIR)
-    return archive
+    return board_pack(archive, default_cross(), say)
 
 
 def control_share(work: Path) -> Path:
@@ -187,7 +177,7 @@ def main() -> None:
     root = cache_root() / "lava"
     unpacked, venv = dispatcher(root)
     image = require_image(parse_kernel_spec("bookworm"), say)
-    board_pack(work)
+    pack(work)
     control_share(work)
     plan = parse_plan(PLAN | {"lava": lava_table(work, image.kernel.parent)}, "lava-qemu.toml")
     campaign = open_campaign(plan, "lava", work / "campaign" / "campaign.json")

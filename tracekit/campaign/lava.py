@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracekit.boardpack import TOP
 from tracekit.bundle import MANIFEST
 from tracekit.campaign import state
 from tracekit.campaign.cells import Cell
@@ -33,9 +34,10 @@ from tracekit.campaign.state import Campaign, CellRecord
 from tracekit.errors import TracekitError
 
 Echo = Callable[[str], None]
-# A board pack unpacks to this directory: `run` starts tracekit, the guests sit beside it.
-PACK_DIR = "tracekit-pack"
-PACK_RUN = f"{PACK_DIR}/run"
+# `tracekit board-pack`'s archive unpacks to this directory: run.sh starts tracekit,
+# the reproducer's guests sit beside it.
+PACK_DIR = TOP
+PACK_RUN = f"{PACK_DIR}/run.sh"
 PACK_GUESTS = f"{PACK_DIR}/reproducer/build/guests"
 WORKDIR = "/tmp/tracekit-lava"
 JOBS_DIR = "lava-jobs"
@@ -127,8 +129,9 @@ def job_definition(cell: Cell, plan: Plan) -> dict[str, Any]:
 def _test_action(cell: Cell, plan: Plan) -> dict[str, Any]:
     """Unpack the board pack, run the cell's collect, upload the bundle, say where."""
     bundle = f"{WORKDIR}/{cell.cell_id}"
-    collect = collect_argv(cell, plan, bundle, f"{WORKDIR}/{PACK_GUESTS}", plan.lava["python"])
-    # collect_argv starts with `python -m tracekit`; the pack's run script stands for that.
+    collect = collect_argv(cell, plan, bundle, f"{WORKDIR}/{PACK_GUESTS}", "python3")
+    # collect_argv starts with `python3 -m tracekit`; the pack's run.sh stands for that
+    # (it checks the board's python3 and runs tracekit from the pack).
     command = shlex.join([f"{WORKDIR}/{PACK_RUN}", *collect[3:]])
     archive, url = f"{bundle}.tar.gz", bundle_url(plan, cell.cell_id)
     steps = [

@@ -5,10 +5,9 @@
     tags = ["big-little"]                # optional: device tags the job requires
     job_timeout = 120                    # minutes for the whole job (boot + collect)
     action_timeout = 90                  # minutes for any one action (the collect)
-    pack_url = "https://store.example/tracekit-pack.tar.gz"   # `tracekit board-pack`
+    pack_url = "https://store.example/tracekit-board.tar.gz"  # `tracekit board-pack`
     store = "https://store.example/upload"  # bundles are PUT to STORE/<campaign>/<cell>.tar.gz
     campaign = "a76-vmid"                # optional: the campaign's name in the store
-    python = "python3"                   # the board's interpreter (3.11 or newer)
     [lava.kernels.bookworm]              # per kernel axis value: what the deploy installs
     url = "https://store.example/6.1/Image"
     [lava.deploy]                        # the lab's deploy action for this device, as-is
@@ -45,7 +44,6 @@ KEYS: dict[str, type] = {
     "pack_url": str,
     "store": str,
     "campaign": str,
-    "python": str,
     "kernels": dict,
     "deploy": dict,
     "boot": dict,
@@ -57,7 +55,6 @@ DEFAULTS: dict[str, Any] = {
     "action_timeout": 90,
     "priority": "medium",
     "visibility": "public",
-    "python": "python3",
     "kernels": {},
     "context": {},
 }
