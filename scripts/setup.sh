@@ -19,6 +19,7 @@ APT_PACKAGES=(
     cpio                       # checks the initramfs writer against GNU cpio
     xz-utils
     chromium                   # headless: the HTML report's screenshot test (~45 s to install)
+    libprotobuf32              # trace_processor_shell (../shared/tools): the importer tests
 )
 
 missing=()

@@ -36,8 +36,8 @@ from tracekit.errors import TracekitError
     "--trace-processor",
     "processor",
     type=click.Path(path_type=str),
-    help="Also load the output with this trace_processor_shell and print its import stats"
-    " (untested here: none can be fetched on the development machine).",
+    help="Also load the output with this trace_processor_shell (Perfetto's importer, the"
+    " UI's code) and print its import stats; fail on an error or data-loss stat.",
 )
 @click.option(
     "--open",
@@ -156,9 +156,10 @@ def _check(path: str, expected: Any) -> None:
 
 def _real_import(processor: str, path: str) -> None:
     """Print a real trace_processor's non-zero import stats; fail on errors/data loss."""
-    from tracekit.perfetto.processor import import_stats
+    from tracekit.perfetto.processor import import_stats, version
 
     stats = import_stats(processor, path)
+    click.echo(f"{path}: trace_processor {version(processor)}")
     for stat in stats:
         click.echo(f"{path}: trace_processor: {stat}")
     bad = [s for s in stats if s.severity in ("error", "data_loss")]

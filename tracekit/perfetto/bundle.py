@@ -140,7 +140,8 @@ class BundleExport:
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
             symbols = self.symbols if self.symbols is not None else found.kallsyms
             vmm, lost = _vmm_runs(found), found.lost_per_cpu
-            yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost)
+            host = self.manifest.host
+            yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost, host)
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""

@@ -19,7 +19,12 @@ import polars as pl
 from tracekit.errors import TracekitError
 from tracekit.perfetto.ftrace import FtraceSequence, write_ftrace, write_stats
 from tracekit.perfetto.runs import run_group, write_phases
-from tracekit.perfetto.system import collect_tasks, process_tree_packet, system_info_packet
+from tracekit.perfetto.system import (
+    collect_tasks,
+    kernel_release,
+    process_tree_packet,
+    system_info_packet,
+)
 from tracekit.perfetto.timeline import write_trace_tracks
 from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
@@ -50,6 +55,7 @@ class TracePart:
     vmm_runs: Sequence[Mapping[str, str]] = ()
     vmid_bits: int | None = None  # as a rollover run recorded it (else inferred)
     lost_per_cpu: Mapping[int, int] | None = None  # a bundle run's (RunData): the report's
+    host: Mapping[str, Any] | None = None  # a bundle's host facts (machine, kernel release)
 
     @property
     def name(self) -> str:
@@ -175,11 +181,14 @@ def _write_part(
     lost = _in_window(trace.lost, window)
     first_ts, last_ts = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
     if sequence.first:
-        writer.write(system_info_packet(trace.meta, first_ts))
+        writer.write(system_info_packet(trace.meta, first_ts, part.host))
     tree = process_tree_packet(collect_tasks(events, tables), first_ts)
     if tree is not None:
         writer.write(tree)
-    result.counts += write_ftrace(writer, events, tables, lost, part.symbols, sequence, False)
+    release = {"kernel_release": kernel_release(trace.meta, part.host)}
+    result.counts += write_ftrace(
+        writer, events, tables, lost, part.symbols, sequence, False, release
+    )
     parent, scope = root, ""
     if part.run is not None:
         parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"

@@ -4,8 +4,12 @@ Events are read in chunks of rows (time order) and written as bundles of at most
 `BUNDLE_EVENTS` events of one CPU. A bundle that follows lost events (a ring-buffer page
 flagged as having missed events) starts at the loss and has `lost_events` set, so the UI
 and trace_processor know the gap is real. Loss counters (overrun, dropped) go into one
-FtraceStats packet. Kernel symbols for function_graph addresses, when given, are
-interned on the ftrace sequence (SEQ_INCREMENTAL_STATE_CLEARED on its first packet).
+FtraceStats packet. Addresses of the fields trace_processor reads as kernel symbols
+(events.SYMBOL_FIELDS) are interned on the ftrace sequence (SEQ_INCREMENTAL_STATE_CLEARED
+on its first packet), named by kallsyms when given, else by the address itself.
+
+common_flags is not written per event: trace_processor has no place for it outside
+compact sched_waking and imports a field 5 as an extra, nameless ftrace_event row.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import polars as pl
 
 from tracekit.perfetto.events import EventPlan, plan_event
 from tracekit.perfetto.protos import FtraceStats, TracePacket
+from tracekit.perfetto.system import kernel_release
 from tracekit.perfetto.writer import (
     FTRACE_SEQUENCE,
     SEQ_INCREMENTAL_STATE_CLEARED,
@@ -76,12 +81,10 @@ class FtraceSequence:
         self.first = True
         self.symbols: KernelSymbols | None = None
 
-    def interner(self, names: Mapping[int, str] | None) -> KernelSymbols | None:
+    def interner(self, names: Mapping[int, str] | None) -> KernelSymbols:
         """The symbol interner for the next trace (its names; addresses only without)."""
         if self.symbols is None:
-            if names is None:
-                return None
-            self.symbols = KernelSymbols(names)
+            self.symbols = KernelSymbols(names or {})
         self.symbols.names = names or {}
         return self.symbols
 
@@ -104,7 +107,7 @@ class FtraceBundleWriter:
         self._lost_next: set[int] = set()
         self._sequence = sequence or FtraceSequence()
 
-    def add(self, cpu: int, ts: int, pid: int, flags: int | None, payload: dict[str, Any]) -> None:
+    def add(self, cpu: int, ts: int, pid: int, payload: dict[str, Any]) -> None:
         """Append one FtraceEvent to CPU's bundle, cutting the bundle at a loss or when full."""
         pending = self._lost_at.get(cpu)
         if pending and ts >= pending[0]:
@@ -123,7 +126,7 @@ class FtraceBundleWriter:
             if cpu in self._lost_next:
                 packet.ftrace_events.lost_events = True
                 self._lost_next.discard(cpu)
-        packet.ftrace_events.event.add(timestamp=ts, pid=pid, common_flags=flags, **payload)
+        packet.ftrace_events.event.add(timestamp=ts, pid=pid, **payload)
         self._sizes[cpu] += 1
 
     def flush(self, cpu: int) -> None:
@@ -133,7 +136,7 @@ class FtraceBundleWriter:
             return
         if self._symbols is not None:
             self._symbols.attach_pending(packet)
-            packet.sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE
+        packet.sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE
         if self._sequence.first:
             packet.sequence_flags |= SEQ_INCREMENTAL_STATE_CLEARED
             self._sequence.first = False
@@ -153,18 +156,20 @@ def write_ftrace(
     symbols: Mapping[int, str] | None = None,
     sequence: FtraceSequence | None = None,
     stats: bool = True,
+    meta: Mapping[str, Any] | None = None,
 ) -> Counter[str]:
     """Write every event as a bundle entry; return the number written per event name.
 
     Several traces go into one file through one SEQUENCE, with `stats=False` and one
     `write_stats` over all their losses at the end.
     """
-    plans = {name: plan_event(name, table.schema) for name, table in tables.items()}
+    release = kernel_release(meta or {})
+    plans = {name: plan_event(name, table.schema, release) for name, table in tables.items()}
     sequence = sequence or FtraceSequence()
     interner = sequence.interner(symbols)
     bundles = FtraceBundleWriter(writer, _loss_points(lost), interner, sequence)
     counts: Counter[str] = Counter()
-    columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
+    columns = events.select("row", "ts", "cpu", "pid", "event")
     for start in range(0, columns.height, CHUNK_ROWS):
         chunk = columns.slice(start, CHUNK_ROWS)
         _write_chunk(chunk, tables, plans, bundles, counts, interner)
@@ -191,11 +196,11 @@ def _write_chunk(
     # Each typed table lists its rows in the same order as the events table.
     own_rows = {name: iter(rows) for name, rows in values.items()}
     intern = interner.intern if interner is not None else None
-    for row, ts, cpu, pid, name, flags in chunk.iter_rows():
+    for row, ts, cpu, pid, name in chunk.iter_rows():
         own = next(own_rows[name])
         if own[0] != row:
             raise AssertionError(f"event table {name} out of step with events at row {row}")
-        bundles.add(cpu, ts, pid, flags, plans[name].build(own[1:], intern))
+        bundles.add(cpu, ts, pid, plans[name].build(own[1:], intern))
     if any(next(rows, None) is not None for rows in own_rows.values()):
         raise AssertionError(f"event tables have rows the events table lacks ({first}..{last})")
     counts.update({name: len(rows) for name, rows in values.items()})
