@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from perfetto_support import ftrace_events
 
 import tracekit
 from tracekit.perfetto.export import export_trace, parse_window
@@ -28,13 +29,8 @@ def _packets(path: Path) -> list[Any]:
 
 
 def _events(packets: list[Any]) -> list[tuple[int, Any]]:
-    """(cpu, FtraceEvent) of every bundle entry, in file order."""
-    return [
-        (p.ftrace_events.cpu, e)
-        for p in packets
-        if p.HasField("ftrace_events")
-        for e in p.ftrace_events.event
-    ]
+    """(cpu, FtraceEvent) of every ftrace event, compact sched rebuilt as the importer does."""
+    return ftrace_events(packets)
 
 
 def _name(event: Any) -> str:

@@ -102,6 +102,31 @@ def test_sched_tables_are_filled(case: Case) -> None:
     assert states > 0, case.say("thread_state is empty")
 
 
+# Fields compared as the importer shows them in ftrace_event's args (compact sched
+# included: it must give back the recorded values).
+SAMPLED = {
+    "sched_switch": ("prev_comm", "prev_pid", "prev_prio", "next_comm", "next_pid", "next_prio"),
+    "sched_waking": ("comm", "pid", "prio", "target_cpu"),
+}
+
+
+@pytest.mark.parametrize("event", sorted(SAMPLED))
+def test_sched_field_values_equal_ingest(case: Case, event: str) -> None:
+    """Every sched_switch/sched_waking: ts, CPU, common_pid and fields as recorded."""
+    if event not in case.counts:
+        pytest.skip(f"no {event} in this fixture")
+    fields = SAMPLED[event]
+    picks = ", ".join(f"extract_arg(e.arg_set_id, '{f}') as {f}" for f in fields)
+    rows = case.imported.query(
+        f"select e.ts, e.cpu, t.tid, {picks} from ftrace_event e join thread t using (utid) "
+        f"where e.name = '{event}'"
+    )
+    got = sorted(tuple(r.values()) for r in rows)
+    table = case.trace.event(event).select("ts", "cpu", "common_pid", *fields)
+    want = sorted(tuple("[NULL]" if v is None else str(v) for v in r) for r in table.iter_rows())
+    assert got == want, case.say(f"{event} values differ from ingest's")
+
+
 def test_every_track_and_counter_is_imported(case: Case) -> None:
     """Each tracekit track by name, each counter with its unit and sample count."""
     export = read_export(case.out)
