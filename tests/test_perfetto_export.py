@@ -280,3 +280,23 @@ def test_trace_processor_that_is_not_executable_is_refused(tmp_path: Path) -> No
     fake.write_text("not a program")
     with pytest.raises(TracekitError, match="not an executable trace_processor"):
         import_stats(fake, tmp_path / "t.pftrace")
+
+
+def test_progress_is_told_per_chunk_up_to_every_event(tmp_path: Path) -> None:
+    """The export tells its progress per trace, ending at all of its events."""
+    trace = tracekit.open(FIXTURES / "small.v7.dat", use_cache=False)
+    told: list[tuple[str, int, int]] = []
+    export_trace(trace, tmp_path / "p.pftrace", progress=lambda *args: told.append(args))
+    assert told and told[-1][1:] == (trace.events.height, trace.events.height)
+
+
+def test_cli_progress_lines_at_each_tenth(capsys: pytest.CaptureFixture[str]) -> None:
+    """Large traces get a stderr line per tenth; small ones none."""
+    from tracekit.cli.perfetto import ProgressLines
+
+    lines = ProgressLines(least=100)
+    for done in range(0, 1001, 50):
+        lines("run", done, 1000)
+    lines("tiny", 5, 10)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 10 and err[-1] == "exporting run: 1,000 of 1,000 events (100%)"

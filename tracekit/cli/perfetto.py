@@ -104,7 +104,9 @@ def _export(
     bounds = parse_window(window) if window else (None, None)
     if is_bundle(Path(path)):
         given = address_names(kallsyms) if kallsyms else None
-        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given)
+        result, notes = export_bundle(
+            Path(path), out, bounds, run_id, phase, given, ProgressLines()
+        )
         for note in notes:
             click.echo(f"note: {note}", err=True)
         if result.traces:
@@ -135,7 +137,25 @@ def _export_trace(
     if kallsyms is None and (path / "kallsyms").is_file():
         kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy
     symbols = address_names(kallsyms) if kallsyms else None
-    return export_trace(tracekit.open(path), out, bounds, symbols)
+    return export_trace(tracekit.open(path), out, bounds, symbols, progress=ProgressLines())
+
+
+class ProgressLines:
+    """The export's progress on stderr: a line per trace at each tenth of its events (only
+    for traces large enough to take a while)."""
+
+    def __init__(self, least: int = 500_000) -> None:
+        self.least = least
+        self._shown: dict[str, int] = {}
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        """Print when NAME's export passes the next tenth."""
+        if total < self.least:
+            return
+        tenth = done * 10 // total
+        if tenth > self._shown.get(name, 0):
+            self._shown[name] = tenth
+            click.echo(f"exporting {name}: {done:,} of {total:,} events ({tenth * 10}%)", err=True)
 
 
 def _check(path: str, expected: Any) -> None:

@@ -24,7 +24,7 @@ from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.ingest.rundata import RunData
-from tracekit.perfetto.export import ExportResult, TracePart, export_parts
+from tracekit.perfetto.export import ExportResult, Progress, TracePart, export_parts
 from tracekit.perfetto.latency import timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
@@ -85,6 +85,7 @@ def export_bundle(
     run_id: str | None = None,
     phase: str | None = None,
     symbols: Mapping[int, str] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[ExportResult, list[str]]:
     """Export the selected runs of a bundle into one file; returns the result and notes."""
     data = load_bundle(root)
@@ -100,7 +101,7 @@ def export_bundle(
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
     result = export_parts(
-        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title
+        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title, progress
     )
     notes = check_timeline(job.spans)
     notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]

@@ -45,7 +45,7 @@ def encode_rows(table: pl.DataFrame, plan: EventPlan, intern: Intern | None) -> 
     if plan.text_column is not None:
         fits &= np.array([is_atrace(t) for t in table[plan.columns[plan.text_column]]], bool)
     number = FtraceEvent.DESCRIPTOR.fields_by_name[plan.dedicated].number
-    dedicated = wire.field(number, body, wire.WIRE_LEN, fits)
+    dedicated = wire.message(number, body, fits)
     if fits.all():
         return dedicated
     rest = np.flatnonzero(~fits)
@@ -58,8 +58,8 @@ def encode_rows(table: pl.DataFrame, plan: EventPlan, intern: Intern | None) -> 
 
 def _dedicated(
     table: pl.DataFrame, plan: EventPlan, intern: Intern | None
-) -> tuple[wire.Rows, Mask]:
-    """The dedicated message of every row, and which rows' values fit it."""
+) -> tuple[list[wire.Rows], Mask]:
+    """The dedicated message's fields of every row, and which rows' values fit it."""
     message = getattr(FtraceEvent(), plan.dedicated or "").DESCRIPTOR
     fits = np.ones(table.height, dtype=bool)
     parts = []
@@ -68,16 +68,14 @@ def _dedicated(
         proto = message.fields_by_name[proto_name]
         present = column.is_not_null().to_numpy()
         if proto.type == _T.TYPE_STRING:
-            parts.append(wire.field(proto.number, wire.texts(column.to_list()), 2, present))
+            parts.append(wire.field(proto.number, wire.text_column(column), 2, present))
             continue
         values, ok = _integers(
             column, convert, proto, intern if proto_name == plan.symbol_field else None
         )
         fits &= ok | ~present
-        parts.append(wire.field(proto.number, wire.varints(values), 0, present & ok))
-    if not parts:
-        return wire.constant(b"", table.height), fits
-    return wire.join(parts), fits
+        parts.append(wire.int_field(proto.number, values, present & ok))
+    return parts or [wire.constant(b"", table.height)], fits
 
 
 def _integers(
@@ -141,13 +139,15 @@ def _generic(table: pl.DataFrame, plan: EventPlan) -> wire.Rows:
         key = column_name.encode()
         head = wire.constant(wire.tag(1, wire.WIRE_LEN) + wire.varint_bytes(len(key)) + key, n)
         number = _FIELD[kind].number
-        if kind == "str_value":
+        if kind == "str_value" and column.dtype in (pl.String, pl.Categorical):
+            value = wire.field(number, wire.text_column(column), wire.WIRE_LEN)
+        elif kind == "str_value":
             texts = [None if v is None else convert(v) for v in column.to_list()]
             value = wire.field(number, wire.texts(texts), wire.WIRE_LEN)
         else:
-            value = wire.field(number, wire.varints(_plain_ints(column)), wire.WIRE_VARINT)
-        parts.append(wire.field(2, wire.join([head, value]), wire.WIRE_LEN, present))
-    return wire.field(_GENERIC, wire.join(parts), wire.WIRE_LEN)
+            value = wire.int_field(number, _plain_ints(column))
+        parts.append(wire.message(2, [head, value], present))
+    return wire.message(_GENERIC, parts)
 
 
 def _plain_ints(column: pl.Series) -> npt.NDArray[np.int64]:

@@ -78,9 +78,9 @@ def compact_switches(switch: pl.DataFrame, state: SchedState) -> npt.NDArray[np.
         last_prio = np.concatenate([[state.next_prio.get(c, -1)], prio[:-1]])
         known = np.concatenate([[c in state.next_pid], np.ones(len(idx) - 1, bool)])
         prev_pid = part["prev_pid"].to_numpy().astype(np.int64)
-        comms = part["next_comm"].to_list()
-        last_comm = [state.next_comm.get(c), *comms[:-1]]
-        same_comm = np.array([a == b for a, b in zip(part["prev_comm"], last_comm, strict=True)])
+        nexts = part["next_comm"]
+        last_comm = pl.concat([pl.Series([state.next_comm.get(c)], dtype=pl.String), nexts[:-1]])
+        same_comm = (part["prev_comm"] == last_comm).fill_null(False).to_numpy()
         good = (
             known
             & same_comm
@@ -94,7 +94,7 @@ def compact_switches(switch: pl.DataFrame, state: SchedState) -> npt.NDArray[np.
         ok[idx] = good
         state.next_pid[c], state.next_prio[c] = int(nxt[-1]), int(prio[-1])
         state.switch_ts[c] = int(part["ts"][-1])
-        state.next_comm[c] = comms[-1]
+        state.next_comm[c] = nexts[-1]
     return ok
 
 
@@ -115,11 +115,19 @@ def running_before(
         }
     ).with_columns(pl.col("pid", "ts").replace(-2, None))
     filled = frame.with_columns(pl.col("pid", "ts").forward_fill().over("cpu"))
-    carry_pid = np.array([state.next_pid.get(int(c), -1) for c in cpus], dtype=np.int64)
-    carry_ts = np.array([state.switch_ts.get(int(c), -1) for c in cpus], dtype=np.int64)
+    carry_pid, carry_ts = _per_cpu(state.next_pid, cpus), _per_cpu(state.switch_ts, cpus)
     pid = filled["pid"].fill_null(-3).to_numpy()
     when = filled["ts"].fill_null(-3).to_numpy()
     return np.where(pid == -3, carry_pid, pid), np.where(when == -3, carry_ts, when)
+
+
+def _per_cpu(values: Mapping[int, int], cpus: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Each row's CPU's value (-1 for a CPU without one)."""
+    table = np.full(int(cpus.max(initial=0)) + 1, -1, dtype=np.int64)
+    for cpu, value in values.items():
+        if cpu < table.size:
+            table[cpu] = value
+    return table[cpus]
 
 
 def _in(values: npt.NDArray[np.int64], bounds: tuple[int, int]) -> npt.NDArray[np.bool_]:
@@ -137,9 +145,18 @@ class CompactBuffer:
         default_factory=list
     )  # ts, pid, cpu, prio, comm, flags
 
-    def add(self, kind: str, columns: list[npt.NDArray[np.int64]], comms: list[str]) -> None:
-        """Append events of KIND (switch or waking): their int columns and comm texts."""
-        index = np.array([self.comms.setdefault(c, len(self.comms)) for c in comms], np.int64)
+    def add(
+        self,
+        kind: str,
+        columns: list[npt.NDArray[np.int64]],
+        comms: npt.NDArray[np.int64],
+        names: list[str],
+    ) -> None:
+        """Append events of KIND (switch or waking): their int columns and comms (indices
+        into NAMES), each distinct comm put in the bundle's table once."""
+        distinct, inverse = np.unique(comms, return_inverse=True)
+        slots = [self.comms.setdefault(names[c], len(self.comms)) for c in distinct.tolist()]
+        index = np.array(slots, dtype=np.int64)[inverse.reshape(-1)]
         target = self.switch if kind == "switch" else self.waking
         rows = [*columns[:4], index, *columns[4:]]
         if not target:

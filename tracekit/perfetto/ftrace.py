@@ -15,6 +15,7 @@ compact sched_waking and imports a field 5 as an extra, nameless ftrace_event ro
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -171,7 +172,10 @@ class FtraceBundleWriter:
                 picked = np.flatnonzero(rows[at:stop]) + at
                 if picked.size:
                     bundle.compact.add(
-                        kind, [c[picked] for c in columns.ints], [columns.comms[i] for i in picked]
+                        kind,
+                        [c[picked] for c in columns.ints],
+                        columns.comms[picked],
+                        columns.names,
                     )
             bundle.size += stop - at
             at = stop
@@ -210,11 +214,12 @@ class CompactColumns:
     """A kind's compact columns over a chunk's rows (ints in field order, comms)."""
 
     ints: list[npt.NDArray[np.int64]]
-    comms: list[str]
+    comms: npt.NDArray[np.int64]  # indices into names
+    names: list[str]
 
     def pick(self, rows: npt.NDArray[np.int64]) -> CompactColumns:
         """The columns at ROWS."""
-        return CompactColumns([c[rows] for c in self.ints], [self.comms[i] for i in rows])
+        return CompactColumns([c[rows] for c in self.ints], self.comms[rows], self.names)
 
 
 def _compact_rows(
@@ -238,7 +243,7 @@ def _compact_rows(
         mask = np.zeros(n, dtype=bool)
         mask[at] = compact_switches(table, state)
         ints = [ts] + [_spread(table[c], at, n) for c in ("prev_state", "next_pid", "next_prio")]
-        out["switch"] = (mask, CompactColumns(ints, _spread_text(table["next_comm"], at, n)))
+        out["switch"] = (mask, CompactColumns(ints, *_spread_text(table["next_comm"], at, n)))
     waking = own.get("sched_waking")
     flags = chunk["flags"]
     if waking is not None and flags.null_count() == 0:
@@ -255,7 +260,7 @@ def _compact_rows(
         mask = np.zeros(n, dtype=bool)
         mask[at] = good
         ints = [ts] + [_spread(f, at, n) for f in fields] + [flags.cast(pl.Int64).to_numpy()]
-        out["waking"] = (mask, CompactColumns(ints, _spread_text(table["comm"], at, n)))
+        out["waking"] = (mask, CompactColumns(ints, *_spread_text(table["comm"], at, n)))
     return out
 
 
@@ -266,12 +271,14 @@ def _spread(column: pl.Series, at: npt.NDArray[np.int64], n: int) -> npt.NDArray
     return out
 
 
-def _spread_text(column: pl.Series, at: npt.NDArray[np.int64], n: int) -> list[str]:
-    """A kind's text column placed at its chunk rows ("" elsewhere)."""
-    out = [""] * n
-    for i, text in zip(at.tolist(), column.to_list(), strict=True):
-        out[i] = text or ""
-    return out
+def _spread_text(
+    column: pl.Series, at: npt.NDArray[np.int64], n: int
+) -> tuple[npt.NDArray[np.int64], list[str]]:
+    """A kind's text column at its chunk rows as indices into its distinct texts."""
+    filled = column.fill_null("")
+    out = np.zeros(n, dtype=np.int64)
+    out[at] = (filled.rank("dense") - 1).cast(pl.Int64).to_numpy()
+    return out, filled.unique().sort().to_list()
 
 
 def write_ftrace(
@@ -340,27 +347,30 @@ def _write_chunk(
         counts[name] += table.height
     if sum(a.size for a in where) != rows.size:
         raise AssertionError(f"event tables and the events table differ ({first}..{last})")
-    order = np.argsort(np.concatenate(where), kind="stable")
-    payload = wire.take(wire.concat(parts), order)
+    # Encoded straight into per-CPU order (time order within a CPU): each CPU's
+    # bundle entries are then one contiguous run of bytes.
     ts = chunk["ts"].to_numpy().astype(np.int64)
     cpus = chunk["cpu"].to_numpy().astype(np.int64)
+    by_cpu = np.argsort(cpus, kind="stable")
+    in_chunk = np.empty(rows.size, dtype=np.int64)
+    in_chunk[np.concatenate(where)] = np.arange(rows.size)
+    payload = wire.take(wire.concat(parts), in_chunk[by_cpu])
     compact = _compact_rows(chunk, own, sequence.sched, ts, cpus) if compactable else {}
     full = np.ones(rows.size, dtype=bool)
     for mask, _ in compact.values():
         full &= ~mask
-    event = wire.join([
-        wire.field(1, wire.varints(ts), wire.WIRE_VARINT),
-        wire.field(2, wire.varints(chunk["pid"].fill_null(0).to_numpy()), wire.WIRE_VARINT),
-        payload,
-    ])  # fmt: skip
-    entries = wire.field(_EVENT, event, wire.WIRE_LEN, full)
-    by_cpu = np.argsort(cpus, kind="stable")
-    cut = np.flatnonzero(np.diff(cpus[by_cpu])) + 1
-    for group in np.split(by_cpu, cut):
-        if not group.size:
+    pids = chunk["pid"].fill_null(0).to_numpy()[by_cpu]
+    fields = [wire.int_field(1, ts[by_cpu]), wire.int_field(2, pids), payload]
+    entries = wire.message(_EVENT, fields, full[by_cpu])
+    sorted_cpus = cpus[by_cpu]
+    bounds = [0, *(np.flatnonzero(np.diff(sorted_cpus)) + 1).tolist(), rows.size]
+    for start, stop in itertools.pairwise(bounds):
+        if stop <= start:
             continue
+        group = by_cpu[start:stop]
         kinds = {kind: (mask[group], cols.pick(group)) for kind, (mask, cols) in compact.items()}
-        bundles.add_cpu(int(cpus[group[0]]), ts[group], wire.take(entries, group), kinds)
+        cpu_entries = wire.cut(entries, start, stop)
+        bundles.add_cpu(int(sorted_cpus[start]), ts[group], cpu_entries, kinds)
 
 
 def _rows_between(table: pl.DataFrame, first: int, last: int) -> pl.DataFrame:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 
 WIRE_VARINT = 0
 WIRE_LEN = 2
@@ -54,20 +55,24 @@ def varint_bytes(value: int) -> bytes:
             return bytes(out)
 
 
-def varints(values: npt.NDArray[np.generic]) -> Rows:
-    """Each value as a varint (negative int64 as its 10-byte two's complement, as
-    protobuf writes int32/int64)."""
+def varints(values: npt.NDArray[np.generic], prefix: bytes = b"") -> Rows:
+    """Each value as a varint after PREFIX (e.g. its field's tag); negative int64 as its
+    10-byte two's complement, as protobuf writes int32/int64."""
     v = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
-    lengths = np.ones(v.shape, dtype=np.int64)
+    size = np.ones(v.shape, dtype=np.int64)
     for k in range(1, 10):
-        lengths += v >= np.uint64(1 << (7 * k))
+        size += v >= np.uint64(1 << (7 * k))
+    lengths = size + len(prefix)
     data = np.empty(int(lengths.sum()), dtype=np.uint8)
     starts = np.cumsum(lengths) - lengths
-    for k in range(int(lengths.max(initial=0))):
-        has = lengths > k
+    for j, byte in enumerate(prefix):
+        data[starts + j] = byte
+    body = starts + len(prefix)
+    for k in range(int(size.max(initial=0))):
+        has = size > k
         part = (v[has] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        more = (lengths[has] > k + 1).astype(np.uint64) << np.uint64(7)
-        data[starts[has] + k] = (part | more).astype(np.uint8)
+        more = (size[has] > k + 1).astype(np.uint64) << np.uint64(7)
+        data[body[has] + k] = (part | more).astype(np.uint8)
     return Rows(data, lengths)
 
 
@@ -84,6 +89,15 @@ def texts(values: Sequence[str | None]) -> Rows:
     return Rows(data, np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
 
 
+def text_column(column: pl.Series) -> Rows:
+    """A text column's values as UTF-8 bytes (null: nothing), each distinct text encoded
+    once: a trace's comms and names repeat."""
+    filled = column.cast(pl.String).fill_null("")
+    codes = (filled.rank("dense") - 1).cast(pl.Int64).to_numpy()
+    distinct = filled.unique().sort()
+    return take(texts(distinct.to_list()), codes)
+
+
 def join(parts: Sequence[Rows]) -> Rows:
     """Row i of the result is row i of each part, in order."""
     lengths = np.sum([p.lengths for p in parts], axis=0, dtype=np.int64)
@@ -92,9 +106,40 @@ def join(parts: Sequence[Rows]) -> Rows:
     for part in parts:
         if part.data.size:
             shift = np.repeat(at - part.starts, part.lengths)
-            data[shift + np.arange(part.data.size)] = part.data
+            data[shift + _counting(part.data.size)] = part.data
         at = at + part.lengths
     return Rows(data, lengths)
+
+
+def message(
+    number: int, parts: Sequence[Rows], present: npt.NDArray[np.bool_] | None = None
+) -> Rows:
+    """Each row's PARTS joined as the body of length-delimited field NUMBER (one pass);
+    rows where PRESENT is false get no field."""
+    inner = np.sum([p.lengths for p in parts], axis=0, dtype=np.int64)
+    out = join([varints(inner, tag(number, WIRE_LEN)), *parts])
+    if present is not None and not present.all():
+        out = take(out, np.arange(inner.size), present)
+    return out
+
+
+def cut(rows: Rows, start: int, stop: int) -> Rows:
+    """Rows start..stop-1, without copying their bytes."""
+    starts = rows.starts
+    first = int(starts[start]) if start < rows.lengths.size else int(rows.data.size)
+    last = int(starts[stop - 1] + rows.lengths[stop - 1]) if stop > start else first
+    return Rows(rows.data[first:last], rows.lengths[start:stop])
+
+
+_COUNT = np.arange(1 << 20, dtype=np.int64)
+
+
+def _counting(n: int) -> npt.NDArray[np.int64]:
+    """0..n-1, from a cached range grown when needed (made once, not per call)."""
+    global _COUNT
+    if n > _COUNT.size:
+        _COUNT = np.arange(max(n, 2 * _COUNT.size), dtype=np.int64)
+    return _COUNT[:n]
 
 
 def take(
@@ -106,7 +151,7 @@ def take(
         lengths = np.where(keep, lengths, 0)
     src = rows.starts[order]
     dst = np.cumsum(lengths) - lengths
-    index = np.repeat(src - dst, lengths) + np.arange(int(lengths.sum()))
+    index = np.repeat(src - dst, lengths) + _counting(int(lengths.sum()))
     return Rows(rows.data[index], lengths)
 
 
@@ -115,14 +160,22 @@ def field(
 ) -> Rows:
     """Each row's value as field NUMBER (length-delimited values get their length);
     rows where PRESENT is false get no field."""
-    n = value.lengths.size
-    parts = [constant(tag(number, wire), n)]
     if wire == WIRE_LEN:
-        parts.append(varints(value.lengths))
-    parts.append(value)
-    out = join(parts)
+        out = join([varints(value.lengths, tag(number, wire)), value])
+    else:
+        out = join([constant(tag(number, wire), value.lengths.size), value])
     if present is not None and not present.all():
-        out = take(out, np.arange(n), present)
+        out = take(out, np.arange(value.lengths.size), present)
+    return out
+
+
+def int_field(
+    number: int, values: npt.NDArray[np.generic], present: npt.NDArray[np.bool_] | None = None
+) -> Rows:
+    """Each value as varint field NUMBER; rows where PRESENT is false get no field."""
+    out = varints(values, tag(number, WIRE_VARINT))
+    if present is not None and not present.all():
+        out = take(out, np.arange(out.lengths.size), present)
     return out
 
 
