@@ -25,6 +25,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,8 +35,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracekit.ingest.tables import LOST_SCHEMA
-from tracekit.perfetto.export import TracePart, export_parts, export_trace
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's tracekit, not an installed one
+
+from tracekit.ingest.tables import LOST_SCHEMA  # noqa: E402
+from tracekit.perfetto.export import TracePart, export_parts, export_trace  # noqa: E402
 
 # Event mix: (name, share of events).
 MIX = (

@@ -45,7 +45,7 @@ from tracekit.perfetto.writer import (
 )
 
 BUNDLE_EVENTS = 2048
-CHUNK_ROWS = 131072  # events encoded at once: bounds the export's own memory
+CHUNK_ROWS = 65536  # events encoded at once: bounds the export's own memory
 
 InternedData = pb.InternedData
 # Field numbers of the messages written as bytes here.
