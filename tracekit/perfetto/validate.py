@@ -1,13 +1,16 @@
 """Checks a Perfetto trace against the import rules trace_processor enforces.
 
-Without a trace processor at hand, these rules (from Perfetto's documented import
-behaviour) are what decides whether the UI shows a trace fully: every ftrace bundle has
-its CPU, every ftrace event a timestamp and a pid, events of a bundle are in time order,
-every process in a process tree has a cmdline, slices begin and end properly per track,
-track uuids are declared once and exist when used, counter values go to counter tracks
-and slices never do, interned data follows the sequence flags, atrace-style prints are
-well-formed, and (given the source's counts) no event was lost on the way. The file is
-read one packet at a time.
+A quick check that needs no trace processor, run after every export. The reference is
+Perfetto's importer itself (tests/test_perfetto_importer.py loads exports into it); where
+the two disagreed, the rule was made the importer's: every ftrace bundle has its CPU,
+every ftrace event a timestamp and a pid and no per-event common_flags (imported as an
+extra nameless event), events of a bundle are in time order, compact sched columns are
+whole, every process in a process tree has a cmdline, slices begin and end properly per
+track, track uuids are declared once and exist when used, counter values go to counter
+tracks and slices never do, interned data follows the sequence flags and defines every
+kernel-symbol iid used, every dedicated print is atrace text (the importer counts an
+error for any other), and (given the source's counts) no event was lost on the way. The
+file is read one packet at a time.
 """
 
 from __future__ import annotations
