@@ -9,15 +9,23 @@ after it so the writer's own (bounded) share is visible. Output goes under
 $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
 
     python3 benchmarks/perfetto_export.py [--events 3000000] [--cpus 4] [--runs 1] [--keep]
+    python3 benchmarks/perfetto_export.py --tracedat TRACE.dat [--turns 5]
 
 With --runs K the events are split into K traces one after another in time, exported
 into one file the way a bundle's traced runs are (one trace generated and held at a time).
+With --tracedat, a recorded trace.dat is ingested once, then its export and `trace-cmd
+report` of the same file (the workaround: its text opened in the UI) are timed side by
+side, each the median of --turns runs, with their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,8 +35,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracekit.ingest.tables import LOST_SCHEMA
-from tracekit.perfetto.export import TracePart, export_parts, export_trace
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's tracekit, not an installed one
+
+from tracekit.ingest.tables import LOST_SCHEMA  # noqa: E402
+from tracekit.perfetto.export import TracePart, export_parts, export_trace  # noqa: E402
 
 # Event mix: (name, share of events).
 MIX = (
@@ -170,6 +181,35 @@ def generated_parts(events: int, cpus: int, runs: int, spent: list[float]) -> It
         yield TracePart(trace, run={"run_id": f"run{k}"})  # type: ignore[arg-type]
 
 
+def versus_trace_cmd(path: Path, turns: int) -> None:
+    """A trace.dat's export against `trace-cmd report` of it: medians of TURNS runs."""
+    import tracekit
+
+    trace = tracekit.open(path)
+    total = trace.events.height
+    out = cache_root() / "perfetto_export.pftrace"
+    ours, theirs, cpu = [], [], []
+    for _ in range(turns):
+        start, began = time.perf_counter(), time.process_time()
+        export_trace(trace, out)
+        ours.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - began)
+        if shutil.which("trace-cmd"):
+            start = time.perf_counter()
+            with open(os.devnull, "w") as sink:
+                subprocess.run(["trace-cmd", "report", str(path)], stdout=sink, check=True)
+            theirs.append(time.perf_counter() - start)
+    mine = statistics.median(ours)
+    print(f"trace           : {path.name}, {total:,} events, load {os.getloadavg()[0]:.1f}")
+    print(f"export          : {mine:.2f} s  ->  {total / mine:,.0f} events/s (median of {turns})")
+    print(f"export CPU time : {statistics.median(cpu):.2f} s")
+    if theirs:
+        tc = statistics.median(theirs)
+        print(f"trace-cmd report: {tc:.2f} s  ->  {total / tc:,.0f} events/s (median of {turns})")
+        print(f"export / report : {tc / mine:.2f}x trace-cmd's throughput")
+    out.unlink()
+
+
 def main() -> None:
     """Generate, export, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -177,18 +217,24 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="split into this many traces")
     parser.add_argument("--keep", action="store_true", help="keep the .pftrace")
+    parser.add_argument("--tracedat", type=Path, help="time this trace.dat against trace-cmd")
+    parser.add_argument("--turns", type=int, default=5, help="with --tracedat: runs per side")
     args = parser.parse_args()
+    if args.tracedat is not None:
+        versus_trace_cmd(args.tracedat, args.turns)
+        return
     out = cache_root() / "perfetto_export.pftrace"
     spent: list[float] = []
     trace = GeneratedTrace(args.events, args.cpus) if args.runs == 1 else None
     before = current_rss_mb()
     with RssSampler() as sampler:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if trace is not None:
             result = export_trace(trace, out)  # type: ignore[arg-type]
         else:
             result = export_parts(generated_parts(args.events, args.cpus, args.runs, spent), out)
         seconds = time.perf_counter() - start - sum(spent)
+        cpu_seconds = time.process_time() - cpu
     after = sampler.peak
     total = sum(result.counts.values())
     print(
@@ -196,6 +242,12 @@ def main() -> None:
         f" {args.runs} trace(s))"
     )
     print(f"time            : {seconds:.1f} s  ->  {total / seconds:,.0f} events/s")
+    # On a shared machine wall time is mostly other people's load: CPU time says what
+    # the export itself costs (generation included when --runs splits the trace).
+    print(
+        f"CPU time        : {cpu_seconds:.1f} s  ->  {total / cpu_seconds:,.0f} events per"
+        f" CPU second (load {os.getloadavg()[0]:.1f})"
+    )
     print(f"output          : {result.bytes / 1e6:.1f} MB in {result.packets:,} packets")
     held = "the tables" if trace is not None else "nothing (each trace is made when needed)"
     print(f"RSS             : {before:.0f} MB holding {held}, peak {after:.0f} MB")

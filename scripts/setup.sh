@@ -21,6 +21,7 @@ APT_PACKAGES=(
     chromium                   # headless: the HTML report's screenshot test (~45 s to install)
     python3-click              # with Debian's own python3: a board's python (board-pack test)
     python3-pyelftools
+    libprotobuf32              # trace_processor_shell (../shared/tools): the importer tests
 )
 
 missing=()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracekit.perfetto.protos import TracePacket, TrackEvent
+from tracekit.perfetto.protos import FtraceEvent, TracePacket, TrackEvent, pb
 from tracekit.perfetto.writer import read_packets
 
 
@@ -87,3 +87,78 @@ def read_export(path: Path) -> Export:
         elif event.type == TrackEvent.TYPE_COUNTER:
             counters.setdefault(names[uuid], []).append((p.timestamp, event.double_counter_value))
     return Export(names, parents, descriptions, slices, counters, packets)
+
+
+SchedSwitchFtraceEvent = pb.SchedSwitchFtraceEvent
+SchedWakingFtraceEvent = pb.SchedWakingFtraceEvent
+
+
+def ftrace_events(packets: list[Any]) -> list[tuple[int, Any]]:
+    """(cpu, FtraceEvent) of every ftrace event, compact sched ones rebuilt as the importer
+    does (prev_pid, prev_prio and pid from the CPU's previous switch, a waking's pid from
+    the task its CPU runs; prev_comm from that switch's next_comm), per CPU in time order."""
+    per_cpu: dict[int, list[tuple[int, int, Any]]] = {}
+    for p in packets:
+        if not p.HasField("ftrace_events"):
+            continue
+        bundle, cpu = p.ftrace_events, p.ftrace_events.cpu
+        entries = per_cpu.setdefault(cpu, [])
+        entries.extend((e.timestamp, len(entries) + i, e) for i, e in enumerate(bundle.event))
+        entries.extend(_compact(bundle.compact_sched, len(entries) + len(bundle.event)))
+    out: list[tuple[int, Any]] = []
+    for cpu, entries in per_cpu.items():
+        last: dict[str, Any] = {}
+        for _, _, event in sorted(entries, key=lambda e: (e[0], e[1])):
+            if isinstance(event, tuple):
+                event = _rebuilt(event, last)
+            if event.WhichOneof("event") == "sched_switch":
+                s = event.sched_switch
+                last.update(pid=s.next_pid, prio=s.next_prio, comm=s.next_comm, ts=event.timestamp)
+            out.append((cpu, event))
+    return out
+
+
+def _compact(compact: Any, base: int) -> list[tuple[int, int, Any]]:
+    """Compact sched entries as (ts, order, (kind, values)) with absolute timestamps."""
+    rows: list[tuple[int, int, Any]] = []
+    table = list(compact.intern_table)
+    ts = 0
+    for i, delta in enumerate(compact.switch_timestamp):
+        ts += delta
+        comm = table[compact.switch_next_comm_index[i]]
+        values = (compact.switch_prev_state[i], compact.switch_next_pid[i],
+                  compact.switch_next_prio[i], comm)  # fmt: skip
+        rows.append((ts, base + i, ("switch", ts, values)))
+    ts = 0
+    flags = list(compact.waking_common_flags)
+    for i, delta in enumerate(compact.waking_timestamp):
+        ts += delta
+        values = (compact.waking_pid[i], compact.waking_target_cpu[i], compact.waking_prio[i],
+                  table[compact.waking_comm_index[i]], flags[i] if flags else 0)  # fmt: skip
+        rows.append((ts, base + len(rows), ("waking", ts, values)))
+    return rows
+
+
+def _rebuilt(entry: tuple[str, int, tuple[Any, ...]], last: dict[str, Any]) -> Any:
+    """A compact entry as the FtraceEvent the importer infers."""
+    kind, ts, values = entry
+    event = FtraceEvent(timestamp=ts, pid=last["pid"])
+    if kind == "switch":
+        state, pid, prio, comm = values
+        event.sched_switch.CopyFrom(
+            SchedSwitchFtraceEvent(
+                prev_comm=last["comm"],
+                prev_pid=last["pid"],
+                prev_prio=last["prio"],
+                prev_state=state,
+                next_comm=comm,
+                next_pid=pid,
+                next_prio=prio,
+            )
+        )
+    else:
+        pid, target, prio, comm, _ = values
+        event.sched_waking.CopyFrom(
+            SchedWakingFtraceEvent(comm=comm, pid=pid, prio=prio, target_cpu=target)
+        )
+    return event

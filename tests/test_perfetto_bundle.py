@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perfetto_support import ftrace_events
+
 import tracekit
 from tracekit.bundle import BundleWriter, Manifest, RunRecord
 from tracekit.perfetto.protos import TracePacket
@@ -47,7 +49,7 @@ def test_bundle_export_draws_runs(tmp_path: Path) -> None:
     packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
     names = {p.track_event.name for p in packets if p.HasField("track_event")}
     assert {"before", "q0", "t0"} <= names  # the phase and its runs
-    assert sum(len(p.ftrace_events.event) for p in packets) == 503
+    assert len(ftrace_events(packets)) == 503  # compact sched events included
 
 
 def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -> None:
@@ -59,7 +61,7 @@ def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -
     assert "traced runs exported: t0, t1" in both.stdout
     assert "t0 and t1: their traces overlap in time" in both.stderr
     packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
-    assert sum(len(p.ftrace_events.event) for p in packets) == 2 * 503
+    assert len(ftrace_events(packets)) == 2 * 503
     one = _run(str(bundle), "-o", str(out), "--run", "t1")
     assert one.returncode == 0 and "traced runs exported: t1\n" in one.stdout
     unknown = _run(str(bundle), "-o", str(out), "--run", "t9")

@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from perfetto_support import ftrace_events
 
 import tracekit
 from tracekit.perfetto.export import export_trace, parse_window
@@ -28,13 +29,8 @@ def _packets(path: Path) -> list[Any]:
 
 
 def _events(packets: list[Any]) -> list[tuple[int, Any]]:
-    """(cpu, FtraceEvent) of every bundle entry, in file order."""
-    return [
-        (p.ftrace_events.cpu, e)
-        for p in packets
-        if p.HasField("ftrace_events")
-        for e in p.ftrace_events.event
-    ]
+    """(cpu, FtraceEvent) of every ftrace event, compact sched rebuilt as the importer does."""
+    return ftrace_events(packets)
 
 
 def _name(event: Any) -> str:
@@ -62,15 +58,14 @@ def test_every_event_is_exported_per_cpu(exported: tuple) -> None:
     assert got == want
 
 
-def test_timestamps_pids_and_flags_round_trip(exported: tuple) -> None:
-    """Each event keeps its ts, common_pid and common_flags (sorted comparison)."""
+def test_timestamps_and_pids_round_trip_without_common_flags(exported: tuple) -> None:
+    """Each event keeps its ts and common_pid; common_flags is never written, since
+    trace_processor imports a per-event field 5 as a nameless extra ftrace_event row."""
     trace, packets = exported
-    got = sorted((e.timestamp, cpu, e.pid, e.common_flags) for cpu, e in _events(packets))
-    want = sorted(
-        (ts, cpu, pid, flags or 0)
-        for ts, cpu, pid, flags in trace.events.select("ts", "cpu", "pid", "flags").iter_rows()
-    )
+    got = sorted((e.timestamp, cpu, e.pid) for cpu, e in _events(packets))
+    want = sorted(trace.events.select("ts", "cpu", "pid").iter_rows())
     assert got == want
+    assert not any(e.HasField("common_flags") for _, e in _events(packets))
 
 
 def test_sched_switch_fields_are_dedicated_and_exact(exported: tuple) -> None:
@@ -285,3 +280,23 @@ def test_trace_processor_that_is_not_executable_is_refused(tmp_path: Path) -> No
     fake.write_text("not a program")
     with pytest.raises(TracekitError, match="not an executable trace_processor"):
         import_stats(fake, tmp_path / "t.pftrace")
+
+
+def test_progress_is_told_per_chunk_up_to_every_event(tmp_path: Path) -> None:
+    """The export tells its progress per trace, ending at all of its events."""
+    trace = tracekit.open(FIXTURES / "small.v7.dat", use_cache=False)
+    told: list[tuple[str, int, int]] = []
+    export_trace(trace, tmp_path / "p.pftrace", progress=lambda *args: told.append(args))
+    assert told and told[-1][1:] == (trace.events.height, trace.events.height)
+
+
+def test_cli_progress_lines_at_each_tenth(capsys: pytest.CaptureFixture[str]) -> None:
+    """Large traces get a stderr line per tenth; small ones none."""
+    from tracekit.cli.perfetto import ProgressLines
+
+    lines = ProgressLines(least=100)
+    for done in range(0, 1001, 50):
+        lines("run", done, 1000)
+    lines("tiny", 5, 10)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 10 and err[-1] == "exporting run: 1,000 of 1,000 events (100%)"

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from perfetto_support import Export, read_export
+from perfetto_support import Export, ftrace_events, read_export
 
 import tracekit
 from tracekit.bundle import RunRecord, read_manifest
@@ -56,10 +56,9 @@ def _source_counts(bundle: Path, runs: tuple[str, ...]) -> Counter[str]:
 def _file_counts(export: Export) -> Counter[str]:
     """Events per type in an export's ftrace bundles."""
     counts: Counter[str] = Counter()
-    for packet in export.packets:
-        for event in packet.ftrace_events.event:
-            kind = event.WhichOneof("event")
-            counts[event.generic.event_name if kind == "generic" else kind] += 1
+    for _, event in ftrace_events(export.packets):  # compact sched events included
+        kind = event.WhichOneof("event")
+        counts[event.generic.event_name if kind == "generic" else kind] += 1
     return counts
 
 

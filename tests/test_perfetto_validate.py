@@ -30,7 +30,7 @@ def _bundle(cpu: int | None = 0, events: list[dict] | None = None, **packet: obj
     p.ftrace_events.SetInParent()
     if cpu is not None:
         p.ftrace_events.cpu = cpu
-    for spec in events or [{"timestamp": 10, "pid": 1, "print": {"buf": "hello\n"}}]:
+    for spec in events or [{"timestamp": 10, "pid": 1, "print": {"buf": "B|1|hello\n"}}]:
         p.ftrace_events.event.add(**spec)
     return p
 
@@ -85,15 +85,25 @@ BEGIN, END = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END
 PROC = TracePacket(trusted_packet_sequence_id=1)
 PROC.process_tree.processes.add(pid=5)
 
+
 # rule -> packets breaking exactly that rule
+def _compact(**columns: list[int]) -> TracePacket:
+    """A bundle whose compact sched has the given columns and one interned comm."""
+    p = _bundle()
+    p.ftrace_events.compact_sched.intern_table.append("task")
+    for name, values in columns.items():
+        getattr(p.ftrace_events.compact_sched, name).extend(values)
+    return p
+
+
 BROKEN: dict[str, Callable[[], list[TracePacket]]] = {
     "bundle_cpu": lambda: [_bundle(cpu=None)],
-    "event_pid": lambda: [_bundle(events=[{"timestamp": 1, "print": {"buf": "x"}}])],
+    "event_pid": lambda: [_bundle(events=[{"timestamp": 1, "print": {"buf": "E"}}])],
     "bundle_order": lambda: [
         _bundle(
             events=[
-                {"timestamp": 9, "pid": 1, "print": {"buf": "a"}},
-                {"timestamp": 3, "pid": 1, "print": {"buf": "b"}},
+                {"timestamp": 9, "pid": 1, "print": {"buf": "E|1"}},
+                {"timestamp": 3, "pid": 1, "print": {"buf": "E|1"}},
             ]
         )
     ],
@@ -107,8 +117,18 @@ BROKEN: dict[str, Callable[[], list[TracePacket]]] = {
         _slice(8, 2, TrackEvent.TYPE_INSTANT),
     ],
     "interned_data": lambda: [_symbols(flags=2)],  # needs state never cleared
+    "compact_sched": lambda: [
+        _compact(
+            switch_timestamp=[5, 6],
+            switch_prev_state=[1],
+            switch_next_pid=[2, 3],
+            switch_next_prio=[120, 120],
+            switch_next_comm_index=[0, 0],
+        )
+    ],
+    # the importer counts an error for every dedicated print that is not atrace text
     "atrace_print": lambda: [
-        _bundle(events=[{"timestamp": 1, "pid": 1, "print": {"buf": "B|notapid|x\n"}}])
+        _bundle(events=[{"timestamp": 1, "pid": 1, "print": {"buf": "tracekit round=0\n"}}])
     ],
 }
 

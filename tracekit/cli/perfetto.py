@@ -37,8 +37,8 @@ from tracekit.errors import TracekitError
     "--trace-processor",
     "processor",
     type=click.Path(path_type=str),
-    help="Also load the output with this trace_processor_shell and print its import stats"
-    " (untested here: none can be fetched on the development machine).",
+    help="Also load the output with this trace_processor_shell (Perfetto's importer, the"
+    " UI's code) and print its import stats; fail on an error or data-loss stat.",
 )
 @click.option(
     "--open",
@@ -106,7 +106,9 @@ def _export(
     if is_bundle(Path(path)):
         given = address_names(kallsyms) if kallsyms else None
         with progress_bar("perfetto: runs") as steps:
-            result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given, steps)
+            result, notes = export_bundle(
+                Path(path), out, bounds, run_id, phase, given, steps, ProgressLines()
+            )
         for note in notes:
             click.echo(f"note: {note}", err=True)
         if result.traces:
@@ -137,7 +139,25 @@ def _export_trace(
     if kallsyms is None and (path / "kallsyms").is_file():
         kallsyms = str(path / "kallsyms")  # a raw capture carries its own copy
     symbols = address_names(kallsyms) if kallsyms else None
-    return export_trace(tracekit.open(path), out, bounds, symbols)
+    return export_trace(tracekit.open(path), out, bounds, symbols, progress=ProgressLines())
+
+
+class ProgressLines:
+    """The export's progress on stderr: a line per trace at each tenth of its events (only
+    for traces large enough to take a while)."""
+
+    def __init__(self, least: int = 500_000) -> None:
+        self.least = least
+        self._shown: dict[str, int] = {}
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        """Print when NAME's export passes the next tenth."""
+        if total < self.least:
+            return
+        tenth = done * 10 // total
+        if tenth > self._shown.get(name, 0):
+            self._shown[name] = tenth
+            click.echo(f"exporting {name}: {done:,} of {total:,} events ({tenth * 10}%)", err=True)
 
 
 def _check(path: str, expected: Any) -> None:
@@ -158,9 +178,10 @@ def _check(path: str, expected: Any) -> None:
 
 def _real_import(processor: str, path: str) -> None:
     """Print a real trace_processor's non-zero import stats; fail on errors/data loss."""
-    from tracekit.perfetto.processor import import_stats
+    from tracekit.perfetto.processor import import_stats, version
 
     stats = import_stats(processor, path)
+    click.echo(f"{path}: trace_processor {version(processor)}")
     for stat in stats:
         click.echo(f"{path}: trace_processor: {stat}")
     bad = [s for s in stats if s.severity in ("error", "data_loss")]

@@ -24,7 +24,7 @@ from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.ingest.rundata import RunData
-from tracekit.perfetto.export import ExportResult, TracePart, export_parts
+from tracekit.perfetto.export import ExportResult, Progress, TracePart, export_parts
 from tracekit.perfetto.latency import timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
@@ -86,11 +86,13 @@ def export_bundle(
     run_id: str | None = None,
     phase: str | None = None,
     symbols: Mapping[int, str] | None = None,
-    progress: Steps | None = None,
+    steps: Steps | None = None,
+    progress: Progress | None = None,
 ) -> tuple[ExportResult, list[str]]:
     """Export the selected runs of a bundle into one file; returns the result and notes.
 
-    `progress` hears each traced run before it is read and written."""
+    `steps` hears each traced run before it is read and written; `progress`, the events
+    written of each trace."""
     data = load_bundle(root)
     manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
@@ -99,12 +101,12 @@ def export_bundle(
             f"{root}: no run of the selection overlaps --window; the runs span "
             f"{_span(manifest.runs)} s of the trace clock"
         )
-    job = BundleExport(data, selected, window, symbols, progress)
+    job = BundleExport(data, selected, window, symbols, steps)
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
     result = export_parts(
-        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title
+        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title, progress
     )
     notes = check_timeline(job.spans)
     notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]
@@ -148,7 +150,8 @@ class BundleExport:
                 self.spans.append((run, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
             symbols = self.symbols if self.symbols is not None else found.kallsyms
             vmm, lost = _vmm_runs(found), found.lost_per_cpu
-            yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost)
+            host = self.manifest.host
+            yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost, host)
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""

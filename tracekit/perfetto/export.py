@@ -19,7 +19,12 @@ import polars as pl
 from tracekit.errors import TracekitError
 from tracekit.perfetto.ftrace import FtraceSequence, write_ftrace, write_stats
 from tracekit.perfetto.runs import run_group, write_phases
-from tracekit.perfetto.system import collect_tasks, process_tree_packet, system_info_packet
+from tracekit.perfetto.system import (
+    collect_tasks,
+    kernel_release,
+    process_tree_packet,
+    system_info_packet,
+)
 from tracekit.perfetto.timeline import write_trace_tracks
 from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
@@ -50,6 +55,7 @@ class TracePart:
     vmm_runs: Sequence[Mapping[str, str]] = ()
     vmid_bits: int | None = None  # as a rollover run recorded it (else inferred)
     lost_per_cpu: Mapping[int, int] | None = None  # a bundle run's (RunData): the report's
+    host: Mapping[str, Any] | None = None  # a bundle's host facts (machine, kernel release)
 
     @property
     def name(self) -> str:
@@ -61,6 +67,8 @@ class TracePart:
 RunTracks = Callable[[TrackWriter, int, TracePart, Mapping[str, pl.DataFrame]], None]
 # Tracks that need no trace (e.g. untraced runs' samples), written after every trace.
 ExtraTracks = Callable[[TrackWriter, int], None]
+# Told, per trace, (its name, events written so far, its events) as the export goes.
+Progress = Callable[[str, int, int], None]
 
 
 def parse_window(text: str) -> tuple[int | None, int | None]:
@@ -100,6 +108,7 @@ def export_trace(
     window: tuple[int | None, int | None] = (None, None),
     symbols: Mapping[int, str] | None = None,
     runs: Sequence[Mapping[str, Any]] = (),
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write TRACE (its events in WINDOW) as a Perfetto trace at OUT."""
     if _in_window(trace.events, window).is_empty():
@@ -108,7 +117,7 @@ def export_trace(
             + (" in that --window" if window != (None, None) else "")
             + "; check the input with `tracekit ingest` and the window bounds"
         )
-    return export_parts([TracePart(trace, symbols)], out, window, runs)
+    return export_parts([TracePart(trace, symbols)], out, window, runs, progress=progress)
 
 
 def export_parts(
@@ -119,6 +128,7 @@ def export_parts(
     run_tracks: RunTracks | None = None,
     extra: ExtraTracks | None = None,
     title: str = "tracekit",
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write several traces (a bundle's runs, one after another in time) into one file.
 
@@ -135,7 +145,7 @@ def export_parts(
         write_phases(tracks, root, runs)
         sequence = FtraceSequence()
         for part in parts:
-            lost = _write_part(writer, tracks, root, part, window, sequence, runs, result)
+            lost = _write_part(writer, tracks, root, part, window, sequence, runs, result, progress)
             if lost is not None:
                 losts.append(lost)
                 if run_tracks is not None and part.run is not None:
@@ -164,6 +174,7 @@ def _write_part(
     sequence: FtraceSequence,
     runs: Sequence[Mapping[str, Any]],
     result: ExportResult,
+    progress: Progress | None = None,
 ) -> pl.DataFrame | None:
     """One trace's packets and tracks; its lost-events table, or None if it had no event."""
     trace = part.trace
@@ -175,11 +186,15 @@ def _write_part(
     lost = _in_window(trace.lost, window)
     first_ts, last_ts = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
     if sequence.first:
-        writer.write(system_info_packet(trace.meta, first_ts))
+        writer.write(system_info_packet(trace.meta, first_ts, part.host))
     tree = process_tree_packet(collect_tasks(events, tables), first_ts)
     if tree is not None:
         writer.write(tree)
-    result.counts += write_ftrace(writer, events, tables, lost, part.symbols, sequence, False)
+    release = {"kernel_release": kernel_release(trace.meta, part.host)}
+    told = None if progress is None else (lambda done, total: progress(part.name, done, total))
+    result.counts += write_ftrace(
+        writer, events, tables, lost, part.symbols, sequence, False, release, told
+    )
     parent, scope = root, ""
     if part.run is not None:
         parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"

@@ -1,14 +1,17 @@
 """`--trace-processor PATH`: a real import by the user's own trace_processor, and its stats.
 
-trace_processor cannot be fetched on the development machine, so this path is untested
-there and kept small: the perfetto package's Python API starts the given binary (never
-a downloaded one), loads the file, and returns the non-zero rows of its `stats` table,
-where import problems (data losses, errors) are counted.
+The given trace_processor_shell (never a downloaded one) loads the file with `-q` and
+prints the non-zero rows of its `stats` table as CSV: import problems (data losses,
+errors) are counted there. The shell is run directly rather than through the perfetto
+package's RPC client, so nothing listens on a port and the output is plain CSV.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,14 +44,27 @@ def import_stats(binary: str | os.PathLike[str], trace: str | os.PathLike[str]) 
             f"{binary}: not an executable trace_processor; give the path of "
             "trace_processor_shell (see https://perfetto.dev/docs/analysis/trace-processor)"
         )
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-
-    config = TraceProcessorConfig(bin_path=str(binary))
     try:
-        with TraceProcessor(trace=str(trace), config=config) as tp:
-            rows = tp.query(_STATS_QUERY)
-            return [ImportStat(r.name, r.idx, r.severity, r.source, int(r.value)) for r in rows]
-    except TracekitError:
-        raise
-    except Exception as err:  # the API raises its own types for a failed start or load
-        raise TracekitError(f"{binary}: trace_processor failed on {trace}: {err}") from None
+        done = subprocess.run(
+            [str(binary), "-q", "/dev/stdin", str(trace)],
+            input=_STATS_QUERY,
+            capture_output=True,
+            text=True,
+        )
+    except OSError as err:
+        raise TracekitError(f"{binary}: cannot run it ({err.strerror})") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise TracekitError(f"{binary}: trace_processor failed on {trace}: {last}")
+    rows = csv.DictReader(io.StringIO(done.stdout.strip()))
+    return [
+        ImportStat(r["name"], None if r["idx"] == "[NULL]" else int(r["idx"]), r["severity"],
+                   r["source"], int(r["value"]))
+        for r in rows
+    ]  # fmt: skip
+
+
+def version(binary: str | os.PathLike[str]) -> str:
+    """The shell's `--version` first line (e.g. `Perfetto v58.2 (...)`)."""
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+    return (done.stdout.strip().splitlines() or ["unknown version"])[0]

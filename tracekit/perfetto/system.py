@@ -45,25 +45,37 @@ class Tasks:
     executed: dict[int, str] = field(default_factory=dict)
 
 
-def system_info_packet(meta: Mapping[str, Any], first_ts: int | None) -> TracePacket:
-    """SystemInfo with the kernel's uname (release decides task-state decoding)."""
+def system_info_packet(
+    meta: Mapping[str, Any], first_ts: int | None, host: Mapping[str, Any] | None = None
+) -> TracePacket:
+    """SystemInfo with the kernel's uname (release decides task-state decoding, machine
+    the syscall table); HOST (a bundle manifest's host facts) fills what META lacks."""
     packet = TracePacket(trusted_packet_sequence_id=FTRACE_SEQUENCE)
     if first_ts is not None:
         packet.timestamp = first_ts
     info = packet.system_info
     uname = str(meta.get("uname") or "").split()
-    if len(uname) >= 3:
-        info.utsname.sysname = uname[0]
-        info.utsname.release = uname[2]
-        info.utsname.machine = uname[-1]
-    elif meta.get("kernel_release"):
-        info.utsname.sysname = "Linux"
-        info.utsname.release = str(meta["kernel_release"])
+    release = kernel_release(meta, host)
+    machine = uname[-1] if len(uname) >= 3 else (host or {}).get("machine") or meta.get("machine")
+    if release:
+        info.utsname.sysname = uname[0] if len(uname) >= 3 else "Linux"
+        info.utsname.release = release
+    if machine:
+        info.utsname.machine = str(machine)
     if meta.get("page_size"):
         info.page_size = int(meta["page_size"])
     if meta.get("cpus"):
         info.num_cpus = len(meta["cpus"])
     return packet
+
+
+def kernel_release(meta: Mapping[str, Any], host: Mapping[str, Any] | None = None) -> str | None:
+    """The kernel release a trace states (uname, its capture's record, the bundle's host)."""
+    uname = str(meta.get("uname") or "").split()
+    if len(uname) >= 3:
+        return uname[2]
+    release = meta.get("kernel_release") or (host or {}).get("kernel_release")
+    return str(release) if release else None
 
 
 def collect_tasks(events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]) -> Tasks:
