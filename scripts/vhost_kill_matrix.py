@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,7 @@ POINTS = ("preflight", "quiet", "traced", "hotplug", "probe")
 MAIN_ROLES = "--rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1"
 POWERCUT_LINE = "POWERCUT-NOW"
 # How long the collect is left to run once its point is reached, before the signal.
-SETTLE_S = {"preflight": 0.0, "quiet": 1.0, "traced": 1.5, "hotplug": 0.0, "probe": 0.5}
+SETTLE_S = {"preflight": 2.0, "quiet": 1.0, "traced": 1.5, "hotplug": 0.0, "probe": 0.5}
 
 
 # --- the host's state, inside the emulated host -------------------------------------------
@@ -201,7 +202,7 @@ def wait_for(condition: Callable[[], bool], collect: Collect, timeout: float) ->
 def reach(point: str, collect: Collect) -> str:
     """Wait until the collect is at `point`; what was seen (or why not)."""
     started = {
-        "preflight": _state_probe,
+        "preflight": lambda: _state_probe() or _journal_of(collect),
         "quiet": lambda: (
             collect.said("before-quiet-0")
             and any(p.startswith("stress-ng") for p in _tool_processes())
@@ -226,6 +227,11 @@ def reach(point: str, collect: Collect) -> str:
         return "cpu offline" if offline else "hotplug started"
     time.sleep(SETTLE_S[point])
     return "reached"
+
+
+def _journal_of(collect: Collect) -> bool:
+    """The collect's journal exists: it is in preflight (tracefs, leftovers, host facts)."""
+    return any(journal_dir().glob(f"{collect.proc.pid}-*.journal"))
 
 
 def _state_probe() -> bool:
@@ -345,19 +351,40 @@ def power_cut(roles: str, disk: Path) -> None:
 def after_power_cut(disk: Path) -> dict[str, Any]:
     """In the fresh boot on the same disk: what survived, what cleanup does, the bundle."""
     os.environ["TMPDIR"] = str(disk / "tmp")
-    record = json.loads((disk / "before-cut.json").read_text())
+    saved = disk / "before-cut.json"
     fresh = host_state()
+    if saved.is_file():
+        record = json.loads(saved.read_text())
+    else:  # QEMU was killed by hand during a cell: no record; tracekit's own traces only
+        record = {"point": "in a cell, by hand", "in_place": ["unknown"], "baseline": fresh}
     said = cleanup_command()
+    left = differences(record["baseline"], fresh) or tracekit_traces(fresh)
     return {
-        "cell": "powercut-traced",
+        "cell": "powercut-traced" if saved.is_file() else "powercut",
         "point": record["point"],
         "at_signal": record["in_place"],
-        "left_after_run": differences(record["baseline"], fresh),
+        "left_after_run": left,
         "recovery": "fresh boot + cleanup",
         "recovery_said": said,
-        "left_after_recovery": differences(record["baseline"], host_state()),
+        "left_after_recovery": differences(record["baseline"], host_state())
+        or tracekit_traces(host_state()),
         "bundle": bundle_state(disk / "bundle"),
     }
+
+
+def tracekit_traces(state: dict[str, Any]) -> dict[str, list[str]]:
+    """tracekit's traces in a state: journals, instances, probes, tools, files, CPUs offline."""
+    found = {
+        "journals": state["journals"],
+        "instances": [i for i in state["tracefs"]["instances"] if i.startswith("tracekit")],
+        "kprobe_events": [e for e in state["kprobe_events"] if "tracekit" in e],
+        "processes": state["processes"],
+        "tmp_files": state["tmp_files"],
+    }
+    present = Path("/sys/devices/system/cpu/present").read_text().strip()
+    if state["cpus_online"] != present:
+        found["cpus_online"] = [state["cpus_online"]]
+    return {kind: items for kind, items in found.items() if items}
 
 
 # --- outside: the boots, the bundles read with the full toolkit, the table ------------------
@@ -446,20 +473,68 @@ def outside(out: Path, cells: list[str]) -> None:
 
 def tabulate(out: Path) -> None:
     """The bundles read here with the full toolkit, the table, the details as JSON."""
-    results = [json.loads(line) for line in (out / "boot1/cells.json").read_text().splitlines()]
-    after_cut = out / "boot2/after-cut.json"
-    if after_cut.is_file():
-        results.append(json.loads(after_cut.read_text()))
+    results = boot_results(out / "boot1")
+    cut = out / "boot2/after-cut.json"
+    if cut.is_file():
+        results.append({**json.loads(cut.read_text()), "dir": cut_bundle(out, results)})
+    elif (bundle := cut_bundle(out, results)).is_dir():  # cut, not yet booted again
+        unknown = {"unknown (no boot after the cut yet)": []}
+        row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
+        results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
+    results += boot_results(out / "boot2")
     for result in results:
-        name = result["cell"]
-        cut = name.startswith("powercut")
-        bundle = out / "disk/bundle" if cut else out / "boot1/cells" / name / "bundle"
+        bundle = result.pop("dir")
+        result["bundle"] = bundle_state(bundle)
         result["bundle_read"] = f"{result['bundle']}; {read_bundle(bundle)}"
     (out / "matrix.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print("\n".join(table(results)))
     left = sum(bool(r["left_after_recovery"]) for r in results)
     unread = sum("TRACEBACK" in r["bundle_read"] for r in results)
     print(f"cells {len(results)}, left something after recovery {left}, bundle tracebacks {unread}")
+
+
+def boot_results(boot_out: Path) -> list[dict[str, Any]]:
+    """A boot's cells: its cells.json, or, when QEMU was killed before that was written,
+    the summary line each finished cell printed (what it left after the recovery)."""
+    saved = boot_out / "cells.json"
+    if saved.is_file():
+        rows = [json.loads(line) for line in saved.read_text().splitlines()]
+    else:
+        rows = [_from_summary(m) for m in SUMMARY.finditer(_console(boot_out))]
+    return [{**row, "dir": boot_out / "cells" / row["cell"] / "bundle"} for row in rows]
+
+
+SUMMARY = re.compile(r"^cell (\S+): ([\d.]+) s, (.*)$", re.M)
+
+
+def _console(boot_out: Path) -> str:
+    """A boot's serial console (the inside's lines are there)."""
+    log = boot_out / "vhost-console.log"
+    return log.read_text(errors="replace") if log.is_file() else ""
+
+
+def _from_summary(match: re.Match[str]) -> dict[str, Any]:
+    """A cell's row from its summary line: only what it left after the recovery is known."""
+    name, seconds, left = match.groups()
+    unknown = {"unknown (QEMU killed before the details were written)": []}
+    return {
+        "cell": name,
+        "seconds": float(seconds),
+        "at_signal": ["?"],
+        "exit": "?",
+        "left_after_run": {} if left == "-" else unknown,
+        "recovery": "none" if name.startswith(("int-", "term-")) else "?",
+        "left_after_recovery": {} if left == "-" else {left: []},
+    }
+
+
+def cut_bundle(out: Path, done: list[dict[str, Any]]) -> Path:
+    """The power cut's bundle: on the disk, or the boot-1 cell that was running at the cut."""
+    if (out / "disk/bundle").is_dir():
+        return out / "disk/bundle"
+    finished = {r["cell"] for r in done}
+    running = [d for d in sorted((out / "boot1/cells").iterdir()) if d.name not in finished]
+    return running[0] / "bundle" if running else out / "disk/bundle"
 
 
 def main() -> None:
@@ -482,7 +557,14 @@ def main() -> None:
     elif args.mode == "after-power-cut":
         result = after_power_cut(Path("/share"))
         Path("/out/after-cut.json").write_text(json.dumps(result, sort_keys=True) + "\n")
-        print(json.dumps(result, sort_keys=True))
+        print(f"power cut: {kinds(result['left_after_run'])}; {result['bundle']}", flush=True)
+        # Cells left for this boot (the disk's next-cells file), after the power cut's check.
+        later = Path("/share/next-cells")
+        if later.is_file():
+            results = run_cells(later.read_text().split(), args.roles, Path.cwd() / "cells")
+            Path("cells.json").write_text(
+                "".join(json.dumps(r, sort_keys=True) + "\n" for r in results)
+            )
     else:
         results = run_cells(args.cells or all_cells(), args.roles, Path.cwd() / "cells")
         lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in results)
