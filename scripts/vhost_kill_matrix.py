@@ -56,6 +56,8 @@ POINTS = ("preflight", "quiet", "traced", "hotplug", "probe")
 # The brief's main case on 4 CPUs; `--roles` gives a 2-CPU boot its own.
 MAIN_ROLES = "--rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1"
 POWERCUT_LINE = "POWERCUT-NOW"
+# Where a boot's cells are saved, one JSON line each, in the directory it runs from.
+CELLS_JSON = Path("cells.json")
 # How long the collect is left to run once its point is reached, before the signal.
 SETTLE_S = {"preflight": 2.0, "quiet": 1.0, "traced": 1.5, "hotplug": 0.0, "probe": 0.5}
 
@@ -320,17 +322,20 @@ def run_cell(name: str, roles: str, work: Path) -> dict[str, Any]:
     }
 
 
-def run_cells(cells: list[str], roles: str, work: Path) -> list[dict[str, Any]]:
-    """Each cell in turn (each compared with the state just before it), then all of them."""
+def run_cells(cells: list[str], roles: str, work: Path, saved: Path) -> None:
+    """Each cell in turn (each compared with the state just before it), then all of them.
+
+    Each result is appended to `saved` as it comes: a power cut loses none that finished.
+    """
     first = host_state()
     MAIN_ONLINE["online"] = first["cpus_online"]
-    results = []
+    saved.write_text("")
     for name in cells:
         result = run_cell(name, roles, work)
+        with saved.open("a") as out:
+            out.write(json.dumps(result, sort_keys=True) + "\n")
         print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
-        results.append(result)
     print(f"all cells, then vs before the first: {kinds(differences(first, host_state()))}")
-    return results
 
 
 def power_cut(roles: str, disk: Path) -> None:
@@ -547,7 +552,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("vhost-kill-matrix"))
     parser.add_argument("--roles", default=MAIN_ROLES, help="inside: collect's CPU roles")
     parser.add_argument("--powercut", action="store_true", help="inside: end with the power cut")
-    parser.add_argument("--json", type=Path, help="inside: write the results here too")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
     args = parser.parse_args()
     if args.tabulate:
@@ -561,14 +565,9 @@ def main() -> None:
         # Cells left for this boot (the disk's next-cells file), after the power cut's check.
         later = Path("/share/next-cells")
         if later.is_file():
-            results = run_cells(later.read_text().split(), args.roles, Path.cwd() / "cells")
-            Path("cells.json").write_text(
-                "".join(json.dumps(r, sort_keys=True) + "\n" for r in results)
-            )
+            run_cells(later.read_text().split(), args.roles, Path.cwd() / "cells", CELLS_JSON)
     else:
-        results = run_cells(args.cells or all_cells(), args.roles, Path.cwd() / "cells")
-        lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in results)
-        (args.json or Path("cells.json")).write_text(lines)
+        run_cells(args.cells or all_cells(), args.roles, Path.cwd() / "cells", CELLS_JSON)
         if args.powercut:
             power_cut(args.roles, Path("/share"))
 

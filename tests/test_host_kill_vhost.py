@@ -23,8 +23,7 @@ ROLES = "--rt-cpu 0 --stress-cpus 1 --guest-cpu 1"
 register_vhost_check(
     BOOT,
     "kill_matrix_cells",
-    f"python3 /tracekit/scripts/vhost_kill_matrix.py inside {' '.join(CELLS)} "
-    f"--roles '{ROLES}' --json cells.json",
+    f"python3 /tracekit/scripts/vhost_kill_matrix.py inside {' '.join(CELLS)} --roles '{ROLES}'",
 )
 
 
