@@ -493,9 +493,13 @@ def tabulate(out: Path) -> None:
         result["bundle_read"] = f"{result['bundle']}; {read_bundle(bundle)}"
     (out / "matrix.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print("\n".join(table(results)))
-    left = sum(bool(r["left_after_recovery"]) for r in results)
+    unknown = sum(any(k.startswith("unknown") for k in r["left_after_recovery"]) for r in results)
+    left = sum(bool(r["left_after_recovery"]) for r in results) - unknown
     unread = sum("TRACEBACK" in r["bundle_read"] for r in results)
-    print(f"cells {len(results)}, left something after recovery {left}, bundle tracebacks {unread}")
+    print(
+        f"cells {len(results)}, left something after recovery {left}, not known {unknown}, "
+        f"bundle tracebacks {unread}"
+    )
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:

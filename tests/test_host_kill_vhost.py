@@ -4,6 +4,11 @@ They join the protected-mode boot (2 x cortex-a76, pKVM), which had the fewest c
 SIGKILL during a traced run (instance, kprobes, tracing on, tools running) undone by
 `tracekit cleanup`, and SIGTERM during the after-guest CPU hotplug. The whole matrix,
 with a power cut, is the script's (docs/robustness-figures.md).
+
+Not yet run in that boot (2026-12-02: the machine's vhost lock was queued to the
+deadline); what they add to CI is not measured. In the main case's boot on the loaded
+shared machine a traced-run cell took ~6 min; the hotplug cell runs the whole before
+phase and the guest first, so expect several minutes more.
 """
 
 from __future__ import annotations
