@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tracekit.host.cleanup import live_processes
 from tracekit.host.tracefs import snapshot
 
 PHASES = ("opened", "instance", "clock", "task_names", "probe", "events", "child", "tracing")
@@ -71,16 +72,13 @@ def marked_processes(marker: str) -> list[int]:
     """Live processes whose environment carries the test's marker."""
     needle = f"TK_KILL_TEST={marker}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid, _, _ in live_processes():
         try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if needle in environ.split(b"\0") and state != "Z":
-            found.append(int(entry.name))
+        if needle in environ.split(b"\0"):
+            found.append(pid)
     return found
 
 

@@ -322,6 +322,19 @@ def test_the_journal_holds_each_record_until_its_undo_ran(tmp_path: Path) -> Non
     assert list((tmp_path / "j").iterdir()) == []
 
 
+def test_a_dead_runs_temporary_file_is_removed_by_the_next_start(tmp_path: Path) -> None:
+    # The cyclictest histogram in $TMPDIR: a board's /tmp may be on disk, kept by reboots.
+    left = tmp_path / "tracekit-1-cyclictest-hist.txt"
+    dead = Journal.create(tmp_path / "j")
+    dead.record(journal.temporary_file(left))
+    left.write_text("000000 1\n")
+    dead.close()  # unlocked with a record pending: what a SIGKILLed run leaves
+    recovery = recover(tmp_path / "j")
+    assert recovery.undone == [f"remove {left}"] and recovery.left == []
+    assert not left.exists() and list((tmp_path / "j").iterdir()) == []
+    assert journal.by_hand(journal.temporary_file(left)) == f"rm -f {left}"
+
+
 def test_a_partial_last_line_is_a_change_never_made() -> None:
     text = '{"id": 1, "kind": "setting"}\n{"id": 2, "kind": "instance"}\n{"done": 2}\n{"id": 3, "ki'
     assert pending_entries(text) == [{"id": 1, "kind": "setting"}]

@@ -155,7 +155,10 @@ class Manifest:
     runs: list[RunRecord] = field(default_factory=list)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     complete: bool = False
-    incomplete_reason: str = "collection still running"
+    # What a bundle says until collect marks it: read later, it was killed (SIGKILL, power cut).
+    incomplete_reason: str = (
+        "collection still running, or killed before it could say so (SIGKILL, power cut)"
+    )
     created: str = ""
     schema: str = SCHEMA
     schema_version: int = SCHEMA_VERSION

@@ -332,9 +332,11 @@ def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_S
     proc.wait()
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group, found in /proc."""
-    members = []
+def live_processes() -> Iterator[tuple[int, str, list[str]]]:
+    """Every live (not zombie) process in /proc: pid, command name, the stat fields after it.
+
+    The fields start with state, ppid, pgrp (proc(5)); a process gone meanwhile is skipped.
+    """
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -342,11 +344,14 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
         fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if fields[0] != "Z":
+            yield int(entry.name), stat[stat.index("(") + 1 : stat.rindex(")")], fields
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group, found in /proc."""
+    return [pid for pid, _, fields in live_processes() if int(fields[2]) == pgid]
 
 
 def _wait_group_gone(pgid: int, timeout: float) -> bool:

@@ -136,6 +136,11 @@ def process(pid: int, argv0: str) -> Entry:
     return {"kind": "process", "pid": pid, "start": process_start(pid), "argv0": argv0}
 
 
+def temporary_file(path: Path) -> Entry:
+    """A file of the run's own (outside the bundle) to delete."""
+    return {"kind": "file", "path": str(path)}
+
+
 def expand_buffer(path: Path, full: str) -> Entry:
     """The top-level buffer_size_kb to give its full size if it is still the boot size."""
     return {"kind": "expand_buffer", "path": str(path), "value": full}
@@ -149,6 +154,7 @@ WORDS = {
     "mount": ("unmount tracefs from {path}", "umount {path}"),
     "process": ("stop {argv0} (process group {pid})", "kill -KILL -- -{pid}"),
     "expand_buffer": ("give {path} its full size ({value} KB)", "echo '{value}' > {path}"),
+    "file": ("remove {path}", "rm -f {path}"),
 }
 
 
@@ -185,6 +191,8 @@ def undo(entry: Entry) -> None:
             _run(["umount", entry["path"]])
     elif kind == "process":
         _kill_group(entry["pid"], entry["start"])
+    elif kind == "file":
+        Path(entry["path"]).unlink(missing_ok=True)
     elif kind == "expand_buffer":
         path = Path(entry["path"])
         if "expanded" not in path.read_text():

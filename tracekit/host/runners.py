@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
 from tracekit.guests import read_variant, vmm_guest_argv
+from tracekit.host import journal
 from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import (
     TLBI_ACTIONS,
@@ -86,7 +87,13 @@ def run_measure(session: Session, ctx: RunContext) -> None:
     stress = session.spawn(stress_argv, ctx.path(RunFile.STRESS))
     # The histogram file has a line per bucket: written locally, kept compacted.
     histogram = Path(tempfile.gettempdir()) / f"tracekit-{os.getpid()}-cyclictest-hist.txt"
-    session.stack.push(f"remove {histogram}", lambda: histogram.unlink(missing_ok=True))
+    # Journaled: a SIGKILLed run's histogram is removed by the next start (a board's /tmp
+    # may be on disk, where even a reboot keeps it).
+    session.stack.push(
+        f"remove {histogram}",
+        lambda: histogram.unlink(missing_ok=True),
+        journal.temporary_file(histogram),
+    )
     cyclic_argv = toolbox.cyclictest_argv(
         session.tools,
         roles.rt_cpu,
