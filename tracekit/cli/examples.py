@@ -30,7 +30,7 @@ EXAMPLES: dict[str, list[str]] = {
         "tracekit events bundle --phase after --event kvm_exit --limit 20",
     ],
     "ingest": [
-        "tracekit ingest bundle/runs/before-traced-0/trace.dat",
+        "tracekit ingest trace.dat",
         "tracekit ingest bundle --parquet bundle-tables/",
     ],
     "perfetto": [
