@@ -237,7 +237,10 @@ def test_cluster_rule_allows_the_guest_cpu_it_moves_and_nothing_else() -> None:
 
 def test_implications_claim_only_what_their_contrast_shows() -> None:
     """No guest TLBI is local (HCR_EL2.FB); hotplug, rollover, cluster, MMU say no more."""
-    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    # Keyed without A's value, the first rule of each (field, B, verdict): against none.
+    said: dict[tuple[str, str | None, str], str] = {}
+    for r in RULES:
+        said.setdefault((r.field, r.b, r.b_verdict), f"{r.conclusion} -> {r.implies}")
     everything = " ".join(said.values())
     # Only the host's own TLBIs (boot path, EL2 init) may be called local.
     host_local = ("local TLBI ALLE2", "local TLBI VMALLE1")
@@ -251,6 +254,8 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert "does not separate" in rollover and "throwaway VMs" in rollover
     cluster = said[("guest_cluster", "other", ABSENT)]
     assert "does not say where the state is" in cluster
+    control = said[("after_guest", "rollover-minus-one", ABSENT)]
+    assert "no TLBI ALLE1IS" in control and "does not point at its ALLE1IS" in control
     found = conclusions([_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-off"), ABSENT)])
     assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
@@ -259,7 +264,10 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
 
 def test_rules_name_the_kernel_paths_the_review_found() -> None:
     """Review of 17, points 1, 2, 7, 12-15: each confound is named, each overclaim gone."""
-    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    # Keyed without A's value, the first rule of each (field, B, verdict): against none.
+    said: dict[tuple[str, str | None, str], str] = {}
+    for r in RULES:
+        said.setdefault((r.field, r.b, r.b_verdict), f"{r.conclusion} -> {r.implies}")
     everything = " ".join(said.values())
     assert "thousands" not in everything and "power cycle alone" not in everything
     for verdict in (PRESENT, ABSENT):
@@ -336,3 +344,17 @@ def test_hotplug_has_its_negative_control() -> None:
     assert "not cleared by hotplugging a CPU that did not run the guest" in texts
     found = conclusions([_effect(none, PRESENT), _effect(other, ABSENT)])
     assert [c.text for c in found] == ["cleared by hotplugging a CPU that did not run the guest"]
+
+
+def test_rollover_control_separates_the_alle1is_from_the_vms() -> None:
+    """rollover-minus-one: the same VMs without the rollover; each pair says what it shows."""
+    control = replace(BASE, after_guest="rollover-minus-one")
+    rolled = replace(BASE, after_guest="rollover")
+    only_rollover = conclusions([_effect(control, PRESENT), _effect(rolled, ABSENT)])
+    assert [c.text for c in only_rollover] == [
+        "cleared by the VMID rollover itself, not by the VMs before it"
+    ]
+    by_vms = conclusions([_effect(BASE, PRESENT), _effect(control, ABSENT)])
+    assert [c.text for c in by_vms] == [
+        "cleared by the throwaway VMs of a rollover, without the rollover"
+    ]

@@ -93,7 +93,7 @@ class Condition:
     """The experimental condition of one bundle: everything a bundle can vary."""
 
     variant: str  # guest variant, e.g. mmu-on
-    after_guest: str  # none, hotplug, hotplug-other, rollover
+    after_guest: str  # none, hotplug, hotplug-other, rollover, rollover-minus-one
     kvm_mode: str  # nvhe, vhe, protected
     guest_cluster: str  # "same" as the rt CPU, "other", "mixed", or unknown
     kernel: str  # kernel release

@@ -48,7 +48,8 @@ AXES: dict[str, Any] = {
     "scenario": "main",
 }
 
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")  # as host/protocol.py
+# As host/protocol.py.
+AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover", "rollover-minus-one")
 
 # `tracekit collect` options a plan may set; everything else in [collect] is a mistake.
 # Placement, guest, after-guest, scenario and the output come from the cell itself.

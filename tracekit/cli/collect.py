@@ -8,6 +8,7 @@ import click
 
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS
 
 
 def _one_cpu(text: str, option: str) -> int:
@@ -41,15 +42,17 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(["none", "hotplug", "hotplug-other", "rollover"]),
+    type=click.Choice(list(AFTER_GUEST_ACTIONS)),
     help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
-    " stress CPU that did not run the guest, the control of hotplug).",
+    " stress CPU that did not run the guest, the control of hotplug; rollover-minus-one:"
+    " the VMs of a rollover but one, so no rollover, the control of rollover).",
 )
 @click.option(
     "--rollover-max-vms",
     default=70000,
     show_default=True,
-    help="Budget of throwaway VMs for --after-guest rollover before giving up.",
+    help="Budget of throwaway VMs for --after-guest rollover (or rollover-minus-one)"
+    " before giving up.",
 )
 @click.option(
     "--scenario",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +62,14 @@ RUN_GRACE_SECONDS = 60
 TLBI_LOOP_VARIANT = "tlbi-loop"
 # Fetch arguments for probes whose argument layout is stable across kernels.
 KPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
+# The same fetches read at the function's return, where the kernel can (6.10+, "Support
+# $argN in return probe"): the VMID after kvm_arm_vmid_update gave one. Needed on 6.12,
+# whose kvm_arch_vcpu_load makes the call once per vCPU load (upstream fa808ed4e199,
+# "Ensure a VMID is allocated before programming VTTBR_EL2", backported to 6.12.y): a
+# new VM's only call there reads 0 at entry, so only the return shows its VMID. 6.1
+# calls it before every guest entry, so entries after the first show it there.
+KRETPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
+RETURN_ARGS_SINCE = (6, 10)
 
 
 @dataclass
@@ -228,6 +237,33 @@ def kprobe_fetch_args(probe_args: Path | None) -> dict[str, str]:
     return fetch
 
 
+def kprobe_lines(
+    functions: Sequence[str],
+    returns: set[str],
+    fetch: dict[str, str],
+    symbols: KernelSymbols,
+    release: str,
+) -> list[str]:
+    """kprobe_events lines: an entry probe per function the kernel has, a return probe where
+    asked or where KRETPROBE_ARGS reads something at return and the kernel can fetch it."""
+    ret_fetch = KRETPROBE_ARGS if return_args_supported(release) else {}
+    lines = []
+    for function in dict.fromkeys(functions):
+        if not symbols.has(function):
+            continue
+        lines.append(f"p:{PROBE_GROUP}/{function} {function} {fetch.get(function, '')}".strip())
+        if function in returns or function in ret_fetch:
+            ret_args = ret_fetch.get(function, "")
+            lines.append(f"r:{PROBE_GROUP}/{function}_ret {function} {ret_args}".strip())
+    return lines
+
+
+def return_args_supported(release: str) -> bool:
+    """Whether this kernel's return probes fetch entry arguments ($argN): 6.10 and later."""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    return bool(match) and (int(match[1]), int(match[2])) >= RETURN_ARGS_SINCE
+
+
 def require_kvm() -> None:
     """/dev/kvm must exist: the experiment runs a guest."""
     if not Path("/dev/kvm").exists():
@@ -390,19 +426,12 @@ class Session:
 
     def _kprobe_definitions(self, symbols: KernelSymbols, graph: GraphChoice) -> list[str]:
         """Entry (and return) probes on the scenario's functions the kernel offers."""
-        lines = list(self.options.kprobes)
-        fetch = kprobe_fetch_args(self.options.probe_args)
         # The function-graph fallback adds entry and return probes on its functions.
-        functions = dict.fromkeys([*self.scenario.kprobes, *graph.kprobe_functions()])
+        functions = [*self.scenario.kprobes, *graph.kprobe_functions()]
         returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
-        for function in functions:
-            if not symbols.has(function):
-                continue
-            args = fetch.get(function, "")
-            lines.append(f"p:{PROBE_GROUP}/{function} {function} {args}".strip())
-            if function in returns:
-                lines.append(f"r:{PROBE_GROUP}/{function}_ret {function}")
-        return lines
+        fetch = kprobe_fetch_args(self.options.probe_args)
+        lines = kprobe_lines(functions, returns, fetch, symbols, platform.release())
+        return [*self.options.kprobes, *lines]
 
     def execute(self, planned: PlannedRun, writer: BundleWriter) -> None:
         """Run one planned step, recording its files and times in the bundle."""

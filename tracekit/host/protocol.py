@@ -73,8 +73,10 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 # kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
-# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest.
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")
+# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest;
+# rollover-minus-one: rollover's, the same throwaway VMs but one (no rollover).
+AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover", "rollover-minus-one")
+ROLLOVER_ACTIONS = ("rollover", "rollover-minus-one")
 PROBE_MODES = ("page", "range", "munmap")
 
 # What each phase name does (tracekit/host/collect.py runs them):

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,14 @@ from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
 from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
-from tracekit.host.afterguest import VmidWatch, hotplug, open_vmid_watch, read_vmids, rollover
+from tracekit.host.afterguest import (
+    VmidWatch,
+    fill_generation,
+    hotplug,
+    open_vmid_watch,
+    read_vmids,
+    rollover,
+)
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
 from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
@@ -223,7 +231,7 @@ def rollover_argv(
 
 
 def run_after_guest(session: Session, ctx: RunContext) -> None:
-    """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
+    """The after-guest action: CPU hotplug, or a VMID rollover (or one VM short of it)."""
     action = session.options.after_guest
     if action in ("hotplug", "hotplug-other"):
         cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
@@ -250,8 +258,15 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
         if session.capture is not None:
             session.capture.drain()
 
-    vmids, vms = rollover(run_batch, watch, session.options.rollover_max_vms, session.echo)
+    max_vms = session.options.rollover_max_vms
+    read = partial(read_vmids, watch)
+    if action == "rollover-minus-one":
+        known = ctx.writer.manifest.host.get("vmid_bits")  # kallsyms' kvm_arm_vmid_bits
+        vmids, vms = fill_generation(run_batch, read, known, max_vms, session.echo)
+    else:
+        vmids, vms = rollover(run_batch, read, max_vms, session.echo)
     record = {"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}
+    record["rolled_over"] = vmids.rolled_over()
     ctx.path(RunFile.ROLLOVER).write_text(json.dumps(record) + "\n")
 
 
