@@ -471,3 +471,17 @@ def test_kprobes_and_preflight_in_the_emulated_arm64_host(
     capture = boot.result.out_dir / "checks" / "host_tracefs_kprobes" / "capture"
     names = {name for events in decoded_events(capture).values() for _, name, _ in events}
     assert {"tracekit/tk_open", "tracekit/tk_open_ret", "ftrace/print"} <= names
+
+
+def test_mounts_are_parsed_once_for_runs_and_for_the_journal() -> None:
+    """journal.py's undo and tracefs.py read /proc/mounts through one parser (tracefsio)."""
+    import inspect
+
+    from tracekit.host import journal
+    from tracekit.host.tracefsio import parse_tracefs_mounts
+
+    text = "tracefs /mnt/a\\011b tracefs rw 0 0\ntracefs /mnt/c\\134d tracefs rw 0 0\n"
+    assert parse_tracefs_mounts(text) == [Path("/mnt/a\tb"), Path("/mnt/c\\d")]
+    assert find_tracefs_mount(text) == Path("/mnt/a\tb")
+    source = inspect.getsource(journal)
+    assert "/proc/self/mounts" not in source and "subprocess" not in source  # no parser, no umount
