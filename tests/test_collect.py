@@ -230,7 +230,7 @@ def test_rollover_is_seen_in_the_trace(vhost_boot) -> None:  # type: ignore[no-u
 def test_rollover_minus_one_uses_up_the_vmids_without_a_rollover(vhost_boot) -> None:  # type: ignore[no-untyped-def]
     boot = vhost_boot("nvhe-a53")
     says = "the generation's VMIDs used up, no rollover (8-bit VMIDs)"
-    _, result, generations = _after_guest_vmids(
+    here, result, generations = _after_guest_vmids(
         boot, "collect_rollover_minus_one", "rollover-minus-one", says
     )
     ids = result["vmid_ids"]
@@ -238,6 +238,15 @@ def test_rollover_minus_one_uses_up_the_vmids_without_a_rollover(vhost_boot) -> 
     assert len({i >> 8 for i in ids}) == 1 and max(i & 0xFF for i in ids) == 0xFF
     assert result["vms"] == 0xFF - (ids[0] & 0xFF) + 1  # from the first VM's VMID to 255
     assert min(generations) == max(generations), "no rollover in the trace either"
+    runs = {run.run_id: run for run in read_manifest(here / "bundle").runs}
+    # The traced after-guest run read its kprobes' misses (kprobe_profile).
+    misses = runs["after-guest-rollover-minus-one"].probe_misses
+    assert misses is not None and "tracekit/kvm_arm_vmid_update" in misses
+    assert all(count >= 0 for count in misses.values())
+    # Runs after the guest say how long after it they started, later ones later.
+    assert runs["before-quiet-0"].since_guest_ns is None
+    after = [r.since_guest_ns for r in runs.values() if r.phase == "after"]
+    assert after and all(t is not None and t > 0 for t in after) and after == sorted(after)
 
 
 @pytest.mark.parametrize(

@@ -405,5 +405,7 @@ def test_vmids_on_612_are_read_at_return(vhost_boot) -> None:  # type: ignore[no
     assert sorted(v & 0xFFFF for v in returned) == list(
         range(min(returned) & 0xFFFF, (min(returned) & 0xFFFF) + 9)
     )
+    misses = manifest.runs[0].probe_misses
+    assert misses is not None and "tracekit/kvm_arm_vmid_update_ret" in misses
     # At entry a VM shows its VMID only when its vCPU is loaded again (sched-in).
     assert entry_nonzero < 9, "the entry probe alone saw every VM's VMID: not the 6.12 path"

@@ -485,3 +485,25 @@ def test_mounts_are_parsed_once_for_runs_and_for_the_journal() -> None:
     assert find_tracefs_mount(text) == Path("/mnt/a\tb")
     source = inspect.getsource(journal)
     assert "/proc/self/mounts" not in source and "subprocess" not in source  # no parser, no umount
+
+
+def test_kprobe_misses_are_read_per_probe_from_kprobe_profile(tmp_path: Path) -> None:
+    """kprobe_profile as trace_kprobe.c prints it: event (no group), hits, misses."""
+    from tracekit.host.probes import read_misses
+
+    (tmp_path / "kprobe_profile").write_text(
+        f"  {'kvm_arm_vmid_update':<44} {812:>15} {0:>15}\n"
+        f"  {'kvm_free_stage2_pgd_ret':<44} {9:>15} {2:>15}\n"
+        f"  {'somebody_elses':<44} {1:>15} {7:>15}\n"
+    )
+    probes = [
+        parse_probe("p:tracekit/kvm_arm_vmid_update kvm_arm_vmid_update"),
+        parse_probe("r:tracekit/kvm_free_stage2_pgd_ret kvm_free_stage2_pgd"),
+        parse_probe("p:tracekit/not_listed f"),
+    ]
+    with CleanupStack() as stack:
+        found = read_misses(Tracefs(tmp_path, stack), probes)
+    assert found == {"tracekit/kvm_arm_vmid_update": 0, "tracekit/kvm_free_stage2_pgd_ret": 2}
+    (tmp_path / "kprobe_profile").unlink()
+    with CleanupStack() as stack:
+        assert read_misses(Tracefs(tmp_path, stack), probes) == {}

@@ -43,7 +43,13 @@ from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
-from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
+from tracekit.host.probes import (
+    KernelSymbols,
+    ProbeDefinition,
+    define_kprobes,
+    read_misses,
+    remove_leftovers,
+)
 from tracekit.host.protocol import (
     PlannedRun,
     Roles,
@@ -56,6 +62,8 @@ from tracekit.host.protocol import (
 from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
 
+# Runs at whose end no guest runs any more: later runs count their start from it.
+GUEST_ENDS = (RunKind.GUEST, RunKind.GUEST_STOP)
 # Slack on top of a run's duration before a tool that did not stop is an error.
 RUN_GRACE_SECONDS = 60
 # The guest that loops on TLBIs, --tlbi-count of them (reproducer/guests/tlbi-loop.S).
@@ -396,6 +404,9 @@ class Session:
         self.echo = echo
         self.now = boottime_ns
         self.guest_options = guest_options(options)  # knobs and backing of every guest run
+        self.kprobes_defined: list[ProbeDefinition] = []
+        self.misses_so_far: dict[str, int] = {}  # kprobe_profile's counts at capture start
+        self.guest_end_ns: int | None = None  # when the last guest run ended
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""
@@ -410,6 +421,7 @@ class Session:
             self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
         probes = self._kprobe_definitions(symbols, graph)
         defined = define_kprobes(self.tracefs, probes).defined
+        self.kprobes_defined = defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
         events += self.options.events
@@ -451,6 +463,9 @@ class Session:
         capture = self._start_capture(writer, planned) if planned.kind in TRACED_KINDS else None
         self.capture = capture
         run.start_ns = boottime_ns()
+        if self.guest_end_ns is not None:
+            # Later slots are later: how long after the guest each run started.
+            run.since_guest_ns = run.start_ns - self.guest_end_ns
         self.marker(f"tracekit: run={planned.run_id} begin")
         outcome: Outcome | None = None
         try:
@@ -462,6 +477,8 @@ class Session:
                 self._finish_capture(capture, run)
             # Listed even when the run is interrupted: an incomplete bundle shows its files.
             run.files = _files_under(writer.root, run_path(writer.root, planned.run_id))
+            if planned.kind in GUEST_ENDS:
+                self.guest_end_ns = run.end_ns
         outcome = outcome or Outcome("ok")
         writer.end_run(run, outcome.status, outcome.note)
 
@@ -484,6 +501,8 @@ class Session:
             self.tools.trace_cmd,
         )
         capture.start()
+        # The probes stay armed between traced runs: count this run's misses from here.
+        self.misses_so_far = read_misses(self.tracefs, self.kprobes_defined)
         self.instance.start()
         self.tracing = True
         return capture
@@ -498,8 +517,16 @@ class Session:
             stats = self.instance.cpu_stats(cpu)
             lost = int(stats.get("overrun", 0) + stats.get("dropped events", 0))
             run.lost_events[str(cpu)] = lost
+        run.probe_misses = self._misses_since_last()
         # Clear the instance's counters so the next run starts at zero.
         self.tracefs.write(self.instance.rel("trace"), "")
+
+    def _misses_since_last(self) -> dict[str, int]:
+        """Each kprobe's misses since the capture started (the counts only ever grow)."""
+        now = read_misses(self.tracefs, self.kprobes_defined)
+        since = {name: count - self.misses_so_far.get(name, 0) for name, count in now.items()}
+        self.misses_so_far = now
+        return since
 
     def trace_marker(self) -> Path | None:
         """The instance's trace_marker for the VMM and the probe, while tracing is on."""
