@@ -56,6 +56,7 @@ from tracekit.host.protocol import (
     Scenario,
     ScenarioParams,
     format_ints,
+    host_side,
     plan_runs,
     scenario_named,
 )
@@ -415,11 +416,17 @@ class Session:
         instance.set_buffer_size_kb(self.options.buffer_kb)
         instance.record_task_names()
         symbols = KernelSymbols.load(self.tracefs)
+        mode = str(writer.manifest.host.get("kvm", {}).get("mode", "unknown"))
+        kprobed, unseen = host_side(self.scenario.kprobes, mode)
         graph = GraphChoice("none", [], reason="--function-graph not given")
         if self.options.function_graph:
-            graph = choose_graph(instance, symbols, list(self.scenario.graph_functions))
+            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode)
+            unseen |= unseen_graph
+            graph = choose_graph(instance, symbols, graphed)
             self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
-        probes = self._kprobe_definitions(symbols, graph)
+        for function, why in unseen.items():
+            self.echo(f"{function}: {why}")
+        probes = self._kprobe_definitions(symbols, graph, kprobed)
         defined = define_kprobes(self.tracefs, probes).defined
         self.kprobes_defined = defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
@@ -433,13 +440,17 @@ class Session:
         writer.manifest.scenario["events_enabled"] = list(instance.events)
         writer.manifest.scenario["events_missing"] = missing
         writer.manifest.scenario["kprobes"] = probes
+        # What the probes cannot see in this KVM mode (the hypervisor's own side).
+        writer.manifest.scenario["el2_unseen"] = unseen
         writer.manifest.scenario["trace_marker"] = str(instance.trace_marker)
         writer.save()
 
-    def _kprobe_definitions(self, symbols: KernelSymbols, graph: GraphChoice) -> list[str]:
-        """Entry (and return) probes on the scenario's functions the kernel offers."""
+    def _kprobe_definitions(
+        self, symbols: KernelSymbols, graph: GraphChoice, kprobed: list[str]
+    ) -> list[str]:
+        """Entry (and return) probes on the functions the kernel offers (host-side ones)."""
         # The function-graph fallback adds entry and return probes on its functions.
-        functions = [*self.scenario.kprobes, *graph.kprobe_functions()]
+        functions = [*kprobed, *graph.kprobe_functions()]
         returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
         fetch = kprobe_fetch_args(self.options.probe_args)
         lines = kprobe_lines(functions, returns, fetch, symbols, platform.release())
