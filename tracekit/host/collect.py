@@ -43,6 +43,7 @@ from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
+from tracekit.host.preflight import read_idle_usage
 from tracekit.host.probes import (
     KernelSymbols,
     ProbeDefinition,
@@ -70,7 +71,12 @@ RUN_GRACE_SECONDS = 60
 # The guest that loops on TLBIs, --tlbi-count of them (reproducer/guests/tlbi-loop.S).
 TLBI_LOOP_VARIANT = "tlbi-loop"
 # Fetch arguments for probes whose argument layout is stable across kernels.
-KPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
+KPROBE_ARGS = {
+    "kvm_arm_vmid_update": "vmid_id=+0($arg1):u64",
+    # (pgt, addr, size, phys, prot, mc[, flags]) in 6.1 and 6.12: the stage-2 mapping
+    # sizes the kernel used (4 KiB pages or 2 MiB blocks, by backing and alignment).
+    "kvm_pgtable_stage2_map": "ipa=$arg2:x64 size=$arg3:u64",
+}
 # The same fetches read at the function's return, where the kernel can (6.10+, "Support
 # $argN in return probe"): the VMID after kvm_arm_vmid_update gave one. Needed on 6.12,
 # whose kvm_arch_vcpu_load makes the call once per vCPU load (upstream fa808ed4e199,
@@ -408,6 +414,7 @@ class Session:
         self.kprobes_defined: list[ProbeDefinition] = []
         self.misses_so_far: dict[str, int] = {}  # kprobe_profile's counts at capture start
         self.guest_end_ns: int | None = None  # when the last guest run ended
+        self.idle_at_guest_end: dict[str, int] = {}  # the guest CPUs' cpuidle usage then
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""
@@ -475,8 +482,10 @@ class Session:
         self.capture = capture
         run.start_ns = boottime_ns()
         if self.guest_end_ns is not None:
-            # Later slots are later: how long after the guest each run started.
+            # Later slots are later: how long after the guest each run started, and what
+            # idle states the guest CPUs entered meanwhile.
             run.since_guest_ns = run.start_ns - self.guest_end_ns
+            run.idle_since_guest = self._idle_since_guest()
         self.marker(f"tracekit: run={planned.run_id} begin")
         outcome: Outcome | None = None
         try:
@@ -490,6 +499,7 @@ class Session:
             run.files = _files_under(writer.root, run_path(writer.root, planned.run_id))
             if planned.kind in GUEST_ENDS:
                 self.guest_end_ns = run.end_ns
+                self.idle_at_guest_end = read_idle_usage(list(self.roles.guest_cpus))
         outcome = outcome or Outcome("ok")
         writer.end_run(run, outcome.status, outcome.note)
 
@@ -531,6 +541,11 @@ class Session:
         run.probe_misses = self._misses_since_last()
         # Clear the instance's counters so the next run starts at zero.
         self.tracefs.write(self.instance.rel("trace"), "")
+
+    def _idle_since_guest(self) -> dict[str, int]:
+        """Each guest CPU idle state's entries since the guest ended (cpuidle usage)."""
+        now = read_idle_usage(list(self.roles.guest_cpus))
+        return {name: count - self.idle_at_guest_end.get(name, 0) for name, count in now.items()}
 
     def _misses_since_last(self) -> dict[str, int]:
         """Each kprobe's misses since the capture started (the counts only ever grow)."""

@@ -53,6 +53,8 @@ KPROBE_CANDIDATES: tuple[str, ...] = (
     "kvm_arch_destroy_vm",
     "__kvm_tlb_flush_vmid",
     "__kvm_flush_vm_context",
+    # The host's stage-2 mappings of the guest's RAM, with their sizes (collect.KPROBE_ARGS).
+    "kvm_pgtable_stage2_map",
 )
 
 # The paths function_graph (or entry/return probes) may follow, by concern. Names differ
