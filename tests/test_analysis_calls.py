@@ -33,3 +33,30 @@ def test_a_return_without_its_entry_is_counted_not_guessed() -> None:
     calls, orphans = pair_calls(_events([(2, 50, 0, 1)]), _events([(1, 5, 0, 1), (3, 60, 0, 1)]))
     assert calls.select("start_ts", "end_ts").rows() == [(50, 60)]
     assert orphans == 1
+
+
+def test_pid_0_has_a_stack_per_cpu() -> None:
+    """Two CPUs' idle tasks (both pid 0) in calls at once: each return closes its CPU's."""
+    entries = _events([(1, 10, 0, 0), (2, 12, 1, 0)])
+    returns = _events([(3, 20, 0, 0), (4, 30, 1, 0)])
+    calls, orphans = pair_calls(entries, returns)
+    assert calls.select("cpu", "start_ts", "end_ts").rows() == [(0, 10, 20), (1, 12, 30)]
+    assert orphans == 0
+
+
+def test_an_entry_without_return_may_be_a_missed_return_when_the_kretprobe_missed() -> None:
+    from tracekit.analysis.calls import unclosed_note
+
+    entries = _events([(1, 10, 0, 5), (3, 40, 0, 5)])
+    returns = _events([(2, 20, 0, 5)])
+    missed, _ = pair_calls(entries, returns, returns_missed=3)
+    assert missed["maybe_missed_return"].to_list() == [None, True]
+    assert "up to 1 may be missed returns" in str(unclosed_note(missed, 3))
+    none_missed, _ = pair_calls(entries, returns, returns_missed=0)
+    assert none_missed["maybe_missed_return"].to_list() == [None, False]
+    assert "missed none" in str(unclosed_note(none_missed, 0))
+    unknown, _ = pair_calls(entries, returns)
+    assert unknown["maybe_missed_return"].to_list() == [None, None]
+    assert "did not record" in str(unclosed_note(unknown, None))
+    closed, _ = pair_calls(entries.head(1), returns)
+    assert unclosed_note(closed, 3) is None

@@ -35,7 +35,7 @@ GENERATED = Condition(
     guest_revision="1", backing="4k", knobs="none", scenario="main", cpu_model="Cortex-A76",
     rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
     stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
-    freshness="fresh",
+    freshness="fresh", tlbirange="no", fwb="no", thp="always",
     protocol="3s@1000us",
 )  # fmt: skip
 
@@ -188,6 +188,10 @@ def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
     """A manifest of a 4-CPU host of one core type, rt CPU 3, guest on CPU 1."""
     cpus = [{"cpu": n, "cluster": n // 2, "name": cores} for n in range(4)]
     host = {"cpus": cpus, "kvm": {"mode": kvm_mode}, "kernel_release": "6.12.48+deb13-arm64"}
+    # QEMU's max has FEAT_TLBIRANGE and FEAT_FWB, Cortex-A76 neither (its boot log says).
+    has = cores.startswith("0x")
+    host |= {"features": {k: {"present": has} for k in ("tlbirange", "fwb")}}
+    host |= {"thp": {"enabled": "always"}}
     host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
     host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
     options = {"rt_cpu": 3, "stress_cpus": [0, 1, 2], "guest_cpus": [1], "scenario": "main"}
@@ -201,7 +205,9 @@ def test_other_cores_are_another_condition_not_only_another_kvm_mode() -> None:
     known = {"guest_revision": "2", "backing": "thp"}
     a76 = bundle_condition(_manifest("Cortex-A76", "nvhe", **known))
     qmax = bundle_condition(_manifest("0x00:0x051", "vhe", **known))
-    assert set(a76.differing(qmax)) == {"kvm_mode", "cpu_model", "rt_core", "guest_core"}
+    assert set(a76.differing(qmax)) == {
+        "kvm_mode", "cpu_model", "rt_core", "guest_core", "tlbirange", "fwb"
+    }  # fmt: skip
     assert conclusions([_effect(a76, PRESENT), _effect(qmax, ABSENT)]) == []
     same_cores = bundle_condition(_manifest("Cortex-A76", "vhe", **known))
     found = conclusions([_effect(a76, PRESENT), _effect(same_cores, ABSENT)])
@@ -237,7 +243,10 @@ def test_cluster_rule_allows_the_guest_cpu_it_moves_and_nothing_else() -> None:
 
 def test_implications_claim_only_what_their_contrast_shows() -> None:
     """No guest TLBI is local (HCR_EL2.FB); hotplug, rollover, cluster, MMU say no more."""
-    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    # Keyed without A's value, the first rule of each (field, B, verdict): against none.
+    said: dict[tuple[str, str | None, str], str] = {}
+    for r in RULES:
+        said.setdefault((r.field, r.b, r.b_verdict), f"{r.conclusion} -> {r.implies}")
     everything = " ".join(said.values())
     # Only the host's own TLBIs (boot path, EL2 init) may be called local.
     host_local = ("local TLBI ALLE2", "local TLBI VMALLE1", "local TLBI ALLE1 ")
@@ -253,6 +262,8 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert "does not separate" in rollover and "throwaway VMs" in rollover
     cluster = said[("guest_cluster", "other", ABSENT)]
     assert "does not say where the state is" in cluster
+    control = said[("after_guest", "rollover-minus-one", ABSENT)]
+    assert "no TLBI ALLE1IS" in control and "does not point at its ALLE1IS" in control
     found = conclusions([_effect(BASE, PRESENT), _effect(replace(BASE, variant="mmu-off"), ABSENT)])
     assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
@@ -261,7 +272,10 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
 
 def test_rules_name_the_kernel_paths_the_review_found() -> None:
     """Review of 17, points 1, 2, 7, 12-15: each confound is named, each overclaim gone."""
-    said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
+    # Keyed without A's value, the first rule of each (field, B, verdict): against none.
+    said: dict[tuple[str, str | None, str], str] = {}
+    for r in RULES:
+        said.setdefault((r.field, r.b, r.b_verdict), f"{r.conclusion} -> {r.implies}")
     everything = " ".join(said.values())
     assert "thousands" not in everything and "power cycle alone" not in everything
     for verdict in (PRESENT, ABSENT):
@@ -357,3 +371,32 @@ def test_el2_invalidation_actions_point_at_the_guest_cpu() -> None:
     assert "not cleared by TLBI VMALLS12E1IS of the dead guest's VMID (stage 2 disabled)" in texts
     said = {(r.field, r.b, r.b_verdict): r.implies for r in RULES}
     assert "___kvm_hyp_init" in said[("after_guest", "tlbi:alle1@guest-cpu", ABSENT)]
+
+
+def test_rollover_control_separates_the_alle1is_from_the_vms() -> None:
+    """rollover-minus-one: the same VMs without the rollover; each pair says what it shows."""
+    control = replace(BASE, after_guest="rollover-minus-one")
+    rolled = replace(BASE, after_guest="rollover")
+    only_rollover = conclusions([_effect(control, PRESENT), _effect(rolled, ABSENT)])
+    assert [c.text for c in only_rollover] == [
+        "cleared by the VMID rollover itself, not by the VMs before it"
+    ]
+    by_vms = conclusions([_effect(BASE, PRESENT), _effect(control, ABSENT)])
+    assert [c.text for c in by_vms] == [
+        "cleared by the throwaway VMs of a rollover, without the rollover"
+    ]
+
+
+def test_cpu_features_and_thp_are_condition_fields_unknown_in_old_bundles() -> None:
+    """FEAT_TLBIRANGE, FEAT_FWB and THP from host facts; a bundle lacking them pools with none."""
+    new = bundle_condition(_manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp"))
+    assert (new.tlbirange, new.fwb, new.thp) == ("no", "no", "always")
+    madvise = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    madvise.host["thp"] = {"enabled": "madvise"}
+    assert bundle_condition(madvise).differs_only_in(new) == "thp"
+    old = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    del old.host["features"], old.host["thp"]
+    rotated = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
+    rotated.host["features"] = {k: {"present": None} for k in ("tlbirange", "fwb")}
+    for lacking in (bundle_condition(old), bundle_condition(rotated)):
+        assert str(lacking.tlbirange) == "unknown" and lacking.differs_only_in(new) is None

@@ -203,3 +203,15 @@ def test_a_vm_that_outlives_its_run_is_said_to_be_running() -> None:
     assert _run_and_teardown(running) == "still running when this run's trace ended"
     stopped = {"setup_ns": 1, "run_ns": 2_000_000, "teardown_marker_ns": 500_000, "stopped": True}
     assert _run_and_teardown(stopped) == "run 2.0 ms (stopped by a signal), teardown 0.5 ms"
+
+
+def test_vmids_read_at_return_count_when_entries_show_zero() -> None:
+    """6.12: each VM's one kvm_arm_vmid_update reads 0 at entry; the return has its VMID."""
+    entries = pl.DataFrame({"ts": [10, 30], "common_pid": [7, 7], "vmid_id": [0, 0]})
+    returns = pl.DataFrame({"ts": [11, 31], "common_pid": [7, 7], "vmid_id": [0x1FF, 0x201]})
+    assert vm.vmid_rollovers(entries, 8).is_empty()  # the entry probe alone sees nothing
+    readings = vm.vmid_readings(entries, returns)
+    assert readings is not None and readings["ts"].to_list() == [10, 11, 30, 31]
+    assert vm.vmid_rollovers(readings, 8).rows() == [(31, 1, 2)]
+    assert vm.vmid_readings(None, None) is None
+    assert vm.vmid_readings(entries, None) is not None  # 6.1: entries only

@@ -40,6 +40,8 @@ def _rewrite(root: Path, change) -> None:  # type: ignore[no-untyped-def]
         (lambda d: d | {"complete": "false"}, "complete is 'false'"),
         (lambda d: d | {"runs": [{"phase": "x"}]}, "runs[0] has no run_id"),
         (lambda d: d | {"runs": [d["runs"][0] | {"run_id": "../../x"}]}, "not a plain name"),
+        (lambda d: d | {"runs": [d["runs"][0] | {"probe_misses": 3}]}, "probe_misses is 3"),
+        (lambda d: d | {"runs": [d["runs"][0] | {"since_guest_ns": "1"}]}, "since_guest_ns is"),
     ],
 )
 def test_a_manifest_of_the_wrong_shape_is_one_line(bundle: Path, change, message: str) -> None:  # type: ignore[no-untyped-def]

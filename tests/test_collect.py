@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -64,6 +65,16 @@ register_vhost_check(
     "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
     "--traced-runs 0 --duration 2 --after-guest rollover --rollover-max-vms 1024 -o bundle; "
     f"status=$?; {SNAPSHOT} > after.json; exit $status",
+)
+
+# rollover's control: the same VMs but one, so no rollover (another check may have rolled
+# the VMIDs over already: the host is not fresh, and the count starts where they are).
+register_vhost_check(
+    "nvhe-a53",
+    "collect_rollover_minus_one",
+    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
+    "--traced-runs 0 --duration 2 --after-guest rollover-minus-one --rollover-max-vms 1024 "
+    "--allow-dirty -o bundle",
 )
 
 
@@ -181,28 +192,61 @@ def test_sigint_restores_tracefs_and_marks_incomplete(vhost_boot) -> None:  # ty
     assert manifest.runs[-1].status == "interrupted"
 
 
-@pytest.mark.vhost
-def test_rollover_is_seen_in_the_trace(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+def _after_guest_vmids(
+    boot: VhostBoot, name: str, action: str, says: str
+) -> tuple[Path, dict[str, Any], list[int]]:
+    """A rollover check's directory, its rollover.json and the VMID generations traced."""
     import polars as pl
 
     import tracekit
 
-    boot = vhost_boot("nvhe-a53")
-    here = _check_dir(boot, "collect_rollover")
-    check = boot.checks["collect_rollover"]
+    here = _check_dir(boot, name)
+    check = boot.checks[name]
     assert check.status == 0, check.stdout + check.stderr
-    assert "rollover seen after" in check.stdout
-    result = json.loads((here / "bundle/runs/after-guest-rollover/rollover.json").read_text())
+    assert says in check.stdout
+    run = here / f"bundle/runs/after-guest-{action}"
+    result = json.loads((run / "rollover.json").read_text())
     assert result["vmid_bits"] == 8
+    updates = tracekit.open(run / "trace").event("kvm_arm_vmid_update")
+    ids = updates.filter(pl.col("vmid_id") > 0)["vmid_id"].to_list()
+    return here, result, [i >> 8 for i in ids]
+
+
+@pytest.mark.vhost
+def test_rollover_is_seen_in_the_trace(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot("nvhe-a53")
+    here, result, generations = _after_guest_vmids(
+        boot, "collect_rollover", "rollover", "rollover seen after"
+    )
     ids = result["vmid_ids"]
     assert max(i >> 8 for i in ids) > min(i >> 8 for i in ids)  # a newer generation
-    trace = tracekit.open(here / "bundle/runs/after-guest-rollover/trace")
-    updates = trace.event("kvm_arm_vmid_update")
-    generations = updates.filter(pl.col("vmid_id") > 0)["vmid_id"].to_numpy() >> 8
-    assert generations.max() > generations.min(), "the rollover is visible in the trace"
+    assert max(generations) > min(generations), "the rollover is visible in the trace"
     assert json.loads((here / "before.json").read_text()) == json.loads(
         (here / "after.json").read_text()
     )
+
+
+@pytest.mark.vhost
+def test_rollover_minus_one_uses_up_the_vmids_without_a_rollover(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    boot = vhost_boot("nvhe-a53")
+    says = "the generation's VMIDs used up, no rollover (8-bit VMIDs)"
+    here, result, generations = _after_guest_vmids(
+        boot, "collect_rollover_minus_one", "rollover-minus-one", says
+    )
+    ids = result["vmid_ids"]
+    assert result["rolled_over"] is False
+    assert len({i >> 8 for i in ids}) == 1 and max(i & 0xFF for i in ids) == 0xFF
+    assert result["vms"] == 0xFF - (ids[0] & 0xFF) + 1  # from the first VM's VMID to 255
+    assert min(generations) == max(generations), "no rollover in the trace either"
+    runs = {run.run_id: run for run in read_manifest(here / "bundle").runs}
+    # The traced after-guest run read its kprobes' misses (kprobe_profile).
+    misses = runs["after-guest-rollover-minus-one"].probe_misses
+    assert misses is not None and "tracekit/kvm_arm_vmid_update" in misses
+    assert all(count >= 0 for count in misses.values())
+    # Runs after the guest say how long after it they started, later ones later.
+    assert runs["before-quiet-0"].since_guest_ns is None
+    after = [r.since_guest_ns for r in runs.values() if r.phase == "after"]
+    assert after and all(t is not None and t > 0 for t in after) and after == sorted(after)
 
 
 @pytest.mark.parametrize(
@@ -376,3 +420,27 @@ def test_every_guest_run_gets_the_knobs_and_backing_before_the_guest(tmp_path: P
         "--timeout", "600", "--knob", "pages=64", "--backing", "4k", str(tmp_path / "mmu-on.elf")
     ]  # fmt: skip
     assert argv[argv.index("--repeat") + 1] == "3" and argv[argv.index("--vcpus") + 1] == "1"
+
+
+def test_vmid_is_read_at_return_where_the_kernel_can() -> None:
+    from tracekit.host.collect import KPROBE_ARGS, kprobe_lines, return_args_supported
+    from tracekit.host.probes import KernelSymbols
+
+    symbols = KernelSymbols({"kvm_arm_vmid_update", "kvm_free_stage2_pgd"}, set())
+    functions = ["kvm_arm_vmid_update", "kvm_free_stage2_pgd", "absent_function"]
+    returns = {"kvm_free_stage2_pgd"}
+    old = kprobe_lines(functions, returns, KPROBE_ARGS, symbols, "6.1.0-50-arm64")
+    assert old == [
+        "p:tracekit/kvm_arm_vmid_update kvm_arm_vmid_update vmid_id=+0($arg1):u64",
+        "p:tracekit/kvm_free_stage2_pgd kvm_free_stage2_pgd",
+        "r:tracekit/kvm_free_stage2_pgd_ret kvm_free_stage2_pgd",
+    ]
+    new = kprobe_lines(functions, returns, KPROBE_ARGS, symbols, "6.12.117+deb13-arm64")
+    # 6.12 calls kvm_arm_vmid_update once per vCPU load: only its return sees the VMID.
+    assert new[1] == "r:tracekit/kvm_arm_vmid_update_ret kvm_arm_vmid_update vmid_id=+0($arg1):u64"
+    assert [return_args_supported(r) for r in ("6.9.12", "6.10.0", "7.1.9", "x")] == [
+        False,
+        True,
+        True,
+        False,
+    ]

@@ -137,3 +137,23 @@ def test_hotplug_other_needs_a_stress_cpu_that_did_not_run_the_guest() -> None:
     assert control_cpus(roles) == (2,)
     with pytest.raises(TracekitError, match="every stress CPU ran it"):
         plan_runs(SCENARIOS["main"], Roles(3, (1,), (1,)), 1, 0, "hotplug-other")
+
+
+def test_el2_only_functions_give_way_to_their_host_side_callers_outside_vhe() -> None:
+    """In nVHE/protected, __kvm_tlb_flush_vmid's kallsyms entry is the VHE copy: never fires."""
+    from tracekit.host.protocol import KPROBE_CANDIDATES, host_side
+
+    for mode in ("nvhe", "protected", "hvhe", "nvhe?"):
+        probed, unseen = host_side(KPROBE_CANDIDATES, mode)
+        assert "__kvm_tlb_flush_vmid" not in probed and "__kvm_flush_vm_context" not in probed
+        assert {"kvm_flush_remote_tlbs", "kvm_arch_flush_remote_tlbs"} <= set(probed)
+        assert probed.count("kvm_arm_vmid_update") == 1  # the rollover flush's caller
+        assert set(unseen) == {"__kvm_tlb_flush_vmid", "__kvm_flush_vm_context"}
+        assert "unseen by ftrace" in unseen["__kvm_tlb_flush_vmid"]
+    probed, unseen = host_side(KPROBE_CANDIDATES, "vhe")
+    assert probed == list(KPROBE_CANDIDATES) and unseen == {}
+    probed, unseen = host_side(KPROBE_CANDIDATES, "unknown")
+    assert (
+        probed == list(KPROBE_CANDIDATES)
+        and "fires only with VHE" in unseen["__kvm_flush_vm_context"]
+    )

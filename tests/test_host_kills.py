@@ -156,7 +156,7 @@ def test_what_cannot_be_undone_is_named_with_the_command(
 MOUNT_DRIVER = textwrap.dedent(
     """
     import signal, subprocess, sys
-    from tracekit.host.journal import tracefs_mounts
+    from tracekit.host.tracefsio import tracefs_mounts
     for point in tracefs_mounts():
         subprocess.run(["umount", str(point)], check=True)
     child = subprocess.Popen(

@@ -15,6 +15,7 @@ from tracekit.host.preflight import (
     cpu_feature_lines,
     detect_emulation,
     kvm_mode,
+    logged_features,
     parse_cmdline,
     parse_cpuinfo,
     parse_kernel_config,
@@ -22,10 +23,12 @@ from tracekit.host.preflight import (
     read_cpu_power,
     read_cpus,
     read_host_facts,
+    read_idle_usage,
     read_isolation,
     read_kernel_info,
     read_kernel_log,
     read_thermal,
+    read_thp,
 )
 
 # Boot lines as arm64 kernels print them. The first two were quoted by a kernel developer
@@ -114,6 +117,36 @@ def test_cpu_feature_and_errata_lines() -> None:
         "arm-smmu: applying workaround for errata 1234\n"
     )
     assert len(cpu_feature_lines(log)) == 3
+
+
+@pytest.mark.parametrize(
+    ("boot", "present"),
+    [("dmesg-bookworm-max-vhe.txt", True), ("dmesg-bookworm-cortex-a76-nvhe.txt", False)],
+)
+def test_range_tlbi_and_fwb_rest_on_the_boot_logs_cpu_features(boot: str, present: bool) -> None:
+    """Real emulated boots (tests/fixtures/vhost): QEMU's max has both, cortex-a76 neither."""
+    log = (Path(__file__).parent / "fixtures" / "vhost" / boot).read_text()
+    features = logged_features(cpu_feature_lines(log))
+    assert {k: v["present"] for k, v in features.items()} == {"tlbirange": present, "fwb": present}
+    if present:
+        assert str(features["fwb"]["evidence"]).endswith("detected: Stage-2 Force Write-Back")
+    rotated = logged_features(cpu_feature_lines("Booting Linux\n"))
+    assert [v["present"] for v in rotated.values()] == [None, None]
+
+
+def test_thp_modes_and_idle_state_usage_from_sysfs(tmp_path: Path) -> None:
+    thp = tmp_path / "thp"
+    thp.mkdir()
+    (thp / "enabled").write_text("[always] madvise never\n")
+    (thp / "defrag").write_text("always defer defer+madvise [madvise] never\n")
+    assert read_thp(thp) == {"enabled": "always", "defrag": "madvise"}
+    assert read_thp(tmp_path / "none") == {"enabled": None, "defrag": None}
+    for n, (name, usage) in enumerate((("WFI", 120), ("cpu-sleep", 7))):
+        state = tmp_path / "cpu1" / "cpuidle" / f"state{n}"
+        state.mkdir(parents=True)
+        (state / "name").write_text(f"{name}\n")
+        (state / "usage").write_text(f"{usage}\n")
+    assert read_idle_usage([1, 2], sys_cpu=tmp_path) == {"cpu1/WFI": 120, "cpu1/cpu-sleep": 7}
 
 
 # --- this machine's own files ---------------------------------------------------------------

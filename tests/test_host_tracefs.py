@@ -471,3 +471,39 @@ def test_kprobes_and_preflight_in_the_emulated_arm64_host(
     capture = boot.result.out_dir / "checks" / "host_tracefs_kprobes" / "capture"
     names = {name for events in decoded_events(capture).values() for _, name, _ in events}
     assert {"tracekit/tk_open", "tracekit/tk_open_ret", "ftrace/print"} <= names
+
+
+def test_mounts_are_parsed_once_for_runs_and_for_the_journal() -> None:
+    """journal.py's undo and tracefs.py read /proc/mounts through one parser (tracefsio)."""
+    import inspect
+
+    from tracekit.host import journal
+    from tracekit.host.tracefsio import parse_tracefs_mounts
+
+    text = "tracefs /mnt/a\\011b tracefs rw 0 0\ntracefs /mnt/c\\134d tracefs rw 0 0\n"
+    assert parse_tracefs_mounts(text) == [Path("/mnt/a\tb"), Path("/mnt/c\\d")]
+    assert find_tracefs_mount(text) == Path("/mnt/a\tb")
+    source = inspect.getsource(journal)
+    assert "/proc/self/mounts" not in source and "subprocess" not in source  # no parser, no umount
+
+
+def test_kprobe_misses_are_read_per_probe_from_kprobe_profile(tmp_path: Path) -> None:
+    """kprobe_profile as trace_kprobe.c prints it: event (no group), hits, misses."""
+    from tracekit.host.probes import read_misses
+
+    (tmp_path / "kprobe_profile").write_text(
+        f"  {'kvm_arm_vmid_update':<44} {812:>15} {0:>15}\n"
+        f"  {'kvm_free_stage2_pgd_ret':<44} {9:>15} {2:>15}\n"
+        f"  {'somebody_elses':<44} {1:>15} {7:>15}\n"
+    )
+    probes = [
+        parse_probe("p:tracekit/kvm_arm_vmid_update kvm_arm_vmid_update"),
+        parse_probe("r:tracekit/kvm_free_stage2_pgd_ret kvm_free_stage2_pgd"),
+        parse_probe("p:tracekit/not_listed f"),
+    ]
+    with CleanupStack() as stack:
+        found = read_misses(Tracefs(tmp_path, stack), probes)
+    assert found == {"tracekit/kvm_arm_vmid_update": 0, "tracekit/kvm_free_stage2_pgd_ret": 2}
+    (tmp_path / "kprobe_profile").unlink()
+    with CleanupStack() as stack:
+        assert read_misses(Tracefs(tmp_path, stack), probes) == {}

@@ -143,6 +143,17 @@ class RunRecord:
     note: str = ""
     # What the run varied (a sweep point's ipa_bits/vcpus/touch_kb, a probe's cpu).
     params: dict[str, Any] = field(default_factory=dict)
+    # Per tracekit kprobe ("tracekit/EVENT"): hits the kernel missed during this traced run
+    # (kprobe_profile's third column; a kretprobe's include returns lost to maxactive).
+    # None: not read (an untraced run, or a bundle from before it was recorded).
+    probe_misses: dict[str, int] | None = None
+    # ns from the end of the last guest run (the guest, or a during phase's guest-stop) to
+    # this run's start; None before any guest ended (and in bundles before it was recorded).
+    since_guest_ns: int | None = None
+    # The guest CPUs' cpuidle entries ("cpuN/STATE" -> count) from the end of the last guest
+    # run to this run's start: a power-down state loses TLB contents too. {}: no cpuidle
+    # states; None: before any guest ended, or a bundle from before it was recorded.
+    idle_since_guest: dict[str, int] | None = None
 
 
 @dataclass
@@ -289,7 +300,8 @@ _MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
 _RUN_TYPES: dict[str, type | tuple[type, ...]] = {
     "phase": str, "kind": str, "index": int, "files": list, "lost_events": dict,
     "status": str, "note": str, "params": dict, "start_ns": (int, type(None)),
-    "end_ns": (int, type(None)),
+    "end_ns": (int, type(None)), "probe_misses": (dict, type(None)),
+    "since_guest_ns": (int, type(None)), "idle_since_guest": (dict, type(None)),
 }  # fmt: skip
 
 

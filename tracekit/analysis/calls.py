@@ -3,8 +3,11 @@
 A kprobe `tracekit/F` fires at F's entry and `tracekit/F_ret` at its return. A call is
 matched per thread, never per CPU (a task can migrate inside a call), as a call stack:
 a return closes the latest open entry of its thread at the same depth, so recursion and
-nesting pair right. An entry that never returned (the trace ended inside it, an event
-lost) keeps a null end; a return with no entry is counted, never guessed at.
+nesting pair right. pid 0 is not one thread: every CPU's idle task is pid 0, and so is
+interrupt context taken in idle, so pid 0's calls get one stack per CPU (an idle task
+never migrates). An entry that never returned (the trace ended inside it, an event
+lost, or a return the kretprobe missed: `kretprobe_missed`) keeps a null end; a return
+with no entry is counted, never guessed at.
 """
 
 from __future__ import annotations
@@ -18,34 +21,45 @@ CALL_SCHEMA = {
     "end_ts": pl.Int64,  # null: no return recorded
     "dur_ns": pl.Int64,
     "entry_row": pl.Int64,  # the entry event's row, for its fetched arguments
+    # Without an end: True when the run's kretprobe missed returns (kprobe_profile), so
+    # this may be one; False when it missed none; null when closed or misses unknown.
+    "maybe_missed_return": pl.Boolean,
 }
 
 
-def pair_calls(entries: pl.DataFrame, returns: pl.DataFrame | None) -> tuple[pl.DataFrame, int]:
+def pair_calls(
+    entries: pl.DataFrame, returns: pl.DataFrame | None, returns_missed: int | None = None
+) -> tuple[pl.DataFrame, int]:
     """One row per entry (CALL_SCHEMA, by start), and how many returns had no entry.
 
     Both tables have ts and common_pid, and ingest's row and cpu (without row, events are
-    ordered by ts). Without a return table every end is null.
+    ordered by ts). Without a return table every end is null. `returns_missed` is the
+    return probe's misses in the run (RunRecord.probe_misses; None: not recorded).
     """
     edges = [_edges(entries, +1)]
     if returns is not None:
         edges.append(_edges(returns, -1))
-    both = pl.concat(edges).sort("pid", "row")
+    # One stack per thread; pid 0 (the idle tasks, interrupts in idle) one per CPU.
+    both = (
+        pl.concat(edges)
+        .with_columns(pl.when(pl.col("pid") == 0).then(pl.col("cpu")).otherwise(-1).alias("stack"))
+        .sort("pid", "stack", "row")
+    )
     # Depth after an entry, before a return: an entry and its return share a level.
-    depth = pl.col("step").cum_sum().over("pid")
+    depth = pl.col("step").cum_sum().over("pid", "stack")
     both = both.with_columns(
         pl.when(pl.col("step") > 0).then(depth).otherwise(depth + 1).alias("level")
     )
     opened = both.filter(pl.col("step") > 0)
     closed = both.filter(pl.col("step") < 0).select(
-        "pid", "level", pl.col("row").alias("ret_row"), pl.col("ts").alias("end_ts")
+        "pid", "stack", "level", pl.col("row").alias("ret_row"), pl.col("ts").alias("end_ts")
     )
     # Each return closes the latest entry before it at its level, in its thread.
     matched = closed.sort("ret_row").join_asof(
-        opened.select("pid", "level", pl.col("row").alias("entry_row")).sort("entry_row"),
+        opened.select("pid", "stack", "level", pl.col("row").alias("entry_row")).sort("entry_row"),
         left_on="ret_row",
         right_on="entry_row",
-        by=["pid", "level"],
+        by=["pid", "stack", "level"],
         strategy="backward",
         check_sortedness=False,
     )
@@ -57,6 +71,7 @@ def pair_calls(entries: pl.DataFrame, returns: pl.DataFrame | None) -> tuple[pl.
     calls = opened.join(
         ends.select("entry_row", "end_ts"), left_on="row", right_on="entry_row", how="left"
     )
+    missed = pl.lit(None if returns_missed is None else returns_missed > 0, pl.Boolean)
     return calls.select(
         "pid",
         "cpu",
@@ -64,7 +79,28 @@ def pair_calls(entries: pl.DataFrame, returns: pl.DataFrame | None) -> tuple[pl.
         "end_ts",
         (pl.col("end_ts") - pl.col("ts")).alias("dur_ns"),
         pl.col("row").alias("entry_row"),
+        pl.when(pl.col("end_ts").is_null()).then(missed).alias("maybe_missed_return"),
     ).sort("start_ts", "entry_row").cast(CALL_SCHEMA), orphans  # type: ignore[arg-type]
+
+
+def unclosed_note(calls: pl.DataFrame, returns_missed: int | None) -> str | None:
+    """What the calls without a return may be, given the kretprobe's misses; None: none."""
+    unclosed = calls.filter(pl.col("end_ts").is_null()).height
+    if not unclosed:
+        return None
+    said = f"{unclosed} call(s) without a return"
+    if returns_missed is None:
+        return (
+            f"{said}: the run did not record the kretprobe's misses, so some may be missed returns"
+        )
+    if returns_missed == 0:
+        return (
+            f"{said}: the kretprobe missed none, so the trace ended inside them or events were lost"
+        )
+    return (
+        f"{said}: the kretprobe missed {returns_missed} return(s) in this run (kprobe_profile),"
+        f" so up to {min(unclosed, returns_missed)} may be missed returns"
+    )
 
 
 def _edges(events: pl.DataFrame, step: int) -> pl.DataFrame:

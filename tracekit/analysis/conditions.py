@@ -4,8 +4,9 @@ A decision table compares bundles that differ in one thing. Every field a bundle
 is a condition field: the guest (variant, revision, backing), what was done after it, the
 scenario, the KVM mode, the kernel, the cores (model, the rt and guest CPUs' core types),
 the placement (which CPUs ran rt, stress and guest, and their clusters relative to the rt
-CPU), the rt CPU's isolation, the emulation, whether the host was fresh, and the run
-length, interval and perf stat. A field an
+CPU), the rt CPU's isolation, the CPU features a comparison depends on (FEAT_TLBIRANGE,
+FEAT_FWB, from the boot log) and the host's THP mode, the emulation, whether the host was
+fresh, and the run length, interval and perf stat. A field an
 old bundle's manifest lacks reads "unknown", and an unknown equals nothing, not even
 another unknown: such a bundle pools with no other and no rule can call it "differs only
 in" anything, since nobody knows what it held equal.
@@ -79,6 +80,9 @@ FIELD_LABELS = {
     "guest_cluster": "guest cluster",
     "stress_cluster": "stress cluster",
     "isolation": "rt isolation",
+    "tlbirange": "FEAT_TLBIRANGE",
+    "fwb": "FEAT_FWB",
+    "thp": "host THP",
     "host": "host",
     "freshness": "host freshness",
     "protocol": "runs",
@@ -93,7 +97,7 @@ class Condition:
     """The experimental condition of one bundle: everything a bundle can vary."""
 
     variant: str  # guest variant, e.g. mmu-on
-    after_guest: str  # none, hotplug, hotplug-other, rollover
+    after_guest: str  # none, hotplug, hotplug-other, rollover, rollover-minus-one
     kvm_mode: str  # nvhe, vhe, protected
     guest_cluster: str  # "same" as the rt CPU, "other", "mixed", or unknown
     kernel: str  # kernel release
@@ -108,6 +112,11 @@ class Condition:
     placement: str = field(default_factory=Unknown)  # "rt3/stress0-2/guest1"
     stress_cluster: str = field(default_factory=Unknown)  # stress CPUs vs the rt cluster
     isolation: str = field(default_factory=Unknown)  # the rt CPU's isolcpus/nohz_full/...
+    # The host CPU's range TLBIs (range/munmap probes issue them) and stage-2 forced
+    # write-back (without it the guest's VM-register writes trap): yes, no, or unknown.
+    tlbirange: str = field(default_factory=Unknown)
+    fwb: str = field(default_factory=Unknown)
+    thp: str = field(default_factory=Unknown)  # transparent_hugepage/enabled: always, ...
     host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
     freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
     protocol: str = field(default_factory=Unknown)  # run length @ cyclictest interval
@@ -152,6 +161,9 @@ def bundle_condition(manifest: Manifest) -> Condition:
         placement=placement(manifest),
         stress_cluster=_relation(manifest, options.get("stress_cpus")),
         isolation=rt_isolation(manifest),
+        tlbirange=cpu_feature(manifest, "tlbirange"),
+        fwb=cpu_feature(manifest, "fwb"),
+        thp=_known((manifest.host.get("thp") or {}).get("enabled")),
         host=host_kind(manifest),
         freshness=_known((manifest.host.get("freshness") or {}).get("state")),
         protocol=protocol(manifest),
@@ -235,6 +247,14 @@ def rt_isolation(manifest: Manifest) -> str:
             flags = [k for k in ("isolcpus", "nohz_full", "rcu_nocbs") if entry.get(k)]
             return "+".join(flags) or "none"
     return Unknown()
+
+
+def cpu_feature(manifest: Manifest, key: str) -> str:
+    """ "yes" or "no" as the boot log said (host facts' features), else unknown."""
+    present = ((manifest.host.get("features") or {}).get(key) or {}).get("present")
+    if present is None:
+        return Unknown()
+    return "yes" if present else "no"
 
 
 def host_kind(manifest: Manifest) -> str:

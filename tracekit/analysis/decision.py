@@ -241,6 +241,22 @@ RULES: tuple[Rule, ...] = (
           "cleared by TLBI VMALLS12E1IS of the dead guest's VMID (stage 2 disabled)",
           "invalidating the dead guest VMID's EL1&0 entries on every CPU of the"
           " inner-shareable domain removes it"),
+    # rollover-minus-one is rollover's negative control: the same VMs but one, so the
+    # allocator never rolls over and no TLBI ALLE1IS is issued.
+    _rule("after_guest", "none", PRESENT, "rollover-minus-one", ABSENT,
+          "cleared by the throwaway VMs of a rollover, without the rollover",
+          "the VMs that use up the VMIDs (a rollover's VMs but one) remove it with no TLBI"
+          " ALLE1IS: eviction by those VMs, or "
+          + _PER_VM_INIT + "; a rollover result then does not point at its ALLE1IS"),
+    _rule("after_guest", "none", PRESENT, "rollover-minus-one", PRESENT,
+          "not cleared by the throwaway VMs of a rollover, without the rollover",
+          "the VMs that use up the VMIDs (a rollover's VMs but one), and " + _PER_VM_INIT
+          + ", do not remove it: the control"
+          " for the rollover rules"),
+    _rule("after_guest", "rollover-minus-one", PRESENT, "rollover", ABSENT,
+          "cleared by the VMID rollover itself, not by the VMs before it",
+          "what the rollover adds to its VMs removes it: the allocator's TLBI ALLE1IS"
+          " (__kvm_flush_vm_context) and one VM more"),
     _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
           "also when the guest ran in another cluster",
           "the guest need not run in the rt CPU's cluster: the effect reaches the rt CPU"

@@ -9,7 +9,12 @@ the VM and vCPU whose thread emitted it. VM indices restart at 0 in each VMM inv
 `vm_seq` numbers the VMs of one trace in creation order and is the key used here.
 
 VMIDs come from the collector's kprobe on kvm_arm_vmid_update (`vmid_id`, read at entry,
-so before the update: a new VM shows 0 first and its VMID from its next vCPU load on).
+so before the update: a new VM shows 0 first and its VMID from its next call on) and,
+where the kernel can fetch arguments at return (6.10+), its return probe
+kvm_arm_vmid_update_ret (the VMID just given). 6.1 calls it before every guest entry, so
+entries show a VM's VMID after its first; 6.12 calls it once per vCPU load (upstream
+fa808ed4e199, in 6.12.y), so a VM's only call often reads 0 at entry: there the return
+is what shows it. Both are read together (`vmid_readings`).
 The 64-bit value holds the VMID in its low `vmid_bits` bits and the allocator's
 generation above them; a new generation appearing is a VMID rollover.
 """
@@ -259,6 +264,24 @@ def lifecycle(
     if vmids is not None:
         table = table.join(vmids, on="vm_seq", how="left")
     return table.sort("vm_seq")
+
+
+VMID_EVENT = "kvm_arm_vmid_update"
+VMID_RETURN_EVENT = "kvm_arm_vmid_update_ret"
+
+
+def vmid_readings(
+    entries: pl.DataFrame | None, returns: pl.DataFrame | None
+) -> pl.DataFrame | None:
+    """The VMID probe's rows at entry and at return, by time (ts, common_pid, vmid_id)."""
+    frames = [
+        rows.select("ts", "common_pid", "vmid_id")
+        for rows in (entries, returns)
+        if rows is not None and "vmid_id" in rows.columns
+    ]
+    if not frames:
+        return None
+    return pl.concat(frames, how="vertical_relaxed").sort("ts", maintain_order=True)
 
 
 def vm_vmids(updates: pl.DataFrame, vmid_bits: int) -> pl.DataFrame:

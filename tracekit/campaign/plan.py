@@ -54,6 +54,7 @@ AFTER_GUEST_ACTIONS = (  # as host/protocol.py
     "hotplug",
     "hotplug-other",
     "rollover",
+    "rollover-minus-one",
     "tlbi:alle1@guest-cpu",
     "tlbi:vmalls12e1is@vmid",
     "tlbi:alle1@other-cpu",

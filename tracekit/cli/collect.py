@@ -42,16 +42,19 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(AFTER_GUEST_ACTIONS),
+    type=click.Choice(list(AFTER_GUEST_ACTIONS)),
     help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
-    " stress CPU that did not run the guest, the control of hotplug; tlbi:OP@TARGET: one"
-    " EL2 invalidation through reproducer/kpatch's interface, the VMID one needs --vmid).",
+    " stress CPU that did not run the guest, the control of hotplug; rollover-minus-one:"
+    " the VMs of a rollover but one, so no rollover, the control of rollover;"
+    " tlbi:OP@TARGET: one EL2 invalidation through reproducer/kpatch's interface, the"
+    " VMID one needs --vmid).",
 )
 @click.option(
     "--rollover-max-vms",
     default=70000,
     show_default=True,
-    help="Budget of throwaway VMs for --after-guest rollover before giving up.",
+    help="Budget of throwaway VMs for --after-guest rollover (or rollover-minus-one)"
+    " before giving up.",
 )
 @click.option(
     "--scenario",

@@ -4,6 +4,8 @@ Nothing here may import polars or perfetto. The layers, bottom up:
 
 - cleanup.py: the undo stack; every change's undo is pushed on it before the change.
 - journal.py: the same undo records on disk (/run/tracekit), for the run after a SIGKILL.
+- tracefsio.py: tracefs below the stack (mounts, one-write writes, probe removal, umount),
+  shared by tracefs.py and journal.py.
 - tracefs.py: find or mount tracefs, restorable writes, instances, `snapshot()`.
 - instance.py: tracekit's own instance (buffers, clock, events, filters, markers).
 - probes.py: kprobes/uprobes in the `tracekit` group, and leftovers of killed runs.

@@ -11,7 +11,15 @@
   (nVHE) each of these VMs, created with none alive, also re-runs the EL2 init on every
   CPU (local TLBI ALLE2 and ALLE1), and EL2 is reset when it goes: a confound the
   decision rules name. The VMIDs are read by a kprobe on kvm_arm_vmid_update in a small
-  instance of its own.
+  instance of its own, at entry and, where the kernel can (6.10+), at return: on 6.12 the
+  function runs once per vCPU load, so a throwaway VM's entry shows 0 and only the return
+  shows its VMID.
+- rollover-minus-one: rollover's negative control, the same throwaway VMs one fewer, so
+  the VMIDs do not roll over (no TLBI ALLE1IS): the allocator (arch/arm64/kvm/vmid.c,
+  6.1 and 6.12) hands out VMIDs in order from its last one (new_vmid, find_next_zero_bit
+  from cur_idx) and frees none before a rollover, so after a first VM shows VMID v, the
+  2^bits - 1 - v VMs after it take the generation's last VMIDs and the next one would
+  roll over. The VMIDs seen check it: no newer generation.
 - tlbi:OP@TARGET (a kernel with reproducer/kpatch/): issue one EL2 invalidation through
   the series' debugfs interface: a local TLBI ALLE1 on the CPU that ran the guest, the
   same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
@@ -35,6 +43,9 @@ from tracekit.host.instance import Instance
 from tracekit.host.tracefs import INSTANCE_PREFIX, Tracefs
 
 VMID_PROBE = "tracekit/kvm_arm_vmid_update"
+# Its return probe (6.10+: collect.KRETPROBE_ARGS), the only one that sees a new VM's VMID
+# on 6.12, where the function runs once per vCPU load.
+VMID_RETURN_PROBE = f"{VMID_PROBE}_ret"
 VMID_VALUE = re.compile(rb"vmid_id=(\d+)")
 # VMs per VMM invocation: small enough for progress lines, large enough to amortise.
 ROLLOVER_BATCH = 64
@@ -87,6 +98,47 @@ class VmidWatch:
         return any(value >> self.bits > first_generation for value in self.seen)
 
 
+def fill_generation(
+    run_batch: Callable[[int], None],
+    read_ids: Callable[[], list[int]],
+    known_bits: int | None,
+    max_vms: int,
+    echo: Callable[[str], None],
+) -> tuple[VmidWatch, int]:
+    """Run throwaway VMs until the generation's VMIDs are used up, one short of a rollover."""
+    vmids = VmidWatch()
+    run_batch(1)
+    vmids.add(read_ids())
+    if not vmids.seen:
+        raise TracekitError(
+            "--after-guest rollover-minus-one: the first throwaway VM's VMID was not seen "
+            "by the probe on kvm_arm_vmid_update, so the VMs left before a rollover are "
+            "unknown; use --after-guest rollover or none"
+        )
+    bits = known_bits or vmids.bits or 16
+    vmids.bits = bits
+    remaining = (1 << bits) - 1 - vmids.seen[-1] % (1 << bits)
+    if 1 + remaining > max_vms:
+        raise TracekitError(
+            f"--after-guest rollover-minus-one needs {1 + remaining} VMs ({bits}-bit VMIDs), "
+            f"more than --rollover-max-vms {max_vms}; raise it"
+        )
+    done = 1
+    while remaining:
+        batch = min(ROLLOVER_BATCH, remaining)
+        run_batch(batch)
+        done, remaining = done + batch, remaining - batch
+        vmids.add(read_ids())
+    if vmids.rolled_over():
+        raise TracekitError(
+            f"--after-guest rollover-minus-one: the VMIDs rolled over within {done} VMs "
+            "(something else took VMIDs meanwhile, or VMIDs reserved at an earlier rollover "
+            "left fewer free); the control did not hold, collect again after a reboot"
+        )
+    echo(f"  {done} VMs, the generation's VMIDs used up, no rollover ({bits}-bit VMIDs)")
+    return vmids, done
+
+
 def open_vmid_watch(tracefs: Tracefs, user: str = "rollover") -> Instance:
     """A second, small instance with only the VMID probe, read as text between batches."""
     instance = Instance.create(tracefs, f"{INSTANCE_PREFIX}{os.getpid()}-vmid-{user}")
@@ -95,7 +147,10 @@ def open_vmid_watch(tracefs: Tracefs, user: str = "rollover") -> Instance:
             "--after-guest rollover reads VMIDs with a kprobe on kvm_arm_vmid_update, which "
             "this kernel does not offer; use --after-guest hotplug or none"
         )
-    instance.enable_events([VMID_PROBE])
+    probes = [VMID_PROBE]
+    if instance.has_event(VMID_RETURN_PROBE):
+        probes.append(VMID_RETURN_PROBE)
+    instance.enable_events(probes)
     instance.start()
     return instance
 
@@ -122,7 +177,7 @@ def read_vmids(instance: Instance) -> list[int]:
 
 def rollover(
     run_batch: Callable[[int], None],
-    watch: Instance,
+    read_ids: Callable[[], list[int]],
     max_vms: int,
     echo: Callable[[str], None],
 ) -> tuple[VmidWatch, int]:
@@ -134,7 +189,7 @@ def rollover(
         batch = min(ROLLOVER_BATCH, max_vms - done)
         run_batch(batch)
         done += batch
-        vmids.add(read_vmids(watch))
+        vmids.add(read_ids())
         if vmids.rolled_over():
             echo(f"  rollover seen after {done} VMs ({vmids.bits}-bit VMIDs)")
             return vmids, done

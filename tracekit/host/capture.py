@@ -11,6 +11,7 @@ from pathlib import Path
 from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.instance import TRACE_CLOCK, Instance
+from tracekit.host.protocol import ROLLOVER_ACTIONS
 from tracekit.host.rawcapture import RawCapture
 from tracekit.host.tracecmdcapture import TRACE_DAT, TraceCmdCapture
 
@@ -26,11 +27,11 @@ def check_capture(capture: str, after_guest: str) -> None:
     """The capture method is known and fits the run plan (before the host is touched)."""
     if capture not in CAPTURES:
         raise TracekitError(f"--capture {capture}: unknown; choose one of {', '.join(CAPTURES)}")
-    if capture == "trace-cmd" and after_guest == "rollover":
+    if capture == "trace-cmd" and after_guest in ROLLOVER_ACTIONS:
         # A rollover runs thousands of VMs in one run; only the raw capture can empty the
         # buffers between batches, trace-cmd extract reads them once at the end.
         raise TracekitError(
-            "--after-guest rollover needs --capture raw: the buffers are drained between "
+            f"--after-guest {after_guest} needs --capture raw: the buffers are drained between "
             "batches of VMs, which trace-cmd extract cannot do"
         )
 

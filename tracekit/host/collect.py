@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -43,26 +44,48 @@ from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
-from tracekit.host.preflight import check_kpatch_for, read_kpatch
-from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
+from tracekit.host.preflight import check_kpatch_for, read_idle_usage, read_kpatch
+from tracekit.host.probes import (
+    KernelSymbols,
+    ProbeDefinition,
+    define_kprobes,
+    read_misses,
+    remove_leftovers,
+)
 from tracekit.host.protocol import (
     PlannedRun,
     Roles,
     Scenario,
     ScenarioParams,
     format_ints,
+    host_side,
     plan_runs,
     scenario_named,
 )
 from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
 
+# Runs at whose end no guest runs any more: later runs count their start from it.
+GUEST_ENDS = (RunKind.GUEST, RunKind.GUEST_STOP)
 # Slack on top of a run's duration before a tool that did not stop is an error.
 RUN_GRACE_SECONDS = 60
 # The guest that loops on TLBIs, --tlbi-count of them (reproducer/guests/tlbi-loop.S).
 TLBI_LOOP_VARIANT = "tlbi-loop"
 # Fetch arguments for probes whose argument layout is stable across kernels.
-KPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
+KPROBE_ARGS = {
+    "kvm_arm_vmid_update": "vmid_id=+0($arg1):u64",
+    # (pgt, addr, size, phys, prot, mc[, flags]) in 6.1 and 6.12: the stage-2 mapping
+    # sizes the kernel used (4 KiB pages or 2 MiB blocks, by backing and alignment).
+    "kvm_pgtable_stage2_map": "ipa=$arg2:x64 size=$arg3:u64",
+}
+# The same fetches read at the function's return, where the kernel can (6.10+, "Support
+# $argN in return probe"): the VMID after kvm_arm_vmid_update gave one. Needed on 6.12,
+# whose kvm_arch_vcpu_load makes the call once per vCPU load (upstream fa808ed4e199,
+# "Ensure a VMID is allocated before programming VTTBR_EL2", backported to 6.12.y): a
+# new VM's only call there reads 0 at entry, so only the return shows its VMID. 6.1
+# calls it before every guest entry, so entries after the first show it there.
+KRETPROBE_ARGS = {"kvm_arm_vmid_update": "vmid_id=+0($arg1):u64"}
+RETURN_ARGS_SINCE = (6, 10)
 
 
 @dataclass
@@ -242,6 +265,33 @@ def kprobe_fetch_args(probe_args: Path | None) -> dict[str, str]:
     return fetch
 
 
+def kprobe_lines(
+    functions: Sequence[str],
+    returns: set[str],
+    fetch: dict[str, str],
+    symbols: KernelSymbols,
+    release: str,
+) -> list[str]:
+    """kprobe_events lines: an entry probe per function the kernel has, a return probe where
+    asked or where KRETPROBE_ARGS reads something at return and the kernel can fetch it."""
+    ret_fetch = KRETPROBE_ARGS if return_args_supported(release) else {}
+    lines = []
+    for function in dict.fromkeys(functions):
+        if not symbols.has(function):
+            continue
+        lines.append(f"p:{PROBE_GROUP}/{function} {function} {fetch.get(function, '')}".strip())
+        if function in returns or function in ret_fetch:
+            ret_args = ret_fetch.get(function, "")
+            lines.append(f"r:{PROBE_GROUP}/{function}_ret {function} {ret_args}".strip())
+    return lines
+
+
+def return_args_supported(release: str) -> bool:
+    """Whether this kernel's return probes fetch entry arguments ($argN): 6.10 and later."""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    return bool(match) and (int(match[1]), int(match[2])) >= RETURN_ARGS_SINCE
+
+
 def require_kvm() -> None:
     """/dev/kvm must exist: the experiment runs a guest."""
     if not Path("/dev/kvm").exists():
@@ -382,6 +432,10 @@ class Session:
         self.echo = echo
         self.now = boottime_ns
         self.guest_options = guest_options(options)  # knobs and backing of every guest run
+        self.kprobes_defined: list[ProbeDefinition] = []
+        self.misses_so_far: dict[str, int] = {}  # kprobe_profile's counts at capture start
+        self.guest_end_ns: int | None = None  # when the last guest run ended
+        self.idle_at_guest_end: dict[str, int] = {}  # the guest CPUs' cpuidle usage then
 
     def setup(self, writer: BundleWriter) -> None:
         """Create the instance: clock, buffers, task names, kprobes and events."""
@@ -390,12 +444,19 @@ class Session:
         instance.set_buffer_size_kb(self.options.buffer_kb)
         instance.record_task_names()
         symbols = KernelSymbols.load(self.tracefs)
+        mode = str(writer.manifest.host.get("kvm", {}).get("mode", "unknown"))
+        kprobed, unseen = host_side(self.scenario.kprobes, mode)
         graph = GraphChoice("none", [], reason="--function-graph not given")
         if self.options.function_graph:
-            graph = choose_graph(instance, symbols, list(self.scenario.graph_functions))
+            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode)
+            unseen |= unseen_graph
+            graph = choose_graph(instance, symbols, graphed)
             self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
-        probes = self._kprobe_definitions(symbols, graph)
+        for function, why in unseen.items():
+            self.echo(f"{function}: {why}")
+        probes = self._kprobe_definitions(symbols, graph, kprobed)
         defined = define_kprobes(self.tracefs, probes).defined
+        self.kprobes_defined = defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
         events += self.options.events
@@ -407,24 +468,21 @@ class Session:
         writer.manifest.scenario["events_enabled"] = list(instance.events)
         writer.manifest.scenario["events_missing"] = missing
         writer.manifest.scenario["kprobes"] = probes
+        # What the probes cannot see in this KVM mode (the hypervisor's own side).
+        writer.manifest.scenario["el2_unseen"] = unseen
         writer.manifest.scenario["trace_marker"] = str(instance.trace_marker)
         writer.save()
 
-    def _kprobe_definitions(self, symbols: KernelSymbols, graph: GraphChoice) -> list[str]:
-        """Entry (and return) probes on the scenario's functions the kernel offers."""
-        lines = list(self.options.kprobes)
-        fetch = kprobe_fetch_args(self.options.probe_args)
+    def _kprobe_definitions(
+        self, symbols: KernelSymbols, graph: GraphChoice, kprobed: list[str]
+    ) -> list[str]:
+        """Entry (and return) probes on the functions the kernel offers (host-side ones)."""
         # The function-graph fallback adds entry and return probes on its functions.
-        functions = dict.fromkeys([*self.scenario.kprobes, *graph.kprobe_functions()])
+        functions = [*kprobed, *graph.kprobe_functions()]
         returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
-        for function in functions:
-            if not symbols.has(function):
-                continue
-            args = fetch.get(function, "")
-            lines.append(f"p:{PROBE_GROUP}/{function} {function} {args}".strip())
-            if function in returns:
-                lines.append(f"r:{PROBE_GROUP}/{function}_ret {function}")
-        return lines
+        fetch = kprobe_fetch_args(self.options.probe_args)
+        lines = kprobe_lines(functions, returns, fetch, symbols, platform.release())
+        return [*self.options.kprobes, *lines]
 
     def execute(self, planned: PlannedRun, writer: BundleWriter) -> None:
         """Run one planned step, recording its files and times in the bundle."""
@@ -444,6 +502,11 @@ class Session:
         capture = self._start_capture(writer, planned) if planned.kind in TRACED_KINDS else None
         self.capture = capture
         run.start_ns = boottime_ns()
+        if self.guest_end_ns is not None:
+            # Later slots are later: how long after the guest each run started, and what
+            # idle states the guest CPUs entered meanwhile.
+            run.since_guest_ns = run.start_ns - self.guest_end_ns
+            run.idle_since_guest = self._idle_since_guest()
         self.marker(f"tracekit: run={planned.run_id} begin")
         outcome: Outcome | None = None
         try:
@@ -455,6 +518,9 @@ class Session:
                 self._finish_capture(capture, run)
             # Listed even when the run is interrupted: an incomplete bundle shows its files.
             run.files = _files_under(writer.root, run_path(writer.root, planned.run_id))
+            if planned.kind in GUEST_ENDS:
+                self.guest_end_ns = run.end_ns
+                self.idle_at_guest_end = read_idle_usage(list(self.roles.guest_cpus))
         outcome = outcome or Outcome("ok")
         writer.end_run(run, outcome.status, outcome.note)
 
@@ -477,6 +543,8 @@ class Session:
             self.tools.trace_cmd,
         )
         capture.start()
+        # The probes stay armed between traced runs: count this run's misses from here.
+        self.misses_so_far = read_misses(self.tracefs, self.kprobes_defined)
         self.instance.start()
         self.tracing = True
         return capture
@@ -491,8 +559,21 @@ class Session:
             stats = self.instance.cpu_stats(cpu)
             lost = int(stats.get("overrun", 0) + stats.get("dropped events", 0))
             run.lost_events[str(cpu)] = lost
+        run.probe_misses = self._misses_since_last()
         # Clear the instance's counters so the next run starts at zero.
         self.tracefs.write(self.instance.rel("trace"), "")
+
+    def _idle_since_guest(self) -> dict[str, int]:
+        """Each guest CPU idle state's entries since the guest ended (cpuidle usage)."""
+        now = read_idle_usage(list(self.roles.guest_cpus))
+        return {name: count - self.idle_at_guest_end.get(name, 0) for name, count in now.items()}
+
+    def _misses_since_last(self) -> dict[str, int]:
+        """Each kprobe's misses since the capture started (the counts only ever grow)."""
+        now = read_misses(self.tracefs, self.kprobes_defined)
+        since = {name: count - self.misses_so_far.get(name, 0) for name, count in now.items()}
+        self.misses_so_far = now
+        return since
 
     def trace_marker(self) -> Path | None:
         """The instance's trace_marker for the VMM and the probe, while tracing is on."""

@@ -19,7 +19,6 @@ import fcntl
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.host.tracefsio import remove_probe, unmount_tracefs, write_once
 
 DEFAULT_JOURNAL_DIR = Path("/run/tracekit")
 # Tests (and a host whose /run is unusable) point the journal elsewhere with this.
@@ -180,15 +180,14 @@ def undo(entry: Entry) -> None:
     """Undo one record; a no-op where the change is already gone (or was never made)."""
     kind = entry.get("kind")
     if kind == "setting":
-        _write(Path(entry["path"]), entry["value"])
+        write_once(Path(entry["path"]), entry["value"])
     elif kind == "instance":
         with contextlib.suppress(FileNotFoundError):
             Path(entry["path"]).rmdir()
     elif kind == "probe":
-        _remove_probe(Path(entry["control"]), entry["name"])
+        remove_probe(Path(entry["control"]), entry["name"])
     elif kind == "mount":
-        if Path(entry["path"]) in tracefs_mounts():
-            _run(["umount", entry["path"]])
+        unmount_tracefs(Path(entry["path"]))
     elif kind == "process":
         _kill_group(entry["pid"], entry["start"])
     elif kind == "file":
@@ -196,46 +195,9 @@ def undo(entry: Entry) -> None:
     elif kind == "expand_buffer":
         path = Path(entry["path"])
         if "expanded" not in path.read_text():
-            _write(path, entry["value"])
+            write_once(path, entry["value"])
     else:
         raise OSError(f"tracekit does not know how to undo {entry!r}")
-
-
-def _write(path: Path, value: str) -> None:
-    """One write(2) of a whole value, as tracefs wants it."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, (value + "\n").encode() if value else b"")
-    finally:
-        os.close(fd)
-
-
-def _remove_probe(control: Path, name: str) -> None:
-    """Delete one probe by name (appending, never truncating everybody's probes)."""
-    if not control.exists() or f":{name} " not in control.read_text():
-        return
-    fd = os.open(control, os.O_WRONLY | os.O_APPEND)
-    try:
-        os.write(fd, f"-:{name}\n".encode())
-    finally:
-        os.close(fd)
-
-
-def tracefs_mounts() -> list[Path]:
-    """Where tracefs is mounted in this mount namespace (as /proc/self/mounts shows it)."""
-    points = []
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "tracefs":
-            points.append(Path(fields[1].replace("\\040", " ")))
-    return points
-
-
-def _run(argv: list[str]) -> None:
-    """Run umount; its own message is the error."""
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise OSError(result.stderr.strip() or f"{argv[0]} exited {result.returncode}")
 
 
 def process_start(pid: int) -> int | None:
@@ -337,7 +299,7 @@ def _recover_one(
         else:
             try:
                 undo(entry)
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, TracekitError, ValueError, KeyError, TypeError) as err:
                 recovery.left.append(
                     f"could not {describe(entry)} ({err}); do it with: {by_hand(entry)}"
                 )

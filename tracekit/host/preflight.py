@@ -212,6 +212,57 @@ def cpu_feature_lines(log: str) -> list[str]:
     return [line.strip() for line in log.splitlines() if wanted.search(line)]
 
 
+# CPU features a comparison depends on, as the boot log names them: arm64's system
+# capabilities print "CPU features: detected: <desc>" (arch/arm64/kernel/cpufeature.c,
+# 6.1 and 6.12). FEAT_TLBIRANGE decides whether range/munmap probes issue range TLBIs;
+# without FEAT_FWB KVM traps the guest's VM-register writes and kvm_toggle_cache runs.
+LOGGED_FEATURES = {
+    "tlbirange": "TLB range maintenance instructions",  # ARM64_HAS_TLB_RANGE
+    "fwb": "Stage-2 Force Write-Back",  # ARM64_HAS_STAGE2_FWB
+}
+THP = Path("/sys/kernel/mm/transparent_hugepage")
+
+
+def logged_features(feature_lines: list[str]) -> dict[str, dict[str, object]]:
+    """Each LOGGED_FEATURES entry present (True), absent (False) or unknown (None), and why.
+
+    Absent only when the log still holds the boot's "CPU features: detected:" lines;
+    without any the log has rotated and nothing can be said.
+    """
+    detected = [line for line in feature_lines if "CPU features: detected:" in line]
+    out: dict[str, dict[str, object]] = {}
+    for key, desc in LOGGED_FEATURES.items():
+        found = [line for line in detected if line.endswith(desc)]
+        if found:
+            out[key] = {"present": True, "evidence": found[0]}
+        elif detected:
+            out[key] = {"present": False, "evidence": f"no 'CPU features: detected: {desc}' line"}
+        else:
+            out[key] = {"present": None, "evidence": "no CPU features lines in the kernel log"}
+    return out
+
+
+def read_thp(thp: Path = THP) -> dict[str, str | None]:
+    """Transparent huge pages' enabled and defrag modes (the bracketed one), None if absent."""
+    modes: dict[str, str | None] = {}
+    for name in ("enabled", "defrag"):
+        text = _read(thp / name)
+        match = re.search(r"\[(\S+)\]", text or "")
+        modes[name] = match[1] if match else None
+    return modes
+
+
+def read_idle_usage(cpus: list[int], sys_cpu: Path = SYS_CPU) -> dict[str, int]:
+    """How often each CPU entered each cpuidle state so far ("cpuN/NAME" -> usage)."""
+    usage: dict[str, int] = {}
+    for cpu in cpus:
+        for state in sorted((sys_cpu / f"cpu{cpu}" / "cpuidle").glob("state*")):
+            name, count = _read(state / "name"), _read(state / "usage")
+            if name and count and count.isdigit():
+                usage[f"cpu{cpu}/{name}"] = int(count)
+    return usage
+
+
 def read_kernel_log(kmsg: Path = KMSG) -> str:
     """The kernel's log buffer as message lines, read from /dev/kmsg without blocking."""
     try:
@@ -398,6 +449,8 @@ class HostFacts:
     cpus: list[CpuCore]
     cpu_features: list[str]
     isolation: list[Isolation]
+    features: dict[str, dict[str, object]]  # LOGGED_FEATURES: present, and on what it rests
+    thp: dict[str, str | None]  # transparent_hugepage enabled/defrag
     power: list[CpuPower]
     thermal: dict[str, float]
     emulation: Emulation
@@ -484,6 +537,8 @@ def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
         cpus=cpus,
         cpu_features=cpu_feature_lines(log),
         isolation=[read_isolation(cpu) for cpu in isolated_cpus],
+        features=logged_features(cpu_feature_lines(log)),
+        thp=read_thp(),
         power=[read_cpu_power(core.cpu) for core in cpus],
         thermal=read_thermal(),
         emulation=detect_emulation(),

@@ -206,6 +206,20 @@ def remove_leftovers(tracefs: Tracefs) -> list[str]:
     return removed
 
 
+def read_misses(tracefs: Tracefs, probes: list[ProbeDefinition]) -> dict[str, int]:
+    """Each of these kprobes' missed hits so far ("group/event" -> count), kprobe_profile's
+    third column; probes the file does not list (gone, or no kprobe_profile) are left out."""
+    if not probes or not tracefs.exists("kprobe_profile"):
+        return {}
+    # "  EVENT  NHIT  NMISSED": the event without its group (trace_kprobe.c).
+    missed = {}
+    for line in tracefs.read("kprobe_profile").splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[2].isdigit():
+            missed[fields[0]] = int(fields[2])
+    return {p.group_event: missed[p.event] for p in probes if p.event in missed}
+
+
 def define_kprobes(tracefs: Tracefs, texts: list[str]) -> ProbeSet:
     """Parse and check every kprobe first, then define them all (nothing half done)."""
     probes = [parse_probe(text) for text in texts]

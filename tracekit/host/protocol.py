@@ -54,6 +54,8 @@ KPROBE_CANDIDATES: tuple[str, ...] = (
     "kvm_arch_destroy_vm",
     "__kvm_tlb_flush_vmid",
     "__kvm_flush_vm_context",
+    # The host's stage-2 mappings of the guest's RAM, with their sizes (collect.KPROBE_ARGS).
+    "kvm_pgtable_stage2_map",
 )
 
 # The paths function_graph (or entry/return probes) may follow, by concern. Names differ
@@ -74,14 +76,65 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 # kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
-# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest.
+# Hypervisor functions that outside VHE run at EL2, where kprobes cannot reach: kallsyms
+# names only their VHE copies (the nVHE ones are __kvm_nvhe_ symbols in .hyp.text), which
+# never run in nVHE, hVHE or protected mode, so a probe on them never fires there.
+EL2_MODES = ("nvhe", "hvhe", "protected")
+# Each one's host-side callers, the kvm_call_hyp sites that kprobes do see (6.1: mmu.c
+# kvm_flush_remote_tlbs; 6.12: mmu.c kvm_arch_flush_remote_tlbs and pgtable.c
+# kvm_tlb_flush_vmid_range, the fallback without FEAT_TLBIRANGE; both: pgtable.c's
+# break-before-make, static, inside kvm_pgtable_stage2_map/unmap. The rollover's
+# __kvm_flush_vm_context is called by vmid.c's static flush_context from new_vmid, so
+# from kvm_arm_vmid_update.) What EL2 then executes is unseen by ftrace.
+EL2_CALLERS: dict[str, tuple[str, ...]] = {
+    "__kvm_tlb_flush_vmid": (
+        "kvm_flush_remote_tlbs",
+        "kvm_arch_flush_remote_tlbs",
+        "kvm_tlb_flush_vmid_range",
+    ),
+    "__kvm_flush_vm_context": ("kvm_arm_vmid_update",),
+}
+
+
+def host_side(functions: tuple[str, ...], kvm_mode: str) -> tuple[list[str], dict[str, str]]:
+    """The functions to probe in this KVM mode, and what each EL2-only one left out means.
+
+    Outside VHE an EL2-only function is replaced by its host-side callers. An unknown
+    mode keeps it (it fires if the host is VHE), and says so.
+    """
+    mode = kvm_mode.rstrip("?")
+    if mode not in EL2_MODES and mode != "unknown":
+        return list(functions), {}
+    kept: list[str] = []
+    unseen: dict[str, str] = {}
+    for function in functions:
+        callers = EL2_CALLERS.get(function)
+        if callers is None:
+            kept.append(function)
+            continue
+        if mode == "unknown":
+            kept.append(function)
+            unseen[function] = "KVM's mode is unknown: probed, but it fires only with VHE"
+            continue
+        kept += callers
+        unseen[function] = (
+            f"runs at EL2 in {mode} mode, unseen by ftrace (kallsyms names only its VHE "
+            f"copy); its host-side callers are probed instead: {', '.join(callers)}"
+        )
+    return list(dict.fromkeys(kept)), unseen
+
+
+# hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest;
+# rollover-minus-one: rollover's, the same throwaway VMs but one (no rollover).
 AFTER_GUEST_ACTIONS = (
     "none",
     "hotplug",
     "hotplug-other",
     "rollover",
+    "rollover-minus-one",
     *TLBI_ACTIONS,
 )
+ROLLOVER_ACTIONS = ("rollover", "rollover-minus-one")
 PROBE_MODES = ("page", "range", "munmap")
 
 # What each phase name does (tracekit/host/collect.py runs them):

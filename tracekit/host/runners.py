@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from tracekit.host import tools as toolbox
 from tracekit.host.afterguest import (
     TLBI_ACTIONS,
     VmidWatch,
+    fill_generation,
     hotplug,
     issue_maint,
     open_vmid_watch,
@@ -239,7 +241,7 @@ def rollover_argv(
 
 
 def run_after_guest(session: Session, ctx: RunContext) -> None:
-    """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
+    """The after-guest action: CPU hotplug, or a VMID rollover (or one VM short of it)."""
     action = session.options.after_guest
     if action in TLBI_ACTIONS:
         _, target = TLBI_ACTIONS[action]
@@ -272,8 +274,15 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
         if session.capture is not None:
             session.capture.drain()
 
-    vmids, vms = rollover(run_batch, watch, session.options.rollover_max_vms, session.echo)
+    max_vms = session.options.rollover_max_vms
+    read = partial(read_vmids, watch)
+    if action == "rollover-minus-one":
+        known = ctx.writer.manifest.host.get("vmid_bits")  # kallsyms' kvm_arm_vmid_bits
+        vmids, vms = fill_generation(run_batch, read, known, max_vms, session.echo)
+    else:
+        vmids, vms = rollover(run_batch, read, max_vms, session.echo)
     record = {"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}
+    record["rolled_over"] = vmids.rolled_over()
     ctx.path(RunFile.ROLLOVER).write_text(json.dumps(record) + "\n")
 
 

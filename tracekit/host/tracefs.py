@@ -12,15 +12,20 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.host import journal
 from tracekit.host.cleanup import CleanupStack, open_fd
+from tracekit.host.tracefsio import (
+    PROC_MOUNTS,
+    mount_tracefs,
+    parse_tracefs_mounts,
+    unmount_tracefs,
+    write_once,
+)
 
 DEFAULT_MOUNT_POINT = Path("/sys/kernel/tracing")
-PROC_MOUNTS = Path("/proc/mounts")
 KPTR_RESTRICT = Path("/proc/sys/kernel/kptr_restrict")
 
 # Names of tracekit's own instances; the pid says which run owns one.
@@ -75,12 +80,7 @@ def require_root() -> None:
 
 def find_tracefs_mount(mounts_text: str) -> Path | None:
     """Where tracefs is mounted according to /proc/mounts, preferring the standard place."""
-    found: list[Path] = []
-    for line in mounts_text.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "tracefs":
-            # /proc/mounts escapes spaces and such as octal, e.g. \040.
-            found.append(Path(re.sub(r"\\(\d{3})", lambda m: chr(int(m[1], 8)), fields[1])))
+    found = parse_tracefs_mounts(mounts_text)
     if DEFAULT_MOUNT_POINT in found:
         return DEFAULT_MOUNT_POINT
     return found[0] if found else None
@@ -182,11 +182,8 @@ class Tracefs:
         log = self._error_log_for(path)
         log_before = _read_text(log) if log.exists() else ""
         # os.open, not open(): Python's "a" mode seeks, which some tracefs files refuse.
-        flags = os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC)
-        data = (value if value.endswith("\n") or not value else value + "\n").encode()
         try:
-            with open_fd(path, flags) as fd:
-                os.write(fd, data)
+            write_once(path, value, append, opener=open_fd)
         except OSError as err:
             kernel_says = _new_log_lines(log_before, _read_text(log) if log.exists() else "")
             detail = f" (kernel: {kernel_says})" if kernel_says else ""
@@ -324,13 +321,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _mount_tracefs(mount_point: Path) -> None:
-    """Mount tracefs at its standard place, as the kernel's docs do."""
+    """Mount tracefs at its standard place, refused clearly where that is impossible."""
     if not mount_point.is_dir():
         raise TracekitError(
             f"tracefs is not mounted and {mount_point} does not exist; is this kernel "
             "built with CONFIG_FTRACE? (mount it with: mount -t tracefs nodev <dir>)"
         )
-    _run_mount_tool(["mount", "-t", "tracefs", "nodev", str(mount_point)])
+    mount_tracefs(mount_point)
 
 
 def _make_instance(path: Path) -> None:
@@ -344,25 +341,6 @@ def _make_instance(path: Path) -> None:
         ) from None
     except OSError as err:
         raise TracekitError(f"cannot create tracefs instance {path.name}: {err.strerror}") from None
-
-
-def unmount_tracefs(mount_point: Path) -> None:
-    """Unmount the tracefs that tracekit mounted itself (if it is still mounted)."""
-    if mount_point in journal.tracefs_mounts():
-        _run_mount_tool(["umount", str(mount_point)])
-
-
-def _run_mount_tool(argv: list[str]) -> None:
-    """Run mount/umount; a failure is one clear line."""
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError as err:
-        raise TracekitError(f"cannot run {argv[0]}: {err.strerror}; install util-linux") from None
-    if result.returncode != 0:
-        raise TracekitError(
-            f"{' '.join(argv)} failed: {result.stderr.strip() or result.returncode}; "
-            "is tracefs built into this kernel (CONFIG_FTRACE)?"
-        )
 
 
 def snapshot(root: Path, instances: list[str] | None = None) -> dict[str, object]:

@@ -96,9 +96,8 @@ def _run(found: VmRun) -> tuple[list[str], list[Table], list[str]]:
             if (rows := found.attributed(event)) is not None
         }
         vmids = None
-        attributed = found.attributed("kvm_arm_vmid_update")
-        if attributed is not None and bits is not None and "vmid_id" in attributed.columns:
-            vmids = vm.vm_vmids(attributed, bits)
+        if updates is not None and bits is not None:
+            vmids = vm.vm_vmids(found.give_to_vms(updates), bits)
         table = vm.lifecycle(found.windows, counted, vmids)
         findings += _lifecycle_findings(table, label)
         tables += _lifecycle_tables(table, label)
@@ -136,8 +135,8 @@ def _unrecorded(trace: Trace, label: str) -> list[str]:
 
 def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     """The VMID probe's rows, the VMID width and where the width came from."""
-    updates = found.event("kvm_arm_vmid_update")
-    if updates is None or "vmid_id" not in updates.columns or updates.is_empty():
+    updates = vm.vmid_readings(found.event(vm.VMID_EVENT), found.event(vm.VMID_RETURN_EVENT))
+    if updates is None or updates.is_empty():
         return None, None, ""
     recorded = found.data.run(found.run).vmid_bits
     bits = vm.vmid_width(updates, recorded)
