@@ -75,11 +75,11 @@ def test_a_missing_flush_and_an_extra_alle1is_are_findings(given, steps) -> None
     summary = _summary(pl.concat([no_flush, extra]), steps)
     assert len(summary.findings) == 3
     assert any(
-        "guest run: TLBI VMALLE1 (__kvm_flush_cpu_context) on CPU 1 expected 1, executed 0" in f
+        "guest run: TLBI VMALLE1 (__kvm_flush_cpu_context) on CPU 1: expected 1, executed 0" in f
         for f in summary.findings
     )
     assert any(
-        "teardown: TLBI ALLE1IS (__kvm_flush_vm_context)" in f and "expected 0, executed 1" in f
+        "teardown: TLBI ALLE1IS (__kvm_flush_vm_context)" in f and ": expected 0, executed 1" in f
         for f in summary.findings
     )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
+from tracekit.cpus import format_cpu_list as format_cpus
 
 INVALIDATION_KINDS = ("tlbi", "tlbi-nxs", "ic")
 HYP_PREFIX = "__kvm_nvhe_"
@@ -179,28 +180,25 @@ def check_steps(
 
 
 def findings(checked: pl.DataFrame, series: str, kvm_mode: str) -> list[str]:
-    """One sentence per (run, step, operation, function, cpu) that differs from its
-    signature, counting how many of the step's instances differ."""
+    """One sentence per (run, step, operation, function, expected, executed) that differs
+    from its signature, naming the CPUs and how many of the step's instances differ."""
     bad = checked.filter(~pl.col("ok"))
     if bad.is_empty():
         return []
+    keys = ["run_id", "step", "operation", "function", "expected", "seen"]
     grouped = (
-        bad.group_by("run_id", "step", "operation", "function", "cpu", "expected")
-        .agg(
-            pl.len().alias("instances"),
-            pl.col("seen").min().alias("lo"),
-            pl.col("seen").max().alias("hi"),
-        )
-        .sort("run_id", "step", "operation", "cpu", nulls_last=True)
+        bad.group_by(keys)
+        .agg(pl.col("cpu").unique().sort(), pl.col("vm").n_unique().alias("instances"))
+        .sort(keys, nulls_last=True)
     )
     lines = []
     for g in grouped.iter_rows(named=True):
-        where = "any CPU" if g["cpu"] is None else f"CPU {g['cpu']}"
-        seen = str(g["lo"]) if g["lo"] == g["hi"] else f"{g['lo']}-{g['hi']}"
+        cpus = [c for c in g["cpu"] if c is not None]
+        where = f"CPU {format_cpus(cpus)}" if cpus else "any CPU"
         lines.append(
             f"ground truth contradicts the {series} {kvm_mode} signature: {g['run_id']} "
-            f"{g['step']}: {g['operation']} ({g['function']}) on {where} expected "
-            f"{g['expected']}, executed {seen} (in {g['instances']} of its {g['step']} steps)"
+            f"{g['step']}: {g['operation']} ({g['function']}) on {where}: expected "
+            f"{g['expected']}, executed {g['seen']} (in {g['instances']} {g['step']} step(s))"
         )
     return lines
 

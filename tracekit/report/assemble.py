@@ -21,6 +21,7 @@ from tracekit.report.sections import (
     correlation,
     decision,
     factorial,
+    groundtruth,
     teardown,
     tlbi,
     vm,
@@ -44,6 +45,7 @@ SECTION_BUILDERS: list[SectionBuilder] = [
     teardown.section,
     cacheflush.section,
     broadcast.section,
+    groundtruth.section,
 ]
 
 
@@ -64,6 +66,7 @@ def build_report(
         header=header_lines(bundles),
         emulated=any(is_emulated(b) for b in bundles),
         sections=sections,
+        contradictions=[line for s in sections for line in s.contradictions],
     )
 
 

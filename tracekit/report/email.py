@@ -20,7 +20,7 @@ WIDTH = 72
 def render_email(report: Report) -> str:
     """The whole report as a plain-text email body."""
     lines: list[str] = []
-    for line in report.header:
+    for line in report.lead():
         lines += _wrap(line)
     lines += _wrap(lost_events_line(report))
     for number, section in enumerate(report.sections, 1):

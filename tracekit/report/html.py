@@ -14,7 +14,7 @@ from tracekit.analysis.compare import Comparison
 from tracekit.report.ascii import cell
 from tracekit.report.gather import lost_events_line, unknowns, verdict_rules
 from tracekit.report.header import EMULATED_LINE
-from tracekit.report.model import Plot, Report, Section, Table
+from tracekit.report.model import CONTRADICTS, Plot, Report, Section, Table
 from tracekit.report.svg import render_svg
 
 VERDICTS = ("present", "absent", "inconclusive")
@@ -62,8 +62,8 @@ def render_html(report: Report) -> str:
 def _header(report: Report) -> str:
     """Header lines; the emulated-host warning stands out."""
     lines = []
-    for line in report.header:
-        css = ' class="emulated"' if line == EMULATED_LINE else ""
+    for line in report.lead():
+        css = ' class="emulated"' if line == EMULATED_LINE or line.startswith(CONTRADICTS) else ""
         lines.append(f"<p{css}>{escape(line)}</p>")
     lines.append(f"<p>{escape(lost_events_line(report))}</p>")
     return "<header>" + "\n".join(lines) + "</header>"

@@ -35,6 +35,7 @@ def report_data(report: Report) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "emulated": report.emulated,
         "header": list(report.header),
+        "contradictions": list(report.contradictions),
         "lost_events": lost_events_line(report),
         "sections": [_section(s) for s in report.sections],
         "unknowns": unknowns(report),
@@ -51,6 +52,7 @@ def _section(section: Section) -> dict[str, Any]:
         "tables": [_table(t) for t in section.tables],
         "plots": [_plot(p) for p in section.plots],
         "unknowns": list(section.unknowns),
+        "contradictions": list(section.contradictions),
         "lost_events": section.lost_events,
     }
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+from tracekit.bundle import EMULATED_LINE
+
 if TYPE_CHECKING:
     from tracekit.analysis.compare import Comparison
     from tracekit.bundle import RunRecord
@@ -65,6 +67,9 @@ class Section:
     lost_events: int | None = None  # lost events in the data it used; None: no traces used
     # The same per run whose trace it used (run_key -> lost), so a report counts each once.
     lost_by_run: dict[str, int] = field(default_factory=dict)
+    # Findings that contradict the setup (e.g. the ground truth shows a step did not run
+    # what it claims): the report's lead states them, right after the warning line.
+    contradictions: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,18 @@ class Report:
     header: list[str]  # host, kernel, KVM mode, protocol; "EMULATED HOST ..." first if so
     emulated: bool
     sections: list[Section]
+    # Every section's contradictions, in section order (Section.contradictions).
+    contradictions: list[str] = field(default_factory=list)
+
+    def lead(self) -> list[str]:
+        """The header with the contradicting findings right after its warning line."""
+        said = [f"{CONTRADICTS}: {line}" for line in self.contradictions]
+        at = 1 if self.header and self.header[0] == EMULATED_LINE else 0
+        return [*self.header[:at], *said, *self.header[at:]]
+
+
+# How the lead marks a finding that contradicts the setup.
+CONTRADICTS = "CONTRADICTS THE SETUP"
 
 
 # A section builder reads loaded bundles (and may open their traces) and returns its

@@ -17,7 +17,7 @@ WIDTH = 72
 
 def render_text(report: Report) -> str:
     """The whole text report."""
-    lines = [_wrap(line) for line in report.header]
+    lines = [_wrap(line) for line in report.lead()]
     for section in report.sections:
         lines += ["", *_section(section)]
     lines += ["", lost_events_line(report)]
