@@ -325,3 +325,10 @@ def step_counts(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     keys = ["run_id", "step", "cpu", "operation", "function", "where"]
     summed = counts(pl.concat(frames), keys)
     return summed.join(instances, on=["run_id", "step"]).select(*keys, "steps", "count")
+
+
+def drawn(rows: pl.DataFrame, host_functions: tuple[str, ...]) -> pl.DataFrame:
+    """The invalidations a timeline shows beside the ftrace data: those of the hyp text
+    (EL2 in nVHE, which ftrace cannot see), of KVM's host functions, and every broadcast."""
+    kvm = (pl.col("where") == "hyp") | pl.col("function").is_in(host_functions)
+    return rows.filter(kvm | (pl.col("reach") == "broadcast")).sort("ts")
