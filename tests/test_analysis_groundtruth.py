@@ -163,3 +163,36 @@ def test_bad_signatures_are_one_line_per_mistake() -> None:
         assert any(part in line for line in lines), part
     with pytest.raises(TracekitError, match="not TOML"):
         parse_signatures("[[signature]\n")
+
+
+def _alle1is_in_run(given: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The fixture plus one EL2 TLBI ALLE1IS (__kvm_flush_vm_context) on CPU 1 inside the
+    VM's run step, where a VMID rollover issues it (kvm_arm_vmid_update in the run loop)."""
+    run = steps.filter(pl.col("step") == "run").row(0, named=True)
+    extra = (
+        given.filter(pl.col("where") == "hyp", pl.col("cpu") == 1)
+        .head(1)
+        .with_columns(
+            ts=pl.lit(run["start"] + 10, dtype=pl.Int64),
+            operation=pl.lit("TLBI ALLE1IS"),
+            symbol=pl.lit("__kvm_nvhe___kvm_flush_vm_context+0x10"),
+        )
+    )
+    return pl.concat([given, extra])
+
+
+def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
+    """In a rollover run, the ALLE1IS is the action's (its signature: one on the guest CPU),
+    not an unexpected invalidation of the VM step it fell in; outside a rollover run the
+    same record contradicts the run step's signature."""
+    rows = _alle1is_in_run(given, steps)
+    rollover = steps.with_columns(run_id=pl.lit("after-guest-rollover"))
+    action = g.action_step(
+        "after-guest-rollover", "rollover", int(steps["start"].min()), int(steps["end"].max())
+    )
+    rows_r = rows.with_columns(run_id=pl.lit("after-guest-rollover"))
+    summary = _summary(rows_r, pl.concat([rollover, action]))
+    assert summary.findings == []
+    assert summary.checks.filter(pl.col("step") == "rollover")["seen"].to_list() == [1]
+    plain = _summary(rows, steps)
+    assert len(plain.findings) == 1 and "guest run: TLBI ALLE1IS" in plain.findings[0]
