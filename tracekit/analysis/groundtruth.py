@@ -176,14 +176,33 @@ def check_steps(
         if signature is None:
             uncovered.add(step["step"])
             continue
-        mine = rows
-        if step["step"] in VM_STEPS and owned.get(step["run_id"]):
+        is_owned = _pair().is_in(owned.get(step["run_id"], []))
+        if step["step"] not in VM_STEPS:
+            # An action's run may create and run VMs (a rollover's): what runs inside
+            # their steps is theirs, checked by their own signatures, except what the
+            # action's own signature expects.
+            mine = rows.filter(
+                is_owned | ~_inside(steps.filter(pl.col("run_id") == step["run_id"]))
+            )
+        else:
             # A VM of an action's run (a rollover's throwaway VMs) does not own the
             # action's invalidations (its ALLE1IS runs inside some VM's run step).
-            pairs = owned[step["run_id"]]
-            mine = rows.filter(~pl.concat_str("operation", "function", separator="|").is_in(pairs))
+            mine = rows.filter(~is_owned)
         frames.append(check_step(mine, step, signature, context, signatures.host_functions))
     return pl.concat(frames), sorted(uncovered)
+
+
+def _pair() -> pl.Expr:
+    """'operation|function' of a row, as _action_owned names them."""
+    return pl.concat_str("operation", pl.col("function").fill_null(""), separator="|")
+
+
+def _inside(steps: pl.DataFrame) -> pl.Expr:
+    """Whether a row's ts is inside one of the VM steps given."""
+    inside = pl.lit(False)
+    for step in steps.filter(pl.col("step").is_in(VM_STEPS)).iter_rows(named=True):
+        inside = inside | pl.col("ts").is_between(step["start"], step["end"])
+    return inside
 
 
 def _action_owned(

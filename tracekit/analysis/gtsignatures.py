@@ -15,7 +15,7 @@ from importlib import resources
 from tracekit.errors import TracekitError
 
 SIGNATURE_FILE = "gtsignatures.toml"
-STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover")
+STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover", "rollover-minus-one")
 WATCHES = ("hyp", "kvm")
 KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
