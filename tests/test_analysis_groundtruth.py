@@ -196,3 +196,11 @@ def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
     assert summary.checks.filter(pl.col("step") == "rollover")["seen"].to_list() == [1]
     plain = _summary(rows, steps)
     assert len(plain.findings) == 1 and "guest run: TLBI ALLE1IS" in plain.findings[0]
+
+
+def test_a_step_whose_cpus_are_unknown_is_not_checked(given, steps) -> None:
+    """Without the online CPUs the creation signature cannot be checked: named, not failed."""
+    context = g.StepContext(online=(), guest=(1,))
+    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [])
+    assert summary.findings == []
+    assert summary.uncovered == ["create (the bundle does not say its online CPUs)"]

@@ -176,6 +176,10 @@ def check_steps(
         if signature is None:
             uncovered.add(step["step"])
             continue
+        unknown = [e.cpus for e in signature.expect if not _expected(e, context)]
+        if unknown:
+            uncovered.add(f"{step['step']} (the bundle does not say its {unknown[0]} CPUs)")
+            continue
         is_owned = _pair().is_in(owned.get(step["run_id"], []))
         if step["step"] not in VM_STEPS:
             # An action's run may create and run VMs (a rollover's): what runs inside
