@@ -204,3 +204,11 @@ def test_a_step_whose_cpus_are_unknown_is_not_checked(given, steps) -> None:
     summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [])
     assert summary.findings == []
     assert summary.uncovered == ["create (the bundle does not say its online CPUs)"]
+
+
+def test_an_action_runs_rows_are_its_own_phase(given, steps) -> None:
+    """The rows of an after-guest run count under 'after-guest ACTION', not 'guest'."""
+    rows = given.with_columns(run_id=pl.lit("after-guest-hotplug"))
+    action = g.action_step("after-guest-hotplug", "hotplug", 0, 1 << 62)
+    summary = _summary(rows, action)
+    assert set(summary.by_phase["phase"]) == {"after-guest hotplug"}

@@ -322,7 +322,7 @@ def summarise(
     `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by.
     """
     series, mode, model = setup
-    rows = invalidations(given)
+    rows = with_action_phase(invalidations(given), steps)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
@@ -341,6 +341,19 @@ def summarise(
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths),
         signature_lines=lines,
+    )
+
+
+def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Rows of an after-guest action's run get the phase 'after-guest ACTION' (the
+    collector runs it in the guest phase), so counts per phase keep it apart."""
+    actions = steps.filter(~pl.col("step").is_in(VM_STEPS)).select("run_id", "step").unique()
+    named = dict(zip(actions["run_id"].to_list(), actions["step"].to_list(), strict=True))
+    action = pl.col("run_id").replace_strict(named, default=None, return_dtype=pl.String)
+    return rows.with_columns(
+        phase=pl.when(action.is_not_null())
+        .then(pl.concat_str(pl.lit("after-guest "), action))
+        .otherwise(pl.col("phase"))
     )
 
 
