@@ -212,3 +212,15 @@ def test_an_action_runs_rows_are_its_own_phase(given, steps) -> None:
     action = g.action_step("after-guest-hotplug", "hotplug", 0, 1 << 62)
     summary = _summary(rows, action)
     assert set(summary.by_phase["phase"]) == {"after-guest hotplug"}
+
+
+def test_a_rollovers_counts_give_each_row_to_one_step(given, steps) -> None:
+    """In a rollover run the VM's rows count under its steps, the ALLE1IS under the
+    rollover, and the action's own count holds nothing of its VMs."""
+    rows = _alle1is_in_run(given, steps).with_columns(run_id=pl.lit("r"))
+    action = g.action_step("r", "rollover", int(steps["start"].min()), int(steps["end"].max()))
+    summary = _summary(rows, pl.concat([steps.with_columns(run_id=pl.lit("r")), action]))
+    rollover = summary.by_step.filter(pl.col("step") == "rollover")
+    assert rollover.select("operation", "count").rows() == [("TLBI ALLE1IS", 1)]
+    run = summary.by_step.filter(pl.col("step") == "run")
+    assert "TLBI ALLE1IS" not in run["operation"].to_list()

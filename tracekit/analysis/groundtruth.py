@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
@@ -171,6 +172,7 @@ def check_steps(
     frames = [pl.DataFrame(schema=CHECK_SCHEMA)]
     uncovered: set[str] = set()
     owned = _action_owned(steps, signatures, (series, kvm_mode, cpu_model))
+    by_run = answerable(rows, steps, owned)
     for step in steps.iter_rows(named=True):
         signature = signatures.find(series, kvm_mode, cpu_model, step["step"])
         if signature is None:
@@ -180,33 +182,43 @@ def check_steps(
         if unknown:
             uncovered.add(f"{step['step']} (the bundle does not say its {unknown[0]} CPUs)")
             continue
-        is_owned = _pair().is_in(owned.get(step["run_id"], []))
-        if step["step"] not in VM_STEPS:
-            # An action's run may create and run VMs (a rollover's): what runs inside
-            # their steps is theirs, checked by their own signatures, except what the
-            # action's own signature expects.
-            mine = rows.filter(
-                is_owned | ~_inside(steps.filter(pl.col("run_id") == step["run_id"]))
-            )
-        else:
-            # A VM of an action's run (a rollover's throwaway VMs) does not own the
-            # action's invalidations (its ALLE1IS runs inside some VM's run step).
-            mine = rows.filter(~is_owned)
+        mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
         frames.append(check_step(mine, step, signature, context, signatures.host_functions))
     return pl.concat(frames), sorted(uncovered)
+
+
+def answerable(
+    rows: pl.DataFrame, steps: pl.DataFrame, owned: dict[str, list[str]]
+) -> dict[tuple[str, bool], pl.DataFrame]:
+    """Per (run_id, is an action step), the rows such a step is answerable for (before
+    its window is applied). An action's run may create and run VMs (a rollover's): what
+    runs inside their steps is theirs, except what the action's own signature expects
+    (`owned`: its ALLE1IS runs inside some VM's run step), which is the action's."""
+    if "pair" not in rows.columns:
+        rows = rows.with_columns(pair=_pair())
+    out = {}
+    for run_id in steps["run_id"].unique().to_list():
+        mine = rows.filter(pl.col("run_id") == run_id) if "run_id" in rows.columns else rows
+        is_owned = pl.col("pair").is_in(owned.get(run_id, []))
+        out[(run_id, False)] = mine.filter(~is_owned)
+        vm = steps.filter(pl.col("run_id") == run_id, pl.col("step").is_in(VM_STEPS))
+        inside = pl.Series(_inside(mine["ts"].to_numpy(), vm))
+        out[(run_id, True)] = mine.filter(is_owned | ~inside)
+    return out
+
+
+def _inside(ts: np.ndarray, steps: pl.DataFrame) -> np.ndarray:
+    """Whether each ts is inside one of the steps (a run's VM steps do not overlap)."""
+    ordered = steps.sort("start")
+    starts, ends = ordered["start"].to_numpy(), ordered["end"].to_numpy()
+    index = np.searchsorted(starts, ts, side="right") - 1
+    found = index >= 0
+    return found & (ts <= ends[np.maximum(index, 0)]) if len(starts) else np.zeros(len(ts), bool)
 
 
 def _pair() -> pl.Expr:
     """'operation|function' of a row, as _action_owned names them."""
     return pl.concat_str("operation", pl.col("function").fill_null(""), separator="|")
-
-
-def _inside(steps: pl.DataFrame) -> pl.Expr:
-    """Whether a row's ts is inside one of the VM steps given."""
-    inside = pl.lit(False)
-    for step in steps.filter(pl.col("step").is_in(VM_STEPS)).iter_rows(named=True):
-        inside = inside | pl.col("ts").is_between(step["start"], step["end"])
-    return inside
 
 
 def _action_owned(
@@ -322,7 +334,7 @@ def summarise(
     `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by.
     """
     series, mode, model = setup
-    rows = with_action_phase(invalidations(given), steps)
+    rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
@@ -335,7 +347,7 @@ def summarise(
     return GroundTruthSummary(
         by_phase=counts(rows, ("phase", "run_id", "cpu", "where", "reach")),
         by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
-        by_step=step_counts(rows, steps),
+        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup)),
         checks=checked,
         findings=findings(checked, series, mode),
         uncovered=uncovered,
@@ -357,12 +369,17 @@ def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def step_counts(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def step_counts(
+    rows: pl.DataFrame, steps: pl.DataFrame, owned: dict[str, list[str]] | None = None
+) -> pl.DataFrame:
     """Invalidations inside each kind of step, summed over its instances: run_id, step,
-    cpu, operation, function, where, steps (instances of the step), count."""
+    cpu, operation, function, where, steps (instances of the step), count. Each row is
+    the step's that answerable gives it to (an action's own VMs keep theirs)."""
     frames = []
+    by_run = answerable(rows, steps, owned or {})
     for step in steps.iter_rows(named=True):
-        inside = in_step(rows, step).select("cpu", "operation", "function", "where")
+        mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
+        inside = in_step(mine, step).select("cpu", "operation", "function", "where")
         frames.append(inside.with_columns(run_id=pl.lit(step["run_id"]), step=pl.lit(step["step"])))
     instances = steps.group_by("run_id", "step").agg(pl.len().alias("steps"))
     if not frames:
