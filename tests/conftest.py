@@ -46,7 +46,10 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     "nvhe-a53": VhostConfig(
         kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900, ground_truth=True
     ),
-    "vhe-max": VhostConfig(kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900),
+    # Both load the ground-truth plugin too (VHE and 6.12 facts, tests/test_vhost_groundtruth.py).
+    "vhe-max": VhostConfig(
+        kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900, ground_truth=True
+    ),
     "protected-a76": VhostConfig(
         kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900
     ),
@@ -54,7 +57,7 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     # A 6.12 kernel (function_graph in tracefs instances, 6.11+) on `max`: 48-bit (52 with
     # LPA2) physical addresses for the teardown scenario's large IPA sizes; nVHE is forced.
     "trixie-max": VhostConfig(
-        kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900
+        kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900, ground_truth=True
     ),
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit (kbuild tests only: the
     # build is long, so this boot runs only when `-m kbuild` selects its test).

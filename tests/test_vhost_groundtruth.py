@@ -23,9 +23,12 @@ import polars as pl
 import pytest
 from conftest import register_vhost_check
 
+from tracekit.analysis import groundtruth as gta
+from tracekit.analysis.gtsignatures import packaged_signatures
 from tracekit.bundle import read_manifest
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import load_bundle
 from tracekit.ingest.groundtruth import (
     bundle_ground_truth,
     load_ground_truth,
@@ -33,6 +36,7 @@ from tracekit.ingest.groundtruth import (
     read_log,
 )
 from tracekit.ingest.vmm import parse_vmm_output
+from tracekit.report.sections.groundtruth import section as groundtruth_section
 from tracekit.vhost import apt, groundtruth
 
 HEADER = b"/* qemu-plugin.h */\n#define QEMU_PLUGIN_VERSION 1\n"
@@ -215,18 +219,9 @@ def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
     (TLBI VMALLE1 + IC IALLU, local), and its teardown issues no invalidation at EL2;
     counts equal a model of the run, the VMM's VMs times the CPUs the kernel lists online,
     not an independent count of the same events (the rollover test below has one)."""
-    boot = vhost_boot(GT_CONFIG)
-    check = boot.checks["groundtruth_vms"]
-    assert check.status == 0, check.stderr
-    here = boot.result.out_dir / "checks" / "groundtruth_vms"
-    truth = load_ground_truth(boot.result.out_dir)
-    # Nothing lost in any way the log can say: not written, never filled, never tracked.
-    assert truth.header.not_written == 0 and truth.unfilled == 0 and truth.header.complete
-    assert truth.header.untracked_sites == 0 and truth.fit.max_residual_ns < 100_000
+    truth, here, vms = _checked_boot(vhost_boot, GT_CONFIG, "groundtruth_vms")
     start = parse_gtmark((here / "window-start").read_text())["t0"][0]
     end = parse_gtmark((here / "window-end").read_text())["t1"][0]
-    vms = parse_vmm_output((here / "vmm.txt").read_text()).vms
-    assert vms.height == GT_VMS and set(vms["result"]) == {"ok"}
     online = (here / "online").read_text().strip()
     cpus = len(parse_cpu_list(online))
     hyp = truth.table.filter(
@@ -234,17 +229,8 @@ def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
         & pl.col("kind").is_in(["tlbi", "ic"])
         & pl.col("ts").is_between(start, end)
     )
-    creates = [
-        (r["create_start_ns"], r["create_start_ns"] + r["create_ns"])
-        for r in vms.iter_rows(named=True)
-    ]
-    runs = [
-        (b, b + r["run_ns"]) for (_, b), r in zip(creates, vms.iter_rows(named=True), strict=True)
-    ]
-    teardowns = [
-        (r["teardown_end_ns"] - r["teardown_ns"], r["teardown_end_ns"])
-        for r in vms.iter_rows(named=True)
-    ]
+    windows = _vm_windows(vms)
+    creates, runs, teardowns = windows["create"], windows["run"], windows["teardown"]
     init = hyp.filter(pl.col("symbol").str.starts_with("__kvm_nvhe____kvm_hyp_init"))
     for operation in ("TLBI ALLE2", "TLBI VMALLS12E1"):
         mine = init.filter(pl.col("operation") == operation)
@@ -256,6 +242,7 @@ def test_vhost_nvhe_6_1_vm_lifecycle_at_el2(vhost_boot) -> None:
     assert set(flush["cpu"]) == {1} and _within(flush, runs).height == flush.height
     assert hyp.height == init.height + flush.height  # nothing else at EL2, ALLE1(IS) included
     assert _within(hyp, teardowns).height == 0
+    assert _signature_check(truth, vms, ("6.1", "nvhe"), cpus) == ([], [])
 
 
 BLOCK_POLARS = """
@@ -306,3 +293,141 @@ def test_vhost_nvhe_6_1_vmid_rollover_is_one_alle1is(vhost_boot) -> None:
     mine = given.filter(pl.col("where") == "hyp", pl.col("operation") == "TLBI ALLE1IS")
     assert mine["run_id"].to_list() == ["after-guest-rollover"]
     assert [alle1["cpu"][0]] == read_manifest(bundle).options["guest_cpus"]
+    # The whole bundle against the packaged signatures, as the report checks it: the guest
+    # run's VM, the rollover's 256 VMs and its one ALLE1IS (not run in a boot yet: the
+    # same checks passed on the saved nvhe-a53 boot's VMM run, tests/test_analysis_*).
+    section = groundtruth_section([load_bundle(bundle)])
+    assert section is not None and section.contradictions == [], section.contradictions
+
+
+# VHE (bookworm 6.1 on max) and trixie 6.12 (nVHE forced on max): the same VMM run, then
+# a hotplug of the guest CPU with no VM alive, each step bounded by markers on CPU 0.
+LIFECYCLE_HOTPLUG = (
+    "G=/tracekit/reproducer/build/gtmark; "
+    "mark() { $G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > $1; }; "
+    "mark window-start; "
+    f"/tracekit/reproducer/build/vmm --cpus 1 --repeat {GT_VMS} "
+    "/tracekit/reproducer/build/guests/mmu-on.elf > vmm.txt; status=$?; "
+    "mark window-vms-end; "
+    "echo 0 > /sys/devices/system/cpu/cpu1/online && "
+    "echo 1 > /sys/devices/system/cpu/cpu1/online || status=1; "
+    "mark window-end; "
+    "cat /sys/devices/system/cpu/online > online; exit $status"
+)
+for _config in ("vhe-max", "trixie-max"):
+    register_vhost_check(_config, "groundtruth_lifecycle", LIFECYCLE_HOTPLUG)
+
+
+def _mark(here: Path, name: str) -> int:
+    """The trace time of the marker a check wrote to `name`."""
+    return int(parse_gtmark((here / name).read_text())["t0"][0])
+
+
+def _vm_windows(vms: pl.DataFrame) -> dict[str, list[tuple[int, int]]]:
+    """Each VM's create, run and teardown windows (VMM clock = trace clock)."""
+    rows = list(vms.iter_rows(named=True))
+    creates = [(r["create_start_ns"], r["create_start_ns"] + r["create_ns"]) for r in rows]
+    runs = [(b, b + r["run_ns"]) for (_, b), r in zip(creates, rows, strict=True)]
+    teardowns = [(r["teardown_end_ns"] - r["teardown_ns"], r["teardown_end_ns"]) for r in rows]
+    return {"create": creates, "run": runs, "teardown": teardowns}
+
+
+def _checked_boot(vhost_boot, config: str, name: str = "groundtruth_lifecycle"):
+    """A check's boot: its ground truth (nothing lost in any way the log can say: not
+    written, never filled, never tracked), its directory and the VMM's VMs (all ok)."""
+    boot = vhost_boot(config)
+    check = boot.checks[name]
+    assert check.status == 0, check.stderr
+    here = boot.result.out_dir / "checks" / name
+    truth = load_ground_truth(boot.result.out_dir)
+    assert truth.header.not_written == 0 and truth.unfilled == 0 and truth.header.complete
+    assert truth.header.untracked_sites == 0 and truth.fit.max_residual_ns < 100_000
+    vms = parse_vmm_output((here / "vmm.txt").read_text()).vms
+    assert vms.height == GT_VMS and set(vms["result"]) == {"ok"}
+    return truth, here, vms
+
+
+def _signature_check(
+    truth,
+    vms: pl.DataFrame,
+    setup: tuple[str, str],
+    cpus: int,
+    hotplug: tuple[int, int] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The packaged signatures (tracekit/analysis/gtsignatures.toml) against this boot's
+    VM steps (and hotplug of CPU 1): the findings and the steps no signature covers."""
+    steps = gta.vm_steps(vms, "check")
+    if hotplug is not None:
+        steps = pl.concat([steps, gta.action_step("check", "hotplug", *hotplug)])
+    given = truth.table.with_columns(run_id=pl.lit("check"), phase=pl.lit("check"))
+    context = gta.StepContext(tuple(range(cpus)), (1,), (1,))
+    summary = gta.summarise(given, steps, packaged_signatures(), (*setup, "max"), context, {}, [])
+    return summary.findings, summary.uncovered
+
+
+def _invalidations(frame: pl.DataFrame) -> pl.DataFrame:
+    """TLBI and IC IALLU(IS) rows."""
+    return frame.filter(pl.col("kind").is_in(["tlbi", "tlbi-nxs", "ic"]))
+
+
+def _function() -> pl.Expr:
+    """The symbol's function (before '+')."""
+    return pl.col("symbol").fill_null("").str.split("+").list.first()
+
+
+@pytest.mark.vhost
+def test_vhost_vhe_6_1_lifecycle_and_hotplug(vhost_boot) -> None:
+    """bookworm 6.1 VHE (max): no hypervisor text runs; of KVM's own code only the first
+    run's `__kvm_flush_cpu_context` invalidates (TLBI VMALLE1 + IC IALLU on the guest CPU,
+    once per VM, acting on the guest's EL1&0: KVM's VHE TLB helpers clear TGE); VM creation,
+    teardown and a hotplug with no VM alive run no KVM invalidation (6.1 cpu_hyp_reinit
+    has no cpu_init_hyp_mode in VHE; kvm_starting_cpu enables nothing with no VM)."""
+    truth, here, vms = _checked_boot(vhost_boot, "vhe-max")
+    assert truth.vhe
+    start, vms_end, end = (_mark(here, n) for n in ("window-start", "window-vms-end", "window-end"))
+    inv = _invalidations(truth.table).with_columns(function=_function())
+    window = inv.filter(pl.col("ts").is_between(start, end))
+    assert window.filter(pl.col("where") == "hyp").height == 0
+    kvm = window.filter(pl.col("function").str.contains(r"^_*kvm"))
+    assert set(kvm["function"]) == {"__kvm_flush_cpu_context"}
+    assert sorted(kvm["operation"]) == ["IC IALLU"] * GT_VMS + ["TLBI VMALLE1"] * GT_VMS
+    assert set(kvm["cpu"]) == {1} and kvm["ts"].max() < vms_end
+    assert set(kvm.filter(pl.col("kind") == "tlbi")["regime"]) == {"EL1&0"}
+    steps = _vm_windows(vms)
+    assert _within(kvm, steps["run"]).height == kvm.height
+    # The host's own TLBIs (EL2&0 in VHE) run throughout; none of them is KVM's.
+    assert set(
+        window.filter(pl.col("kind") == "tlbi", pl.col("function") != "__kvm_flush_cpu_context")[
+            "regime"
+        ]
+    ) == {"EL2&0"}
+
+
+@pytest.mark.vhost
+def test_vhost_trixie_6_12_nvhe_lifecycle_and_hotplug(vhost_boot) -> None:
+    """trixie 6.12 nVHE (max): EL2 is initialised at boot (`___kvm_hyp_init`: TLBI ALLE2 +
+    TLBI ALLE1, local, twice on each CPU), not at VM creation; a VM's first run flushes the
+    guest CPU (`__kvm_flush_cpu_context`: TLBI VMALLE1 + IC IALLU) once per VM; teardown
+    runs nothing at EL2; a hotplug with no VM alive re-initialises EL2 on the re-plugged
+    CPU only: one TLBI ALLE2 + one TLBI ALLE1 there."""
+    truth, here, vms = _checked_boot(vhost_boot, "trixie-max")
+    assert not truth.vhe and truth.kvm_mode == "nvhe"
+    start, vms_end, end = (_mark(here, n) for n in ("window-start", "window-vms-end", "window-end"))
+    cpus = len(parse_cpu_list((here / "online").read_text().strip()))
+    hyp = _invalidations(truth.table).filter(pl.col("where") == "hyp")
+    hyp = hyp.with_columns(function=_function())
+    boot = hyp.filter(pl.col("ts") < start)
+    assert set(boot["function"]) == {"__kvm_nvhe____kvm_hyp_init"}
+    counts = boot.group_by("cpu", "operation").len().sort("cpu", "operation")
+    assert counts.rows() == [
+        (cpu, op, 2) for cpu in range(cpus) for op in ("TLBI ALLE1", "TLBI ALLE2")
+    ]
+    vm = hyp.filter(pl.col("ts").is_between(start, vms_end))
+    assert set(vm["function"]) == {"__kvm_nvhe___kvm_flush_cpu_context"}
+    assert sorted(vm["operation"]) == ["IC IALLU"] * GT_VMS + ["TLBI VMALLE1"] * GT_VMS
+    assert set(vm["cpu"]) == {1} and _within(vm, _vm_windows(vms)["run"]).height == vm.height
+    plug = hyp.filter(pl.col("ts").is_between(vms_end, end))
+    assert set(plug["function"]) == {"__kvm_nvhe____kvm_hyp_init"}
+    assert sorted(plug.select("cpu", "operation").rows()) == [(1, "TLBI ALLE1"), (1, "TLBI ALLE2")]
+    assert hyp.filter(pl.col("ts") > end).height == 0
+    assert _signature_check(truth, vms, ("6.12", "nvhe"), cpus, (vms_end, end)) == ([], [])

@@ -33,6 +33,7 @@ from tracekit.ingest.rundata import RunData
 from tracekit.ingest.tools import read_tool
 
 if TYPE_CHECKING:
+    from tracekit.ingest.groundtruth import GroundTruth
     from tracekit.ingest.trace import Trace
 
 LATENCY_SCHEMA = {
@@ -64,6 +65,17 @@ class BundleData:
     damaged: set[str] = field(default_factory=set, repr=False, compare=False)  # never read
     # Built from a results dataset's tables (ingest/dataset.py): no run files to open.
     tables_only: bool = False
+    _truth: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def ground_truth(self) -> tuple[GroundTruth, pl.DataFrame] | None:
+        """The emulated ground truth (groundtruth/, added by `vhost run --ground-truth`)
+        and its rows given to the runs, loaded once; None when the bundle has none."""
+        from tracekit.ingest.groundtruth import bundle_ground_truth, has_ground_truth
+
+        if "truth" not in self._truth:
+            found = bundle_ground_truth(self.path) if has_ground_truth(self.path) else None
+            self._truth["truth"] = found
+        return self._truth["truth"]
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""

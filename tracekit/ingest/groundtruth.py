@@ -459,6 +459,11 @@ def load_ground_truth(
     return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode, host_vhe)
 
 
+def has_ground_truth(root: str | os.PathLike[str]) -> bool:
+    """Whether a bundle holds ground truth (BUNDLE/groundtruth/)."""
+    return (Path(root) / runner.GT_BUNDLE_DIR).is_dir()
+
+
 def bundle_ground_truth(root: str | os.PathLike[str]) -> tuple[GroundTruth, pl.DataFrame]:
     """A bundle's ground truth (BUNDLE/groundtruth/) and its rows given to the bundle's
     runs: run_id and phase of the run whose [start_ns, end_ns] holds each row's ts (rows

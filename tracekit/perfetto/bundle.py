@@ -25,6 +25,7 @@ from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.ingest.rundata import RunData
 from tracekit.perfetto.export import ExportResult, Progress, TracePart, export_parts
+from tracekit.perfetto.groundtruth import write_ground_truth
 from tracekit.perfetto.latency import timelines, write_latencies
 from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
@@ -171,6 +172,7 @@ class BundleExport:
                     tracks, group, run.run_id, found.probe, run.start_ns, self.window
                 )
         _background_guests(tracks, top, self.data, self.selected)
+        write_ground_truth(tracks, top, self.data, self.selected, self.window)
 
     def _cyclictest(
         self,

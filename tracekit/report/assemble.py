@@ -27,6 +27,7 @@ from tracekit.report.sections import (
     correlation,
     decision,
     factorial,
+    groundtruth,
     teardown,
     tlbi,
     vm,
@@ -50,6 +51,7 @@ SECTION_BUILDERS: list[SectionBuilder] = [
     teardown.section,
     cacheflush.section,
     broadcast.section,
+    groundtruth.section,
 ]
 # The sections that need only a bundle's tables (manifest, samples, summaries): what a
 # report over a results dataset (ingest/dataset.py), which has no raw files, can run.

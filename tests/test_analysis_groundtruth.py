@@ -1,0 +1,226 @@
+"""The ground truth's invalidations counted and checked against the expected signatures
+(tracekit/analysis/groundtruth.py, gtsignatures.toml), on the real fixture boot
+(tests/fixtures/groundtruth/README.md: one VM in nVHE on bookworm's 6.1, 4 x cortex-a76)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.analysis import groundtruth as g
+from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures, parse_signatures
+from tracekit.errors import TracekitError
+from tracekit.ingest.groundtruth import load_ground_truth
+from tracekit.ingest.vmm import parse_vmm_output
+
+FIXTURE = Path(__file__).parent / "fixtures" / "groundtruth" / "nvhe-a76"
+SETUP = ("6.1", "nvhe", "cortex-a76")
+CONTEXT = g.StepContext(online=(0, 1, 2, 3), guest=(1,))
+
+
+@pytest.fixture(scope="module")
+def given() -> pl.DataFrame:
+    """The fixture's table, all of it given to one run called guest."""
+    table = load_ground_truth(FIXTURE).table
+    return table.with_columns(run_id=pl.lit("guest"), phase=pl.lit("guest"))
+
+
+@pytest.fixture(scope="module")
+def steps() -> pl.DataFrame:
+    """The fixture VM's create, run and teardown windows from its VMM output."""
+    vms = parse_vmm_output((FIXTURE / "vmm.txt").read_text()).vms
+    return g.vm_steps(vms, "guest")
+
+
+def _summary(given: pl.DataFrame, steps: pl.DataFrame, **probes: int) -> g.GroundTruthSummary:
+    """summarise with the packaged signatures, the fixture's setup and CPUs."""
+    return g.summarise(given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"])
+
+
+def test_vm_steps_from_the_vmm_output(steps: pl.DataFrame) -> None:
+    """create, run and teardown windows, on the VMM's (the trace's) clock."""
+    assert steps["step"].to_list() == ["create", "run", "teardown"]
+    assert steps.row(0, named=True)["start"] == 14333229296
+    assert steps.row(1, named=True)["start"] == 14333229296 + 44612400
+    assert steps.row(2, named=True)["end"] == 14491251760
+
+
+def test_the_fixture_boot_matches_the_6_1_nvhe_signatures(given, steps) -> None:
+    """Creation: ALLE2 + VMALLS12E1 on each of the 4 CPUs; the run: VMALLE1 + IC IALLU on
+    the guest CPU; teardown: nothing at EL2. No finding."""
+    summary = _summary(given, steps)
+    assert summary.findings == [] and summary.uncovered == []
+    assert summary.checks["ok"].all() and summary.checks.height == 10
+    create = summary.by_step.filter(pl.col("step") == "create")
+    assert create.group_by("operation").agg(pl.col("cpu").n_unique())["cpu"].to_list() == [4, 4]
+    assert summary.by_step.filter(pl.col("step") == "teardown").height == 0
+
+
+def test_a_missing_flush_and_an_extra_alle1is_are_findings(given, steps) -> None:
+    """A run without the first-run flush and a teardown with an ALLE1IS at EL2 (as the
+    brief's proposed fix would add) both contradict the 6.1 signature, each named."""
+    no_flush = given.filter(~pl.col("symbol").fill_null("").str.contains("flush_cpu_context"))
+    teardown = steps.filter(pl.col("step") == "teardown").row(0, named=True)
+    extra = (
+        given.filter(pl.col("where") == "hyp")
+        .head(1)
+        .with_columns(
+            ts=pl.lit(teardown["start"] + 10, dtype=pl.Int64),
+            operation=pl.lit("TLBI ALLE1IS"),
+            symbol=pl.lit("__kvm_nvhe___kvm_flush_vm_context+0x10"),
+        )
+    )
+    summary = _summary(pl.concat([no_flush, extra]), steps)
+    assert len(summary.findings) == 3
+    assert any(
+        "guest run: TLBI VMALLE1 (__kvm_flush_cpu_context) on CPU 1: expected 1, executed 0" in f
+        for f in summary.findings
+    )
+    assert any(
+        "teardown: TLBI ALLE1IS (__kvm_flush_vm_context)" in f and ": expected 0, executed 1" in f
+        for f in summary.findings
+    )
+
+
+def test_counts_per_phase_cpu_and_reach(given, steps) -> None:
+    """Every invalidation is counted once; EL2's here are all local."""
+    summary = _summary(given, steps)
+    total = given.filter(pl.col("kind").is_in(g.INVALIDATION_KINDS)).height
+    assert summary.by_phase["count"].sum() == total == summary.by_instruction["count"].sum()
+    hyp = summary.by_instruction.filter(pl.col("where") == "hyp")
+    assert set(hyp["reach"]) == {"local"}
+
+
+def test_a_probe_that_never_fired_on_an_executed_path_is_blind(given, steps) -> None:
+    """A probe with 0 hits while its path's invalidation executed is named blind; one that
+    fired on a path that executed nothing says so."""
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    flush = hyp_row.with_columns(symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"))
+    summary = _summary(
+        pl.concat([given, flush]), steps, __kvm_tlb_flush_vmid=0, kvm_arm_vmid_update=2
+    )
+    verdicts = dict(summary.probes.select("probe", "verdict").iter_rows())
+    assert verdicts["__kvm_tlb_flush_vmid"].startswith("blind")
+    assert verdicts["kvm_arm_vmid_update"].startswith("fired, no invalidation")
+
+
+def test_entry_probes_from_definition_lines() -> None:
+    """The functions of 'p:' lines; return probes left out."""
+    lines = [
+        "p:tracekit/kvm_arm_vmid_update kvm_arm_vmid_update vmid=+0(%x0):u64",
+        "r:tracekit/x_ret kvm_free_stage2_pgd",
+        "p:tracekit/free kvm_free_stage2_pgd",
+    ]
+    assert g.entry_probes(lines) == ["kvm_arm_vmid_update", "kvm_free_stage2_pgd"]
+
+
+def test_packaged_signatures_each_rest_on_something() -> None:
+    """The shipped file parses, and every entry says what it rests on."""
+    signatures = packaged_signatures()
+    assert signatures.entries and all(s.rests_on for s in signatures.entries)
+    assert signatures.find("6.12", "nvhe", "max", "hotplug").expect[1].operation == "TLBI ALLE1"
+    assert signatures.find("6.1", "nvhe", "x", "hotplug").expect == ()
+    assert (
+        kernel_series("6.12.117+deb13-arm64") == "6.12" and kernel_series("6.1.0-50-arm64") == "6.1"
+    )
+
+
+BAD = """
+[kvm]
+host_functions = ["__kvm_flush_cpu_context"]
+
+[[signature]]
+kernel = "6.1"
+kvm_mode = "nvhee"
+step = "boot"
+watch = "hyp"
+exact = "yes"
+when = "always"
+rests_on = []
+colour = "red"
+expect = [{ operation = "TLBI ALLE2", function = "f", cpus = "all", count = 0 }]
+"""
+
+
+def test_bad_signatures_are_one_line_per_mistake() -> None:
+    """Every mistake of a signature file is its own line, naming the entry and field."""
+    with pytest.raises(TracekitError) as caught:
+        parse_signatures(BAD, "x.toml")
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 7, lines
+    assert all(line.startswith("x.toml: signature 1") for line in lines)
+    for part in (
+        "'colour'",
+        "kvm_mode 'nvhee'",
+        "step 'boot'",
+        "exact",
+        "rests_on",
+        "cpus 'all'",
+        "count",
+    ):
+        assert any(part in line for line in lines), part
+    with pytest.raises(TracekitError, match="not TOML"):
+        parse_signatures("[[signature]\n")
+
+
+def _alle1is_in_run(given: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """The fixture plus one EL2 TLBI ALLE1IS (__kvm_flush_vm_context) on CPU 1 inside the
+    VM's run step, where a VMID rollover issues it (kvm_arm_vmid_update in the run loop)."""
+    run = steps.filter(pl.col("step") == "run").row(0, named=True)
+    extra = (
+        given.filter(pl.col("where") == "hyp", pl.col("cpu") == 1)
+        .head(1)
+        .with_columns(
+            ts=pl.lit(run["start"] + 10, dtype=pl.Int64),
+            operation=pl.lit("TLBI ALLE1IS"),
+            symbol=pl.lit("__kvm_nvhe___kvm_flush_vm_context+0x10"),
+        )
+    )
+    return pl.concat([given, extra])
+
+
+def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
+    """In a rollover run, the ALLE1IS is the action's (its signature: one on the guest CPU),
+    not an unexpected invalidation of the VM step it fell in; outside a rollover run the
+    same record contradicts the run step's signature."""
+    rows = _alle1is_in_run(given, steps)
+    rollover = steps.with_columns(run_id=pl.lit("after-guest-rollover"))
+    action = g.action_step(
+        "after-guest-rollover", "rollover", int(steps["start"].min()), int(steps["end"].max())
+    )
+    rows_r = rows.with_columns(run_id=pl.lit("after-guest-rollover"))
+    summary = _summary(rows_r, pl.concat([rollover, action]))
+    assert summary.findings == []
+    assert summary.checks.filter(pl.col("step") == "rollover")["seen"].to_list() == [1]
+    plain = _summary(rows, steps)
+    assert len(plain.findings) == 1 and "guest run: TLBI ALLE1IS" in plain.findings[0]
+
+
+def test_a_step_whose_cpus_are_unknown_is_not_checked(given, steps) -> None:
+    """Without the online CPUs the creation signature cannot be checked: named, not failed."""
+    context = g.StepContext(online=(), guest=(1,))
+    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [])
+    assert summary.findings == []
+    assert summary.uncovered == ["create (the bundle does not say its online CPUs)"]
+
+
+def test_an_action_runs_rows_are_its_own_phase(given, steps) -> None:
+    """The rows of an after-guest run count under 'after-guest ACTION', not 'guest'."""
+    rows = given.with_columns(run_id=pl.lit("after-guest-hotplug"))
+    action = g.action_step("after-guest-hotplug", "hotplug", 0, 1 << 62)
+    summary = _summary(rows, action)
+    assert set(summary.by_phase["phase"]) == {"after-guest hotplug"}
+
+
+def test_a_rollovers_counts_give_each_row_to_one_step(given, steps) -> None:
+    """In a rollover run the VM's rows count under its steps, the ALLE1IS under the
+    rollover, and the action's own count holds nothing of its VMs."""
+    rows = _alle1is_in_run(given, steps).with_columns(run_id=pl.lit("r"))
+    action = g.action_step("r", "rollover", int(steps["start"].min()), int(steps["end"].max()))
+    summary = _summary(rows, pl.concat([steps.with_columns(run_id=pl.lit("r")), action]))
+    rollover = summary.by_step.filter(pl.col("step") == "rollover")
+    assert rollover.select("operation", "count").rows() == [("TLBI ALLE1IS", 1)]
+    run = summary.by_step.filter(pl.col("step") == "run")
+    assert "TLBI ALLE1IS" not in run["operation"].to_list()

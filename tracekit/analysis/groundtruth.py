@@ -1,0 +1,407 @@
+"""The emulated ground truth's invalidations: counted, and set against what KVM should run.
+
+The one owner of these facts (report/ and perfetto/ draw them). Input: the ground-truth
+table (tracekit.ingest.groundtruth; with run_id and phase when given to a bundle's
+runs) and the steps of a run: each VM's create, run and teardown windows from the VMM's
+output, each after-guest action's run window. The expected signatures are data
+(gtsignatures.toml, parsed by tracekit.analysis.gtsignatures); a step whose watched
+invalidations differ from its signature is a finding. VMIDs are not known here: the
+plugin reads no registers (QEMU 7.2's API has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
+from tracekit.cpus import format_cpu_list as format_cpus
+
+INVALIDATION_KINDS = ("tlbi", "tlbi-nxs", "ic")
+HYP_PREFIX = "__kvm_nvhe_"
+VM_STEPS = ("create", "run", "teardown")
+COUNT_KEYS = ("cpu", "operation", "function", "where", "regime", "reach")
+STEP_SCHEMA = {
+    "run_id": pl.String,
+    "vm": pl.Int64,
+    "step": pl.String,
+    "start": pl.Int64,
+    "end": pl.Int64,
+}
+
+
+def invalidations(table: pl.DataFrame) -> pl.DataFrame:
+    """The executed TLBI and IC IALLU(IS) rows, with function (the kallsyms name without
+    its offset and nVHE prefix) and reach (broadcast when the effective shareability is
+    inner, outer or full-system, else local)."""
+    function = pl.col("symbol").str.split("+").list.first()
+    return table.filter(pl.col("kind").is_in(INVALIDATION_KINDS)).with_columns(
+        function=pl.when(pl.col("where") == "hyp")
+        .then(function.str.strip_prefix(HYP_PREFIX))
+        .otherwise(function),
+        reach=pl.when(pl.col("effective_shareability") == "non-shareable")
+        .then(pl.lit("local"))
+        .otherwise(pl.lit("broadcast")),
+    )
+
+
+def counts(rows: pl.DataFrame, by: Iterable[str]) -> pl.DataFrame:
+    """How many invalidations per group of `by` (e.g. run_id, phase, cpu, operation)."""
+    keys = list(by)
+    return rows.group_by(keys).agg(pl.len().alias("count")).sort(keys, nulls_last=True)
+
+
+def vm_steps(vms: pl.DataFrame, run_id: str) -> pl.DataFrame:
+    """Each VM's create, run and teardown windows (STEP_SCHEMA) from the VMM's `vm` rows
+    (tracekit.ingest.vmm; its clock is the trace's). A missing time leaves the step out."""
+    rows = []
+    for index, vm in enumerate(vms.iter_rows(named=True)):
+        create, run = vm["create_start_ns"], vm["create_ns"]
+        created = create + run if create is not None and run is not None else None
+        windows = {
+            "create": (create, created),
+            "run": (created, created + vm["run_ns"] if created and vm["run_ns"] else None),
+            "teardown": (
+                vm["teardown_end_ns"] - vm["teardown_ns"] if vm["teardown_ns"] else None,
+                vm["teardown_end_ns"],
+            ),
+        }
+        for step, (start, end) in windows.items():
+            if start is not None and end is not None:
+                rows.append((run_id, index, step, start, end))
+    return pl.DataFrame(rows, schema=STEP_SCHEMA, orient="row")
+
+
+def action_step(run_id: str, action: str, start: int, end: int) -> pl.DataFrame:
+    """An after-guest action's run window as one step (vm null)."""
+    return pl.DataFrame([(run_id, None, action, start, end)], schema=STEP_SCHEMA, orient="row")
+
+
+def in_step(rows: pl.DataFrame, step: dict[str, object]) -> pl.DataFrame:
+    """The rows inside one step's [start, end]."""
+    return rows.filter(pl.col("ts").is_between(step["start"], step["end"]))
+
+
+def watched(rows: pl.DataFrame, watch: str, host_functions: tuple[str, ...]) -> pl.DataFrame:
+    """The rows a signature watches: the hyp text, or it and the host's KVM functions."""
+    hyp = pl.col("where") == "hyp"
+    if watch == "kvm":
+        hyp = hyp | pl.col("function").is_in(host_functions)
+    return rows.filter(hyp)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a signature's CPU roles mean in one run: online CPUs, guest CPUs, targets."""
+
+    online: tuple[int, ...]
+    guest: tuple[int, ...]
+    target: tuple[int, ...] = ()
+
+
+def _expected(expect: Expect, context: StepContext) -> list[tuple[int | None, int]]:
+    """(cpu or None for 'any', count) pairs an expectation stands for."""
+    cpus = {"online": context.online, "guest": context.guest, "target": context.target}
+    if expect.cpus == "any":
+        return [(None, expect.count)]
+    return [(cpu, expect.count) for cpu in cpus[expect.cpus]]
+
+
+CHECK_SCHEMA = {
+    "run_id": pl.String,
+    "vm": pl.Int64,
+    "step": pl.String,
+    "operation": pl.String,
+    "function": pl.String,
+    "cpu": pl.Int64,
+    "expected": pl.Int64,
+    "seen": pl.Int64,
+    "ok": pl.Boolean,
+}
+
+
+def check_step(
+    rows: pl.DataFrame,
+    step: dict[str, object],
+    signature: Signature,
+    context: StepContext,
+    host_functions: tuple[str, ...],
+) -> pl.DataFrame:
+    """Expected against seen for one step (CHECK_SCHEMA): one row per expected (operation,
+    function, cpu), and, for an exact signature, one per unexpected watched group."""
+    seen = counts(
+        watched(in_step(rows, step), signature.watch, host_functions),
+        ("operation", "function", "cpu"),
+    )
+    index = {
+        (r["operation"], r["function"], r["cpu"]): r["count"] for r in seen.iter_rows(named=True)
+    }
+    out = []
+    claimed: set[tuple[str, str, int]] = set()
+    for expect in signature.expect:
+        for cpu, count in _expected(expect, context):
+            keys = [k for k in index if k[:2] == (expect.operation, expect.function)]
+            mine = [k for k in keys if cpu is None or k[2] == cpu]
+            claimed.update(mine)
+            got = sum(index[k] for k in mine)
+            out.append((expect.operation, expect.function, cpu, count, got))
+    if signature.exact:
+        for key, count in index.items():
+            if key not in claimed:
+                out.append((key[0], key[1], key[2], 0, count))
+    head = (step["run_id"], step["vm"], step["step"])
+    return pl.DataFrame(
+        [(*head, *row, row[3] == row[4]) for row in out], schema=CHECK_SCHEMA, orient="row"
+    )
+
+
+def check_steps(
+    rows: pl.DataFrame,
+    steps: pl.DataFrame,
+    signatures: Signatures,
+    series: str,
+    kvm_mode: str,
+    cpu_model: str,
+    context: StepContext,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Every step with a signature checked (CHECK_SCHEMA rows), and the steps no signature
+    covers for this kernel series, KVM mode and CPU model (named, never silently passed)."""
+    frames = [pl.DataFrame(schema=CHECK_SCHEMA)]
+    uncovered: set[str] = set()
+    owned = _action_owned(steps, signatures, (series, kvm_mode, cpu_model))
+    by_run = answerable(rows, steps, owned)
+    for step in steps.iter_rows(named=True):
+        signature = signatures.find(series, kvm_mode, cpu_model, step["step"])
+        if signature is None:
+            uncovered.add(step["step"])
+            continue
+        unknown = [e.cpus for e in signature.expect if not _expected(e, context)]
+        if unknown:
+            uncovered.add(f"{step['step']} (the bundle does not say its {unknown[0]} CPUs)")
+            continue
+        mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
+        frames.append(check_step(mine, step, signature, context, signatures.host_functions))
+    return pl.concat(frames), sorted(uncovered)
+
+
+def answerable(
+    rows: pl.DataFrame, steps: pl.DataFrame, owned: dict[str, list[str]]
+) -> dict[tuple[str, bool], pl.DataFrame]:
+    """Per (run_id, is an action step), the rows such a step is answerable for (before
+    its window is applied). An action's run may create and run VMs (a rollover's): what
+    runs inside their steps is theirs, except what the action's own signature expects
+    (`owned`: its ALLE1IS runs inside some VM's run step), which is the action's."""
+    if "pair" not in rows.columns:
+        rows = rows.with_columns(pair=_pair())
+    out = {}
+    for run_id in steps["run_id"].unique().to_list():
+        mine = rows.filter(pl.col("run_id") == run_id) if "run_id" in rows.columns else rows
+        is_owned = pl.col("pair").is_in(owned.get(run_id, []))
+        out[(run_id, False)] = mine.filter(~is_owned)
+        vm = steps.filter(pl.col("run_id") == run_id, pl.col("step").is_in(VM_STEPS))
+        inside = pl.Series(_inside(mine["ts"].to_numpy(), vm))
+        out[(run_id, True)] = mine.filter(is_owned | ~inside)
+    return out
+
+
+def _inside(ts: np.ndarray, steps: pl.DataFrame) -> np.ndarray:
+    """Whether each ts is inside one of the steps (a run's VM steps do not overlap)."""
+    ordered = steps.sort("start")
+    starts, ends = ordered["start"].to_numpy(), ordered["end"].to_numpy()
+    index = np.searchsorted(starts, ts, side="right") - 1
+    found = index >= 0
+    return found & (ts <= ends[np.maximum(index, 0)]) if len(starts) else np.zeros(len(ts), bool)
+
+
+def _pair() -> pl.Expr:
+    """'operation|function' of a row, as _action_owned names them."""
+    return pl.concat_str("operation", pl.col("function").fill_null(""), separator="|")
+
+
+def _action_owned(
+    steps: pl.DataFrame, signatures: Signatures, setup: tuple[str, str, str]
+) -> dict[str, list[str]]:
+    """Per run, the 'operation|function' pairs its after-guest action's signature expects."""
+    owned: dict[str, list[str]] = {}
+    for step in steps.filter(~pl.col("step").is_in(VM_STEPS)).iter_rows(named=True):
+        signature = signatures.find(*setup, step["step"])
+        if signature is not None:
+            pairs = [f"{e.operation}|{e.function}" for e in signature.expect]
+            owned.setdefault(step["run_id"], []).extend(pairs)
+    return owned
+
+
+def findings(checked: pl.DataFrame, series: str, kvm_mode: str) -> list[str]:
+    """One sentence per (run, step, operation, function, expected, executed) that differs
+    from its signature, naming the CPUs and how many of the step's instances differ."""
+    bad = checked.filter(~pl.col("ok"))
+    if bad.is_empty():
+        return []
+    keys = ["run_id", "step", "operation", "function", "expected", "seen"]
+    grouped = (
+        bad.group_by(keys)
+        .agg(pl.col("cpu").unique().sort(), pl.col("vm").n_unique().alias("instances"))
+        .sort(keys, nulls_last=True)
+    )
+    lines = []
+    for g in grouped.iter_rows(named=True):
+        cpus = [c for c in g["cpu"] if c is not None]
+        where = f"CPU {format_cpus(cpus)}" if cpus else "any CPU"
+        lines.append(
+            f"ground truth contradicts the {series} {kvm_mode} signature: {g['run_id']} "
+            f"{g['step']}: {g['operation']} ({g['function']}) on {where}: expected "
+            f"{g['expected']}, executed {g['seen']} (in {g['instances']} {g['step']} step(s))"
+        )
+    return lines
+
+
+PROBE_SCHEMA = {
+    "probe": pl.String,
+    "path": pl.String,
+    "fired": pl.Int64,
+    "executed": pl.Int64,
+    "verdict": pl.String,
+}
+
+
+def probe_checks(
+    rows: pl.DataFrame, probes: dict[str, int], paths: dict[str, tuple[str, ...]]
+) -> pl.DataFrame:
+    """For each placed kprobe named after a path: how often it fired (`probes`: name ->
+    hits) against the invalidations the path's functions (`paths`: probe -> functions)
+    executed in the same runs (PROBE_SCHEMA). A probe that never fired while its path
+    executed cannot see it (e.g. an nVHE EL2 function, whose kernel copy is the VHE one)."""
+    out = []
+    for probe, hits in sorted(probes.items()):
+        functions = paths.get(probe)
+        if functions is None:
+            continue
+        executed = rows.filter(pl.col("function").is_in(functions)).height
+        out.append((probe, ", ".join(functions), hits, executed, _probe_verdict(hits, executed)))
+    return pl.DataFrame(out, schema=PROBE_SCHEMA, orient="row")
+
+
+def _probe_verdict(hits: int, executed: int) -> str:
+    """What a probe's hits mean beside the path's executed invalidations."""
+    if hits == 0 and executed:
+        return "blind: the path executed invalidations, the probe never fired"
+    if hits and not executed:
+        return "fired, no invalidation of its path executed (it does not stand for one)"
+    if hits:
+        return "fired while its path executed invalidations"
+    return "never fired, its path executed none"
+
+
+def entry_probes(definitions: Iterable[str]) -> list[str]:
+    """The functions of the entry kprobes in a bundle's definition lines
+    ('p:tracekit/NAME SYMBOL ...'; return probes and uprobes left out)."""
+    found = []
+    for line in definitions:
+        head, _, rest = line.partition(" ")
+        if head.startswith("p:") and rest:
+            found.append(rest.split()[0].split("+")[0])
+    return list(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class GroundTruthSummary:
+    """What one bundle's ground truth says: counts, the steps checked, findings, probes."""
+
+    by_phase: pl.DataFrame  # phase, run_id, cpu, where, reach, count
+    by_instruction: pl.DataFrame  # where, regime, reach, operation, function, count
+    by_step: pl.DataFrame  # run_id, step, cpu, operation, function, where, steps, count
+    checks: pl.DataFrame  # CHECK_SCHEMA
+    findings: list[str]
+    uncovered: list[str]  # steps no signature covers here
+    probes: pl.DataFrame  # PROBE_SCHEMA
+    signature_lines: list[str]
+
+
+def summarise(
+    given: pl.DataFrame,
+    steps: pl.DataFrame,
+    signatures: Signatures,
+    setup: tuple[str, str, str],
+    context: StepContext,
+    probe_hits: dict[str, int],
+    traced_runs: Iterable[str],
+) -> GroundTruthSummary:
+    """A bundle's ground truth (rows given to its runs) against its steps and signatures.
+
+    `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by.
+    """
+    series, mode, model = setup
+    rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
+    checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context)
+    traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
+    placed = {p: probe_hits.get(p, 0) for p in probe_hits}
+    used = sorted({s for s in steps["step"]})
+    lines = [
+        f"{series} {mode} {s.summary()} [{s.when}]"
+        for step in used
+        if (s := signatures.find(series, mode, model, step)) is not None
+    ]
+    return GroundTruthSummary(
+        by_phase=counts(rows, ("phase", "run_id", "cpu", "where", "reach")),
+        by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
+        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup)),
+        checks=checked,
+        findings=findings(checked, series, mode),
+        uncovered=uncovered,
+        probes=probe_checks(traced, placed, signatures.probe_paths),
+        signature_lines=lines,
+    )
+
+
+def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Rows of an after-guest action's run get the phase 'after-guest ACTION' (the
+    collector runs it in the guest phase), so counts per phase keep it apart."""
+    actions = steps.filter(~pl.col("step").is_in(VM_STEPS)).select("run_id", "step").unique()
+    named = dict(zip(actions["run_id"].to_list(), actions["step"].to_list(), strict=True))
+    action = pl.col("run_id").replace_strict(named, default=None, return_dtype=pl.String)
+    return rows.with_columns(
+        phase=pl.when(action.is_not_null())
+        .then(pl.concat_str(pl.lit("after-guest "), action))
+        .otherwise(pl.col("phase"))
+    )
+
+
+def step_counts(
+    rows: pl.DataFrame, steps: pl.DataFrame, owned: dict[str, list[str]] | None = None
+) -> pl.DataFrame:
+    """Invalidations inside each kind of step, summed over its instances: run_id, step,
+    cpu, operation, function, where, steps (instances of the step), count. Each row is
+    the step's that answerable gives it to (an action's own VMs keep theirs)."""
+    frames = []
+    by_run = answerable(rows, steps, owned or {})
+    for step in steps.iter_rows(named=True):
+        mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
+        inside = in_step(mine, step).select("cpu", "operation", "function", "where")
+        frames.append(inside.with_columns(run_id=pl.lit(step["run_id"]), step=pl.lit(step["step"])))
+    instances = steps.group_by("run_id", "step").agg(pl.len().alias("steps"))
+    if not frames:
+        return pl.DataFrame(
+            schema={
+                "run_id": pl.String,
+                "step": pl.String,
+                "cpu": pl.Int32,
+                "operation": pl.String,
+                "function": pl.String,
+                "where": pl.String,
+                "steps": pl.UInt32,
+                "count": pl.UInt32,
+            }
+        )
+    keys = ["run_id", "step", "cpu", "operation", "function", "where"]
+    summed = counts(pl.concat(frames), keys)
+    return summed.join(instances, on=["run_id", "step"]).select(*keys, "steps", "count")
+
+
+def drawn(rows: pl.DataFrame, host_functions: tuple[str, ...]) -> pl.DataFrame:
+    """The invalidations a timeline shows beside the ftrace data: those of the hyp text
+    (EL2 in nVHE, which ftrace cannot see), of KVM's host functions, and every broadcast."""
+    kvm = (pl.col("where") == "hyp") | pl.col("function").is_in(host_functions)
+    return rows.filter(kvm | (pl.col("reach") == "broadcast")).sort("ts")

@@ -1,0 +1,171 @@
+"""Emulated ground truth: the invalidations QEMU saw each CPU execute, against what KVM
+should run (signatures as data), and the kprobes named after a path checked by it.
+
+Thin: tracekit/analysis/groundtruth.py computes it all. A step that contradicts its
+signature goes into the report's lead (Section.contradictions), not only here. A bundle
+without ground truth says so: a board has none.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis import groundtruth as gt
+from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures
+from tracekit.bundle import RunKind
+from tracekit.cpus import parse_cpu_list
+from tracekit.ingest.bundle import BundleData
+from tracekit.report.header import bundle_label, is_emulated, kvm_mode
+from tracekit.report.model import Section, Table
+
+EMULATED_TRUTH = (
+    "emulated ground truth from a QEMU TCG plugin: what the emulated CPUs executed, not hardware"
+)
+NO_VMID = (
+    "the VMID each invalidation acted on: the plugin reads no registers (QEMU 7.2's plugin "
+    "API has none); only the source says it (e.g. ___kvm_hyp_init's VMALLS12E1 is VMID 0)"
+)
+
+
+def section(bundles: list[BundleData]) -> Section | None:
+    """Per bundle: counts by phase, instruction and step; signature checks; probe checks."""
+    findings, tables, unknowns, contradictions = [], [], [], []
+    for data in bundles:
+        label = bundle_label(data)
+        found = data.ground_truth()
+        if found is None:
+            findings.append(f"{label}: no ground truth ({_why_none(data)})")
+            continue
+        truth, given = found
+        summary = _summary(data, given)
+        # notes()[0] is the emulated-ground-truth line, said once for the section.
+        findings += [f"{label}: {note}" for note in truth.notes()[1:]]
+        findings += [f"{label}: signature {line}" for line in summary.signature_lines]
+        contradictions += [f"{label}: {line}" for line in summary.findings]
+        if summary.findings:
+            findings.append(
+                f"{label}: {len(summary.findings)} contradiction(s) of the signatures, stated "
+                "in the report's lead"
+            )
+        elif not summary.checks.is_empty():
+            findings.append(f"{label}: every checked step executed what its signature says")
+        tables += _tables(label, summary)
+        unknowns += [
+            f"{label}: the {step} step is not checked against a signature (none for this "
+            "kernel and KVM mode, or it needs CPUs the bundle does not name): what it "
+            "executed is shown, not checked"
+            for step in summary.uncovered
+        ]
+        findings += [
+            f"{label}: probe {r['probe']}: {r['verdict']}"
+            for r in summary.probes.iter_rows(named=True)
+        ]
+    return Section(
+        key="groundtruth",
+        title="Ground truth (emulated, QEMU TCG plugin): the invalidations each CPU executed",
+        findings=[EMULATED_TRUTH, *findings],
+        tables=tables,
+        unknowns=[*unknowns, NO_VMID] if tables else unknowns,
+        contradictions=contradictions,
+    )
+
+
+def _why_none(data: BundleData) -> str:
+    """Why a bundle has no ground truth."""
+    if not is_emulated(data):
+        return "collected on a board: only the emulated host's QEMU plugin records it"
+    return "emulated, but collected without `tracekit vhost run --ground-truth`"
+
+
+def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
+    """The analysis of one bundle's ground truth, its steps and probes from its runs."""
+    manifest = data.manifest
+    options, host = manifest.options, manifest.host
+    action = str(options.get("after_guest", "none"))
+    guest = tuple(int(c) for c in options.get("guest_cpus") or [])
+    online = (
+        tuple(parse_cpu_list(str(host.get("online_cpus", "")))) if host.get("online_cpus") else ()
+    )
+    context = gt.StepContext(online, guest, guest if action == "hotplug" else ())
+    steps, hits, traced = (
+        [],
+        dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
+        [],
+    )
+    for run in manifest.runs:
+        found = data.run(run)
+        vmm = found.vmm
+        if vmm is not None and vmm.vms.height:
+            steps.append(gt.vm_steps(vmm.vms, run.run_id))
+        if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
+            steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
+        trace = found.trace if hits else None
+        if trace is not None:
+            traced.append(run.run_id)
+            for name, count in _probe_counts(trace.events).items():
+                if name in hits:
+                    hits[name] += count
+    frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
+    cpus = host.get("cpus") or [{}]
+    setup = (
+        kernel_series(str(host.get("kernel_release", "?"))),
+        kvm_mode(data).rstrip("?"),
+        str(cpus[0].get("name", "?")).lower(),
+    )
+    return gt.summarise(given, frame, packaged_signatures(), setup, context, hits, traced)
+
+
+def _probe_counts(events: pl.DataFrame) -> dict[str, int]:
+    """Entry-probe hits of the tracekit group in one trace, by probe name."""
+    mine = events.filter(pl.col("system") == "tracekit").group_by("event").len()
+    return dict(zip(mine["event"].to_list(), mine["len"].to_list(), strict=True))
+
+
+def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
+    """The counts and checks of one bundle as tables."""
+    tables = [
+        Table(
+            f"{label}: invalidations per phase, run and CPU",
+            summary.by_phase,
+            "TLBI and IC IALLU(IS) executed; reach: broadcast when the effective "
+            "shareability is inner or outer",
+        ),
+        Table(
+            f"{label}: invalidations by instruction and where",
+            summary.by_instruction,
+            "where: the code's text (hyp = nVHE hypervisor text), not the exception level",
+        ),
+    ]
+    if not summary.by_step.is_empty():
+        tables.append(
+            Table(
+                f"{label}: invalidations per VM step and after-guest action",
+                summary.by_step,
+                "steps: how many such steps the run had; count: summed over them",
+            )
+        )
+    if not summary.checks.is_empty():
+        checks = (
+            summary.checks.group_by(
+                "run_id", "step", "operation", "function", "cpu", "expected", "ok"
+            )
+            .agg(pl.len().alias("steps"), pl.col("seen").sum().alias("seen_total"))
+            .sort("run_id", "step", "operation", "cpu", nulls_last=True)
+        )
+        tables.append(
+            Table(
+                f"{label}: expected against executed, per step",
+                checks,
+                "expected: per step and CPU; ok false = a finding in the report's lead",
+            )
+        )
+    if not summary.probes.is_empty():
+        tables.append(
+            Table(
+                f"{label}: kprobes named after a path, against the ground truth",
+                summary.probes,
+                "fired: entry-probe hits in the traced runs; executed: the path's "
+                "invalidations there",
+            )
+        )
+    return tables
