@@ -4,7 +4,9 @@ Booting takes ~20 s under TCG, so checks are batched. A test module registers it
 shell checks at import time with `register_vhost_check(config, name, script)`; the first
 test that asks `vhost_boot(config)` boots that configuration once, runs every check
 registered for it (each in its own directory under /out/checks/NAME, output and status
-saved), and every later test reads the same results.
+saved), and every later test reads the same results. Checks run in registration order,
+except those registered `late=True` (they leave the host dirty for checks that need a
+fresh one), which run after all the others.
 """
 
 from __future__ import annotations
@@ -78,13 +80,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}
+_LATE: set[str] = set()
 
 
-def register_vhost_check(config: str, name: str, script: str) -> None:
-    """Add a shell check to `config`'s single boot (call at module import time)."""
+def register_vhost_check(config: str, name: str, script: str, late: bool = False) -> None:
+    """Add a shell check to `config`'s single boot (call at module import time).
+
+    `late`: run it after every check that is not (it leaves the host dirty, and the
+    collect checks that need a fresh host do not pass --allow-dirty).
+    """
     if config not in _CHECKS:
         raise KeyError(f"unknown vhost test config {config!r}; add it to VHOST_CONFIGS")
     _CHECKS[config][name] = script
+    if late:
+        _LATE.add(name)
+
+
+def _in_order(checks: dict[str, str]) -> dict[str, str]:
+    """The checks in the order they run: registration order, late ones last."""
+    return dict(sorted(checks.items(), key=lambda item: item[0] in _LATE))
 
 
 @dataclass(frozen=True)
@@ -157,7 +171,7 @@ def vhost_boot(
             for name, script in _CHECKS[config_name].items():
                 (out / "checks" / name).mkdir(parents=True)
                 (out / "checks" / name / "check.sh").write_text(script + "\n")
-            (out / "checks.sh").write_text(_batch_script(_CHECKS[config_name]))
+            (out / "checks.sh").write_text(_batch_script(_in_order(_CHECKS[config_name])))
             config = VHOST_CONFIGS[config_name]
             streamed: list[str] = []
             result = run(

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.bundle import MANIFEST
 from tracekit.campaign import state
 from tracekit.campaign.cells import expand_cells
 from tracekit.campaign.plan import load_plan, parse_plan
-from tracekit.vhost.runner import project_tree
+from tracekit.campaign.run import note_emulated
+from tracekit.vhost.runner import EMULATED_NOTE, project_tree
 
 GUESTS = project_tree() / "reproducer" / "build" / "guests"
 
@@ -152,6 +154,25 @@ def test_stopped_cells_run_again_but_dying_ones_give_up() -> None:
     state.end_attempt(cell, state.begin_attempt(cell), "interrupted", None, "host died")
     assert cell.status == state.FAILED and "interrupted 2 times" in cell.notes[0]
     assert campaign.next_pending() is None
+
+
+def test_a_board_step_on_an_emulated_host_says_so(tmp_path: Path) -> None:
+    """`--board` run inside the emulated host (a cell whose bundle's preflight found QEMU)
+    marks the campaign emulated and the cell with the emulated note; a board's does not."""
+    plan = parse_plan({"seed": 1})
+    campaign = state.Campaign.new("board", plan, 1, expand_cells(plan, 1))
+    (cell,) = campaign.cells
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / MANIFEST).write_text(json.dumps({"host": {"emulated": False}}))
+    note_emulated(campaign, cell, real)
+    assert not campaign.emulated and cell.notes == []
+    emulated = tmp_path / "emulated"
+    emulated.mkdir()
+    (emulated / MANIFEST).write_text(json.dumps({"host": {"emulated": True}}))
+    note_emulated(campaign, cell, emulated)
+    note_emulated(campaign, cell, emulated)
+    assert campaign.emulated and cell.notes == [EMULATED_NOTE]
 
 
 def test_emulated_campaign_resume_recovers_without_booting(tmp_path: Path) -> None:

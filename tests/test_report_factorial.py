@@ -20,7 +20,7 @@ from tracekit.report.text import render_text
 MMU_FACTOR = 2.0
 
 
-def _factorial(root: Path) -> list[BundleData]:
+def _factorial(root: Path, kernel: str = "6.1.0-50-arm64") -> list[BundleData]:
     """mmu x ng, two boots each: mmu=1 doubles the after phase, ng does nothing."""
     bundles, seed = [], 0
     for mmu in ("0", "1"):
@@ -32,6 +32,7 @@ def _factorial(root: Path) -> list[BundleData]:
                     factor=MMU_FACTOR if mmu == "1" else 1.0,
                     seed=seed,
                     knobs=(f"mmu={mmu}", f"ng={ng}"),
+                    kernel=kernel,
                 )
                 bundles.append(generate(root / f"{seed:03d}-mmu{mmu}-ng{ng}-r{boot}", spec))
     return [load_bundle(path) for path in bundles]
@@ -137,3 +138,26 @@ def test_a_chosen_vmid_is_reported_with_its_baseline(tmp_path: Path) -> None:
     assert set(table["as planned"]) == {"yes"}
     assert _section(report).tables[0].frame["term"].to_list() == ["vmid"]
     assert "own baseline" in " ".join(render_email(report).split())
+
+
+def test_bundles_that_differ_beyond_the_factors_are_never_pooled(tmp_path: Path) -> None:
+    """mmu x ng on two kernels (a matrix axis beside the design): one effects table per
+    kernel, each over that kernel's 8 boots; a bundle that lacks a field (no guest revision:
+    unknown) pools with nothing and is said to be left out."""
+    kernels = ("6.1.0-50-arm64", "6.12.0-1-arm64")
+    bundles = [b for k in kernels for b in _factorial(tmp_path / k, kernel=k)]
+    spec = Spec(runs=4, seed=99, knobs=("mmu=1", "ng=0"), guest_revision=None)
+    bundles.append(load_bundle(generate(tmp_path / "old", spec)))
+    report = build_report(bundles)
+    section = _section(report)
+    primary = [
+        t for t in section.tables if t.title.endswith("p99.9 after/before: effects as factors")
+    ]
+    assert len(primary) == 2
+    for kernel, table in zip(kernels, primary, strict=True):
+        assert table.title.startswith("[") and f"kernel {kernel}" in table.title
+        assert table.note.startswith("8 boots")
+    assert any(
+        "guest revision unknown" in line and "no effect" in line for line in section.unknowns
+    )
+    assert all(len(line) <= WIDTH for line in render_email(report).splitlines())

@@ -28,8 +28,11 @@ from tracekit.guests import (
     KNOB_MAGIC,
     KNOB_WORD,
     KNOBS,
+    PRE_TLBI_EXECUTES,
     PRESETS,
     RAM_BASE,
+    TLBI_CHOICES,
+    TLBI_EXECUTES,
     WORD_MARKER,
     GuestVariant,
     format_knob,
@@ -40,6 +43,7 @@ from tracekit.guests import (
     read_variant,
     vmm_guest_argv,
 )
+from tracekit.ingest.groundtruth import operation
 
 REPRODUCER = Path(__file__).resolve().parent.parent / "reproducer"
 CROSS = "aarch64-linux-gnu-"
@@ -300,6 +304,20 @@ def test_preset_block_matches_its_note(build: Path, name: str) -> None:
         guest.knob_values
     )
     assert words[24:] == [0] * 8  # the derived words are the VMM's to fill
+
+
+def test_the_knob_table_names_every_tlbi_the_guest_code_holds(build: Path) -> None:
+    """Every TLBI and DSB NSH/ISH word in the guest's code, named as the ground-truth log
+    names it, is one guests.guest_invalidations can expect, and each it expects is there:
+    the table and guest.S cannot drift apart (the vhost test checks the counts)."""
+    with (build / "guests" / "mmu-on.elf").open("rb") as stream:
+        text = ELFFile(stream).get_section_by_name(".text").data()
+    words = struct.unpack(f"<{len(text) // 4}I", text[: len(text) // 4 * 4])
+    names = {operation(w) for w in words}
+    in_code = {n for n in names if n.startswith("TLBI ") or n in ("DSB NSH", "DSB ISH")}
+    expected = set(PRE_TLBI_EXECUTES).union(*TLBI_EXECUTES.values())
+    assert in_code == expected
+    assert set(TLBI_EXECUTES) == set(TLBI_CHOICES) - {"none"}
 
 
 def test_old_guest_reads_revision_unknown(build: Path, tmp_path: Path) -> None:

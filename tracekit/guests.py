@@ -78,6 +78,20 @@ DERIVED_WORD = {
     "dose_base": 30,
     "tlbi_arg": 31,
 }
+# What the knobs make one vCPU of the parametric guest execute as invalidations
+# (guest.S): per knob, the instructions it adds, as the ground-truth log names them
+# (tracekit.ingest.groundtruth.operation). pre_tlbi acts only with mmu=1 (its step is
+# inside the MMU-on branch); the tlbi step runs tlbi_count times, each TLBI completed by
+# its DSB. The guest's other barrier (DSB SY before the marker, touch and set/way
+# steps) is not listed: tests compare exactly the TLBIs and the DSB NSH/ISH.
+# tests/test_campaign_vhost.py checks this against the plugin's log of real cells.
+PRE_TLBI_EXECUTES = ("TLBI VMALLE1", "DSB ISH")
+TLBI_EXECUTES = {
+    "vmalle1": ("TLBI VMALLE1", "DSB NSH"),
+    "vmalle1is": ("TLBI VMALLE1IS", "DSB ISH"),
+    "aside1": ("TLBI ASIDE1", "DSB NSH"),
+    "aside1is": ("TLBI ASIDE1IS", "DSB ISH"),
+}
 # The presets the build makes (knobset.c): one ELF each, named after it.
 PRESETS = (
     "mmu-off",
@@ -426,3 +440,18 @@ def vmm_guest_argv(
             )
         argv += ["--backing", backing]
     return argv
+
+
+def guest_invalidations(knobs: Mapping[str, str]) -> dict[str, int]:
+    """TLBIs and DSB NSH/ISH one vCPU executes with these knob values (as the VMM prints)."""
+    counts: dict[str, int] = {}
+    steps: list[tuple[tuple[str, ...], int]] = []
+    if knobs["mmu"] == "1" and knobs["pre_tlbi"] == "1":
+        steps.append((PRE_TLBI_EXECUTES, 1))
+    if knobs["tlbi"] != "none":
+        steps.append((TLBI_EXECUTES[knobs["tlbi"]], int(knobs["tlbi_count"])))
+    for instructions, times in steps:
+        for name in instructions:
+            if times:
+                counts[name] = counts.get(name, 0) + times
+    return counts

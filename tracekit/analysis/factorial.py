@@ -14,6 +14,7 @@ resampled within each dose).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.conditions import FIELD_LABELS, Condition, Unknown
 from tracekit.analysis.runs import metric_values, run_metrics
 from tracekit.errors import TracekitError
 
@@ -109,6 +111,42 @@ def effect_rule() -> str:
         f" {NULL_EFFECTS_FOUND} of {NULL_EFFECTS} null effects of generated campaigns);"
         f" none: inside [1/{EQUIVALENCE:g}, {EQUIVALENCE:g}]; else unclear"
     )
+
+
+# The condition fields a design's factors set (every --knob, the backing); bundles that
+# differ in any other field (kernel, KVM mode, placement, freshness...) are never pooled.
+FACTOR_FIELDS = ("knobs", "backing")
+
+
+def setting_groups(conditions: list[Condition]) -> list[list[int]]:
+    """Indices of the bundles alike in every condition field but the factors', in order.
+
+    An unknown field equals nothing (conditions.Unknown), so a bundle that lacks one is a
+    group of its own.
+    """
+    keys: list[Condition] = []
+    groups: list[list[int]] = []
+    for i, condition in enumerate(conditions):
+        rest = dataclasses.replace(condition, **dict.fromkeys(FACTOR_FIELDS, ""))
+        if rest in keys:
+            groups[keys.index(rest)].append(i)
+        else:
+            keys.append(rest)
+            groups.append([i])
+    return groups
+
+
+def setting_label(conditions: list[Condition], members: list[int]) -> str:
+    """What sets one group apart: the non-factor fields that vary (or are unknown)."""
+    names = [f.name for f in dataclasses.fields(Condition) if f.name not in FACTOR_FIELDS]
+    varying = [
+        n
+        for n in names
+        if len({str(getattr(c, n)) for c in conditions}) > 1
+        or any(isinstance(getattr(c, n), Unknown) for c in conditions)
+    ]
+    first = conditions[members[0]]
+    return ", ".join(f"{FIELD_LABELS[n]} {getattr(first, n)}" for n in varying)
 
 
 # --- Per boot: responses and factor levels ---

@@ -251,6 +251,7 @@ def run_board_step(
     if not record.kernel_release:
         record.kernel_release = os.uname().release
     _finish_cell(out, plan, record, attempt, exit_status)
+    note_emulated(campaign, record, out / record.cell_id)
     campaign.complete = campaign.next_pending() is None
     state.save(campaign, paths)
     echo(f"campaign: cell {record.cell_id}: {record.status}")
@@ -259,6 +260,17 @@ def run_board_step(
         echo(f"campaign: {left} cells left; rebooting: {describe(reboot)}")
         subprocess.run(reboot, check=False)
     return campaign
+
+
+def note_emulated(campaign: Campaign, record: CellRecord, bundle: Path) -> None:
+    """A board step whose bundle says the host was emulated: campaign.json says so too."""
+    from tracekit.vhost.runner import EMULATED_NOTE
+
+    if _bundle_facts(bundle).get("emulated") is not True:
+        return
+    campaign.emulated = True
+    if EMULATED_NOTE not in record.notes:
+        record.notes.append(EMULATED_NOTE)
 
 
 def _run_logged(argv: list[str], log: Path, echo: Echo) -> int:

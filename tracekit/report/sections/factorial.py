@@ -8,9 +8,11 @@ come from tracekit.analysis.factorial; this section only lays them out.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import polars as pl
 
+from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.factorial import (
     FOUND,
     RESPONSES,
@@ -23,6 +25,8 @@ from tracekit.analysis.factorial import (
     effect_rule,
     effects,
     factor_levels,
+    setting_groups,
+    setting_label,
     shape_rule,
     varying_factors,
 )
@@ -34,7 +38,23 @@ SHORT = {RESPONSES[0]: "p99.9", RESPONSES[1]: "probe"}
 
 
 def section(bundles: list[BundleData]) -> Section | None:
-    """Effects (or a dose-response) per response; None unless bundles differ in a factor."""
+    """Effects (or a dose-response) per group of bundles alike but for the factors."""
+    if len(bundles) < 2:
+        return None
+    conditions = [bundle_condition(b.manifest) for b in bundles]
+    groups = setting_groups(conditions)
+    if len(groups) == 1:
+        return _group_section(bundles)
+    made = [(setting_label(conditions, g), _group_section([bundles[i] for i in g])) for g in groups]
+    alone = [label for (label, part), g in zip(made, groups, strict=True) if part is None]
+    parts = [(label, part) for label, part in made if part is not None]
+    if not parts:
+        return None
+    return _merged(parts, alone)
+
+
+def _group_section(bundles: list[BundleData]) -> Section | None:
+    """One group's effects or dose-response; None unless its bundles differ in a factor."""
     if len(bundles) < 2:
         return None
     frame = campaign_frame([_boot(b) for b in bundles])
@@ -46,6 +66,33 @@ def section(bundles: list[BundleData]) -> Section | None:
     if dose is not None:
         return _dose_section(frame, dose, measured)
     return _effects_section(frame, factors, measured)
+
+
+def _merged(parts: list[tuple[str, Section]], alone: list[str]) -> Section:
+    """One section of the groups' sections, each finding and table named by its group."""
+    findings = ["bundles that differ in more than the factors are never pooled: effects per group"]
+    tables, plots, unknowns = [], [], []
+    for label, part in parts:
+        findings += [f"[{label}] {line}" for line in part.findings]
+        tables += [replace(t, title=f"[{label}] {t.title}") for t in part.tables]
+        plots += [replace(p, title=f"[{label}] {p.title}") for p in part.plots]
+        unknowns += [f"[{label}] {line}" for line in part.unknowns]
+    unknowns += [
+        f"[{label}]: no effect, its bundles do not differ in a factor (or it is one bundle)"
+        for label in alone
+    ]
+    title = parts[0][1].title if len({p.title for _, p in parts}) == 1 else _MIXED_TITLE
+    return Section(
+        key="factorial",
+        title=title,
+        findings=findings,
+        tables=tables,
+        plots=plots,
+        unknowns=unknowns,
+    )
+
+
+_MIXED_TITLE = "Campaign: effects and dose-responses of the factors (boot = unit)"
 
 
 def _boot(data: BundleData) -> tuple[str, dict[str, str], dict[str, float | None]]:
