@@ -113,7 +113,7 @@ def test_warnings_and_contradictions_lead_every_format(
         assert " ".join(line.strip() for line in lines[:2]) == first
         assert lines[2] == said
     html = render(report, "html")
-    assert html.index(first) < html.index(said) < html.index("bundle b;")
+    assert html.index(first) < html.index(said) < html.index("b; host:")
     assert '"contradictions": [\n  "hotplug did not flush CPU 1"' in render(report, "json")
 
 
@@ -131,3 +131,36 @@ def test_the_header_names_the_guest_the_decision_table_names(tmp_path: Path) -> 
     assert guest_variant(data.manifest) == "mmu-off"
     assert "guest mmu-off on CPU 1" in " ".join(report.header)
     assert "(mmu-off on CPU 1)" in report.question and "mmu-on" not in report.question
+
+
+def test_every_format_leads_with_the_same_not_known_and_lists_every_item(
+    tmp_path: Path,
+) -> None:
+    import json
+    from dataclasses import replace
+    from html import escape
+
+    from tracekit.report.gather import not_known_lines, not_known_note
+    from tracekit.report.render import render
+
+    real = assemble.build_report([load_bundle(copy_real_bundle(tmp_path / "b"))])
+    extra = Section(key="extra", title="Extra <topic>", unknowns=["x < y", "z"])
+    report = replace(real, sections=[*real.sections, extra])
+    number = len(report.sections)
+    lead = not_known_lines(report)
+    assert f"{number}. Extra <topic>: 2 items" in lead
+    items = [u for s in report.sections for u in s.unknowns]
+    data = json.loads(render(report, "json"))
+    assert data["lead"]["not known"] == lead
+    assert data["lead_notes"]["not known"] == not_known_note(report)
+    assert [u for part in data["not_known"] for u in part["items"]] == items
+    assert data["not_known"][-1] == {"section": "extra", "number": number, "items": ["x < y", "z"]}
+    html = render(report, "html")
+    part = html.split('<section id="what-is-not-known">', 1)[1]
+    assert html.index('href="#what-is-not-known"') < html.index('<section id="what-is-not-known"')
+    assert all(f"<li>{escape(u)}</li>" in part for u in items)
+    for fmt in ("text", "email"):
+        flat = " ".join(render(report, fmt).split())
+        assert all(f"- {line}" in flat for line in lead)
+        tail = flat.split(f"{number + 1}. What is not known", 2)[-1]
+        assert all(f"- {u}" in tail for u in items)

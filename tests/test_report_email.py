@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from report_bundles import EVIL_COMM, LONG_CELL, awkward_section, copy_real_bundle, make_bundle
@@ -10,7 +11,7 @@ from report_bundles import EVIL_COMM, LONG_CELL, awkward_section, copy_real_bund
 from tracekit.ingest.bundle import load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.email import WIDTH, render_email
-from tracekit.report.model import Report
+from tracekit.report.model import Report, Section
 
 
 def _assert_fits(text: str) -> None:
@@ -38,9 +39,9 @@ def test_email_of_the_real_bundle_fits_72_columns(tmp_path: Path) -> None:
     assert lines[0].startswith("EMULATED HOST (QEMU): timings are not hardware timings.")
     flat = _unwrapped(text)
     assert "4 x Cortex-A76, KVM nvhe, emulated" in flat
-    assert "bundle bundle;" in flat and str(tmp_path) not in flat  # relative, not local
+    assert "- bundle; host:" in text and str(tmp_path) not in flat  # relative, not local
     # The lead's skeleton, in order, before the details.
-    heads = ["Question:", "Setup:", "Result:", "Controls:", "Not known:", "Details"]
+    heads = ["Question:", "Setup:", "Result:", "Controls:", "Not known", "Details"]
     at = [next(i for i, line in enumerate(lines) if line.startswith(h)) for h in heads]
     assert at == sorted(at) and at[-1] < 60
     lead = _unwrapped("\n".join(lines[: at[-1]]))
@@ -76,7 +77,47 @@ def test_email_fits_and_cuts_nothing_on_an_awkward_report(tmp_path: Path) -> Non
     # One header line per bundle naming kernel and condition.
     assert sum("6.1.0-test" in line for line in text.splitlines()[:8]) == 2
     assert "guest mmu-off on CPU 1" in _unwrapped(text)
-    # Unknowns of every section are gathered in the lead, before the details.
-    tail = _unwrapped(text.split("Not known:", 1)[1].split("Details", 1)[0])
+    # The lead counts the awkward section's unknowns and points to the details' last
+    # part, which says every section's in full.
+    lead = _unwrapped(text.split("Not known (", 1)[1].split("\nDetails\n", 1)[0])
+    number = len(report.sections)
+    assert f"{number + 1}. What is not known" in lead
+    assert f"{number}. Awkward section with {EVIL_COMM} in its title: 2 items" in lead
+    tail = _unwrapped(text.split(f"{number + 1}. What is not known\n", 1)[1])
     assert "2+2 quiet runs cannot reach a verdict; the rule needs 4+4" in tail
     assert f"what {EVIL_COMM} did" in tail
+
+
+def _lead_lines(text: str) -> list[str]:
+    """The email's lead: its lines before the details."""
+    lines = text.splitlines()
+    return lines[: lines.index("Details")]
+
+
+def test_the_email_lead_fits_a_screen_and_every_unknown_is_said(tmp_path: Path) -> None:
+    report = build_report([load_bundle(copy_real_bundle(tmp_path / "bundle"))])
+    text = render_email(report)
+    lead = _lead_lines(text)
+    assert len(lead) <= 42, len(lead)
+    # Nothing dropped: every section's unknowns are in the email, the lead names where.
+    items = [u for s in report.sections for u in s.unknowns]
+    assert items and all(" ".join(u.split()) in _unwrapped(text) for u in items)
+    heading = next(line for line in lead if line.startswith("Not known ("))
+    assert f"{len(items)} items, all in Details" in heading
+    # Each verdict once: the result's "needs 4+4 runs" is not said again as not known.
+    flat = _unwrapped("\n".join(lead))
+    assert "needs 4+4 runs to show an effect" in flat and "cannot reach a verdict" not in flat
+
+
+def test_the_lead_counts_other_sections_unknowns_in_one_line_each(tmp_path: Path) -> None:
+    real = build_report([load_bundle(copy_real_bundle(tmp_path / "bundle"))])
+    extra = Section(key="x", title="Extra", unknowns=["a", "b", "c"])
+    said = Section(key="y", title="Said before", unknowns=["a"])  # each item said once
+    report = replace(real, sections=[*real.sections, extra, said])
+    text = render_email(report)
+    lead = _lead_lines(text)
+    number = len(real.sections) + 1
+    assert f"- {number}. Extra: 3 items" in lead
+    assert not [line for line in lead if "Said before" in line]
+    part = text.split(f"{number + 2}. What is not known\n", 1)[1].splitlines()
+    assert part.count("- a") == 1 and f"{number}. Extra:" in part

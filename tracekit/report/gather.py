@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tracekit.analysis.compare import Comparison
 from tracekit.report.model import Report, Section
+
+# The details' last part, where every section's unknowns are listed in full.
+NOT_KNOWN_PART = "What is not known"
+# The result's own unknowns the lead states in full; the rest are counted in one line.
+LEAD_RESULT_UNKNOWNS = 3
+
+
+class LeadPart(NamedTuple):
+    """One part of the lead: its title, its lines, and a note said with the title."""
+
+    title: str
+    items: list[str]
+    note: str = ""
 
 
 def warnings_line(report: Report) -> str:
@@ -36,11 +51,72 @@ def lost_events_line(report: Report) -> str:
 
 def unknowns(report: Report) -> list[str]:
     """Every section's unknowns, in report order, each said once."""
-    seen: dict[str, None] = {}
-    for section in report.sections:
-        for item in section.unknowns:
-            seen.setdefault(item, None)
-    return list(seen)
+    return [item for _, _, items in unknowns_by_section(report) for item in items]
+
+
+def unknowns_by_section(report: Report) -> list[tuple[int, Section, list[str]]]:
+    """Each section's unknowns not said by an earlier one, with its number in the details."""
+    seen: set[str] = set()
+    out = []
+    for number, section in enumerate(report.sections, 1):
+        items = [u for u in dict.fromkeys(section.unknowns) if u not in seen]
+        seen.update(items)
+        if items:
+            out.append((number, section, items))
+    return out
+
+
+def not_known_number(report: Report) -> int:
+    """The number of the details' part that lists every unknown: after the sections."""
+    return len(report.sections) + 1
+
+
+def not_known_lines(report: Report) -> list[str]:
+    """The lead's not-known part: what bears on the result, then one line per section.
+
+    The result's sections (those with headline comparisons) give their unknowns in full,
+    up to LEAD_RESULT_UNKNOWNS, but not one the result already says; every other section
+    is one line with its count. The details' last part lists them all.
+    """
+    lines: list[str] = []
+    for number, section, items in unknowns_by_section(report):
+        own = [u for u in items if not said_by_result(u, section)]
+        shown = own[:LEAD_RESULT_UNKNOWNS] if section.headline else []
+        lines += shown
+        if len(own) > len(shown):
+            lines.append(f"{number}. {section.title}: {_count_items(own, shown)}")
+    return lines
+
+
+def _count_items(own: list[str], shown: list[str]) -> str:
+    """How many of a section's items the lead leaves to the details: "2 items", "1 more"."""
+    rest = len(own) - len(shown)
+    if shown:
+        return f"{rest} more"
+    return f"{rest} item" + ("s" if rest > 1 else "")
+
+
+def said_by_result(item: str, section: Section) -> bool:
+    """True when the item is a headline comparison's shortfall its result line states.
+
+    Each verdict once: "2+2 quiet runs cannot reach a verdict; the rule needs 4+4" says
+    again what "(..., 2+2 runs): inconclusive; needs 4+4 runs to show an effect" said.
+    """
+    return any(
+        c.needed_runs is not None
+        and f"{c.n_before}+{c.n_after} " in item
+        and f"needs {c.needed_runs}+{c.needed_runs}" in item
+        for c in section.headline
+    )
+
+
+def not_known_note(report: Report) -> str:
+    """Where the lead's not-known part is said in full, with how many items it has."""
+    count = len(unknowns(report))
+    if not count:
+        return ""
+    items = "item" if count == 1 else "items"
+    return f"{count} {items}, all in Details, {not_known_number(report)}. {NOT_KNOWN_PART}"
 
 
 def verdict_rules(report: Report) -> list[str]:
@@ -49,14 +125,19 @@ def verdict_rules(report: Report) -> list[str]:
     return list(dict.fromkeys(c.thresholds.rule() for c in every))
 
 
-def lead(report: Report) -> list[tuple[str, list[str]]]:
+def lead(report: Report) -> list[LeadPart]:
     """The lead every format draws after the warnings and contradictions, in this order."""
+    known = not unknowns(report)
     return [
-        ("question", [report.question] if report.question else []),
-        ("setup", list(report.header)),
-        ("result", result_lines(report)),
-        ("controls", list(report.controls)),
-        ("not known", unknowns(report) or ["nothing the sections listed"]),
+        LeadPart("question", [report.question] if report.question else []),
+        LeadPart("setup", list(report.header)),
+        LeadPart("result", result_lines(report)),
+        LeadPart("controls", list(report.controls)),
+        LeadPart(
+            "not known",
+            ["nothing the sections listed"] if known else not_known_lines(report),
+            not_known_note(report),
+        ),
     ]
 
 

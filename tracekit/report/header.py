@@ -115,7 +115,9 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
     """The setup: the bundle, host and protocol (several bundles: one line each), controls."""
     if len(bundles) == 1:
         data = bundles[0]
-        return [f"bundle {data.path.name}; {host_line(data)}", protocol_line(data)]
+        # The bundle's name leads its host line (one line where it fits), as several
+        # bundles' lines do.
+        return [f"{data.path.name}; {host_line(data)}", protocol_line(data)]
     lines = [f"{len(bundles)} bundles:"]
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")

@@ -13,10 +13,12 @@ from html import escape
 from tracekit.analysis.compare import Comparison
 from tracekit.report.ascii import cell
 from tracekit.report.gather import (
+    NOT_KNOWN_PART,
     contradiction_lines,
     headline,
     lead,
     result_notes,
+    unknowns_by_section,
     warnings_line,
 )
 from tracekit.report.model import Plot, Report, Section, Table
@@ -58,6 +60,7 @@ def render_html(report: Report) -> str:
         _lead(report),
         _contents(report),
         *(_section(s) for s in report.sections),
+        _not_known(report),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -67,27 +70,47 @@ def _lead(report: Report) -> str:
     """Warnings and contradictions (they stand out), then the lead's parts in order."""
     lines = [f'<p class="warning">{escape(warnings_line(report))}</p>'] if report.warnings else []
     lines += [f'<p class="warning">{escape(c)}</p>' for c in contradiction_lines(report)]
-    for title, items in lead(report):
-        if not items:
+    for title, items, note in lead(report):
+        if not items and not note:
             continue
         lines.append(f'<h2 id="{_anchor(title)}">{escape(title[0].upper() + title[1:])}</h2>')
+        if note:  # where the part is said in full: a link to it
+            lines.append(f'<p class="note"><a href="#{NOT_KNOWN_ID}">{escape(note)}</a></p>')
         if title == "result" and headline(report):
             lines.append(_comparisons(headline(report)))
             items = result_notes(report)
-        lines.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
+        if items:
+            lines.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
     return "<header>" + "\n".join(lines) + "</header>"
 
 
+# The details' part listing every unknown (the lead's not-known part links to it).
+NOT_KNOWN_ID = "what-is-not-known"
+
+
 def _contents(report: Report) -> str:
-    """Links to the details' sections."""
-    items = "".join(
-        f'<li><a href="#{_anchor(s.key)}">{escape(s.title)}</a></li>' for s in report.sections
-    )
-    return f"<nav><h2>Details</h2><ul>{items}</ul></nav>"
+    """Links to the details' sections, then to the list of every unknown."""
+    links = [(_anchor(s.key), s.title) for s in report.sections]
+    links += [(NOT_KNOWN_ID, NOT_KNOWN_PART)] if unknowns_by_section(report) else []
+    items = "".join(f'<li><a href="#{key}">{escape(title)}</a></li>' for key, title in links)
+    return f"<nav><h2>Details</h2><ol>{items}</ol></nav>"
+
+
+def _not_known(report: Report) -> str:
+    """Every section's unknowns in full, under the section's number and title."""
+    groups = unknowns_by_section(report)
+    if not groups:
+        return ""
+    parts = [f'<section id="{NOT_KNOWN_ID}"><h2>{escape(NOT_KNOWN_PART)}</h2>']
+    for number, section, items in groups:
+        link = f'<a href="#{_anchor(section.key)}">{number}. {escape(section.title)}</a>'
+        parts.append(f"<h3>{link}</h3>")
+        parts.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
+    return "\n".join(parts) + "</section>"
 
 
 def _section(section: Section) -> str:
-    """A section: findings, comparisons, tables, plots, lost events (unknowns: the lead)."""
+    """A section: findings, comparisons, tables, plots, lost events (unknowns: at the end)."""
     parts = [f'<section id="{_anchor(section.key)}"><h2>{escape(section.title)}</h2>']
     if section.findings:
         parts.append("<ul>" + "".join(f"<li>{escape(f)}</li>" for f in section.findings) + "</ul>")

@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.compare import Comparison
-from tracekit.report.gather import lead, lost_events_line, unknowns
+from tracekit.report.gather import lead, lost_events_line, unknowns, unknowns_by_section
 from tracekit.report.model import Plot, Report, Section, Table
 
 SCHEMA = "tracekit-report"
@@ -39,10 +39,17 @@ def report_data(report: Report) -> dict[str, Any]:
         "question": report.question,
         "header": list(report.header),
         "controls": list(report.controls),
-        "lead": {title: items for title, items in lead(report)},
+        "lead": {part.title: part.items for part in lead(report)},
+        # What a lead part's title says with it (where the part is said in full).
+        "lead_notes": {part.title: part.note for part in lead(report) if part.note},
         "lost_events": lost_events_line(report),
         "sections": [_section(s) for s in report.sections],
         "unknowns": unknowns(report),
+        # The details' last part: each section's unknowns (not said by an earlier one).
+        "not_known": [
+            {"section": section.key, "number": number, "items": items}
+            for number, section, items in unknowns_by_section(report)
+        ],
     }
 
 

@@ -2,8 +2,9 @@
 
 Both draw the same skeleton: one first line with every warning, the findings that
 contradict the setup, then the lead (question, setup, result with its spread, controls,
-what is not known), then the details: each section's findings, tables and the
-comparisons the lead does not state. Each verdict is said once.
+what is not known: what bears on the result, a count per other section), then the
+details: each section's findings, tables and the comparisons the lead does not state,
+and last every unknown in full. Each verdict is said once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ from __future__ import annotations
 import textwrap
 
 from tracekit.report.ascii import table_lines
-from tracekit.report.gather import comparisons_note, contradiction_lines, lead, warnings_line
+from tracekit.report.gather import (
+    NOT_KNOWN_PART,
+    comparisons_note,
+    contradiction_lines,
+    lead,
+    not_known_number,
+    unknowns_by_section,
+    warnings_line,
+)
 from tracekit.report.model import Report, Section
 
 WIDTH = 72
@@ -21,19 +30,32 @@ def plain_lines(report: Report, table_width: int | None, plots_note: bool) -> li
     """Every line of the report; `table_width` bounds tables, `plots_note` names plots."""
     first = [warnings_line(report)] if report.warnings else []
     lines = [w for line in [*first, *contradiction_lines(report)] for w in wrap(line)]
-    for title, items in lead(report):
-        if not items:
+    for title, items, note in lead(report):
+        if not items and not note:
             continue
         heading = title[0].upper() + title[1:]
         if len(items) == 1 and title == "question":
             lines += ["", *wrap(f"{heading}: {items[0]}")]
             continue
-        lines += ["", f"{heading}:"]
+        lines += ["", *wrap(f"{heading} ({note}):" if note else f"{heading}:")]
         lines += [w for item in items for w in wrap(item, bullet=True)]
     if report.sections:
         lines += ["", "Details", "=" * len("Details")]
     for number, section in enumerate(report.sections, 1):
         lines += ["", *_section(number, section, table_width, plots_note)]
+    return lines + _not_known(report)
+
+
+def _not_known(report: Report) -> list[str]:
+    """The details' last part: every section's unknowns in full, under its number."""
+    groups = unknowns_by_section(report)
+    if not groups:
+        return []
+    title = f"{not_known_number(report)}. {NOT_KNOWN_PART}"
+    lines = ["", title, "-" * len(title)]
+    for number, section, items in groups:
+        lines += ["", *wrap(f"{number}. {section.title}:")]
+        lines += [w for item in items for w in wrap(item, bullet=True)]
     return lines
 
 
