@@ -26,6 +26,7 @@ from tracekit.analysis.factorial import (
     NULL_SWEEPS_SHAPED,
     PRIMARY_RESPONSE,
     UNDECIDED,
+    boot_lines,
     campaign_frame,
     dose_factor,
     dose_response,
@@ -202,3 +203,20 @@ def test_factor_levels_from_collect_options() -> None:
     """Knobs, backing and the options a design varies, as the manifest records them."""
     options = {"knobs": ["mmu=1", "pages=64"], "backing": "thp", "touch_kb": [], "runs": 4}
     assert factor_levels(options) == {"mmu": "1", "pages": "64", "backing": "thp"}
+
+
+def test_bundles_of_one_boot_and_condition_are_one_unit() -> None:
+    """Two boots per condition, each boot holding three bundles: six bundles, two units,
+    the df between boots (2), not between bundles (10); the unit is their mean log ratio."""
+    rows, ids = [], []
+    for level in ("0", "1"):
+        for boot in range(2):
+            for cell in range(3):
+                value = math.exp(0.1 * boot + 0.01 * cell + (0.5 if level == "1" else 0))
+                rows.append((f"{level}-{boot}-{cell}", {"mmu": level}, {PRIMARY_RESPONSE: value}))
+                ids.append(f"boot-{level}-{boot}")
+    frame = campaign_frame(rows, ids)
+    (effect,) = effects(frame, ["mmu"], PRIMARY_RESPONSE)
+    assert effect.boots == 4 and effect.df == 2
+    assert effect.ratio == pytest.approx(math.exp(0.5))
+    assert boot_lines(frame, ["mmu"]) == ["bundles of one boot and condition count as one boot"]
