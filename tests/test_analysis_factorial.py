@@ -83,7 +83,7 @@ def test_known_main_effects_and_interaction_recovered_within_their_intervals() -
     truth = {
         "mmu": math.sqrt(2 * 3),
         "leaf": math.sqrt(1.3 * 1.3 * 1.5),
-        "leaf x mmu": math.sqrt(1.5),
+        "leaf x mmu": 1.5,
     }
     for term, value in truth.items():
         effect = found[term]
@@ -103,7 +103,7 @@ def test_intervals_cover_and_null_effects_are_found_at_the_stated_rate() -> None
             truth = {
                 "mmu": math.sqrt(6),
                 "leaf": math.sqrt(1.3 * 1.3 * 1.5),
-                "leaf x mmu": math.sqrt(1.5),
+                "leaf x mmu": 1.5,
             }.get(effect.term, 1.0)
             covered += effect.ci_low < truth < effect.ci_high
             total += 1
@@ -220,3 +220,17 @@ def test_bundles_of_one_boot_and_condition_are_one_unit() -> None:
     assert effect.boots == 4 and effect.df == 2
     assert effect.ratio == pytest.approx(math.exp(0.5))
     assert boot_lines(frame, ["mmu"]) == ["bundles of one boot and condition count as one boot"]
+
+
+def test_an_interaction_reads_as_the_ratio_of_the_effects() -> None:
+    """mmu x2 at 1g and x3 at 4k, no noise: 'leaf x mmu' is x1.5 (3 / 2), the ratio of
+    mmu's effect at 4k to its effect at 1g, not its square root."""
+    after = {("0", "1g"): 1.0, ("1", "1g"): 2.0, ("0", "4k"): 1.3, ("1", "4k"): 3.9}
+    rows = [
+        (f"{mmu}-{leaf}-{r}", {"mmu": mmu, "leaf": leaf}, {PRIMARY_RESPONSE: value})
+        for (mmu, leaf), value in after.items()
+        for r in range(2)
+    ]
+    found = {e.term: e for e in effects(campaign_frame(rows), ["leaf", "mmu"], PRIMARY_RESPONSE)}
+    assert found["leaf x mmu"].ratio == pytest.approx(3.0 / 2.0)
+    assert found["mmu"].ratio == pytest.approx(math.sqrt(2.0 * 3.0))

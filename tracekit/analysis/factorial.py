@@ -5,8 +5,10 @@ ratio (the primary metric, cyclictest p99.9 as the mean of per-run values; the p
 cost, the mean of its slots' median call time), and the bundles of one boot (its
 manifest's host.boot_id) at one condition are averaged into one unit: cells that share a
 boot share its state (the effect lasts until reboot), so they are not replicates. Effects
-are computed on log ratios from the condition means, so a main effect or an interaction
-reads as a factor (x1.8: the effect is 1.8 times larger at the second level). Each has a
+are computed on log ratios from the condition means, so each reads as a factor: a main
+effect x1.8, the after/before ratio is 1.8 times larger at the factor's second level; an
+interaction a x b x1.8, a's effect is 1.8 times larger at b's second level than at its
+first (a ratio of ratios; x1: a acts alike at both). Each has a
 t interval from the spread between the boots of a condition (pooled over conditions;
 needs two boots in some condition).
 
@@ -108,7 +110,8 @@ def shape_rule() -> str:
 def effect_rule() -> str:
     """The effects rule, as the report states it."""
     return (
-        f"effects on log after/before ratios of cell means, boot = unit; {CONFIDENCE:.0%}"
+        f"effects on log after/before ratios of cell means, boot = unit (a x b: a's effect"
+        f" at b's second level over a's effect at its first); {CONFIDENCE:.0%}"
         f" t interval from the spread between boots of a condition; found: the interval"
         f" excludes x1 (false positives: {1 - CONFIDENCE:.0%} per effect by design,"
         f" {NULL_EFFECTS_FOUND} of {NULL_EFFECTS} null effects of generated campaigns);"
@@ -345,9 +348,9 @@ def _terms(
         signs = np.array(
             [_sign(c[a], levels[a]) * _sign(c[b], levels[b]) for c in cells.levels], dtype=float
         )
-        # Half the change of a's effect between b's levels, as a two-level design defines it.
-        half = len(signs) / 2
-        terms.append((f"{a} x {b}", "", signs / half))
+        # The whole change of a's (log) effect between b's levels, so the printed factor is
+        # the ratio of a's effects (textbooks' interaction is half of it: its square root).
+        terms.append((f"{a} x {b}", "", signs / (len(signs) / 4)))
     return terms
 
 
