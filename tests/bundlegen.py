@@ -49,6 +49,7 @@ class Spec:
     seed: int = 0
     knobs: tuple[str, ...] = ()  # NAME=VALUE, recorded as collect's --knob options
     vmid: int | None = None  # collect --vmid: a vmid-prep run of vmid-1 throwaway VMs first
+    boot_id: str | None = ""  # host.boot_id: "" a boot of its own, None unrecorded (old)
 
     @property
     def effect(self) -> float:
@@ -71,7 +72,7 @@ def generate(root: Path, spec: Spec) -> Path:
     rng = np.random.default_rng(spec.seed)
     pool = real_runs()
     probes = {cpu: read_probe_file(FIXTURES / f"tlbi-probe-cpu{cpu}.bin")[1] for cpu in PROBE_CPUS}
-    writer = BundleWriter.create(root, _manifest(spec))
+    writer = BundleWriter.create(root, _manifest(spec, str(root)))
     clock = _vmid_prep(writer, spec, 10_000_000_000)
     for phase in ("before", "guest", "after"):
         scale = spec.effect if phase == "after" else 1.0
@@ -99,7 +100,7 @@ def _resample(rng: np.random.Generator, pool: list[np.ndarray]) -> np.ndarray:
     return rng.choice(source, size=len(source), replace=True).astype(float)
 
 
-def _manifest(spec: Spec) -> Manifest:
+def _manifest(spec: Spec, name: str) -> Manifest:
     """The manifest collect would write for this condition, from the real host's facts."""
     real = json.loads(MANIFEST.read_text())
     host = dict(real["host"])
@@ -112,6 +113,9 @@ def _manifest(spec: Spec) -> Manifest:
         for key in ("tlbirange", "fwb")
     }
     host["thp"] = {"enabled": "always", "defrag": "madvise"}
+    host.pop("boot_id", None)
+    if spec.boot_id is not None:
+        host["boot_id"] = spec.boot_id or f"generated-boot-of-{name}"
     options = dict(real["options"])
     options |= {"guest_cpus": [spec.guest_cpu], "after_guest": spec.after_guest}
     options |= {"runs": spec.runs, "traced_runs": 0, "scenario": "main"}

@@ -26,6 +26,7 @@ from tracekit.analysis.factorial import (
     NULL_SWEEPS_SHAPED,
     PRIMARY_RESPONSE,
     UNDECIDED,
+    boot_lines,
     campaign_frame,
     dose_factor,
     dose_response,
@@ -82,7 +83,7 @@ def test_known_main_effects_and_interaction_recovered_within_their_intervals() -
     truth = {
         "mmu": math.sqrt(2 * 3),
         "leaf": math.sqrt(1.3 * 1.3 * 1.5),
-        "leaf x mmu": math.sqrt(1.5),
+        "leaf x mmu": 1.5,
     }
     for term, value in truth.items():
         effect = found[term]
@@ -102,7 +103,7 @@ def test_intervals_cover_and_null_effects_are_found_at_the_stated_rate() -> None
             truth = {
                 "mmu": math.sqrt(6),
                 "leaf": math.sqrt(1.3 * 1.3 * 1.5),
-                "leaf x mmu": math.sqrt(1.5),
+                "leaf x mmu": 1.5,
             }.get(effect.term, 1.0)
             covered += effect.ci_low < truth < effect.ci_high
             total += 1
@@ -202,3 +203,34 @@ def test_factor_levels_from_collect_options() -> None:
     """Knobs, backing and the options a design varies, as the manifest records them."""
     options = {"knobs": ["mmu=1", "pages=64"], "backing": "thp", "touch_kb": [], "runs": 4}
     assert factor_levels(options) == {"mmu": "1", "pages": "64", "backing": "thp"}
+
+
+def test_bundles_of_one_boot_and_condition_are_one_unit() -> None:
+    """Two boots per condition, each boot holding three bundles: six bundles, two units,
+    the df between boots (2), not between bundles (10); the unit is their mean log ratio."""
+    rows, ids = [], []
+    for level in ("0", "1"):
+        for boot in range(2):
+            for cell in range(3):
+                value = math.exp(0.1 * boot + 0.01 * cell + (0.5 if level == "1" else 0))
+                rows.append((f"{level}-{boot}-{cell}", {"mmu": level}, {PRIMARY_RESPONSE: value}))
+                ids.append(f"boot-{level}-{boot}")
+    frame = campaign_frame(rows, ids)
+    (effect,) = effects(frame, ["mmu"], PRIMARY_RESPONSE)
+    assert effect.boots == 4 and effect.df == 2
+    assert effect.ratio == pytest.approx(math.exp(0.5))
+    assert boot_lines(frame, ["mmu"]) == ["bundles of one boot and condition count as one boot"]
+
+
+def test_an_interaction_reads_as_the_ratio_of_the_effects() -> None:
+    """mmu x2 at 1g and x3 at 4k, no noise: 'leaf x mmu' is x1.5 (3 / 2), the ratio of
+    mmu's effect at 4k to its effect at 1g, not its square root."""
+    after = {("0", "1g"): 1.0, ("1", "1g"): 2.0, ("0", "4k"): 1.3, ("1", "4k"): 3.9}
+    rows = [
+        (f"{mmu}-{leaf}-{r}", {"mmu": mmu, "leaf": leaf}, {PRIMARY_RESPONSE: value})
+        for (mmu, leaf), value in after.items()
+        for r in range(2)
+    ]
+    found = {e.term: e for e in effects(campaign_frame(rows), ["leaf", "mmu"], PRIMARY_RESPONSE)}
+    assert found["leaf x mmu"].ratio == pytest.approx(3.0 / 2.0)
+    assert found["mmu"].ratio == pytest.approx(math.sqrt(2.0 * 3.0))

@@ -87,8 +87,10 @@ def test_two_cell_campaign_in_the_emulated_host(vhost_available, tmp_path: Path)
 # the boot that already loads the ground-truth plugin, so the plugin's log shows what
 # each cell's guest executed. Cells share a boot, so none is fresh: one throwaway MMU-off
 # VM runs first, so every cell finds a host where a VM ran (allow_dirty), whether or not
-# other checks ran before. The effects are expected null on an emulated host; what is
-# asserted is the machinery on real bundles, not a verdict (docs/campaign.md).
+# other checks ran before; the cells after the first MMU-on one find a host it changed.
+# So the cells are not replicates: the report must count them as one boot, give no
+# interval, and say why. What is asserted is the machinery on real bundles, not a
+# verdict (docs/campaign.md).
 DESIGN_CONFIG = "nvhe-a53"
 DESIGN_CHECK = "campaign_design"
 DESIGN_PLAN = f"""
@@ -136,8 +138,9 @@ def _design_dir(vhost_boot) -> Path:  # type: ignore[no-untyped-def]
 
 @pytest.mark.vhost
 def test_a_fractional_design_runs_end_to_end_in_one_boot(vhost_boot) -> None:  # type: ignore[no-untyped-def]
-    """Every cell of the design ran, its bundle holds its levels, and the report's effects
-    section has each term with its interval and the design's aliases (none: full)."""
+    """Every cell of the design ran, its bundle holds its levels and its boot, and the
+    report's effects section has each term, the design's aliases (none: full), and no
+    interval: the four cells are one boot."""
     check_design_campaign(_design_dir(vhost_boot))
 
 
@@ -183,8 +186,11 @@ def check_design_campaign(out: Path) -> None:
     bundles = load_bundles([camp])
     assert sorted(b.path.name for b in bundles) == sorted(c["cell_id"] for c in cells)
     axes = {c["cell_id"]: c["axes"] for c in cells}
-    # One boot: a VM ran before every cell; whatever preflight could read, it is the same.
+    # One boot: a VM ran before every cell; whatever preflight could read, it is the same,
+    # and every bundle records that one boot.
     assert len({b.manifest.host["freshness"]["state"] for b in bundles}) == 1
+    boots = {b.manifest.host.get("boot_id") for b in bundles}
+    assert len(boots) == 1 and None not in boots, boots
     for data in bundles:
         manifest = data.manifest
         assert manifest.complete and manifest.host["emulated"] is True
@@ -195,7 +201,7 @@ def check_design_campaign(out: Path) -> None:
 
 
 def check_factorial_section(bundles: list[BundleData], plan: Plan, names: list[str]) -> None:
-    """Every term with an interval, the design's aliases, and conditions never pooled."""
+    """Every term and the design's aliases; one boot, so no interval; never pooled."""
     section = factorial.section(bundles)
     assert section is not None and section.title.startswith("Campaign: effects")
     assert section.tables, section.findings + section.unknowns
@@ -206,22 +212,27 @@ def check_factorial_section(bundles: list[BundleData], plan: Plan, names: list[s
         for term, aliased in expected.items():
             got = set() if rows[term]["aliases"] == "-" else set(rows[term]["aliases"].split(","))
             assert got == aliased, term
-            assert rows[term]["95% CI"] != "-", term  # an interval from the replicates
-        df = DESIGN_CELLS - len(plan.design.conditions())
-        assert table.note.startswith(f"{DESIGN_CELLS} boots, {df} degrees of freedom"), table.note
+            # Cells of one boot are one unit per condition: no spread between boots.
+            assert rows[term]["95% CI"] == "-" and rows[term]["verdict"] == "unclear", term
+        assert table.note.startswith(f"{DESIGN_CELLS} bundles from 1 boot, 0 degrees of freedom"), (
+            table.note
+        )
+    assert any("ran cells of more than one condition" in line for line in section.findings)
+    assert any("no condition was run on two boots" in line for line in section.unknowns)
     # No pooling: each condition's boots are exactly the cells run at its levels.
     frame = campaign_frame(
         [
             (b.path.name, factor_levels(b.manifest.options), boot_responses(b.latencies, b.probes))
             for b in bundles
-        ]
+        ],
+        [b.manifest.host["boot_id"] for b in bundles],
     )
-    groups = frame.group_by(names).agg(pl.col("boot").sort())
+    groups = frame.group_by(names).agg(pl.col("bundle").sort())
     assert plan.design is not None and groups.height == len(plan.design.conditions())
     cells = {b.path.name: factor_levels(b.manifest.options) for b in bundles}
     for row in groups.iter_rows(named=True):
         same = sorted(c for c, lv in cells.items() if all(lv[n] == row[n] for n in names))
-        assert row["boot"] == same and len(same) == plan.repeats
+        assert row["bundle"] == same and len(same) == plan.repeats
     report = build_report(bundles)
     assert report.emulated
     email = render(report, "email")

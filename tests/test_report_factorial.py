@@ -156,8 +156,45 @@ def test_bundles_that_differ_beyond_the_factors_are_never_pooled(tmp_path: Path)
     assert len(primary) == 2
     for kernel, table in zip(kernels, primary, strict=True):
         assert table.title.startswith("[") and f"kernel {kernel}" in table.title
-        assert table.note.startswith("8 boots")
+        assert table.note.startswith("8 bundles from 8 boots")
     assert any(
         "guest revision unknown" in line and "no effect" in line for line in section.unknowns
     )
     assert all(len(line) <= WIDTH for line in render_email(report).splitlines())
+
+
+def test_cells_of_one_boot_are_one_unit_not_replicates(tmp_path: Path) -> None:
+    """Four cells of one boot (as `campaign --board` in one boot makes): one unit per
+    condition, so no interval; the report says so and never prints them as four boots."""
+    bundles = [
+        load_bundle(
+            generate(
+                tmp_path / f"{i}-pre_tlbi{level}",
+                Spec(runs=4, seed=40 + i, knobs=(f"pre_tlbi={level}",), boot_id="one-boot"),
+            )
+        )
+        for i, level in enumerate(("1", "1", "0", "0"))
+    ]
+    section = _section(build_report(bundles))
+    table = section.tables[0]
+    assert table.note.startswith("4 bundles from 1 boot, 0 degrees of freedom"), table.note
+    assert table.frame["95% CI"].to_list() == ["-"] and table.frame["verdict"][0] == "unclear"
+    text = " ".join(section.findings)
+    assert "1 of 1 boots ran cells of more than one condition" in text
+    assert any("no condition was run on two boots" in line for line in section.unknowns)
+
+
+def test_bundles_without_a_boot_id_count_as_their_own_boots(tmp_path: Path) -> None:
+    """Old bundles (no host.boot_id): each its own boot, and the report says it assumed so."""
+    bundles = [
+        load_bundle(
+            generate(
+                tmp_path / f"{i}-ng{ng}",
+                Spec(runs=4, seed=60 + i, knobs=(f"ng={ng}",), boot_id=None),
+            )
+        )
+        for i, ng in enumerate(("0", "0", "1", "1"))
+    ]
+    section = _section(build_report(bundles))
+    assert section.tables[0].note.startswith("4 bundles from 4 boots, 2 degrees of freedom")
+    assert any("4 bundles do not record their boot" in line for line in section.findings)

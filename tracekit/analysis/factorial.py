@@ -2,10 +2,15 @@
 
 The unit is the boot: each cell's bundle gives one response per metric, its after/before
 ratio (the primary metric, cyclictest p99.9 as the mean of per-run values; the probe's
-cost, the mean of its slots' median call time). Effects are computed on log ratios from
-the cell means, so a main effect or an interaction reads as a factor (x1.8: the effect is
-1.8 times larger at the second level). Each has a t interval from the spread between the
-boots of a condition (pooled over conditions; needs two boots in some condition).
+cost, the mean of its slots' median call time), and the bundles of one boot (its
+manifest's host.boot_id) at one condition are averaged into one unit: cells that share a
+boot share its state (the effect lasts until reboot), so they are not replicates. Effects
+are computed on log ratios from the condition means, so each reads as a factor: a main
+effect x1.8, the after/before ratio is 1.8 times larger at the factor's second level; an
+interaction a x b x1.8, a's effect is 1.8 times larger at b's second level than at its
+first (a ratio of ratios; x1: a acts alike at both). Each has a
+t interval from the spread between the boots of a condition (pooled over conditions;
+needs two boots in some condition).
 
 Dose-response: the log ratio against the dose is fitted flat, linear, saturating and
 step; AICc picks the shape by the rule in `shape_rule()`, with a bootstrap band (boots
@@ -61,7 +66,7 @@ class Effect:
     ci_high: float
     verdict: str  # found, none, unclear
     aliases: tuple[str, ...]  # terms whose columns coincide with this one in the cells run
-    boots: int
+    boots: int  # units: one per boot and condition
     df: int
 
 
@@ -105,7 +110,8 @@ def shape_rule() -> str:
 def effect_rule() -> str:
     """The effects rule, as the report states it."""
     return (
-        f"effects on log after/before ratios of cell means, boot = unit; {CONFIDENCE:.0%}"
+        f"effects on log after/before ratios of cell means, boot = unit (a x b: a's effect"
+        f" at b's second level over a's effect at its first); {CONFIDENCE:.0%}"
         f" t interval from the spread between boots of a condition; found: the interval"
         f" excludes x1 (false positives: {1 - CONFIDENCE:.0%} per effect by design,"
         f" {NULL_EFFECTS_FOUND} of {NULL_EFFECTS} null effects of generated campaigns);"
@@ -200,23 +206,70 @@ def factor_levels(options: Mapping[str, object]) -> dict[str, str]:
 
 
 def campaign_frame(
-    boots: list[tuple[str, dict[str, str], dict[str, float | None]]],
+    bundles: list[tuple[str, dict[str, str], dict[str, float | None]]],
+    boot_ids: list[str | None] | None = None,
 ) -> pl.DataFrame:
-    """One row per boot: its label, its factor levels (str) and its responses."""
-    names = sorted({name for _, levels, _ in boots for name in levels})
+    """One row per bundle: its label, boot, factor levels (str) and responses.
+
+    boot_ids: each bundle's host.boot_id; a bundle without one (None, or no list: one
+    collected before boots were recorded) is counted as a boot of its own.
+    """
+    names = sorted({name for _, levels, _ in bundles for name in levels})
+    ids = boot_ids if boot_ids is not None else [None] * len(bundles)
     rows = [
-        {"boot": label, **{n: levels.get(n, "") for n in names}, **responses}
-        for label, levels, responses in boots
+        {
+            "bundle": label,
+            "boot": boot if boot is not None else f"unrecorded:{label}",
+            "boot_recorded": boot is not None,
+            **{n: levels.get(n, "") for n in names},
+            **responses,
+        }
+        for (label, levels, responses), boot in zip(bundles, ids, strict=True)
     ]
-    schema = {"boot": pl.String, **dict.fromkeys(names, pl.String)}
-    schema |= dict.fromkeys(RESPONSES, pl.Float64)
+    schema = {"bundle": pl.String, "boot": pl.String, "boot_recorded": pl.Boolean}
+    schema |= dict.fromkeys(names, pl.String) | dict.fromkeys(RESPONSES, pl.Float64)
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+_NOT_FACTORS = frozenset({"bundle", "boot", "boot_recorded", *RESPONSES})
+
+
 def varying_factors(frame: pl.DataFrame) -> list[str]:
-    """The factor columns that take more than one level across the boots."""
-    fixed = {"boot", *RESPONSES}
-    return [c for c in frame.columns if c not in fixed and frame[c].n_unique() > 1]
+    """The factor columns that take more than one level across the bundles."""
+    return [c for c in frame.columns if c not in _NOT_FACTORS and frame[c].n_unique() > 1]
+
+
+def boot_units(frame: pl.DataFrame, factors: list[str], response: str) -> pl.DataFrame:
+    """One unit per boot and condition: the mean log ratio ("_y") of its bundles."""
+    rows = frame.filter(pl.col(response).is_not_null() & (pl.col(response) > 0))
+    return (
+        rows.with_columns(pl.col(response).log().alias("_y"))
+        .group_by(["boot", *factors], maintain_order=True)
+        .agg(pl.col("_y").mean())
+    )
+
+
+def boot_lines(frame: pl.DataFrame, factors: list[str]) -> list[str]:
+    """What the report must say of the bundles' boots: shared ones, unrecorded ones."""
+    lines = []
+    conditions = frame.group_by("boot").agg(pl.struct(factors).n_unique().alias("n"))
+    shared = conditions.filter(pl.col("n") > 1).height
+    if shared:
+        lines.append(
+            f"{shared} of {conditions.height} boots ran cells of more than one condition:"
+            " those cells share the boot's state (the effect lasts until reboot) and differ"
+            " by run order as much as by their levels; they are not replicates, and the"
+            " bundles of one boot and condition count as one boot"
+        )
+    elif conditions.height < frame.height:
+        lines.append("bundles of one boot and condition count as one boot")
+    unrecorded = frame.filter(~pl.col("boot_recorded")).height
+    if unrecorded:
+        lines.append(
+            f"{unrecorded} bundles do not record their boot (collected before host.boot_id):"
+            " each is counted as a boot of its own"
+        )
+    return lines
 
 
 def dose_factor(frame: pl.DataFrame, factors: list[str]) -> str | None:
@@ -236,19 +289,18 @@ class _Cells:
 
     levels: list[dict[str, str]]
     means: np.ndarray
-    counts: np.ndarray
+    counts: np.ndarray  # boots per condition
     sd: float | None  # pooled within-condition standard deviation of the log ratio
     df: int
 
 
 def _cells(frame: pl.DataFrame, factors: list[str], response: str) -> _Cells:
     """Group the boots by condition (log ratios); pool the spread within conditions."""
-    rows = frame.filter(pl.col(response).is_not_null() & (pl.col(response) > 0))
-    if not rows.height:
-        raise TracekitError(f"campaign effects: no boot has a {response}; check the bundles")
+    units = boot_units(frame, factors, response)
+    if not units.height:
+        raise TracekitError(f"campaign effects: no bundle has a {response}; check the bundles")
     grouped = (
-        rows.with_columns(pl.col(response).log().alias("_y"))
-        .group_by(factors, maintain_order=True)
+        units.group_by(factors, maintain_order=True)
         .agg(pl.col("_y").mean().alias("mean"), pl.col("_y").var(ddof=0).alias("ss"), pl.len())
         .sort(factors)
     )
@@ -296,9 +348,9 @@ def _terms(
         signs = np.array(
             [_sign(c[a], levels[a]) * _sign(c[b], levels[b]) for c in cells.levels], dtype=float
         )
-        # Half the change of a's effect between b's levels, as a two-level design defines it.
-        half = len(signs) / 2
-        terms.append((f"{a} x {b}", "", signs / half))
+        # The whole change of a's (log) effect between b's levels, so the printed factor is
+        # the ratio of a's effects (textbooks' interaction is half of it: its square root).
+        terms.append((f"{a} x {b}", "", signs / (len(signs) / 4)))
     return terms
 
 
@@ -455,9 +507,9 @@ def choose_shape(fits: list[ShapeFit]) -> str:
 
 def _dose_data(frame: pl.DataFrame, dose: str, response: str) -> tuple[np.ndarray, np.ndarray]:
     """(dose, log ratio) of every boot with a response; enough of them for a shape."""
-    rows = frame.filter(pl.col(response).is_not_null() & (pl.col(response) > 0))
-    x = rows[dose].cast(pl.Float64).to_numpy()
-    y = np.log(rows[response].to_numpy())
+    units = boot_units(frame, [dose], response)
+    x = units[dose].cast(pl.Float64).to_numpy()
+    y = units["_y"].to_numpy()
     if len(np.unique(x)) < 3 or len(y) < 5:
         raise TracekitError(
             f"dose-response of {response} over {dose}: {len(np.unique(x))} doses and {len(y)}"

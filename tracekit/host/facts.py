@@ -19,6 +19,16 @@ from tracekit.host.kvmstate import detect_el2_tracing, read_ipa_limit, read_vmid
 from tracekit.host.preflight import read_host_facts
 from tracekit.host.tracefs import Tracefs
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def read_boot_id(path: Path = BOOT_ID) -> str | None:
+    """This boot's random id (new at every boot); None where the kernel gives none."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
 
 def online_cpus() -> list[int]:
     """The CPUs online now, from sysfs."""
@@ -33,6 +43,9 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     facts["machine"] = uname.machine
     facts["online_cpus"] = format_cpu_list(online_cpus())
     facts["emulated"] = facts["emulation"]["emulated"]
+    # Cells of one boot share its state (the effect lasts until reboot): the campaign
+    # analysis counts them as one boot, so each bundle says which boot it was.
+    facts["boot_id"] = read_boot_id()
     facts["tools"] = {
         "cyclictest": toolbox.tool_version([tools.cyclictest, "--help"]),
         "stress-ng": toolbox.tool_version([tools.stress_ng, "--version"]),

@@ -1,8 +1,9 @@
 """A campaign over guest knobs and options: which factor changes the effect, and how much.
 
-Each bundle is one boot of one condition; its factor levels are the knobs and options it
-was collected with (its manifest), its responses its after/before ratios. The numbers
-come from tracekit.analysis.factorial; this section only lays them out.
+Each bundle is one cell; its factor levels are the knobs and options it was collected with
+(its manifest), its responses its after/before ratios, its boot its host.boot_id (cells
+of one boot are one unit, not replicates). The numbers come from
+tracekit.analysis.factorial; this section only lays them out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tracekit.analysis.factorial import (
     RESPONSES,
     DoseResponse,
     Effect,
+    boot_lines,
     boot_responses,
     campaign_frame,
     dose_factor,
@@ -57,7 +59,9 @@ def _group_section(bundles: list[BundleData]) -> Section | None:
     """One group's effects or dose-response; None unless its bundles differ in a factor."""
     if len(bundles) < 2:
         return None
-    frame = campaign_frame([_boot(b) for b in bundles])
+    frame = campaign_frame(
+        [_boot(b) for b in bundles], [_boot_id(b.manifest.host) for b in bundles]
+    )
     factors = varying_factors(frame)
     if not factors:
         return None
@@ -101,10 +105,23 @@ def _boot(data: BundleData) -> tuple[str, dict[str, str], dict[str, float | None
     return bundle_label(data), levels, boot_responses(data.latencies, data.probes)
 
 
+def _boot_id(host: dict[str, object]) -> str | None:
+    """The boot a bundle was collected in (host.boot_id), None where it is not recorded."""
+    value = host.get("boot_id")
+    return value if isinstance(value, str) and value else None
+
+
+def _counted(frame: pl.DataFrame) -> str:
+    """'N bundles from M boots' (boots as the analysis counts them)."""
+    bundles, boots = frame.height, frame["boot"].n_unique()
+    return f"{bundles} bundle{'s' * (bundles != 1)} from {boots} boot{'s' * (boots != 1)}"
+
+
 def _effects_section(frame: pl.DataFrame, factors: list[str], measured: list[str]) -> Section:
     """Main effects and interactions of every measured response, as tables and a plot."""
     found = [e for r in measured for e in effects(frame, factors, r)]
-    findings = [f"{frame.height} boots over {', '.join(factors)}; {effect_rule()}"]
+    findings = [f"{_counted(frame)} over {', '.join(factors)}; {effect_rule()}"]
+    findings += boot_lines(frame, factors)
     findings += [_effect_line(e) for e in found if e.verdict == FOUND]
     if not any(e.verdict == FOUND for e in found):
         findings.append("no main effect or interaction found on any response")
@@ -112,7 +129,7 @@ def _effects_section(frame: pl.DataFrame, factors: list[str], measured: list[str
         key="factorial",
         title="Campaign: effects of the factors (after/before ratios, boot = unit)",
         findings=findings,
-        tables=[_effects_table(found, r) for r in measured],
+        tables=[_effects_table(found, r, _counted(frame)) for r in measured],
         plots=[_effects_plot(found, r) for r in measured],
         unknowns=_effect_unknowns(found),
     )
@@ -128,7 +145,7 @@ def _effect_line(e: Effect) -> str:
     )
 
 
-def _effects_table(found: list[Effect], response: str) -> Table:
+def _effects_table(found: list[Effect], response: str, counted: str) -> Table:
     """term, contrast, ratio, interval, verdict, aliases: narrow enough for 72 columns."""
     rows = [e for e in found if e.response == response]
     frame = pl.DataFrame(
@@ -141,12 +158,11 @@ def _effects_table(found: list[Effect], response: str) -> Table:
             "aliases": [",".join(e.aliases) or "-" for e in rows],
         }
     )
-    boots = rows[0].boots if rows else 0
     df = rows[0].df if rows else 0
     return Table(
         f"{response}: effects as factors",
         frame,
-        note=f"{boots} boots, {df} degrees of freedom between boots; x1 = no effect",
+        note=f"{counted}, {df} degrees of freedom between boots; x1 = no effect",
     )
 
 
@@ -188,7 +204,8 @@ def _effect_unknowns(found: list[Effect]) -> list[str]:
     if any(math.isnan(e.ci_low) for e in found):
         out.append(
             "effect intervals: no condition was run on two boots, so there is no spread"
-            " between boots; set the plan's repeats to 2 or more"
+            " between boots; run 2 or more replicates of each condition, each in a boot"
+            " of its own"
         )
     return out
 
@@ -196,7 +213,8 @@ def _effect_unknowns(found: list[Effect]) -> list[str]:
 def _dose_section(frame: pl.DataFrame, dose: str, measured: list[str]) -> Section:
     """The dose-response of each measured response: shape, fitted curve and band."""
     fits = [dose_response(frame, dose, r) for r in measured]
-    findings = [f"{frame.height} boots over {dose}; {shape_rule()}"]
+    findings = [f"{_counted(frame)} over {dose}; {shape_rule()}"]
+    findings += boot_lines(frame, [dose])
     findings += [
         f"{SHORT[f.response]} over {dose}: {f.chosen}; highest dose vs lowest x{f.top_ratio:.2f}"
         f" [{f.top_low:.2f}, {f.top_high:.2f}]"
