@@ -198,3 +198,10 @@ def test_bundles_without_a_boot_id_count_as_their_own_boots(tmp_path: Path) -> N
     section = _section(build_report(bundles))
     assert section.tables[0].note.startswith("4 bundles from 4 boots, 2 degrees of freedom")
     assert any("4 bundles do not record their boot" in line for line in section.findings)
+
+
+def test_the_section_says_how_many_finds_chance_alone_would_give(factorial_report: Report) -> None:
+    """mmu, ng and mmu x ng on two responses: six tested effects, about 0.3 by chance."""
+    section = _section(factorial_report)
+    (line,) = [f for f in section.findings if "by chance" in f]
+    assert line.startswith("6 effects tested over 2 responses") and "about 0.3 of them" in line

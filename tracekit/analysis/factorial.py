@@ -316,6 +316,13 @@ def _cells(frame: pl.DataFrame, factors: list[str], response: str) -> _Cells:
     )
 
 
+def chance_finds(found: list[Effect]) -> tuple[int, float]:
+    """How many effects had an interval (were tested), and how many of them a campaign
+    with no effect at all would call found by chance (CONFIDENCE per effect, unadjusted)."""
+    tested = sum(1 for e in found if math.isfinite(e.ci_low) and math.isfinite(e.ci_high))
+    return tested, tested * (1 - CONFIDENCE)
+
+
 def effects(frame: pl.DataFrame, factors: list[str], response: str) -> list[Effect]:
     """Main effects of every factor and interactions of every two-level pair, with intervals."""
     cells = _cells(frame, factors, response)

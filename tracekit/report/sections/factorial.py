@@ -22,6 +22,7 @@ from tracekit.analysis.factorial import (
     boot_lines,
     boot_responses,
     campaign_frame,
+    chance_finds,
     dose_factor,
     dose_response,
     effect_rule,
@@ -125,6 +126,13 @@ def _effects_section(frame: pl.DataFrame, factors: list[str], measured: list[str
     findings += [_effect_line(e) for e in found if e.verdict == FOUND]
     if not any(e.verdict == FOUND for e in found):
         findings.append("no main effect or interaction found on any response")
+    tested, by_chance = chance_finds(found)
+    if tested:
+        findings.append(
+            f"{tested} effects tested over {len(measured)} responses: a campaign with no"
+            f" effect at all would call about {by_chance:.1f} of them found by chance"
+            " (each at the rule's own false-positive rate, not adjusted for the number of tests)"
+        )
     return Section(
         key="factorial",
         title="Campaign: effects of the factors (after/before ratios, boot = unit)",
