@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's t
 
 from tracekit.bundle import bundle_problems, read_manifest
 from tracekit.host.cleanup import live_processes
-from tracekit.host.journal import journal_dir, tracefs_mounts
+from tracekit.host.journal import journal_dir
+from tracekit.host.tracefsio import tracefs_mounts
 from tracekit.host.tracefs import snapshot
 
 TRACEFS = Path("/sys/kernel/tracing")
