@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's t
 from tracekit.bundle import bundle_problems, read_manifest
 from tracekit.host.cleanup import live_processes
 from tracekit.host.journal import journal_dir
-from tracekit.host.tracefsio import tracefs_mounts
 from tracekit.host.tracefs import snapshot
+from tracekit.host.tracefsio import tracefs_mounts
 
 TRACEFS = Path("/sys/kernel/tracing")
 CPU_ONLINE = Path("/sys/devices/system/cpu/online")
