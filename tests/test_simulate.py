@@ -1,0 +1,231 @@
+"""Simulated mechanisms: model validation, the plugin form, and the plugin's simulation
+run for real under QEMU 7.2's user-mode emulator (same TCG and plugin API as
+qemu-system, so no boot): a program creates the state with the guest's MMU-on marker
+or an SCTLR_EL1 write, clears it with TLBI ALLE1, and times broadcast TLBI+DSB loops.
+TLBIs and MSR SCTLR_EL1 UNDEF at EL0; the exec callback runs as the instruction starts,
+so the plugin sees them, and the program's SIGILL handler steps over them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import TracekitError
+from tracekit.simulate.model import (
+    GUEST_WINDOW,
+    load_model,
+    parse_model,
+    plugin_form,
+    shipped_models,
+)
+from tracekit.simulate.simlog import parse_sim_log, read_sim_log
+from tracekit.vhost import groundtruth
+
+GOOD = """
+format = 1
+name = "m"
+summary = "s"
+[create]
+trigger = "mmu-on-marker"
+[clear]
+by = ["alle1-local"]
+[cost]
+where = "holder"
+fixed_ns = 100000
+"""
+
+
+def test_shipped_models_load_and_differ() -> None:
+    """At least four models plus the null one ship, each valid and each different."""
+    names = shipped_models()
+    assert "null" in names and "brief-literal" in names and len(names) >= 5
+    models = [load_model(n) for n in names]
+    assert len({m.digest for m in models}) == len(models)
+    brief = load_model("brief-literal")
+    assert (brief.trigger_kind, brief.kvm_modes, brief.where) == ("instruction", ("nvhe",), "every")
+    assert brief.clears_by("alle1-local") and brief.clears_by("alle1is")
+    assert load_model("null").cost_ns(5) == 0 or load_model("null").trigger == "none"
+
+
+def test_each_mistake_is_one_line() -> None:
+    """Three mistakes, three lines, each naming its key; no traceback."""
+    bad = GOOD.replace('"mmu-on-marker"', '"sctlr"').replace("100000", "-1")
+    bad = bad.replace('["alle1-local"]', '["alle1", "nothing"]')
+    with pytest.raises(TracekitError) as err:
+        parse_model(bad, "bad.toml")
+    lines = str(err.value).splitlines()
+    assert [line.split(":")[1].strip() for line in lines[:-1]] == [
+        "[create] trigger",
+        "[clear] by",
+        "[clear] by",
+        "[cost] fixed_ns",
+    ]
+    with pytest.raises(TracekitError, match=r"bad.toml: \[cost\] where: missing"):
+        parse_model(GOOD.replace('where = "holder"', ""), "bad.toml")
+    with pytest.raises(TracekitError, match=r"colour: unknown key"):
+        parse_model(GOOD + 'colour = "red"\n', "bad.toml")
+    with pytest.raises(TracekitError, match=r"fixed_ns: must be an integer"):
+        parse_model(GOOD.replace("100000", "true"), "bad.toml")
+    with pytest.raises(TracekitError, match="no model 'nope'"):
+        load_model("nope")
+
+
+def test_plugin_form_follows_the_boot_mode() -> None:
+    """A model limited to nVHE creates nothing in a VHE boot; the hash travels along."""
+    brief = load_model("brief-literal")
+    nvhe, vhe = plugin_form(brief, "nvhe"), plugin_form(brief, "vhe")
+    assert f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}" in nvhe
+    assert "create none" in vhe and "create sctlr" not in vhe
+    assert f"model brief-literal {brief.digest}" in vhe
+    assert "clear alle1is" in plugin_form(load_model("rollover-only"), "nvhe")
+    assert "clear alle1-local" not in plugin_form(load_model("rollover-only"), "nvhe")
+
+
+# A program that times broadcast TLBI+DSB loops: before, after creating the state, after
+# clearing it. argv[1]: loop length; argv[2]: "mark" (HINT #0x76) or "sctlr".
+PROGRAM = r"""
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+static void skip(int sig, siginfo_t *si, void *uc) {
+	(void)sig; (void)si; ((ucontext_t *)uc)->uc_mcontext.pc += 4;
+}
+static uint64_t cnt(void) {
+	uint64_t v; __asm__ volatile("isb; mrs %0, cntvct_el0" : "=r"(v)); return v;
+}
+static uint64_t freq(void) {
+	uint64_t v; __asm__ volatile("mrs %0, cntfrq_el0" : "=r"(v)); return v;
+}
+static uint64_t loop(int n) {
+	uint64_t t = cnt();
+	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
+	return (cnt() - t) * 1000000000ull / freq();
+}
+extern void sctlr_at(void);
+int main(int argc, char **argv) {
+	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
+	int n = atoi(argv[1]);
+	sigaction(SIGILL, &sa, NULL);
+	printf("before %llu\n", (unsigned long long)loop(n));
+	if (strcmp(argv[2], "mark") == 0) __asm__ volatile("hint #0x76");
+	else sctlr_at();
+	printf("held %llu\n", (unsigned long long)loop(n));
+	__asm__ volatile("tlbi alle1");
+	printf("cleared %llu\n", (unsigned long long)loop(n));
+	return 0;
+}
+"""
+# MSR SCTLR_EL1 placed at the guest window's address (the trigger fires only there).
+SCTLR_AT = """
+.section .guestwin, "ax"
+.globl sctlr_at
+sctlr_at:
+    msr sctlr_el1, x0
+    ret
+"""
+
+
+def _cached_header() -> Path | None:
+    """The installed QEMU's plugin header, if `vhost build --ground-truth` cached it."""
+    try:
+        header = groundtruth.header_dir(groundtruth.installed_qemu()) / groundtruth.HEADER
+    except TracekitError:
+        return None
+    return header if header.is_file() else None
+
+
+needs_qemu_user = pytest.mark.skipif(
+    _cached_header() is None
+    or shutil.which("qemu-aarch64") is None
+    or shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="needs the cached plugin header, qemu-user (qemu-aarch64) and the cross gcc",
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin and the test program, built once."""
+    tmp = tmp_path_factory.mktemp("tksim")
+    header = _cached_header()
+    assert header is not None
+    make = ["make", "-s", "-C", str(groundtruth.plugin_source_dir())]
+    subprocess.run([*make, f"QEMU_PLUGIN_INCLUDE={header.parent}", f"O={tmp}"], check=True)
+    (tmp / "p.c").write_text(PROGRAM)
+    (tmp / "s.S").write_text(SCTLR_AT)
+    gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-o", str(tmp / "p")]
+    place = f"-Wl,--section-start=.guestwin={GUEST_WINDOW[0] + 0x1000:#x}"
+    subprocess.run([*gcc, place, str(tmp / "p.c"), str(tmp / "s.S")], check=True)
+    return tmp
+
+
+def _run(built: Path, tmp: Path, model: str, how: str, n: int) -> tuple[dict[str, int], Path]:
+    """Run the program under the plugin with `model` (TOML); its three timings and log."""
+    (tmp / "model.txt").write_text(plugin_form(parse_model(model, "t.toml"), "nvhe"))
+    args = f"out={tmp / 'gt.tkgt'},limit=65536,sim={tmp / 'model.txt'},simlog={tmp / 'sim.txt'}"
+    done = subprocess.run(
+        [
+            "qemu-aarch64",
+            "-plugin",
+            f"{built / groundtruth.PLUGIN},{args}",
+            str(built / "p"),
+            str(n),
+            how,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    times = {k: int(v) for k, v in (line.split() for line in done.stdout.splitlines())}
+    return times, tmp / "sim.txt"
+
+
+@needs_qemu_user
+def test_the_delay_is_real_time_on_the_holder_until_alle1(built: Path, tmp_path: Path) -> None:
+    """Created by the marker, 100 us on each of 200 broadcast completions (the program's
+    own clock sees >= 20 ms more), none after TLBI ALLE1 on the same vCPU."""
+    times, log_path = _run(built, tmp_path, GOOD, "mark", 200)
+    assert times["held"] - times["before"] >= 200 * 100_000
+    assert times["cleared"] < times["before"] + 10_000_000
+    log = read_sim_log(log_path)
+    assert log.complete and log.model.startswith("m@")
+    assert [e.kind for e in log.events] == ["create", "clear-local"]
+    cpu = log.vcpus[0]
+    assert (cpu["creates"], cpu["clears"], cpu["delayed"], cpu["spans"]) == (1, 1, 200, 600)
+    assert cpu["injected_ns"] == 200 * 100_000 <= cpu["actual_ns"]
+
+
+@needs_qemu_user
+def test_the_sctlr_trigger_fires_only_in_the_guest_window(built: Path, tmp_path: Path) -> None:
+    """MSR SCTLR_EL1 inside the window creates; the null model and a model cleared by
+    nothing behave as they say."""
+    model = GOOD.replace("mmu-on-marker", "sctlr-write")
+    _, log_path = _run(built, tmp_path, model, "sctlr", 50)
+    log = read_sim_log(log_path)
+    assert (log.events[0].kind, log.events[0].vaddr) == ("create", GUEST_WINDOW[0] + 0x1000)
+    permanent = model.replace('["alle1-local"]', '["nothing"]')
+    _, log_path = _run(built, tmp_path, permanent, "sctlr", 50)
+    assert read_sim_log(log_path).vcpus[0]["delayed"] == 100  # held, then never cleared
+    _, log_path = _run(built, tmp_path, load_null(), "mark", 50)
+    null = read_sim_log(log_path)
+    assert null.events == [] and null.vcpus[0]["delayed"] == 0 and null.vcpus[0]["spans"] == 150
+
+
+def load_null() -> str:
+    """The shipped null model's TOML."""
+    from importlib import resources
+
+    return (resources.files("tracekit.simulate") / "models" / "null.toml").read_text()
+
+
+def test_sim_log_refuses_what_it_cannot_read() -> None:
+    """A foreign file and a bad event line are one line each."""
+    with pytest.raises(TracekitError, match="not a simulation log"):
+        parse_sim_log("hello\n")
+    with pytest.raises(TracekitError, match="bad event line"):
+        parse_sim_log("tksim-log 1\nmodel m h\ncreate x 0 1 0x0\n")
