@@ -12,8 +12,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from report_bundles import edit_manifest, make_bundle
 
+from tracekit.analysis.conditions import bundle_condition
+from tracekit.campaign.cells import expand_cells
+from tracekit.campaign.command import check_board_plan, vhost_settings
+from tracekit.campaign.plan import parse_plan
 from tracekit.errors import TracekitError
+from tracekit.host.facts import simulated_model
+from tracekit.ingest.bundle import load_bundle
+from tracekit.report.assemble import build_report
+from tracekit.report.render import render
 from tracekit.simulate.model import (
     GUEST_WINDOW,
     load_model,
@@ -23,6 +32,7 @@ from tracekit.simulate.model import (
 )
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
+from tracekit.vhost.runner import SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
 
 GOOD = """
 format = 1
@@ -229,3 +239,77 @@ def test_sim_log_refuses_what_it_cannot_read() -> None:
         parse_sim_log("hello\n")
     with pytest.raises(TracekitError, match="bad event line"):
         parse_sim_log("tksim-log 1\nmodel m h\ncreate x 0 1 0x0\n")
+
+
+def _simulated(bundle: Path, label: str) -> None:
+    """Mark a generated bundle as made under `label` (as the collector's facts do)."""
+    name, _, digest = label.partition("@")
+    edit = {"model": name, "hash": digest, "label": label}
+    edit_manifest(bundle, lambda m: m["host"].__setitem__("simulated", edit))
+
+
+@pytest.mark.parametrize("fmt", ["text", "email", "html", "json"])
+def test_every_report_format_says_simulated_beside_emulated(fmt: str, tmp_path: Path) -> None:
+    """The first lines: EMULATED HOST, then SIMULATED EFFECT with the model's name@hash."""
+    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
+    _simulated(bundle, "brief-literal@0123456789abcdef")
+    text = render(build_report([load_bundle(bundle)]), fmt)
+    head = text[:2000]
+    assert "EMULATED HOST" in head
+    assert "SIMULATED EFFECT (brief-literal@0123456789abcdef)" in head
+    assert head.index("EMULATED HOST") < head.index("SIMULATED EFFECT")
+
+
+def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path) -> None:
+    """Same everything, one under a model: two conditions, and the header says so."""
+    real = make_bundle(tmp_path / "real", runs=2, factor=1.0)
+    sim = make_bundle(tmp_path / "sim", runs=2, factor=1.0)
+    _simulated(sim, "null@c440ed43b72271f1")
+    a, b = (bundle_condition(load_bundle(p).manifest) for p in (real, sim))
+    assert (a.simulated, b.simulated) == ("none", "null@c440ed43b72271f1")
+    assert a != b and "simulated" in a.differing(b)
+    lines = build_report([load_bundle(real), load_bundle(sim)]).header
+    assert any("1 bundle(s) not simulated, never pooled" in line for line in lines)
+
+
+def test_the_variable_is_refused_off_the_emulated_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board never records a model; the emulated host records name and hash."""
+    monkeypatch.setenv("TRACEKIT_SIMULATED", "null@abc")
+    monkeypatch.delenv("TRACEKIT_VHOST", raising=False)
+    with pytest.raises(TracekitError, match="not tracekit's emulated one"):
+        simulated_model(False)
+    monkeypatch.setenv("TRACEKIT_VHOST", "1")
+    assert simulated_model(True) == {"model": "null", "hash": "abc", "label": "null@abc"}
+    monkeypatch.delenv("TRACEKIT_SIMULATED")
+    assert simulated_model(True) is None
+
+
+def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path) -> None:
+    """--simulate: the model's source and plugin form in --out, the plugin's argv."""
+    config = VhostConfig(simulate="brief-literal", ground_truth=True)
+    label = prepare_simulation(config, tmp_path)
+    assert label == load_model("brief-literal").label
+    assert (tmp_path / SIM_FORM).read_text() == plugin_form(load_model("brief-literal"), "nvhe")
+    assert 'name = "brief-literal"' in (tmp_path / SIM_SOURCE).read_text()
+    argv = groundtruth.plugin_argv(Path("/p.so"), Path("/l"), 5, sim=(Path("/m"), Path("/s")))
+    assert argv == ["-plugin", "file=/p.so,out=/l,limit=5,sim=/m,simlog=/s"]
+    with pytest.raises(TracekitError, match="no model"):
+        prepare_simulation(VhostConfig(simulate="nope"), tmp_path)
+
+
+def test_a_campaign_cell_runs_under_its_model() -> None:
+    """[matrix] simulate: each cell boots with its model (plugin loaded), None without;
+    an unknown model is one line before any boot; a board refuses the axis; a plan
+    without the axis hashes as before it existed."""
+    plan = parse_plan({"matrix": {"simulate": ["brief-literal", "null"]}})
+    cells = expand_cells(plan, seed=1)
+    settings = {c.axes["simulate"]: vhost_settings(c, plan) for c in cells}
+    assert settings["brief-literal"]["ground_truth"] and settings["null"]["simulate"] == "null"
+    assert all("simulate" in c.cell_id or c.axes["simulate"] in c.cell_id for c in cells)
+    plain = parse_plan({})
+    assert vhost_settings(expand_cells(plain, 1)[0], plain)["simulate"] is None
+    assert "simulate" not in plain.to_json()["matrix"]
+    with pytest.raises(TracekitError, match=r"\[matrix\] simulate: no model 'nope'"):
+        parse_plan({"matrix": {"simulate": ["nope"]}})
+    with pytest.raises(TracekitError, match="emulated host only"):
+        check_board_plan(plan)

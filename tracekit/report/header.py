@@ -5,6 +5,7 @@ Every string here comes from a manifest; renderers escape it as their format nee
 
 from __future__ import annotations
 
+from tracekit.analysis.conditions import simulated_label
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -99,9 +100,23 @@ def controls_line(bundles: list[BundleData]) -> str:
     return line
 
 
+def simulated_warnings(bundles: list[BundleData]) -> list[str]:
+    """SIMULATED EFFECT with the models, when any bundle ran under one (beside EMULATED)."""
+    labels = sorted({simulated_label(b.manifest) for b in bundles} - {"none"})
+    if not labels:
+        return []
+    real = sum(simulated_label(b.manifest) == "none" for b in bundles)
+    mixed = f"; {real} bundle(s) not simulated, never pooled with them" if real else ""
+    return [
+        f"SIMULATED EFFECT ({', '.join(labels)}): an injected mechanism, not a measured "
+        f"one; it tests tracekit's inference, never the hardware{mixed}."
+    ]
+
+
 def header_lines(bundles: list[BundleData]) -> list[str]:
     """The report's first lines: EMULATED first if any bundle is, then host and protocol."""
     lines = [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
+    lines += simulated_warnings(bundles)
     lines += [damage_line(b, len(bundles) > 1) for b in bundles if _damage(b)]
     if len(bundles) == 1:
         data = bundles[0]

@@ -23,6 +23,12 @@ PLUGIN_FORMAT = 1  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
 
+# What every output made under a model says beside the emulated-host warning.
+SIMULATED_NOTE = (
+    "SIMULATED EFFECT: a modelled mechanism was injected into the emulated machine by "
+    "the TCG plugin; what it shows tests tracekit's inference, never the hardware"
+)
+
 # Trigger -> (what the plugin sees, instruction or marker).
 TRIGGERS = {
     "sctlr-write": (
@@ -198,12 +204,12 @@ def shipped_models() -> list[str]:
     )
 
 
-def load_model(spec: str) -> Model:
-    """A shipped model by name, or a model file by path."""
+def model_source(spec: str) -> str:
+    """The TOML text of a shipped model by name, or of a model file by path."""
     path = Path(spec)
     if spec.endswith(".toml") or path.is_file():
         try:
-            return parse_model(path.read_text(), str(path))
+            return path.read_text()
         except OSError as exc:
             raise TracekitError(f"cannot read the model {path}: {exc.strerror}") from None
     if spec not in shipped_models():
@@ -211,8 +217,13 @@ def load_model(spec: str) -> Model:
             f"no model {spec!r}: give a .toml file or a shipped model "
             f"({', '.join(shipped_models())})"
         )
-    folder = resources.files("tracekit.simulate") / "models"
-    return parse_model((folder / f"{spec}.toml").read_text(), f"{spec}.toml")
+    return (resources.files("tracekit.simulate") / "models" / f"{spec}.toml").read_text()
+
+
+def load_model(spec: str) -> Model:
+    """A shipped model by name, or a model file by path."""
+    origin = spec if spec.endswith(".toml") or Path(spec).is_file() else f"{spec}.toml"
+    return parse_model(model_source(spec), origin)
 
 
 def plugin_form(model: Model, kvm_mode: str) -> str:

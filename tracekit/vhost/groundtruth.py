@@ -215,9 +215,14 @@ def build_plugin(progress: Progress, version: QemuVersion | None = None) -> Path
     return out / PLUGIN
 
 
-def plugin_argv(plugin: Path, log: Path, limit: int = DEFAULT_LIMIT) -> list[str]:
-    """QEMU's -plugin option loading the plugin with its log file and bound."""
-    for path in (plugin, log):
+def plugin_argv(
+    plugin: Path, log: Path, limit: int = DEFAULT_LIMIT, sim: tuple[Path, Path] | None = None
+) -> list[str]:
+    """QEMU's -plugin option loading the plugin with its log file and bound, and with a
+    simulated mechanism's plugin form and log when `sim` is (form, log)."""
+    paths = (plugin, log, *(sim or ()))
+    for path in paths:
         if "," in str(path):
             raise TracekitError(f"{path}: QEMU's -plugin option cannot take a path with a comma")
-    return ["-plugin", f"file={plugin},out={log},limit={limit}"]
+    extra = f",sim={sim[0]},simlog={sim[1]}" if sim else ""
+    return ["-plugin", f"file={plugin},out={log},limit={limit}{extra}"]
