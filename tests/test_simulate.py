@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from report_bundles import edit_manifest, make_bundle
 
-from tracekit.analysis.conditions import bundle_condition
+from tracekit.analysis.conditions import Condition, bundle_condition
 from tracekit.campaign.cells import expand_cells
 from tracekit.campaign.command import check_board_plan, vhost_settings
 from tracekit.campaign.plan import parse_plan
 from tracekit.errors import TracekitError
 from tracekit.host.facts import simulated_model
-from tracekit.ingest.bundle import load_bundle
+from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.render import render
+from tracekit.report.sections import predictions
 from tracekit.simulate.model import (
     GUEST_WINDOW,
     load_model,
@@ -30,6 +32,7 @@ from tracekit.simulate.model import (
     plugin_form,
     shipped_models,
 )
+from tracekit.simulate.predict import check_model, predict, predict_plan
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
 from tracekit.vhost.runner import SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
@@ -313,3 +316,90 @@ def test_a_campaign_cell_runs_under_its_model() -> None:
         parse_plan({"matrix": {"simulate": ["nope"]}})
     with pytest.raises(TracekitError, match="emulated host only"):
         check_board_plan(plan)
+
+
+def _cell(root: Path, guest: str, after: str, factor: float, release: str) -> BundleData:
+    """A generated 4+4-run bundle of one condition (after = before x factor)."""
+    bundle = make_bundle(root, runs=4, factor=factor, guest=guest)
+
+    def edit(m: dict) -> None:
+        m["host"]["kernel_release"] = release
+        m["options"]["after_guest"] = after
+
+    edit_manifest(bundle, edit)
+    return load_bundle(bundle)
+
+
+def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path) -> None:
+    """The report section on generated 6.12 bundles: mmu-on x3 is present, which the
+    null model predicts absent (refuted) and the brief's model present (consistent)."""
+    r612 = "6.12.117+deb13-arm64"
+    bundles = [
+        _cell(tmp_path / "on", "mmu-on", "none", 3.0, r612),
+        _cell(tmp_path / "off", "mmu-off", "none", 1.0, r612),
+    ]
+    section = predictions.section(bundles)
+    assert section is not None
+    text = " ".join(section.findings)
+    assert f"{load_model('brief-literal').label}: consistent; agrees with mmu-on" in text
+    assert f"{load_model('null').label}: refuted; refuted by mmu-on" in text
+    assert section.findings[0] == "The data rules out 1 model(s): null."
+    frame = section.tables[0].frame
+    assert set(frame["outcome"]) <= {"agrees", "refutes", "undecided"}
+
+
+def test_which_cells_refute_which_model() -> None:
+    """Verdicts held against predictions: 6.12's hotplug executes a local ALLE1 on the
+    guest CPU and no ALLE1IS, so an absent effect after it refutes the model only
+    ALLE1IS clears and the permanent one, not the brief's; on 6.1 the same hotplug
+    executes nothing, so the brief's model predicts the effect stays; inconclusive
+    cells and kernels whose hotplug was not counted decide nothing."""
+    r612, r61 = "6.12.117+deb13-arm64", "6.1.0-50-arm64"
+    on = Condition("mmu-on", "none", "nvhe", "same", r612, knobs="none")
+    off = replace(on, variant="mmu-off")
+    hotplug = replace(on, after_guest="hotplug")
+    observed = [(on, "present"), (off, "absent"), (hotplug, "absent")]
+    status = {n: check_model(load_model(n), observed).status for n in shipped_models()}
+    assert status == {
+        "brief-literal": "consistent",
+        "dose": "consistent",
+        "holder-only": "consistent",
+        "null": "refuted",
+        "permanent-any-mode": "refuted",
+        "rollover-only": "refuted",
+    }
+    refuting = check_model(load_model("rollover-only"), observed).refuting
+    assert [c.prediction.condition for c in refuting] == [hotplug]
+    hotplug_61 = replace(hotplug, kernel=r61)
+    assert predict(load_model("brief-literal"), hotplug_61).verdict == "present"
+    assert check_model(load_model("brief-literal"), [(hotplug_61, "inconclusive")]).status == (
+        "untested"
+    )
+    vhe = replace(on, kvm_mode="vhe")
+    assert predict(load_model("brief-literal"), vhe).verdict == "absent"
+    assert predict(load_model("permanent-any-mode"), vhe).verdict == "present"
+    sid = replace(hotplug, kernel="7.2.13+deb14-arm64")
+    assert predict(load_model("brief-literal"), sid).verdict == "unknown"
+    assert predict(load_model("brief-literal"), replace(on, knobs="mmu=0")).verdict == "absent"
+
+
+def test_a_plan_is_predicted_before_it_runs() -> None:
+    """Every cell of a plan gets a verdict from the model alone."""
+    plan = parse_plan(
+        {
+            "matrix": {
+                "kernel": ["bookworm", "trixie"],
+                "guest": ["mmu-on", "mmu-off"],
+                "after_guest": ["none", "hotplug", "rollover"],
+            }
+        }
+    )
+    got = {
+        (p.condition.kernel, p.condition.variant, p.condition.after_guest): p.verdict
+        for p in predict_plan(load_model("brief-literal"), plan)
+    }
+    assert got[("6.12", "mmu-on", "hotplug")] == "absent"
+    assert got[("6.1", "mmu-on", "hotplug")] == "present"
+    assert got[("6.1", "mmu-on", "rollover")] == "absent"
+    assert got[("6.1", "mmu-off", "none")] == "absent"
+    assert got[("6.12", "mmu-on", "none")] == "present"

@@ -21,6 +21,7 @@ from tracekit.report.sections import (
     correlation,
     decision,
     factorial,
+    predictions,
     teardown,
     tlbi,
     vm,
@@ -35,6 +36,7 @@ INTERNAL_ERROR = "internal error"
 SECTION_BUILDERS: list[SectionBuilder] = [
     beforeafter.section,
     decision.section,
+    predictions.section,
     factorial.section,
     vmidprep.section,
     wakeup.section,
