@@ -13,12 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from report_bundles import edit_manifest, make_bundle
 
 from tracekit.analysis.conditions import Condition, bundle_condition
 from tracekit.campaign.cells import expand_cells
 from tracekit.campaign.command import check_board_plan, vhost_settings
 from tracekit.campaign.plan import parse_plan
+from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.host.facts import simulated_model
 from tracekit.ingest.bundle import BundleData, load_bundle
@@ -403,3 +405,18 @@ def test_a_plan_is_predicted_before_it_runs() -> None:
     assert got[("6.1", "mmu-on", "rollover")] == "absent"
     assert got[("6.1", "mmu-off", "none")] == "absent"
     assert got[("6.12", "mmu-on", "none")] == "present"
+
+
+def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
+    """`tracekit simulate models` and `predict MODEL PLAN`; a bad model is one line."""
+    runner = CliRunner()
+    listed = runner.invoke(main, ["simulate", "models"])
+    assert listed.exit_code == 0 and f"{load_model('null').label} [nothing]" in listed.stdout
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[matrix]\nkernel = "trixie"\nafter_guest = ["none", "hotplug"]\n')
+    said = runner.invoke(main, ["simulate", "predict", "brief-literal", str(plan)])
+    assert said.exit_code == 0
+    assert "mmu-on, after-guest hotplug, KVM nvhe, 6.12: absent" in said.stdout
+    assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+50 us" in said.stdout
+    bad = runner.invoke(main, ["simulate", "predict", "nope", str(plan)])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "no model 'nope'" in bad.stderr

@@ -48,6 +48,7 @@ def _register() -> None:
         ingest,
         perfetto,
         report,
+        simulate,
         symbols,
         verify,
         vhost,
@@ -58,6 +59,7 @@ def _register() -> None:
     main.add_command(cleanup.cleanup)
     ingest.register(main)
     main.add_command(perfetto.perfetto)
+    main.add_command(simulate.simulate)
     main.add_command(symbols.symbols)
     main.add_command(report.report)
     main.add_command(verify.verify)
