@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from report_bundles import edit_manifest, make_bundle
@@ -27,6 +28,7 @@ from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.render import render
 from tracekit.report.sections import predictions
+from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
 from tracekit.simulate.model import (
     GUEST_WINDOW,
     load_model,
@@ -420,3 +422,21 @@ def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
     assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+50 us" in said.stdout
     bad = runner.invoke(main, ["simulate", "predict", "nope", str(plan)])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "no model 'nope'" in bad.stderr
+
+
+SHARES = ["inner", "inner", "inner", "inner", "outer", "non-shareable", "inner", "full-system"]
+
+
+def test_broadcast_completions_follow_the_plugin_rule() -> None:
+    """Two TLBI IS then one DSB ISH is one completion; a DSB NSH completes nothing; a
+    DSB with no broadcast before it is none; another CPU's rows do not count."""
+    rows = pl.DataFrame(
+        {
+            "ts_host": [1, 2, 3, 4, 5, 6, 7, 8],
+            "cpu": [3, 3, 3, 3, 3, 3, 0, 3],
+            "kind": ["tlbi", "tlbi", "dsb", "dsb", "tlbi", "dsb", "tlbi", "dsb"],
+            "shareability": SHARES,
+        }
+    )
+    assert broadcast_completions(rows, 3) == 2
+    assert expected_increase_ns(50_000, 2, 4) == 25_000.0
