@@ -44,6 +44,19 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     "nvhe-a53": VhostConfig(
         kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900, ground_truth=True
     ),
+    # Issue 18 end to end (tests/test_simulate_vhost.py): the main case's host on trixie
+    # 6.12 (its hotplug runs a local TLBI ALLE1 on the re-plugged CPU) with the brief's
+    # model injected by the ground-truth plugin; three short collects.
+    "nvhe-a76-sim": VhostConfig(
+        kernel="trixie",
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=4,
+        clusters=2,
+        append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
+        timeout_s=2400,
+        simulate="brief-literal",
+    ),
     "vhe-max": VhostConfig(kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900),
     "protected-a76": VhostConfig(
         kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900

@@ -9,6 +9,7 @@ apt is never touched), cut out of the upstream tarball and cached under
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -187,11 +188,22 @@ def fetch_header(version: QemuVersion, progress: Progress) -> Path:
     return cached
 
 
+def plugin_sources_digest() -> str:
+    """sha256 (12 hex digits) of the plugin's sources in this checkout."""
+    digest = hashlib.sha256()
+    for path in sorted(plugin_source_dir().iterdir()):
+        if path.is_file() and (path.suffix in (".c", ".h") or path.name == "Makefile"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def build_plugin(progress: Progress, version: QemuVersion | None = None) -> Path:
     """The plugin for the installed QEMU, (re)built by make when its sources changed."""
     version = version or installed_qemu()
     header = fetch_header(version, progress)
-    out = header_dir(version) / "build"
+    # Keyed by the sources too: checkouts of different plugin sources (worktrees, a
+    # snapshot) never overwrite or reuse each other's build.
+    out = header_dir(version) / f"build-{plugin_sources_digest()}"
     if shutil.which("make") is None or shutil.which("gcc") is None:
         raise TracekitError(
             "the ground-truth plugin needs make and gcc (`apt-get install build-essential`)"
