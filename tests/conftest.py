@@ -40,9 +40,16 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         timeout_s=1500,
     ),
     # Cortex-A53 has 8-bit VMIDs: a VMID rollover takes ~255 VMs. With the ground-truth
-    # plugin (tests/test_vhost_groundtruth.py): every TLBI of the boot is logged.
+    # plugin (tests/test_vhost_groundtruth.py): every TLBI of the boot is logged. Under
+    # the null simulated mechanism (tests/test_simulate_vhost.py): the plugin runs its
+    # simulation callbacks and injects nothing; every bundle is labelled null@hash.
     "nvhe-a53": VhostConfig(
-        kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900, ground_truth=True
+        kvm_mode="nvhe",
+        cpu_model="cortex-a53",
+        smp=2,
+        timeout_s=900,
+        ground_truth=True,
+        simulate="null",
     ),
     # Issue 18 end to end (tests/test_simulate_vhost.py): the main case's host on trixie
     # 6.12 (its hotplug runs a local TLBI ALLE1 on the re-plugged CPU) with the brief's

@@ -142,3 +142,21 @@ def test_the_probe_increase_is_the_delay_times_the_completions(
         assert expected / 2 <= observed <= expected * 2, (run.run_id, observed, expected)
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.vhost
+def test_the_null_model_injects_nothing(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    """Folded into the nvhe-a53 boot (6.1, the plugin already loaded): the null model's
+    log is complete with no state created and no delay, the rollover collect's bundle
+    carries the null label, and no verdict there is "present" (it has 1+1 runs: this
+    boot adds no runs, so "no present verdict" is all it can show; the false-positive
+    rate over >= 200 null comparisons is not measured yet)."""
+    boot = vhost_boot("nvhe-a53")
+    log = read_sim_log(boot.result.out_dir / SIM_LOG)
+    assert log.complete and log.model == load_model("null").label
+    assert log.events == [] and log.total("delayed") == 0 and log.total("spans") > 0
+    bundle = boot.result.out_dir / "checks" / "collect_rollover" / "bundle"
+    data = load_bundle(bundle)
+    assert data.manifest.host["simulated"]["label"] == load_model("null").label
+    groups, _ = condition_groups([data], "the test")
+    assert all(e.comparison.verdict != PRESENT for e in condition_effects(groups))
