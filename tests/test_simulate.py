@@ -40,6 +40,7 @@ from tracekit.simulate.predict import check_model, predict, predict_plan
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
 from tracekit.vhost.runner import SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
+from tracekit.vhost.runner import run as run_vhost
 
 GOOD = """
 format = 1
@@ -440,3 +441,13 @@ def test_broadcast_completions_follow_the_plugin_rule() -> None:
     )
     assert broadcast_completions(rows, 3) == 2
     assert expected_increase_ns(50_000, 2, 4) == 25_000.0
+
+
+def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:
+    """The model's mistakes come before the image is built or QEMU is looked for."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace('"holder"', '"all"'))
+    config = VhostConfig(simulate=str(bad), out=tmp_path / "out")
+    with pytest.raises(TracekitError, match=r"bad.toml: \[cost\] where: 'all'"):
+        run_vhost(config, ["true"])
+    assert not (tmp_path / "out").exists()

@@ -141,6 +141,10 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
     smp_option(config.smp, config.clusters)
     if shutil.which(QEMU) is None:
         raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
+    if config.simulate:
+        from tracekit.simulate.model import load_model
+
+        load_model(config.simulate)  # its mistakes before anything is built or booted
     if config.ground_truth and not (project_tree() / GTMARK).is_file():
         raise TracekitError(
             f"--ground-truth needs the marker helper {GTMARK}: build it with "
