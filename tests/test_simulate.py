@@ -420,7 +420,7 @@ def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
     said = runner.invoke(main, ["simulate", "predict", "brief-literal", str(plan)])
     assert said.exit_code == 0
     assert "mmu-on, after-guest hotplug, KVM nvhe, 6.12: absent" in said.stdout
-    assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+50 us" in said.stdout
+    assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+1000 us" in said.stdout
     bad = runner.invoke(main, ["simulate", "predict", "nope", str(plan)])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "no model 'nope'" in bad.stderr
 

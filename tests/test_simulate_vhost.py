@@ -120,7 +120,7 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 def test_the_probe_increase_is_the_delay_times_the_completions(
     cells: dict[str, BundleData],
 ) -> None:
-    """The probe on the rt CPU, after vs before (median per call), against 50 us times
+    """The probe on the rt CPU, after vs before (median per call), against the model's 1 ms times
     the broadcast completions per call the ground truth counted on that CPU in the
     after slot: within a factor of 2 (emulated timings are noisy; the injected delay is
     a busy wait, so it is never shorter)."""
