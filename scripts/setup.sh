@@ -19,6 +19,8 @@ APT_PACKAGES=(
     cpio                       # checks the initramfs writer against GNU cpio
     xz-utils
     chromium                   # headless: the HTML report's screenshot test (~45 s to install)
+    python3-click              # with Debian's own python3: a board's python (board-pack test)
+    python3-pyelftools
 )
 
 missing=()

@@ -74,7 +74,28 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     "trixie-max": VhostConfig(
         kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900
     ),
+    # bookworm's 6.1 with reproducer/kpatch, built by tracekit (kbuild tests only: the
+    # build is long, so this boot runs only when `-m kbuild` selects its test).
+    "nvhe-kpatch": VhostConfig(
+        kernel="bookworm:kpatch",
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=2,
+        timeout_s=900,
+        ground_truth=True,
+    ),
 }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """kbuild tests (Debian's kernel source, a long cross build) run only when selected."""
+    if "kbuild" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="needs tracekit's kernel build: select with -m kbuild")
+    for item in items:
+        if "kbuild" in item.keywords:
+            item.add_marker(skip)
+
 
 _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}
 

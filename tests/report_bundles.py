@@ -123,8 +123,8 @@ def awkward_section() -> Section:
         plots=[
             Plot("cdf", "cdf", samples, x="latency_us", series="series", log_x=True),
             Plot("histogram", "histogram", samples, x="latency_us", series="series", log_x=True),
-            Plot("bars", "bars", bars, x="cpu", y="cost_ns", log_y=True),
-            Plot("xy", "xy", xy, x="ipa_bits", y="teardown_ms", log_y=True),
+            Plot("bars", "bars", bars, x="cpu", y="cost_ns"),
+            Plot("xy", "xy", xy, x="ipa_bits", y="teardown_ms"),
             Plot("timeline", "timeline", spans, x="start", y="lane"),
             Plot("missing column", "xy", xy, x="ipa_bits", y="nope"),
             Plot("empty", "cdf", samples.head(0), x="latency_us"),

@@ -240,8 +240,10 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     said = {(r.field, r.b, r.b_verdict): f"{r.conclusion} -> {r.implies}" for r in RULES}
     everything = " ".join(said.values())
     # Only the host's own TLBIs (boot path, EL2 init) may be called local.
-    host_local = ("local TLBI ALLE2", "local TLBI VMALLE1")
-    assert "local" not in everything.replace(host_local[0], "").replace(host_local[1], "")
+    host_local = ("local TLBI ALLE2", "local TLBI VMALLE1", "local TLBI ALLE1 ")
+    for phrase in host_local:
+        everything = everything.replace(phrase, "")
+    assert "local" not in everything
     for overreach in ("tagged with a VMID", "re-initialising EL2", "table walks leave"):
         assert overreach not in everything
     hotplug = said[("after_guest", "hotplug", ABSENT)]
@@ -336,3 +338,22 @@ def test_hotplug_has_its_negative_control() -> None:
     assert "not cleared by hotplugging a CPU that did not run the guest" in texts
     found = conclusions([_effect(none, PRESENT), _effect(other, ABSENT)])
     assert [c.text for c in found] == ["cleared by hotplugging a CPU that did not run the guest"]
+
+
+def test_el2_invalidation_actions_point_at_the_guest_cpu() -> None:
+    """kpatch's actions: ALLE1 on the guest CPU clears, on another not: the guest CPU holds it."""
+    guest = replace(BASE, after_guest="tlbi:alle1@guest-cpu")
+    other = replace(BASE, after_guest="tlbi:alle1@other-cpu")
+    vmid = replace(BASE, after_guest="tlbi:vmalls12e1is@vmid")
+    effects = [
+        _effect(BASE, PRESENT),
+        _effect(guest, ABSENT),
+        _effect(other, PRESENT),
+        _effect(vmid, PRESENT),
+    ]
+    texts = [c.text for c in conclusions(effects)]
+    assert "cleared by a local TLBI ALLE1 at EL2 on the CPU that ran the guest" in texts
+    assert "cleared by a local TLBI ALLE1 on the CPU that ran the guest, not on another" in texts
+    assert "not cleared by TLBI VMALLS12E1IS of the dead guest's VMID (stage 2 disabled)" in texts
+    said = {(r.field, r.b, r.b_verdict): r.implies for r in RULES}
+    assert "___kvm_hyp_init" in said[("after_guest", "tlbi:alle1@guest-cpu", ABSENT)]

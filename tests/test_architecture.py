@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tracekit"
 
 # Layer -> the tracekit packages it must never import (at any level, lazily included).
 FORBIDDEN = {
-    "analysis": ("perfetto", "report", "host", "cli", "campaign", "vhost"),
+    "analysis": ("perfetto", "report", "host", "cli", "campaign", "vhost", "dataset"),
     "host": ("ingest", "analysis", "report", "perfetto", "cli"),
-    "ingest": ("analysis", "report", "perfetto", "host", "cli"),
+    "ingest": ("analysis", "report", "perfetto", "host", "cli", "dataset"),
     "report": ("perfetto", "host", "cli"),
     "perfetto": ("report", "host", "cli"),
 }

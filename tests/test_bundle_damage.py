@@ -72,9 +72,9 @@ def test_a_report_says_first_what_is_missing_and_never_reads_a_resized_file(
     stress = bundle / "runs" / "after-quiet-0" / "stress-ng.yaml"
     stress.write_text(stress.read_text() + "# edited\n")
     text = CliRunner().invoke(main, ["report", str(bundle)]).output
-    assert text.splitlines()[1].startswith("DAMAGED bundle: 2 file(s) missing or changed")
+    assert "DAMAGED bundle: 2 file(s) missing or changed" in _first_line(text)
     header = json.loads(CliRunner().invoke(main, ["report", "-f", "json", str(bundle)]).output)
-    damaged = next(line for line in header["header"] if line.startswith("DAMAGED"))
+    damaged = next(line for line in header["warnings"] if line.startswith("DAMAGED"))
     assert "cyclictest.txt: missing" in damaged and "stress-ng.yaml: " in damaged
     # A hash change is found on request only.
     probe = next(bundle.glob("runs/*/probe.json"))
@@ -82,7 +82,15 @@ def test_a_report_says_first_what_is_missing_and_never_reads_a_resized_file(
     data[-1] ^= 0xFF
     probe.write_bytes(bytes(data))
     verified = CliRunner().invoke(main, ["report", "--verify", str(bundle)]).output
-    assert verified.splitlines()[1].startswith("DAMAGED bundle: 3 file(s)")
+    assert "DAMAGED bundle: 3 file(s)" in _first_line(verified)
+
+
+def _first_line(text: str) -> str:
+    """A text report's first line, unwrapped (its continuation lines are indented)."""
+    lines = text.splitlines()
+    rest = [line.strip() for line in lines[1:]]
+    ends = next((i for i, line in enumerate(lines[1:]) if not line.startswith("  ")), len(rest))
+    return " ".join([lines[0], *rest[:ends]])
 
 
 def test_a_damaged_trace_is_one_line_not_read(tmp_path: Path) -> None:

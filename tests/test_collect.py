@@ -147,7 +147,7 @@ def test_ingest_of_the_collected_bundle(vhost_boot) -> None:  # type: ignore[no-
         assert f"  {run} " in result.output
     kvm = trace.event("kvm_entry").group_by(pl.col("phase").cast(pl.String)).len()
     assert "guest" in dict(kvm.iter_rows())  # the guest ran in the guest phase
-    assert "cyclictest_latency" in trace.tools and "probe" in trace.tools
+    assert "cyclictest_samples" in trace.tools and "probe" in trace.tools
 
 
 @pytest.mark.vhost

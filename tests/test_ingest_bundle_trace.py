@@ -69,8 +69,8 @@ def test_a_bundle_opens_as_its_runs_traces_stacked(tmp_path: Path) -> None:
     )
     assert "run" in trace.lost.columns
     assert trace.meta["phases"] == ["before", "after"]
-    assert set(trace.tools) == {"cyclictest_latency", "stress_ng"}
-    assert trace.tools["cyclictest_latency"]["run_id"].unique().to_list() == ["before-quiet-0"]
+    assert set(trace.tools) == {"cyclictest_samples", "stress_ng"}
+    assert trace.tools["cyclictest_samples"]["run_id"].unique().to_list() == ["before-quiet-0"]
 
 
 def test_a_bundle_is_cached_in_the_bundle(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_ingest_summarises_a_bundle_with_its_runs(tmp_path: Path) -> None:
         ["before-traced-0", "before", "traced"],
         ["after-traced-0", "after", "traced"],
     ]
-    assert any(line.startswith("cyclictest_latency: ") for line in lines)
+    assert any(line.startswith("cyclictest_samples: ") for line in lines)
 
 
 def test_a_bundle_without_traces_still_opens(tmp_path: Path) -> None:

@@ -54,3 +54,97 @@ def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2
         assert res.output.startswith("tracekit: error: ") and res.output.count("\n") == 1
+
+
+def test_events_cpu_takes_a_kernel_cpu_list_and_refuses_an_absent_cpu(tmp_path: Path) -> None:
+    path = _copy(tmp_path, "small.v7zstd.dat")  # CPUs 0 and 1
+    res = CliRunner().invoke(main, ["events", path, "--cpu", "0-1", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert {r["cpu"] for r in json.loads(res.output)} == {0, 1}
+    res = CliRunner().invoke(main, ["events", path, "--cpu", "1,5-6"])
+    assert res.exit_code != 0
+    assert res.output.strip() == (
+        "tracekit: error: --cpu 1,5-6: CPU 5-6 not in this trace, which recorded CPUs 0-1;"
+        " pick from those"
+    )
+    res = CliRunner().invoke(main, ["events", path, "--cpu", "x"])
+    assert res.exit_code != 0 and "bad CPU list 'x'" in res.output
+
+
+def test_events_prints_addresses_in_hex(tmp_path: Path) -> None:
+    path = _copy(tmp_path, "small.v7zstd.dat")
+    args = ["events", path, "--event", "hrtimer_start", "--limit", "3"]
+    rows = json.loads(CliRunner().invoke(main, [*args, "--format", "json"]).output)
+    assert all(r["function"].startswith("0xffff") for r in rows)  # a kernel text address
+    assert all(isinstance(r["expires"], int) for r in rows)  # a time stays a number
+    csv = CliRunner().invoke(main, [*args, "--format", "csv"]).output
+    assert ",0xffff" in csv.splitlines()[1]
+
+
+def test_every_command_shows_an_example_its_options_accept() -> None:
+    import shlex
+
+    import click
+
+    from tracekit.cli.examples import EXAMPLES
+
+    def walk(group: click.Group, prefix: str) -> dict[str, click.Command]:
+        found = {}
+        for name, command in group.commands.items():
+            found[prefix + name] = command
+            if isinstance(command, click.Group):
+                found |= walk(command, f"{prefix}{name} ")
+        return found
+
+    commands = walk(main, "")
+    assert set(EXAMPLES) == set(commands)
+    for key, command in commands.items():
+        help_text = command.get_help(click.Context(command, info_name=key))
+        assert "Examples:" in help_text, key
+        for line in EXAMPLES[key]:
+            assert line in help_text
+            words = shlex.split(line)
+            words = words[words.index("tracekit") + 1 :]
+            group: click.Command = main
+            while isinstance(group, click.Group) and words and words[0] in group.commands:
+                group, words = group.commands[words[0]], words[1:]
+            group.make_context(key, words)  # raises on an option the command does not take
+
+
+def test_a_bundle_ingest_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from vm_bundles import make_vm_bundle
+
+    runs = {"guest-0": "teardown-6.1-a76", "guest-1": "cacheflush-1vcpu"}
+    bundle = make_vm_bundle(tmp_path / "b", runs, "6.1.0-50-arm64")
+    piped = CliRunner().invoke(main, ["ingest", str(bundle)])
+    assert piped.exit_code == 0 and "ingest: runs" not in piped.output
+    leader, follower = os.openpty()  # stderr is a terminal: the bar is drawn there
+    done = subprocess.run(
+        [sys.executable, "-m", "tracekit", "ingest", "--no-cache", str(bundle)],
+        stdout=subprocess.PIPE, stderr=follower, timeout=120, check=True,
+        cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    os.close(follower)
+    drawn = b""
+    while chunk := _read(leader):
+        drawn += chunk
+    os.close(leader)
+    assert b"ingest: runs" in drawn and b"100%" in drawn
+    assert b"ingest: runs" not in done.stdout  # the summary alone on stdout
+
+
+def _read(fd: int) -> bytes:
+    """What is left to read on a pty (b"" once it is drained or closed)."""
+    import os
+    import select
+
+    if not select.select([fd], [], [], 1)[0]:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # the other side closed
+        return b""

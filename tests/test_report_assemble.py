@@ -61,13 +61,13 @@ def test_header_names_each_bundle_and_says_emulated_first(tmp_path: Path) -> Non
     board = load_bundle(make_bundle(tmp_path / "board", 2, 1.0, emulated=False, guest="mmu-off"))
     emulated = load_bundle(make_bundle(tmp_path / "qemu", 2, 1.0, guest="mmu-on"))
     report = assemble.build_report([board, emulated])
-    assert report.emulated and report.header[0] == EMULATED_LINE
+    assert report.emulated and report.warnings == [EMULATED_LINE]
     lines = [line for line in report.header if line.startswith(("board:", "qemu:"))]
     assert len(lines) == 2
     assert "6.1.0-test" in lines[0] and "guest mmu-off on CPU 1" in lines[0]
     assert lines[1].endswith("emulated") and not lines[0].endswith("emulated")
     on_board = assemble.build_report([board])
-    assert not on_board.emulated and EMULATED_LINE not in on_board.header
+    assert not on_board.emulated and on_board.warnings == []
 
 
 def test_no_bundles_is_a_clear_error() -> None:
@@ -82,3 +82,52 @@ def test_text_draws_any_section() -> None:
     assert "metric_8_latency_ns" in text and "(no rows)" in text
     assert "lost trace events: 5" in text
     assert "plots (in --format html): cdf, histogram" in text
+
+
+def _contradicts(bundles: list[BundleData]) -> Section | None:
+    """A section with a finding that contradicts the setup, as a ground-truth check makes."""
+    return Section(key="truth", title="truth", contradictions=["hotplug did not flush CPU 1"])
+
+
+def _extra_warning(bundles: list[BundleData]) -> list[str]:
+    """A warning of another kind, as a simulated effect adds one."""
+    return ["SIMULATED EFFECT (model x2)."]
+
+
+def test_warnings_and_contradictions_lead_every_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracekit.report import header
+    from tracekit.report.render import render
+
+    bundle = make_bundle(tmp_path / "b", 2, 1.0)
+    monkeypatch.setattr(assemble, "SECTION_BUILDERS", [_contradicts, _contradicts])
+    monkeypatch.setattr(header, "WARNINGS", [header.emulated_warnings, _extra_warning])
+    report = assemble.build_report([load_bundle(bundle)])
+    assert report.warnings == [EMULATED_LINE, "SIMULATED EFFECT (model x2)."]
+    assert report.contradictions == ["hotplug did not flush CPU 1"]  # said once
+    first = f"{EMULATED_LINE} SIMULATED EFFECT (model x2)."
+    said = "CONTRADICTS THE SETUP: hotplug did not flush CPU 1"
+    for fmt in ("text", "email"):
+        lines = render(report, fmt).splitlines()
+        assert " ".join(line.strip() for line in lines[:2]) == first
+        assert lines[2] == said
+    html = render(report, "html")
+    assert html.index(first) < html.index(said) < html.index("bundle b;")
+    assert '"contradictions": [\n  "hotplug did not flush CPU 1"' in render(report, "json")
+
+
+def test_the_header_names_the_guest_the_decision_table_names(tmp_path: Path) -> None:
+    """A bundle from before collect recorded the variant that ran: its file name wins, in
+    the header as in the decision table's conditions."""
+    from report_bundles import edit_manifest
+
+    from tracekit.analysis.conditions import guest_variant
+
+    bundle = make_bundle(tmp_path / "b", 2, 1.0, guest="mmu-on")
+    edit_manifest(bundle, lambda m: m["scenario"].update(guest="/x/build/guests/mmu-off.elf"))
+    data = load_bundle(bundle)
+    report = assemble.build_report([data])
+    assert guest_variant(data.manifest) == "mmu-off"
+    assert "guest mmu-off on CPU 1" in " ".join(report.header)
+    assert "(mmu-off on CPU 1)" in report.question and "mmu-on" not in report.question

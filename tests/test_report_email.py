@@ -35,14 +35,25 @@ def test_email_of_the_real_bundle_fits_72_columns(tmp_path: Path) -> None:
     text = render_email(build_report([load_bundle(bundle)]))
     _assert_fits(text)
     lines = text.splitlines()
-    assert lines[0] == "EMULATED HOST (QEMU): timings are not hardware timings."
-    assert "4 x Cortex-A76, KVM nvhe, emulated" in text
-    assert "controls:" in text and "isolated (isolcpus, nohz_full, rcu_nocbs)" in text
-    assert "lost trace events:" in text
-    assert "What is NOT known" in text
-    # The primary comparison with its interval, and the rule that judged it.
-    assert re.search(r"cyclictest p99\.9 after/before \d\.\d\dx \[\d\.\d\d,", text)
-    assert "Verdict rule: present:" in text
+    assert lines[0].startswith("EMULATED HOST (QEMU): timings are not hardware timings.")
+    flat = _unwrapped(text)
+    assert "4 x Cortex-A76, KVM nvhe, emulated" in flat
+    assert "bundle bundle;" in flat and str(tmp_path) not in flat  # relative, not local
+    # The lead's skeleton, in order, before the details.
+    heads = ["Question:", "Setup:", "Result:", "Controls:", "Not known:", "Details"]
+    at = [next(i for i, line in enumerate(lines) if line.startswith(h)) for h in heads]
+    assert at == sorted(at) and at[-1] < 60
+    lead = _unwrapped("\n".join(lines[: at[-1]]))
+    assert "isolated (isolcpus, nohz_full, rcu_nocbs)" in lead and "lost trace events:" in lead
+    # The primary comparison with its interval and the rule that judged it, in the lead
+    # only: each verdict is said once.
+    primary = re.findall(r"cyclictest p99\.9 after/before \d\.\d\dx \[\d\.\d\d,", flat)
+    assert len(primary) == 1 and primary[0] in lead
+    assert flat.count("verdict rule: present:") == 1 and "verdict rule: present:" in lead
+    # One unit for the probe's times; no count shown as a float.
+    assert "p50_ns" not in text and "p50_us" in text
+    rows = [line for line in lines[at[-1] :] if re.fullmatch(r"  +\S+( {2,}\S+)+", line)]
+    assert rows and not [r for r in rows if re.search(r"\b\d+\.\d*0\b", r)]
 
 
 def test_email_fits_and_cuts_nothing_on_an_awkward_report(tmp_path: Path) -> None:
@@ -65,7 +76,7 @@ def test_email_fits_and_cuts_nothing_on_an_awkward_report(tmp_path: Path) -> Non
     # One header line per bundle naming kernel and condition.
     assert sum("6.1.0-test" in line for line in text.splitlines()[:8]) == 2
     assert "guest mmu-off on CPU 1" in _unwrapped(text)
-    # Unknowns of every section are gathered at the end.
-    tail = _unwrapped(text.split("What is NOT known", 1)[1])
+    # Unknowns of every section are gathered in the lead, before the details.
+    tail = _unwrapped(text.split("Not known:", 1)[1].split("Details", 1)[0])
     assert "2+2 quiet runs cannot reach a verdict; the rule needs 4+4" in tail
     assert f"what {EVIL_COMM} did" in tail

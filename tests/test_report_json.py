@@ -35,13 +35,15 @@ def test_json_round_trips_tables_and_comparisons(tmp_path: Path) -> None:
         out = by_key[section.key]
         for table, table_data in zip(section.tables, out["tables"], strict=True):
             assert _frame(table_data).equals(table.frame)
-        for comparison, c_data in zip(section.comparisons, out["comparisons"], strict=True):
+        shown = [*zip(section.headline, out["headline"], strict=True)]
+        shown += zip(section.comparisons, out["comparisons"], strict=True)
+        for comparison, c_data in shown:
             fields = asdict(comparison)
             assert {k: c_data[k] for k in fields} == json.loads(json.dumps(fields))
             assert c_data["rule"] == comparison.thresholds.rule()
         for plot, plot_data in zip(section.plots, out["plots"], strict=True):
             assert len(plot_data["rows"]) == plot.frame.height  # every point, not a sample
-    primary = by_key["beforeafter"]["comparisons"][0]
+    primary = by_key["beforeafter"]["headline"][0]
     assert primary["metric"] == "cyclictest p99.9" and primary["needed_runs"] == 4
 
 

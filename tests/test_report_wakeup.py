@@ -64,8 +64,10 @@ def test_a_run_whose_rt_cpu_lost_events_is_left_out_and_said(tmp_path: Path) -> 
 def test_correlation_section_shows_other_cpus_and_the_guest(data: BundleData) -> None:
     section = correlation.section([data])
     assert section is not None and section.key == "correlation"
-    guest = next(t for t in section.tables if t.title.startswith("guest"))
-    running = guest.frame.filter(pl.col("activity") == "guest")
+    overview = next(t for t in section.tables if t.title.startswith("activity")).frame
+    assert {"before-traced-0", "after-traced-0", "guest"} <= set(overview["run"])
+    guest = overview.filter(pl.col("run") == "guest")
+    running = guest.filter(pl.col("activity") == "guest")
     assert running["cpu"].to_list() == [1] and running["n"].item() > 0
     timelines = [p for p in section.plots if p.kind == "timeline"]
     assert len(timelines) == 2

@@ -258,14 +258,16 @@ def _simulated(bundle: Path, label: str) -> None:
 
 @pytest.mark.parametrize("fmt", ["text", "email", "html", "json"])
 def test_every_report_format_says_simulated_beside_emulated(fmt: str, tmp_path: Path) -> None:
-    """The first lines: EMULATED HOST, then SIMULATED EFFECT with the model's name@hash."""
+    """The first line: EMULATED HOST, then SIMULATED EFFECT with the model's name@hash."""
     bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
     _simulated(bundle, "brief-literal@0123456789abcdef")
-    text = render(build_report([load_bundle(bundle)]), fmt)
-    head = text[:2000]
+    report = build_report([load_bundle(bundle)])
+    text = render(report, fmt)
+    head = " ".join(text[:2000].split())  # text and email wrap the line
     assert "EMULATED HOST" in head
     assert "SIMULATED EFFECT (brief-literal@0123456789abcdef)" in head
     assert head.index("EMULATED HOST") < head.index("SIMULATED EFFECT")
+    assert report.warnings[0].startswith("EMULATED HOST") and "SIMULATED" in report.warnings[1]
 
 
 def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path) -> None:
@@ -276,7 +278,7 @@ def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path
     a, b = (bundle_condition(load_bundle(p).manifest) for p in (real, sim))
     assert (a.simulated, b.simulated) == ("none", "null@c440ed43b72271f1")
     assert a != b and "simulated" in a.differing(b)
-    lines = build_report([load_bundle(real), load_bundle(sim)]).header
+    lines = build_report([load_bundle(real), load_bundle(sim)]).warnings
     assert any("1 bundle(s) not simulated, never pooled" in line for line in lines)
 
 
@@ -451,3 +453,19 @@ def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:
     with pytest.raises(TracekitError, match=r"bad.toml: \[cost\] where: 'all'"):
         run_vhost(config, ["true"])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_debug_series_actions_are_predicted_by_what_they_issue() -> None:
+    """ALLE1 on the guest CPU clears the brief's model, on another CPU it does not, and
+    VMALLS12E1IS clears none of the shipped models (the brief: it does not remove it)."""
+    on = Condition("mmu-on", "none", "nvhe", "same", "6.1.0-50-arm64", knobs="none")
+    brief = load_model("brief-literal")
+    said = {
+        a: predict(brief, replace(on, after_guest=a)).verdict
+        for a in ("tlbi:alle1@guest-cpu", "tlbi:alle1@other-cpu", "tlbi:vmalls12e1is@vmid")
+    }
+    assert said == {
+        "tlbi:alle1@guest-cpu": "absent",
+        "tlbi:alle1@other-cpu": "present",
+        "tlbi:vmalls12e1is@vmid": "present",
+    }

@@ -22,11 +22,20 @@ from tracekit.vhost.rootfs import find_kernel
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vhost"
 SID_RELEASE = "7.2.13+deb14-arm64"
+ALL_SPECS = [
+    "bookworm",
+    "bookworm:rt",
+    "bookworm:tk",
+    "bookworm:kpatch",
+    "trixie",
+    "sid",
+    "sid:16k",
+]
 
 
 def test_suites_and_flavours() -> None:
-    """trixie and sid (with its 16 KB-page flavour) join bookworm, each with KVM."""
-    assert known_specs() == ["bookworm", "bookworm:rt", "trixie", "sid", "sid:16k"]
+    """trixie and sid (with its 16 KB-page flavour) join bookworm (and its built kernels)."""
+    assert known_specs() == ALL_SPECS
     for name in ("trixie", "sid", "sid:16k"):
         assert parse_kernel_spec(name).has_kvm
     assert parse_kernel_spec("sid:16k").packages()[0] == "linux-image-arm64-16k"
@@ -148,8 +157,8 @@ def test_kernels_listing_on_an_empty_cache(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path))
     result = CliRunner().invoke(main, ["vhost", "kernels"])
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line for line in result.output.splitlines()[1:6]}
-    assert set(rows) == {"bookworm", "bookworm:rt", "trixie", "sid", "sid:16k"}
+    rows = {line.split()[0]: line for line in result.output.splitlines()[1:8]}
+    assert set(rows) == set(ALL_SPECS)
     assert all("? (no package lists: --refresh)" in row for row in rows.values())
     assert rows["bookworm:rt"].endswith("no (Debian builds the PREEMPT_RT flavour without KVM)")
     assert rows["sid:16k"].split()[1] == "7.x" and rows["trixie"].endswith("yes")

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
 
 __version__ = "0.1.0"
+# The package's own API: open() returns a tracekit.ingest.Trace (imported on first call).
+__all__ = ["__version__", "open"]
 
 
 def open(
@@ -23,7 +25,8 @@ def open(
     use_cache: bool = True,
     symbols: str | PathLike[str] | None = None,
 ) -> Trace:
-    """Open a trace (trace.dat, raw capture directory, text) or a bundle as a tracekit Trace.
+    """Open a trace (trace.dat, raw capture directory, text), a bundle, or a directory of
+    bundles (a campaign's, as `tracekit report DIR` takes it) as a tracekit Trace.
 
     `symbols` (a kallsyms copy or vmlinux) names address fields; by default the trace's
     own kallsyms copy does. Imports the ingest package (and so polars) only when called.

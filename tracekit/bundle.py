@@ -70,6 +70,7 @@ class RunFile(StrEnum):
     PROBE_SUMMARY = "probe.json"
     VMM = "vmm.txt"  # the VMM's stdout
     HOTPLUG = "hotplug.txt"
+    MAINT = "el2-maint.txt"  # --after-guest tlbi:...: the request and when it ran
     ROLLOVER = "rollover.json"
     VMID_PREP = "vmid-prep.json"
     GUEST_STOP = "guest-stop.json"
@@ -408,3 +409,24 @@ def confined(root: Path, rel: str) -> Path:
     if not target.is_relative_to(root.resolve()) or Path(rel).is_absolute():
         raise TracekitError(f"{rel!r} is outside the bundle {root}; the manifest is damaged")
     return root / rel
+
+
+def find_bundles(path: Path) -> list[Path]:
+    """The bundle directories at or under `path` (a bundle's own runs are not searched):
+    a bundle, or a directory of bundles such as a campaign's, in sorted path order."""
+    if not path.exists():
+        raise TracekitError(f"{path}: no such file or directory; name a bundle directory")
+    if not path.is_dir():
+        raise TracekitError(
+            f"{path} is not a directory; name a bundle (a directory with {MANIFEST})"
+        )
+    if (path / MANIFEST).is_file():
+        return [path]
+    found = sorted(m.parent for m in path.rglob(MANIFEST))
+    bundles = [b for b in found if not any(o in b.parents for o in found)]
+    if not bundles:
+        raise TracekitError(
+            f"{path} holds no tracekit bundle (no {MANIFEST} in it or below it);"
+            " name the directory `tracekit collect -o` wrote"
+        )
+    return bundles

@@ -106,21 +106,32 @@ class Comparison:
             return "n/a"
         return f"[{self.ci_low:.2f}, {self.ci_high:.2f}]"
 
+    def brief(self) -> str:
+        """One line: ratio, interval, p, runs and verdict (test and runs needed said apart)."""
+        return self._line(f", {self.n_before}+{self.n_after} runs") + self._excluded_text()
+
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
-        p_name = "p" if self.role == "primary" else "p(Holm)"
-        text = (
-            f"{self.metric} {self.ratio_label + ' ' if self.ratio_label else ''}"
-            f"{self.ratio:.2f}x {self.interval()},"
-            f" {p_name}={_p_text(self.p_adjusted)} ({self.test},"
-            f" {self.n_before}+{self.n_after} runs): {self.verdict}"
-        )
+        text = self._line(f" ({self.test}, {self.n_before}+{self.n_after} runs)")
         if self.needed_runs is not None:
             text += f"; needs {self.needed_runs}+{self.needed_runs} runs to show an effect"
-        if self.excluded:
-            runs = ", ".join(f"{e.phase} {e.run} ({e.lost} lost)" for e in self.excluded)
-            text += f"; excluded for lost events: {runs}"
-        return textwrap.fill(text, DESCRIBE_WIDTH, subsequent_indent="  ")
+        return textwrap.fill(text + self._excluded_text(), DESCRIBE_WIDTH, subsequent_indent="  ")
+
+    def _line(self, runs: str) -> str:
+        """Metric, ratio, interval, p, then `runs` (how they are said) and the verdict."""
+        p_name = "p" if self.role == "primary" else "p(Holm)"
+        return (
+            f"{self.metric} {self.ratio_label + ' ' if self.ratio_label else ''}"
+            f"{self.ratio:.2f}x {self.interval()},"
+            f" {p_name}={_p_text(self.p_adjusted)}{runs}: {self.verdict}"
+        )
+
+    def _excluded_text(self) -> str:
+        """The runs left out for lost events, or ""."""
+        if not self.excluded:
+            return ""
+        runs = ", ".join(f"{e.phase} {e.run} ({e.lost} lost)" for e in self.excluded)
+        return f"; excluded for lost events: {runs}"
 
 
 def _p_text(p: float) -> str:

@@ -119,6 +119,12 @@ _REPLUG = (
     " VMALLE1), then in nVHE on 6.12 the EL2 init's local TLBI ALLE2 and ALLE1"
     " (___kvm_hyp_init), on 6.1 with no VM alive no EL2 invalidation"
 )
+# What a local TLBI ALLE1 at EL2 discards, and what the debug interface adds around it.
+_ALLE1_SCOPE = (
+    "EL1&0 entries and cached walks of every VMID on that CPU; on 6.1 in nVHE with no VM"
+    " alive the interface also runs the EL2 init there first (___kvm_hyp_init: TLBI"
+    " ALLE2, VMALLS12E1 of VMID 0)"
+)
 _VMIDS = "2^VMID-bits (255 with 8-bit, 65535 with 16-bit VMIDs)"
 # run_after_guest runs the throwaway VMs one after another: on 6.1 each is created with
 # none alive, so each brings EL2 up again on every CPU (the guest's included).
@@ -206,6 +212,35 @@ RULES: tuple[Rule, ...] = (
           "not cleared by a VMID rollover",
           "neither " + _VMIDS + " VMs, nor TLBI ALLE1IS, nor " + _PER_VM_INIT
           + " removes it: it is not EL1&0 TLB content that ALLE1IS invalidates"),
+    # tlbi:OP@TARGET: one EL2 invalidation from reproducer/kpatch's interface (a kernel
+    # with the series); alle1@other-cpu is alle1@guest-cpu's negative control.
+    _rule("after_guest", "none", PRESENT, "tlbi:alle1@guest-cpu", ABSENT,
+          "cleared by a local TLBI ALLE1 at EL2 on the CPU that ran the guest",
+          "invalidating that CPU's EL1&0 TLB entries of every VMID, both stages, removes it,"
+          " or what that invalidation also discards there (" + _ALLE1_SCOPE + ")"),
+    _rule("after_guest", "none", PRESENT, "tlbi:alle1@guest-cpu", PRESENT,
+          "not cleared by a local TLBI ALLE1 at EL2 on the CPU that ran the guest",
+          "it is not EL1&0 TLB content of the guest CPU that ALLE1 invalidates"),
+    _rule("after_guest", "none", PRESENT, "tlbi:alle1@other-cpu", PRESENT,
+          "not cleared by a local TLBI ALLE1 at EL2 on a CPU that did not run the guest",
+          "the control for the guest-CPU ALLE1 rules: the same invalidation elsewhere"
+          " does not remove it"),
+    _rule("after_guest", "none", PRESENT, "tlbi:alle1@other-cpu", ABSENT,
+          "cleared by a local TLBI ALLE1 at EL2 on a CPU that did not run the guest",
+          "an ALLE1 removes it even on a CPU the guest never ran on, so the guest-CPU"
+          " ALLE1 result does not point at the guest CPU"),
+    _rule("after_guest", "tlbi:alle1@guest-cpu", ABSENT, "tlbi:alle1@other-cpu", PRESENT,
+          "cleared by a local TLBI ALLE1 on the CPU that ran the guest, not on another",
+          "the state is held by the CPU that ran the guest, in what its ALLE1 discards ("
+          + _ALLE1_SCOPE + "), as the brief reports"),
+    _rule("after_guest", "none", PRESENT, "tlbi:vmalls12e1is@vmid", PRESENT,
+          "not cleared by TLBI VMALLS12E1IS of the dead guest's VMID (stage 2 disabled)",
+          "invalidating that VMID's entries the way KVM's own nVHE VMID flush issues it"
+          " (HCR_EL2.VM clear) does not remove it; with stage 2 enabled is another run"),
+    _rule("after_guest", "none", PRESENT, "tlbi:vmalls12e1is@vmid", ABSENT,
+          "cleared by TLBI VMALLS12E1IS of the dead guest's VMID (stage 2 disabled)",
+          "invalidating the dead guest VMID's EL1&0 entries on every CPU of the"
+          " inner-shareable domain removes it"),
     _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
           "also when the guest ran in another cluster",
           "the guest need not run in the rt CPU's cluster: the effect reaches the rt CPU"

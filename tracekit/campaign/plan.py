@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.campaign.design import Design, parse_design
+from tracekit.campaign.lavaplan import parse_lava
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
 
@@ -52,7 +53,15 @@ AXES: dict[str, Any] = {
     "simulate": None,
 }
 
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")  # as host/protocol.py
+AFTER_GUEST_ACTIONS = (  # as host/protocol.py
+    "none",
+    "hotplug",
+    "hotplug-other",
+    "rollover",
+    "tlbi:alle1@guest-cpu",
+    "tlbi:vmalls12e1is@vmid",
+    "tlbi:alle1@other-cpu",
+)
 
 # `tracekit collect` options a plan may set; everything else in [collect] is a mistake.
 # Placement, guest, after-guest, scenario and the output come from the cell itself.
@@ -99,6 +108,7 @@ TOP_LEVEL = (
     "collect",
     "vhost",
     "design",
+    "lava",
 )
 
 
@@ -134,20 +144,25 @@ class Plan:
     source: str = ""
     design: Design | None = None
     design_table: dict[str, Any] = field(default_factory=dict)  # as written, for the record
+    lava: dict[str, Any] = field(default_factory=dict)  # [lava], campaign/lavaplan.py
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON data (recorded in campaign.json, hashed for resume)."""
         # An unused simulate axis is left out: plans written before it hash as they did.
         matrix = {k: v for k, v in self.matrix.items() if k != "simulate" or v != [None]}
-        return {
-            "matrix": matrix,
-            "placements": {name: vars(p) for name, p in self.placements.items()},
-            "collect": self.collect,
-            "vhost": self.vhost,
-            "repeats": self.repeats,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-        } | ({"design": self.design_table} if self.design_table else {})
+        return (
+            {
+                "matrix": matrix,
+                "placements": {name: vars(p) for name, p in self.placements.items()},
+                "collect": self.collect,
+                "vhost": self.vhost,
+                "repeats": self.repeats,
+                "seed": self.seed,
+                "shuffle": self.shuffle,
+            }
+            | ({"design": self.design_table} if self.design_table else {})
+            | ({"lava": self.lava} if self.lava else {})
+        )
 
     def fingerprint(self) -> str:
         """A short hash of the plan's content: a state file resumes only the plan it was for."""
@@ -269,6 +284,7 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>") -> Plan:
         source=source,
         design=design,
         design_table=data.get("design", {}),
+        lava=parse_lava(source, data.get("lava")),
     )
     _check_values(plan)
     return plan

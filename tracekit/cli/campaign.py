@@ -32,6 +32,24 @@ import click
     help="How --reboot restarts the host.",
 )
 @click.option(
+    "--lava",
+    "lava",
+    is_flag=True,
+    help="Run each cell as a LAVA job on a board farm (the plan's [lava] table), via lavacli.",
+)
+@click.option(
+    "--lava-jobs-only",
+    is_flag=True,
+    help="--lava: write each cell's job definition to <output>/lava-jobs/ and submit nothing.",
+)
+@click.option("--lava-identity", help="--lava: the lavacli identity (its config holds the token).")
+@click.option(
+    "--lava-poll",
+    default=30.0,
+    show_default=True,
+    help="--lava: seconds between job status checks.",
+)
+@click.option(
     "--list", "list_only", is_flag=True, help="Print the cells in run order; run nothing."
 )
 @click.option(
@@ -47,6 +65,10 @@ def campaign(
     state_file: Path | None,
     reboot: bool,
     reboot_command: str,
+    lava: bool,
+    lava_jobs_only: bool,
+    lava_identity: str | None,
+    lava_poll: float,
     list_only: bool,
     design_only: bool,
 ) -> None:
@@ -56,6 +78,8 @@ def campaign(
     hardware timings). With --board each call runs the next pending cell on this host
     and exits: call it from a boot hook (see README). Ctrl-C stops the current cell and
     records where; the same command resumes. `tracekit report DIR` reads the result.
+    With --lava each cell is a job on a LAVA board farm, its bundle fetched back into
+    the same directory (docs/campaign.md, "Board farms").
     Every start prints the design first (docs/campaign.md, "Designs").
     """
     from tracekit.campaign.cells import plan_conditions
@@ -79,7 +103,17 @@ def campaign(
         for cell in record.cells:
             click.echo(f"  {cell.cell_id:40} {cell.status}")
         return
-    if board:
+    if lava or lava_jobs_only:
+        from tracekit.campaign import lava as farm
+
+        if lava_jobs_only:
+            record = open_campaign(plan, "lava", state_path)
+            written = farm.write_jobs(plan, record, out)
+            click.echo(f"campaign: {len(written)} LAVA job definitions in {out / farm.JOBS_DIR}")
+            return
+        client = farm.Lavacli(lava_identity)
+        result = farm.run_lava_campaign(plan, out, click.echo, client, lava_poll)
+    elif board:
         reboot_argv = shlex.split(reboot_command) if reboot else None
         result = run_board_step(plan, out, state_path, click.echo, reboot_argv)
     else:

@@ -8,6 +8,7 @@ import click
 
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS
 
 
 def _one_cpu(text: str, option: str) -> int:
@@ -41,9 +42,10 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--after-guest",
     default="none",
     show_default=True,
-    type=click.Choice(["none", "hotplug", "hotplug-other", "rollover"]),
+    type=click.Choice(AFTER_GUEST_ACTIONS),
     help="What to do between the guest and the 'after' phase (hotplug-other: hotplug a"
-    " stress CPU that did not run the guest, the control of hotplug).",
+    " stress CPU that did not run the guest, the control of hotplug; tlbi:OP@TARGET: one"
+    " EL2 invalidation through reproducer/kpatch's interface, the VMID one needs --vmid).",
 )
 @click.option(
     "--rollover-max-vms",
@@ -119,6 +121,14 @@ def _int_list(text: str | None, option: str) -> list[int]:
     help="Collect even on a host where a VM already ran since boot (preflight reads it).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--board-cpus", help="--dry-run for a board: its online CPUs (0-7), not this host's.")
+@click.option("--board-ipa-bits", type=int, help="--dry-run for a board: its KVM's IPA limit.")
+@click.option(
+    "--board-facts",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="--dry-run for a board: a manifest.json recorded there, or JSON with online_cpus"
+    " and ipa_limit_bits.",
+)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 def collect(
     rt_cpu: str,
@@ -153,9 +163,13 @@ def collect(
     probe_args: Path | None,
     allow_dirty: bool,
     dry_run: bool,
+    board_cpus: str | None,
+    board_ipa_bits: int | None,
+    board_facts: Path | None,
     output: Path,
 ) -> None:
     """Run the experiment on this arm64 host and record it into a bundle (root)."""
+    from tracekit.host.board import board_from
     from tracekit.host.collect import CollectOptions
     from tracekit.host.collect import collect as run_collect
 
@@ -193,6 +207,7 @@ def collect(
         knobs=list(knobs),
         backing=backing,
         vmid=vmid,
+        board=board_from(board_cpus, board_ipa_bits, board_facts),
     )
     bundle = run_collect(options, echo=click.echo)
     if bundle is not None:

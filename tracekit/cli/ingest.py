@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from tracekit.cli.progress import progress_bar
+
 TABLE_ROWS = 50
 SYMBOLS_HELP = (
     "A kallsyms copy or vmlinux naming address fields (`<field>_sym` columns); "
@@ -18,21 +20,39 @@ SYMBOLS_HELP = (
 )
 @click.option("--no-cache", is_flag=True, help="Parse again and do not write the Parquet cache.")
 @click.option("--symbols", type=click.Path(path_type=str), help=SYMBOLS_HELP)
-def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> None:
-    """Decode PATH (trace.dat, raw capture directory or text trace), cache it as Parquet
-    and print a summary: events per type per CPU, time span, lost events."""
+@click.option(
+    "--parquet",
+    "parquet_dir",
+    type=click.Path(path_type=str),
+    help="Also write every table as Parquet into this directory, with tables.json listing"
+    " them (docs/tables.md).",
+)
+def ingest(
+    path: str, salvage: bool, no_cache: bool, symbols: str | None, parquet_dir: str | None
+) -> None:
+    """Decode PATH (trace.dat, raw capture directory, text trace or a bundle), cache it as
+    Parquet and print a summary: events per type per CPU, time span, lost events."""
     from tracekit.ingest import open_path
 
-    trace = open_path(path, salvage=salvage, use_cache=not no_cache, symbols=symbols)
+    with progress_bar("ingest: runs") as steps:
+        trace = open_path(
+            path, salvage=salvage, use_cache=not no_cache, symbols=symbols, progress=steps
+        )
     click.echo(trace.summary())
     if trace.meta.get("cache"):
         click.echo(f"cache: {trace.meta['cache']}")
+    if parquet_dir is not None:
+        click.echo(f"parquet: {trace.write_parquet(parquet_dir)}")
 
 
 @click.command("events")
 @click.argument("path", type=click.Path(path_type=str))
 @click.option("--event", "-e", "event", help="Show this event's typed table (its fields).")
-@click.option("--cpu", type=int, help="Only this CPU.")
+@click.option(
+    "--cpu",
+    "cpu_list",
+    help="Only these CPUs, a list as the kernel writes it (0-2,5); each must be in the trace.",
+)
 @click.option("--phase", help="A bundle: only the runs of this phase (before, guest, after, ...).")
 @click.option("--run", "run_id", help="A bundle: only this run (its id, as `ingest` lists them).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
@@ -42,7 +62,7 @@ def ingest(path: str, salvage: bool, no_cache: bool, symbols: str | None) -> Non
 def events(
     path: str,
     event: str | None,
-    cpu: int | None,
+    cpu_list: str | None,
     phase: str | None,
     run_id: str | None,
     fmt: str,
@@ -57,8 +77,8 @@ def events(
 
     trace = open_path(path, salvage=salvage, symbols=symbols)
     df = trace.event(event) if event else trace.events
-    if cpu is not None:
-        df = df.filter(pl.col("cpu") == cpu)
+    if cpu_list is not None:
+        df = df.filter(pl.col("cpu").is_in(_cpus(trace, cpu_list)))
     for column, wanted in (("phase", phase), ("run", run_id)):
         if wanted is not None:
             df = df.filter(pl.col(column).cast(pl.String) == _known(trace, column, wanted))
@@ -66,6 +86,7 @@ def events(
         limit = TABLE_ROWS
     if limit is not None:
         df = df.head(limit)
+    df = _hex_addresses(df)
     if fmt == "csv":
         click.echo(_flat(df).write_csv(), nl=False)
     elif fmt == "json":
@@ -88,6 +109,36 @@ def _known(trace: "Trace", column: str, wanted: str) -> str:  # noqa: F821, UP03
             f"--{column} {wanted!r}: this bundle's traced {column}s are {', '.join(have)}"
         )
     return wanted
+
+
+def _cpus(trace: "Trace", text: str) -> list[int]:  # noqa: F821, UP037
+    """The CPUs of a --cpu list, each one the trace recorded (else one line saying which)."""
+    from tracekit.cpus import format_cpu_list, parse_cpu_list
+    from tracekit.errors import TracekitError
+
+    wanted = parse_cpu_list(text)
+    if not wanted:
+        raise TracekitError("--cpu: the list is empty; name CPUs as the kernel does, e.g. 0-2,5")
+    recorded = {int(c) for c in trace.meta.get("cpus") or trace.events["cpu"].unique()}
+    absent = [c for c in wanted if c not in recorded]
+    if absent:
+        raise TracekitError(
+            f"--cpu {text}: CPU {format_cpu_list(absent)} not in this trace, which recorded"
+            f" CPUs {format_cpu_list(recorded) or 'none'}; pick from those"
+        )
+    return wanted
+
+
+def _hex_addresses(df: "pl.DataFrame") -> "pl.DataFrame":  # noqa: F821, UP037
+    """Address fields (those with a `_sym` column) as 0x... text, as the kernel prints them;
+    also in JSON, where a 64-bit kernel address would lose digits as a number."""
+    import polars as pl
+
+    addresses = [c for c in df.columns if f"{c}_sym" in df.columns]
+    return df.with_columns(
+        pl.Series(c, [None if v is None else f"{v:#x}" for v in df[c].to_list()], pl.String)
+        for c in addresses
+    )
 
 
 def _flat(df: "pl.DataFrame") -> "pl.DataFrame":  # noqa: F821, UP037

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.progress import progress_bar
 from tracekit.errors import TracekitError
 
 
@@ -104,7 +105,8 @@ def _export(
     bounds = parse_window(window) if window else (None, None)
     if is_bundle(Path(path)):
         given = address_names(kallsyms) if kallsyms else None
-        result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given)
+        with progress_bar("perfetto: runs") as steps:
+            result, notes = export_bundle(Path(path), out, bounds, run_id, phase, given, steps)
         for note in notes:
             click.echo(f"note: {note}", err=True)
         if result.traces:

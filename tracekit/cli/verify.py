@@ -17,8 +17,7 @@ def verify(bundles: tuple[Path, ...]) -> None:
 
     Example: tracekit verify bundle/
     """
-    from tracekit.bundle import bundle_problems, read_manifest
-    from tracekit.report.load import find_bundles
+    from tracekit.bundle import bundle_problems, find_bundles, read_manifest
 
     damaged = 0
     for root in dict.fromkeys(b for path in bundles for b in find_bundles(path)):

@@ -12,6 +12,10 @@
   CPU (local TLBI ALLE2 and ALLE1), and EL2 is reset when it goes: a confound the
   decision rules name. The VMIDs are read by a kprobe on kvm_arm_vmid_update in a small
   instance of its own.
+- tlbi:OP@TARGET (a kernel with reproducer/kpatch/): issue one EL2 invalidation through
+  the series' debugfs interface: a local TLBI ALLE1 on the CPU that ran the guest, the
+  same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
+  guest's VMID (the one --vmid gave it), with stage 2 disabled while issued.
 """
 
 from __future__ import annotations
@@ -143,3 +147,50 @@ def rollover(
         f"no VMID rollover seen after {max_vms} VMs ({vmids.bits or '?'}-bit VMIDs); "
         "raise --rollover-max-vms (16-bit VMIDs need about 65536 VMs)"
     )
+
+
+# The debug series' interface (reproducer/kpatch/): one write issues one operation at EL2.
+MAINT_OP = Path("/sys/kernel/debug/kvm/arm64_debug_maint/op")
+# --after-guest tlbi:OP@TARGET: the operation, and where (or for what) it is issued.
+TLBI_ACTIONS = {
+    "tlbi:alle1@guest-cpu": ("alle1", "guest-cpu"),
+    "tlbi:vmalls12e1is@vmid": ("vmalls12e1is", "vmid"),
+    "tlbi:alle1@other-cpu": ("alle1", "other-cpu"),
+}
+# What the interface's errno means, for the one line a user gets.
+_MAINT_ERRORS = {
+    errno.EPERM: "this KVM mode refuses it (protected mode)",
+    errno.ENXIO: "that CPU is offline",
+    errno.ERANGE: "the VMID is wider than this host's VMIDs",
+    errno.EINVAL: "the interface rejected the request",
+}
+
+
+def tlbi_request(action: str, cpu: int, vmid: int | None) -> str:
+    """The line written to the interface for a tlbi: action on `cpu` (stage 2 off)."""
+    op, target = TLBI_ACTIONS[action]
+    if target != "vmid":
+        return f"{op} {cpu}"
+    if vmid is None:
+        raise TracekitError(
+            f"--after-guest {action} invalidates the dead guest's VMID, which the collector "
+            "knows only when it chose it: give --vmid N"
+        )
+    # Stage 2 disabled while issued, as KVM's own __kvm_tlb_flush_vmid does in nVHE.
+    return f"{op} {cpu} {vmid} 0"
+
+
+def issue_maint(request: str, now: Callable[[], int], path: Path = MAINT_OP) -> list[str]:
+    """Write one request to the interface; returns its log lines (request, times)."""
+    if not path.exists():
+        raise TracekitError(
+            f"{path} is missing: --after-guest tlbi:... needs a kernel with tracekit's debug "
+            "series (reproducer/kpatch/) booted with kvm-arm.debug_maint=1"
+        )
+    started = now()
+    try:
+        path.write_text(request + "\n")
+    except OSError as err:
+        reason = _MAINT_ERRORS.get(err.errno or 0, os.strerror(err.errno or 0))
+        raise TracekitError(f"EL2 maintenance {request!r} failed: {reason}") from None
+    return [f"{request} issued at {started}, done at {now()}"]

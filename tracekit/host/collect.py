@@ -29,6 +29,7 @@ from tracekit.bundle import (
 from tracekit.errors import TracekitError
 from tracekit.guests import GuestVariant, read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
+from tracekit.host.board import Board
 from tracekit.host.capture import Capture, capture_record, check_capture, new_capture
 from tracekit.host.cleanup import CleanupStack, Interrupted
 from tracekit.host.facts import (
@@ -42,6 +43,7 @@ from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
 from tracekit.host.kvmstate import read_ipa_limit
+from tracekit.host.preflight import check_kpatch_for, read_kpatch
 from tracekit.host.probes import KernelSymbols, define_kprobes, remove_leftovers
 from tracekit.host.protocol import (
     PlannedRun,
@@ -101,6 +103,7 @@ class CollectOptions:
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
     backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
     vmid: int | None = None  # the guest's VMID: vmid-1 throwaway VMs run first
+    board: Board | None = None  # --dry-run for another machine: its CPUs and IPA limit
 
 
 def boottime_ns() -> int:
@@ -108,9 +111,12 @@ def boottime_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
-def resolve_guest(options: CollectOptions, scenario: Scenario) -> tuple[Path, GuestVariant]:
-    """The guest ELF to run: given, or the scenario's variant from reproducer/build."""
+def resolve_guest(options: CollectOptions, scenario: Scenario) -> tuple[Path, GuestVariant | None]:
+    """The guest ELF to run: given, or the scenario's variant from reproducer/build; a
+    dry run plans without it (None: not built here)."""
     path = options.guest or toolbox.REPRODUCER_BUILD / "guests" / f"{scenario.guest_variant}.elf"
+    if not path.is_file() and options.dry_run:
+        return path, None
     if not path.is_file():
         raise TracekitError(
             f"guest {path} not found; build the reproducer (`make -C reproducer`) or give --guest"
@@ -124,8 +130,13 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
     check_capture(options.capture, options.after_guest)
+    check_kpatch_for(options.after_guest, read_kpatch())
     roles = Roles(options.rt_cpu, tuple(options.stress_cpus), tuple(options.guest_cpus))
-    roles.check(online_cpus())
+    if options.board is not None and not options.dry_run:
+        raise TracekitError(
+            "--board-cpus/--board-ipa-bits/--board-facts plan for another machine: add --dry-run"
+        )
+    roles.check(options.board.online if options.board else online_cpus())
     params = scenario.defaults.merged(
         ipa_bits=tuple(options.ipa_bits),
         vcpus=tuple(options.vcpus),
@@ -203,11 +214,14 @@ def require_arm64() -> None:
         )
 
 
-def resolve_ipa_sizes(scenario: Scenario, params: ScenarioParams) -> ScenarioParams:
-    """IPA sizes within what this host's KVM accepts; the default spread reaches its limit."""
+def resolve_ipa_sizes(
+    scenario: Scenario, params: ScenarioParams, board: Board | None = None
+) -> ScenarioParams:
+    """IPA sizes within what the host's KVM accepts (this host's, or the board's planned
+    for); the default spread reaches its limit."""
     if "ipa_bits" not in scenario.sweep:
         return params
-    limit = read_ipa_limit()
+    limit = board.ipa_limit if board is not None else read_ipa_limit()
     too_large = [bits for bits in params.ipa_bits if limit and bits > limit]
     if too_large:
         raise TracekitError(
@@ -241,9 +255,10 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     """Run the whole collection; returns the bundle path (None for --dry-run)."""
     scenario, roles, params = check_options(options)
     guest_path, variant = resolve_guest(options, scenario)
-    check_guest(variant, params, options.knobs)
+    if variant is not None:
+        check_guest(variant, params, options.knobs)
     vmm_options = guest_options(options)  # bad knobs fail here
-    params = resolve_ipa_sizes(scenario, params)
+    params = resolve_ipa_sizes(scenario, params, options.board)
     plan = plan_runs(
         scenario,
         roles,
@@ -257,10 +272,17 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
     if options.dry_run:
         echo(f"scenario {scenario.name}: {scenario.description}")
         echo(f"parameters: {describe_params(scenario, params)}")
-        echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(vmm_options)}")
+        if variant is None:
+            echo(
+                f"guest {guest_path}: not built here, so its knobs are not checked"
+                " (`tracekit board-pack` builds it into the board's archive)"
+            )
+        else:
+            echo(f"guest {guest_path} (variant {variant.variant}): {' '.join(vmm_options)}")
         for planned in plan:
             echo("  " + planned.describe())
         return None
+    assert variant is not None  # only a dry run goes without the guest
     require_arm64()
     require_root()
     require_kvm()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.afterguest import TLBI_ACTIONS
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 PROC = Path("/proc")
@@ -400,6 +401,73 @@ class HostFacts:
     power: list[CpuPower]
     thermal: dict[str, float]
     emulation: Emulation
+    kpatch: Kpatch | None = None
+
+
+# reproducer/kpatch's debugfs directory (present only when booted kvm-arm.debug_maint=1).
+KPATCH_DIR = Path("/sys/kernel/debug/kvm/arm64_debug_maint")
+
+
+@dataclass
+class Kpatch:
+    """What tracekit's debug series offers on this kernel, and its teardown switch."""
+
+    mode: str  # the KVM mode it reports; "protected (refused)" refuses every operation
+    vmid_bits: int | None
+    ops: list[str]
+    teardown_flush: str | None  # off, alle1is or last-ran; None if the file is absent
+    teardown_flushes: int | None
+
+
+def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
+    """The series' `op` file (mode, vmid_bits, ops) and `teardown_flush` ([choice], count)."""
+    fields = dict(line.split(":", 1) for line in op_text.splitlines() if ":" in line)
+    bits = fields.get("vmid_bits", "").strip()
+    policy, flushes = None, None
+    if teardown_text is not None:
+        chosen = re.search(r"\[([\w-]+)\]", teardown_text)
+        policy = chosen.group(1) if chosen else None
+        count = re.search(r"flushes: (\d+)", teardown_text)
+        flushes = int(count.group(1)) if count else None
+    return Kpatch(
+        mode=fields.get("mode", "").strip(),
+        vmid_bits=int(bits) if bits.isdigit() else None,
+        ops=fields.get("ops", "").split(),
+        teardown_flush=policy,
+        teardown_flushes=flushes,
+    )
+
+
+def read_kpatch(directory: Path = KPATCH_DIR) -> Kpatch | None:
+    """The debug series' interface on this kernel, or None (stock kernel, or not enabled)."""
+    op_text = _read(directory / "op")
+    if op_text is None:
+        return None
+    return parse_kpatch(op_text, _read(directory / "teardown_flush"))
+
+
+def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
+    """One line, before anything runs, if --after-guest tlbi:... cannot be done here."""
+    if action not in TLBI_ACTIONS:
+        return
+    op = TLBI_ACTIONS[action][0]
+    if kpatch is None:
+        raise TracekitError(
+            f"--after-guest {action} needs tracekit's debug series, and {KPATCH_DIR} is "
+            "missing (or unreadable: debugfs needs root): boot a kernel with reproducer/kpatch/"
+            " and kvm-arm.debug_maint=1 (in the "
+            "emulated host: --kernel bookworm:kpatch)"
+        )
+    if kpatch.mode.startswith("protected"):
+        raise TracekitError(
+            f"--after-guest {action}: the debug series refuses EL2 maintenance in protected "
+            "mode (the host does not own EL2 there); use nvhe or vhe"
+        )
+    if op not in kpatch.ops:
+        raise TracekitError(
+            f"--after-guest {action}: this kernel's debug series offers {', '.join(kpatch.ops)}"
+            f", not {op}: rebuild it from this checkout's reproducer/kpatch/"
+        )
 
 
 def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
@@ -419,6 +487,7 @@ def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
         power=[read_cpu_power(core.cpu) for core in cpus],
         thermal=read_thermal(),
         emulation=detect_emulation(),
+        kpatch=read_kpatch(),
     )
 
 

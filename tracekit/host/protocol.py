@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from tracekit.bundle import RunKind
 from tracekit.cpus import format_cpu_list
 from tracekit.errors import TracekitError
+from tracekit.host.afterguest import TLBI_ACTIONS, tlbi_request
 
 # Events of a traced run: the rt CPU's wake-up path, what the other CPUs do, the guest.
 TRACED_EVENTS: tuple[str, ...] = (
@@ -74,7 +75,13 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
 # hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest.
-AFTER_GUEST_ACTIONS = ("none", "hotplug", "hotplug-other", "rollover")
+AFTER_GUEST_ACTIONS = (
+    "none",
+    "hotplug",
+    "hotplug-other",
+    "rollover",
+    *TLBI_ACTIONS,
+)
 PROBE_MODES = ("page", "range", "munmap")
 
 # What each phase name does (tracekit/host/collect.py runs them):
@@ -352,8 +359,10 @@ def plan_runs(
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
         )
-    if after_guest == "hotplug-other":
+    if after_guest in ("hotplug-other", "tlbi:alle1@other-cpu"):
         control_cpus(roles)  # fails here, before anything on the host changes
+    if after_guest in TLBI_ACTIONS:
+        tlbi_request(after_guest, 0, vmid)  # the VMID it needs, before anything runs
     if after_guest != "none" and "guest" not in scenario.phases:
         raise TracekitError(
             f"--after-guest {after_guest} follows a guest phase, which scenario "
@@ -372,7 +381,7 @@ def plan_runs(
             planned.append(PlannedRun("guest", phase, RunKind.GUEST, 0, {"cpus": roles.guest_cpus}))
             if after_guest != "none":
                 planned.append(
-                    PlannedRun(f"after-guest-{after_guest}", phase, RunKind.AFTER_GUEST, 0)
+                    PlannedRun(after_guest_run_id(after_guest), phase, RunKind.AFTER_GUEST, 0)
                 )
         elif kind == "sweep":
             planned += _sweep_runs(scenario, roles, params)
@@ -439,13 +448,20 @@ def _measure_runs(
     return planned
 
 
+def after_guest_run_id(action: str) -> str:
+    """The after-guest run's id: `tlbi:alle1@guest-cpu` has characters a run id may not."""
+    return "after-guest-" + action.replace(":", "-").replace("@", "-")
+
+
 def control_cpus(roles: Roles) -> tuple[int, ...]:
-    """hotplug-other's CPU: the first stress CPU that did not run the guest."""
+    """The negative control's CPU (hotplug-other, tlbi:alle1@other-cpu): the first stress
+    CPU that did not run the guest."""
     others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
     if not others:
         raise TracekitError(
-            "--after-guest hotplug-other hotplugs a stress CPU that did not run the guest,"
-            " and every stress CPU ran it; give --stress-cpus one the guest does not use"
+            "--after-guest hotplug-other and tlbi:alle1@other-cpu act on a stress CPU that "
+            "did not run the guest, and every stress CPU ran it; give --stress-cpus one the "
+            "guest does not use"
         )
     return (others[0],)
 

@@ -23,7 +23,16 @@ from tracekit.bundle import BundleWriter, RunFile, RunKind, run_file
 from tracekit.errors import TracekitError
 from tracekit.guests import read_variant, vmm_guest_argv
 from tracekit.host import tools as toolbox
-from tracekit.host.afterguest import VmidWatch, hotplug, open_vmid_watch, read_vmids, rollover
+from tracekit.host.afterguest import (
+    TLBI_ACTIONS,
+    VmidWatch,
+    hotplug,
+    issue_maint,
+    open_vmid_watch,
+    read_vmids,
+    rollover,
+    tlbi_request,
+)
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
 from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
@@ -225,6 +234,12 @@ def rollover_argv(
 def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover with throwaway VMs."""
     action = session.options.after_guest
+    if action in TLBI_ACTIONS:
+        _, target = TLBI_ACTIONS[action]
+        cpus = control_cpus(session.roles) if target == "other-cpu" else session.roles.guest_cpus
+        request = tlbi_request(action, cpus[0], session.options.vmid)
+        ctx.path(RunFile.MAINT).write_text("\n".join(issue_maint(request, session.now)) + "\n")
+        return
     if action in ("hotplug", "hotplug-other"):
         cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
         log = hotplug(cpus, session.stack, session.now)

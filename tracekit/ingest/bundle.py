@@ -41,6 +41,10 @@ LATENCY_SCHEMA = {
     "kind": pl.String,
     "latency_ns": pl.Int64,
 }
+STRESS_SCHEMA = {"run_id": pl.String, "phase": pl.String, "kind": pl.String} | {
+    "bogo_ops_per_s": pl.Float64
+}
+CYCLES_SCHEMA = {"run_id": pl.String, "cycles": pl.Int64}
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class BundleData:
     # What is missing or changed (bundle.bundle_problems: sizes; hashes with verify=True).
     problems: list[str] = field(default_factory=list, compare=False)
     damaged: set[str] = field(default_factory=set, repr=False, compare=False)  # never read
+    # Built from a results dataset's tables (ingest/dataset.py): no run files to open.
+    tables_only: bool = False
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""
@@ -78,7 +84,7 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
     manifest = read_manifest(path)
     damaged = damaged_files(path, manifest, full=verify)
     problems = bundle_problems(path, manifest, damaged=damaged)
-    latencies, stress, probes, lost, cycles = [], [], [], [], []
+    latencies, stress, probes, cycles = [], [], [], []
     opened = {run.run_id: RunData(path, manifest, run, set(damaged)) for run in manifest.runs}
     for run in manifest.runs:
         data = opened[run.run_id]
@@ -92,30 +98,31 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
         summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
         if summary is not None:
             probes.append(_probe(run, summary))
-        if run.lost_events:
-            # As the collector recorded it; RunData.lost_events adds the trace's own reports.
-            lost.append((run.run_id, run.phase, run.kind, sum(run.lost_events.values())))
     return BundleData(
         path=path,
         manifest=manifest,
         latencies=pl.concat(latencies) if latencies else pl.DataFrame(schema=LATENCY_SCHEMA),
-        stress=pl.DataFrame(
-            stress,
-            schema={"run_id": pl.String, "phase": pl.String, "kind": pl.String}
-            | {"bogo_ops_per_s": pl.Float64},
-            orient="row",
-        ),
+        stress=pl.DataFrame(stress, schema=STRESS_SCHEMA, orient="row"),
         probes=pl.DataFrame(probes, orient="row") if probes else pl.DataFrame(),
-        lost=pl.DataFrame(
-            lost,
-            schema={"run_id": pl.String, "phase": pl.String, "kind": pl.String}
-            | {"lost": pl.Int64},
-            orient="row",
-        ),
-        cycles=pl.DataFrame(cycles, schema={"run_id": pl.String, "cycles": pl.Int64}, orient="row"),
+        lost=recorded_lost(manifest),
+        cycles=pl.DataFrame(cycles, schema=CYCLES_SCHEMA, orient="row"),
         opened=opened,
         problems=problems,
         damaged=set(damaged),
+    )
+
+
+def recorded_lost(manifest: Manifest) -> pl.DataFrame:
+    """Lost events per run as the collector recorded them (RunData adds the trace's own)."""
+    rows = [
+        (run.run_id, run.phase, run.kind, sum(run.lost_events.values()))
+        for run in manifest.runs
+        if run.lost_events
+    ]
+    return pl.DataFrame(
+        rows,
+        schema={"run_id": pl.String, "phase": pl.String, "kind": pl.String} | {"lost": pl.Int64},
+        orient="row",
     )
 
 

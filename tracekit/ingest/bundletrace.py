@@ -10,8 +10,9 @@ are the Trace's tool tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -19,17 +20,30 @@ from tracekit.bundle import RunRecord, run_trace_path
 from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace
 from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables
 from tracekit.ingest.trace import Trace
+from tracekit.progress import Steps
+
+T = TypeVar("T")
 
 
 def open_bundle(
-    path: Path, *, salvage: bool = False, use_cache: bool = True, symbols: Path | None = None
+    path: Path,
+    *,
+    salvage: bool = False,
+    use_cache: bool = True,
+    symbols: Path | None = None,
+    progress: Steps | None = None,
 ) -> Trace:
-    """Every run trace of the bundle at PATH as one Trace (each run cached beside it)."""
+    """Every run trace of the bundle at PATH as one Trace (each run cached beside it);
+    `progress` hears each run before it is read."""
     data = load_bundle(path)
     runs = [run for run in data.manifest.runs if run_trace_path(path, run.run_id) is not None]
     options = {"salvage": salvage, "use_cache": use_cache, "symbols": symbols}
-    traces = [(run, open_run_trace(data, run, **options)) for run in runs]
-    tables = _stack(traces)
+    traces = []
+    for done, run in enumerate(runs):
+        if progress is not None:
+            progress(done, len(runs), run.run_id)
+        traces.append((run, open_run_trace(data, run, **options)))
+    tables = _stack(traces, _tag)
     tables.tools = _tool_tables(data)
     tables.meta.update(_meta(data, traces, use_cache))
     return Trace(path, tables, from_cache=bool(traces) and all(t.from_cache for _, t in traces))
@@ -53,17 +67,20 @@ def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def _stack(traces: list[tuple[RunRecord, Trace]]) -> Tables:
-    """The runs' events, per-event and lost tables stacked in run order."""
+def _stack(
+    traces: Sequence[tuple[T, Trace]], tag: Callable[[pl.DataFrame, T, int | None], pl.DataFrame]
+) -> Tables:
+    """The traces' events, per-event and lost tables stacked in order, each tagged by
+    `tag` (its rows shifted past the traces before it)."""
     events: list[pl.DataFrame] = []
     lost: list[pl.DataFrame] = []
     by_event: dict[str, list[pl.DataFrame]] = {}
     offset = 0
-    for run, trace in traces:
-        events.append(_tag(trace.events, run, offset))
-        lost.append(_tag(trace.lost, run, None))
+    for key, trace in traces:
+        events.append(tag(trace.events, key, offset))
+        lost.append(tag(trace.lost, key, None))
         for name in trace.event_names:
-            by_event.setdefault(name, []).append(_tag(trace.event(name), run, offset))
+            by_event.setdefault(name, []).append(tag(trace.event(name), key, offset))
         offset += trace.events.height
     return Tables(
         _concat(events, EVENTS_SCHEMA),
@@ -76,7 +93,7 @@ def _stack(traces: list[tuple[RunRecord, Trace]]) -> Tables:
 def _tool_tables(data: BundleData) -> dict[str, pl.DataFrame]:
     """The bundle's tool results, by name; empty ones left out."""
     tools = {
-        "cyclictest_latency": data.latencies,
+        "cyclictest_samples": data.latencies,
         "cyclictest_cycles": data.cycles,
         "stress_ng": data.stress,
         "probe": data.probes,
@@ -102,4 +119,52 @@ def _meta(data: BundleData, traces: list[tuple[RunRecord, Trace]], cached: bool)
         "emulated": bool(data.manifest.host.get("emulated")),
         "skipped": [f"{run.run_id}: {n}" for run, t in traces for n in t.meta.get("skipped") or []],
         "cache": "beside each run's trace, in the bundle" if cached and traces else None,
+    }
+
+
+def open_bundles(
+    path: Path, bundles: list[Path], progress: Steps | None = None, **options: Any
+) -> Trace:
+    """Every bundle under PATH (a campaign's directory) as one Trace: their runs stacked,
+    a `bundle` column (its directory under PATH) on every table; `progress` hears each."""
+    opened = []
+    for done, bundle in enumerate(bundles):
+        if progress is not None:
+            progress(done, len(bundles), bundle.name)
+        opened.append((bundle.relative_to(path).as_posix() or ".", open_bundle(bundle, **options)))
+    tables = _stack(opened, _of_bundle)
+    tools: dict[str, list[pl.DataFrame]] = {}
+    for label, trace in opened:
+        for name, table in trace.tools.items():
+            tools.setdefault(name, []).append(_of_bundle(table, label, None))
+    tables.tools = {n: pl.concat(f, how="diagonal_relaxed") for n, f in tools.items()}
+    tables.meta.update(_campaign_meta(opened))
+    return Trace(path, tables, from_cache=all(t.from_cache for _, t in opened))
+
+
+def _of_bundle(frame: pl.DataFrame, label: str, offset: int | None) -> pl.DataFrame:
+    """FRAME with a leading `bundle` column (and `row` shifted by OFFSET)."""
+    shifted = [pl.col("row") + offset] if offset is not None else []
+    return frame.with_columns(*shifted).select(
+        pl.lit(label, pl.Categorical).alias("bundle"), pl.all()
+    )
+
+
+def _campaign_meta(opened: list[tuple[str, Trace]]) -> dict[str, Any]:
+    """The bundles' metas merged: each run named with its bundle, CPUs and phases of all."""
+    metas = [(label, t.meta) for label, t in opened]
+    clocks = sorted({str(m.get("clock") or "?") for _, m in metas})
+    return {
+        "reader": "campaign",
+        "format": "campaign",
+        "clock": clocks[0] if len(clocks) == 1 else f"mixed ({', '.join(clocks)})",
+        "instance": "",
+        "bundles": [label for label, _ in metas],
+        "cpus": sorted({int(c) for _, m in metas for c in m.get("cpus") or []}),
+        "runs": [{"bundle": label, **r} for label, m in metas for r in m.get("runs") or []],
+        "phases": list(dict.fromkeys(p for _, m in metas for p in m.get("phases") or [])),
+        "complete": all(m.get("complete") for _, m in metas),
+        "emulated": any(m.get("emulated") for _, m in metas),
+        "skipped": [f"{label}: {s}" for label, m in metas for s in m.get("skipped") or []],
+        "cache": "beside each run's trace, in each bundle" if opened else None,
     }

@@ -120,6 +120,20 @@ def _write_manifest(cdir: Path, manifest: dict[str, Any]) -> None:
     tmp.replace(cdir / CACHE_KEY_FILE)
 
 
+def write_tables(directory: Path, tables: Tables) -> tuple[dict[str, str], dict[str, str]]:
+    """events.parquet, lost.parquet, one event-<name> and tool-event-<name> file per table;
+    returns the file of each event table and of each tool table, by name."""
+    tables.events.write_parquet(directory / "events.parquet")
+    tables.lost.write_parquet(directory / "lost.parquet")
+    names = {name: _table_file(name) for name in tables.by_event}
+    for name, df in tables.by_event.items():
+        df.write_parquet(directory / names[name])
+    tools = {name: f"tool-{_table_file(name)}" for name in tables.tools}
+    for name, df in tables.tools.items():
+        df.write_parquet(directory / tools[name])
+    return names, tools
+
+
 def save(path: Path, tables: Tables, salvage: bool, symbols: Path | None = None) -> Path | None:
     """Store the tables; returns the cache directory, or None if it cannot be written."""
     cdir = cache_dir(path)
@@ -128,15 +142,7 @@ def save(path: Path, tables: Tables, salvage: bool, symbols: Path | None = None)
         if cdir.exists():
             shutil.rmtree(cdir)
         cdir.mkdir(parents=True)
-        tables.events.write_parquet(cdir / "events.parquet")
-        tables.lost.write_parquet(cdir / "lost.parquet")
-        names = {}
-        for name, df in tables.by_event.items():
-            names[name] = _table_file(name)
-            df.write_parquet(cdir / names[name])
-        tools = {name: f"tool-{_table_file(name)}" for name in tables.tools}
-        for name, df in tables.tools.items():
-            df.write_parquet(cdir / tools[name])
+        names, tools = write_tables(cdir, tables)
         manifest = {
             "format": CACHE_FORMAT, "tracekit": __version__, "salvage": salvage,
             "stat": _stat(path, files), "key": _content_key(path, files, salvage),

@@ -16,6 +16,7 @@ from tracekit.ingest.rawcapture import is_raw_capture, read_raw_capture
 from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables, build_tables
 from tracekit.ingest.trace import Trace
 from tracekit.ingest.tracedat import MAGIC, read_tracedat
+from tracekit.progress import Steps
 
 
 def _kind(path: Path) -> str:
@@ -125,15 +126,22 @@ def open_path(
     salvage: bool = False,
     use_cache: bool = True,
     symbols: str | Path | None = None,
+    progress: Steps | None = None,
 ) -> Trace:
-    """One recording, or a whole collect bundle (every run's trace, run and phase columns)."""
-    from tracekit.bundle import is_bundle
+    """One recording, a whole collect bundle (every run's trace, run and phase columns),
+    or a directory of bundles such as a campaign's (a bundle column too), as `tracekit
+    report` takes them; `progress` hears a bundle's runs, or the bundles, one by one."""
+    from tracekit.bundle import MANIFEST, find_bundles, is_bundle
 
-    if is_bundle(Path(path)):
-        from tracekit.ingest.bundletrace import open_bundle
+    given = Path(path)
+    holds_bundles = given.is_dir() and not is_raw_capture(given) and any(given.rglob(MANIFEST))
+    if is_bundle(given) or holds_bundles:
+        from tracekit.ingest.bundletrace import open_bundle, open_bundles
 
-        sym_path = check_symbols(symbols)
-        return open_bundle(Path(path), salvage=salvage, use_cache=use_cache, symbols=sym_path)
+        options = {"salvage": salvage, "use_cache": use_cache, "symbols": check_symbols(symbols)}
+        if is_bundle(given):
+            return open_bundle(given, progress=progress, **options)  # type: ignore[arg-type]
+        return open_bundles(given, find_bundles(given), progress=progress, **options)
     return open_trace(path, salvage=salvage, use_cache=use_cache, symbols=symbols)
 
 

@@ -57,6 +57,34 @@ class Trace:
                 f"{self.path}: no event {name!r} in this trace (it has: {have})"
             ) from None
 
+    def __repr__(self) -> str:
+        """What the trace is at a glance: source, reader, events, types, CPUs, runs, losses."""
+        from tracekit.cpus import format_cpu_list
+
+        meta = self.meta
+        parts = [
+            f"{self.path.name!r}",
+            f"reader={meta.get('reader', '?')!r}",
+            f"events={self.events.height}",
+            f"event_types={len(self.event_names)}",
+            f"cpus={format_cpu_list([int(c) for c in meta.get('cpus') or []]) or '-'}",
+        ]
+        if meta.get("bundles"):
+            parts.append(f"bundles={len(meta['bundles'])}")
+        if meta.get("runs") is not None:
+            parts.append(f"runs={len(meta['runs'])}")
+        counts = self.lost["count"]
+        parts.append(f"lost={int(counts.sum())}" + ("+unknown" if counts.null_count() else ""))
+        if self.tools:
+            parts.append(f"tools={sorted(self.tools)}")
+        return f"Trace({', '.join(parts)})"
+
+    def write_parquet(self, directory: str | Path) -> Path:
+        """Every table as a Parquet file in DIRECTORY, with tables.json listing them."""
+        from tracekit.ingest.parquet import export_parquet
+
+        return export_parquet(self._tables, self.path, Path(directory))
+
     def lazy(self, name: str | None = None) -> pl.LazyFrame:
         """A LazyFrame over the events table, or over one event's table."""
         return (self.events if name is None else self.event(name)).lazy()

@@ -31,6 +31,7 @@ from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
 from tracekit.perfetto.tracks import TrackWriter, write_spans
+from tracekit.progress import Steps
 from tracekit.simulate.model import SIMULATED_NOTE
 
 EMULATED = "emulated host: its timings are not hardware timings"
@@ -87,8 +88,11 @@ def export_bundle(
     run_id: str | None = None,
     phase: str | None = None,
     symbols: Mapping[int, str] | None = None,
+    progress: Steps | None = None,
 ) -> tuple[ExportResult, list[str]]:
-    """Export the selected runs of a bundle into one file; returns the result and notes."""
+    """Export the selected runs of a bundle into one file; returns the result and notes.
+
+    `progress` hears each traced run before it is read and written."""
     data = load_bundle(root)
     manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
@@ -97,7 +101,7 @@ def export_bundle(
             f"{root}: no run of the selection overlaps --window; the runs span "
             f"{_span(manifest.runs)} s of the trace clock"
         )
-    job = BundleExport(data, selected, window, symbols)
+    job = BundleExport(data, selected, window, symbols, progress)
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
@@ -125,7 +129,9 @@ class BundleExport:
         selected: list[RunRecord],
         window: tuple[int | None, int | None],
         symbols: Mapping[int, str] | None,
+        progress: Steps | None = None,
     ) -> None:
+        self.progress = progress
         self.data = data
         self.manifest = data.manifest
         self.selected = selected
@@ -138,7 +144,9 @@ class BundleExport:
 
     def parts(self) -> Iterator[TracePart]:
         """One traced run at a time, with its own kallsyms copy unless one was given."""
-        for run in self.traced:
+        for done, run in enumerate(self.traced):
+            if self.progress is not None:
+                self.progress(done, len(self.traced), run.run_id)
             found = self.data.run(run)
             trace = found.trace
             assert trace is not None and found.trace_path is not None

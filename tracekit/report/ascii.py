@@ -36,7 +36,11 @@ def _float_text(value: float) -> str:
     if magnitude >= 1e7 or magnitude < 1e-3:
         return f"{value:.3e}"
     digits = math.floor(math.log10(magnitude)) + 1
-    return f"{value:.{max(0, 3 - digits)}f}" if digits < 4 else f"{value:.0f}"
+    if digits >= 4:
+        return f"{value:.0f}"
+    # Trailing zeros claim a precision the value does not have (0.500, -1.00).
+    text = f"{value:.{max(0, 3 - digits)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def table_lines(frame: pl.DataFrame, width: int | None = None, indent: int = 2) -> list[str]:

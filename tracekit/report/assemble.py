@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import header_lines, is_emulated
+from tracekit.report.header import (
+    controls_line,
+    header_lines,
+    is_emulated,
+    question_line,
+    warning_lines,
+)
 from tracekit.report.model import Report, Section, SectionBuilder
 from tracekit.report.sections import (
     beforeafter,
@@ -47,6 +53,14 @@ SECTION_BUILDERS: list[SectionBuilder] = [
     cacheflush.section,
     broadcast.section,
 ]
+# The sections that need only a bundle's tables (manifest, samples, summaries): what a
+# report over a results dataset (ingest/dataset.py), which has no raw files, can run.
+TABLE_SECTIONS: list[SectionBuilder] = [beforeafter.section, decision.section, factorial.section]
+# The header's line for such a report, naming what it leaves out.
+TABLES_ONLY_LINE = (
+    "from a results dataset: only the sections that need no raw traces (before/after,"
+    " decision table, factorial effects); report the bundles themselves for the rest"
+)
 
 
 def build_report(
@@ -55,17 +69,22 @@ def build_report(
     """Run every section builder over the bundles; `progress` hears each step's name."""
     if not bundles:
         raise TracekitError("report: no bundles given; name a bundle directory")
+    tables_only = any(b.tables_only for b in bundles)
     sections = []
-    for builder in SECTION_BUILDERS:
+    for builder in TABLE_SECTIONS if tables_only else SECTION_BUILDERS:
         if progress is not None:
             progress(f"report: {_builder_name(builder)}")
         section = _run_builder(builder, bundles)
         if section is not None:
             sections.append(section)
     return Report(
-        header=header_lines(bundles),
+        header=header_lines(bundles) + ([TABLES_ONLY_LINE] if tables_only else []),
         emulated=any(is_emulated(b) for b in bundles),
         sections=sections,
+        warnings=warning_lines(bundles),
+        contradictions=list(dict.fromkeys(c for s in sections for c in s.contradictions)),
+        question=question_line(bundles),
+        controls=[controls_line(bundles), *(c for s in sections for c in s.controls)],
     )
 
 

@@ -1,68 +1,24 @@
 """The report as plain ASCII for a mailing-list reply: every line within 72 columns.
 
-Findings are wrapped, tables too wide are split into column groups or shown row by row
-(never cut), comparisons carry their interval and test, and a closing part lists what
-the data cannot tell. Anything that is not ASCII is written as a \\u escape, so no
-mail client can mangle it.
+The skeleton of plain.py: the lead a maintainer reads first (warnings, contradictions,
+question, setup, result with its spread, controls, what is not known), then the details.
+Tables too wide are split into column groups or shown row by row (never cut). Anything
+that is not ASCII is written as a \\u escape, so no mail client can mangle it.
 """
 
 from __future__ import annotations
 
 import textwrap
 
-from tracekit.report.ascii import table_lines
-from tracekit.report.gather import lost_events_line, unknowns, verdict_rules
-from tracekit.report.model import Report, Section
-
-WIDTH = 72
+from tracekit.report.model import Report
+from tracekit.report.plain import WIDTH, plain_lines
 
 
 def render_email(report: Report) -> str:
     """The whole report as a plain-text email body."""
-    lines: list[str] = []
-    for line in report.header:
-        lines += _wrap(line)
-    lines += _wrap(lost_events_line(report))
-    for number, section in enumerate(report.sections, 1):
-        lines += ["", *_section(number, section)]
-    lines += ["", "What is NOT known", "-" * len("What is NOT known")]
-    for item in unknowns(report) or ["nothing the sections listed"]:
-        lines += _wrap(item, bullet=True)
+    lines = plain_lines(report, table_width=WIDTH, plots_note=False)
     text = "\n".join(_ascii(line) for line in lines) + "\n"
     return _fit(text)
-
-
-def _section(number: int, section: Section) -> list[str]:
-    """One numbered section: findings, tables, comparisons and the rule that judged them."""
-    lines = _wrap(f"{number}. {section.title}")
-    lines.append("-" * min(max(len(line) for line in lines), WIDTH))
-    for finding in section.findings:
-        lines += _wrap(finding, bullet=True)
-    for table in section.tables:
-        lines += ["", *_wrap(f"{table.title}:")]
-        lines += table_lines(table.frame, WIDTH)
-        if table.note:
-            lines += _wrap(f"({table.note})")
-    if section.comparisons:
-        lines.append("")
-        for comparison in section.comparisons:
-            lines += _wrap(comparison.describe().replace("\n  ", " "))
-        for rule in verdict_rules(section):
-            lines += _wrap(f"Verdict rule: {rule}")
-    if section.lost_events is not None:
-        lines += _wrap(f"Lost trace events in the data used: {section.lost_events}")
-    return lines
-
-
-def _wrap(text: str, bullet: bool = False) -> list[str]:
-    """A paragraph wrapped to the width; long words (paths) are broken, never cut."""
-    return textwrap.wrap(
-        _ascii(text),
-        WIDTH,
-        initial_indent="- " if bullet else "",
-        subsequent_indent="  ",
-        break_on_hyphens=False,
-    ) or [""]
 
 
 def _ascii(text: str) -> str:

@@ -5,7 +5,9 @@ Every string here comes from a manifest; renderers escape it as their format nee
 
 from __future__ import annotations
 
-from tracekit.analysis.conditions import simulated_label
+from collections.abc import Callable
+
+from tracekit.analysis.conditions import guest_variant, simulated_label
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -33,7 +35,16 @@ def host_line(data: BundleData) -> str:
     """Kernel release, cores (with how many), KVM mode, emulated or not."""
     host = data.manifest.host
     where = "emulated" if is_emulated(data) else "hardware"
-    return f"host: {host.get('kernel_release', '?')}, {cores(data)}, KVM {kvm_mode(data)}, {where}"
+    line = f"host: {host.get('kernel_release', '?')}, {cores(data)}, KVM {kvm_mode(data)}, {where}"
+    return line + kpatch_note(data)
+
+
+def kpatch_note(data: BundleData) -> str:
+    """The debug series' state preflight found (reproducer/kpatch), or nothing."""
+    found = data.manifest.host.get("kpatch")
+    if not isinstance(found, dict):
+        return ""
+    return f"; debug series (reproducer/kpatch) on, teardown_flush {found.get('teardown_flush')}"
 
 
 def cores(data: BundleData) -> str:
@@ -52,7 +63,7 @@ def condition(data: BundleData) -> str:
     """What this bundle varied: scenario, guest variant and CPU, after-guest action."""
     options, scenario = data.manifest.options, data.manifest.scenario
     name = scenario.get("name") or options.get("scenario") or "?"
-    guest = scenario.get("guest_variant") or options.get("guest") or "default guest"
+    guest = guest_variant(data.manifest)  # as the decision table names it
     cpus = ",".join(str(c) for c in options.get("guest_cpus") or []) or "?"
     after = options.get("after_guest", "none")
     return f"{name}: guest {guest} on CPU {cpus}, after-guest {after}"
@@ -91,7 +102,7 @@ def controls_line(bundles: list[BundleData]) -> str:
     else:  # they differ: say whose is whose
         isolated = "; ".join(f"{bundle_label(b)}: {isolation(b)}" for b in bundles)
     line = (
-        "controls: the before phase on the same boot is the baseline; quiet (untraced)"
+        "the before phase on the same boot is the baseline; quiet (untraced)"
         " runs give the verdicts, traced runs the attribution and the observer effect;"
         f" probe slots run apart from latency runs; {isolated}"
     )
@@ -114,29 +125,99 @@ def simulated_warnings(bundles: list[BundleData]) -> list[str]:
 
 
 def header_lines(bundles: list[BundleData]) -> list[str]:
-    """The report's first lines: EMULATED first if any bundle is, then host and protocol."""
-    lines = [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
-    lines += simulated_warnings(bundles)
-    lines += [damage_line(b, len(bundles) > 1) for b in bundles if _damage(b)]
+    """The setup: the bundle, host and protocol (several bundles: one line each), controls."""
     if len(bundles) == 1:
         data = bundles[0]
-        lines += [f"bundle: {data.path}", host_line(data), protocol_line(data)]
-        lines.append(controls_line(bundles))
-        if not data.manifest.complete:
-            lines.append(f"INCOMPLETE bundle: {data.manifest.incomplete_reason}")
-        return lines
-    lines.append(f"{len(bundles)} bundles:")
+        return [f"bundle {data.path.name}; {host_line(data)}", protocol_line(data)]
+    lines = [f"{len(bundles)} bundles:"]
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")
         line = f"{bundle_label(data)}: {release}, {cores(data)}, KVM {kvm_mode(data)}"
+        line += kpatch_note(data)
         line += f"; {condition(data)}"
         if is_emulated(data):
             line += ", emulated"
         if not data.manifest.complete:
-            line += f"; INCOMPLETE: {data.manifest.incomplete_reason}"
+            line += "; INCOMPLETE"
         lines.append(line)
-    lines.append(controls_line(bundles))
     return lines
+
+
+# What each scenario was collected to answer ({guest}: the guest and its CPU).
+QUESTIONS = {
+    "main": (
+        "after one guest ({guest}) has run, are the rt CPU's wake-ups (cyclictest p99.9,"
+        " quiet runs) and stress-ng's throughput different from before, on the same boot?"
+    ),
+    "teardown": "how does stage-2 teardown time grow with the VM's IPA size?",
+    "cache-toggle": (
+        "how many full-VM stage-2 flushes, and how long, when each vCPU turns its caches on?"
+    ),
+    "guest-broadcast": (
+        "what does a guest ({guest}) issuing broadcast TLBIs in a loop cost the rt CPU and"
+        " the TLBI probe?"
+    ),
+}
+
+
+def question_line(bundles: list[BundleData]) -> str:
+    """The question the bundles' scenarios ask, each once; several bundles compare them."""
+    many = len(bundles) > 1
+    text = " ".join(dict.fromkeys(_question(b, many) for b in bundles))
+    if many:
+        text += f" Over {len(bundles)} bundles: which of the conditions they vary changes it?"
+    return text
+
+
+def _question(data: BundleData, many: bool) -> str:
+    """One bundle's question, from its scenario (an unknown scenario is named as such)."""
+    options, scenario = data.manifest.options, data.manifest.scenario
+    name = scenario.get("name") or options.get("scenario") or "main"
+    asked = QUESTIONS.get(name)
+    if asked is None:
+        return f"what does scenario {name!r} show?"
+    if many:
+        return asked.format(guest="each bundle's guest")
+    guest = guest_variant(data.manifest)
+    cpus = options.get("guest_cpus") or []
+    where = "CPUs" if len(cpus) > 1 else "CPU"
+    return asked.format(guest=f"{guest} on {where} {','.join(map(str, cpus)) or '?'}")
+
+
+def emulated_warnings(bundles: list[BundleData]) -> list[str]:
+    """EMULATED HOST when any bundle's host is emulated: its timings are not hardware's."""
+    return [EMULATED_LINE] if any(is_emulated(b) for b in bundles) else []
+
+
+def incomplete_warnings(bundles: list[BundleData]) -> list[str]:
+    """INCOMPLETE for each bundle whose collection was interrupted, with the reason."""
+    many = len(bundles) > 1
+    return [
+        f"INCOMPLETE bundle: {bundle_label(b) + ': ' if many else ''}"
+        f"{b.manifest.incomplete_reason}."
+        for b in bundles
+        if not b.manifest.complete
+    ]
+
+
+def damage_warnings(bundles: list[BundleData]) -> list[str]:
+    """DAMAGED for each bundle with missing or changed files."""
+    return [damage_line(b, len(bundles) > 1) + "." for b in bundles if _damage(b)]
+
+
+# The warnings of a report's first line, in this order. Adding one (e.g. SIMULATED EFFECT
+# with its model, right after EMULATED HOST) is one function and one entry here.
+WARNINGS: list[Callable[[list[BundleData]], list[str]]] = [
+    emulated_warnings,
+    simulated_warnings,
+    incomplete_warnings,
+    damage_warnings,
+]
+
+
+def warning_lines(bundles: list[BundleData]) -> list[str]:
+    """Every warning that applies to the bundles, one sentence each, in WARNINGS order."""
+    return [line for warn in WARNINGS for line in warn(bundles)]
 
 
 # Problems a damage line lists before pointing at `tracekit verify` for the rest.

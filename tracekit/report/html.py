@@ -12,8 +12,13 @@ from html import escape
 
 from tracekit.analysis.compare import Comparison
 from tracekit.report.ascii import cell
-from tracekit.report.gather import lost_events_line, unknowns, verdict_rules
-from tracekit.report.header import EMULATED_LINE
+from tracekit.report.gather import (
+    contradiction_lines,
+    headline,
+    lead,
+    result_notes,
+    warnings_line,
+)
 from tracekit.report.model import Plot, Report, Section, Table
 from tracekit.report.svg import render_svg
 
@@ -22,7 +27,7 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'"
 STYLE = """
 body { font-family: sans-serif; max-width: 60rem; margin: 1rem auto; padding: 0 1rem;
        color: #222; line-height: 1.4; }
-.emulated { background: #fff3cd; border: 1px solid #e0b000; padding: .4rem .6rem;
+.warning { background: #fff3cd; border: 1px solid #e0b000; padding: .4rem .6rem;
             font-weight: bold; }
 table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
 th, td { border: 1px solid #ccc; padding: .15rem .5rem; text-align: right; }
@@ -50,46 +55,46 @@ def render_html(report: Report) -> str:
         "<title>tracekit report</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>tracekit report</h1>",
-        _header(report),
+        _lead(report),
         _contents(report),
         *(_section(s) for s in report.sections),
-        _unknowns(report),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
 
 
-def _header(report: Report) -> str:
-    """Header lines; the emulated-host warning stands out."""
-    lines = []
-    for line in report.header:
-        css = ' class="emulated"' if line == EMULATED_LINE else ""
-        lines.append(f"<p{css}>{escape(line)}</p>")
-    lines.append(f"<p>{escape(lost_events_line(report))}</p>")
+def _lead(report: Report) -> str:
+    """Warnings and contradictions (they stand out), then the lead's parts in order."""
+    lines = [f'<p class="warning">{escape(warnings_line(report))}</p>'] if report.warnings else []
+    lines += [f'<p class="warning">{escape(c)}</p>' for c in contradiction_lines(report)]
+    for title, items in lead(report):
+        if not items:
+            continue
+        lines.append(f'<h2 id="{_anchor(title)}">{escape(title[0].upper() + title[1:])}</h2>')
+        if title == "result" and headline(report):
+            lines.append(_comparisons(headline(report)))
+            items = result_notes(report)
+        lines.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
     return "<header>" + "\n".join(lines) + "</header>"
 
 
 def _contents(report: Report) -> str:
-    """Links to each section."""
+    """Links to the details' sections."""
     items = "".join(
         f'<li><a href="#{_anchor(s.key)}">{escape(s.title)}</a></li>' for s in report.sections
     )
-    return f'<nav><ul>{items}<li><a href="#not-known">What is NOT known</a></li></ul></nav>'
+    return f"<nav><h2>Details</h2><ul>{items}</ul></nav>"
 
 
 def _section(section: Section) -> str:
-    """A section: findings, comparisons, tables, plots, unknowns, lost events."""
+    """A section: findings, comparisons, tables, plots, lost events (unknowns: the lead)."""
     parts = [f'<section id="{_anchor(section.key)}"><h2>{escape(section.title)}</h2>']
     if section.findings:
         parts.append("<ul>" + "".join(f"<li>{escape(f)}</li>" for f in section.findings) + "</ul>")
     if section.comparisons:
-        parts.append(_comparisons(section.comparisons))
-        parts += [f'<p class="note">Verdict rule: {escape(r)}</p>' for r in verdict_rules(section)]
+        parts.append(_comparisons(section.comparisons))  # its columns name test and runs
     parts += [_table(t) for t in section.tables]
     parts += [_plot(p) for p in section.plots]
-    if section.unknowns:
-        items = "".join(f"<li>{escape(u)}</li>" for u in section.unknowns)
-        parts.append(f"<p>Not known:</p><ul>{items}</ul>")
     if section.lost_events is not None:
         parts.append(
             f'<p class="note">Lost trace events in the data used: {section.lost_events}</p>'
@@ -151,12 +156,6 @@ def _table(table: Table) -> str:
 def _plot(plot: Plot) -> str:
     """A figure holding the plot's inline SVG."""
     return f"<figure><figcaption>{escape(plot.title)}</figcaption>{render_svg(plot)}</figure>"
-
-
-def _unknowns(report: Report) -> str:
-    """The closing list of what the data cannot tell."""
-    items = "".join(f"<li>{escape(u)}</li>" for u in unknowns(report)) or "<li>nothing listed</li>"
-    return f'<section id="not-known"><h2>What is NOT known</h2><ul>{items}</ul></section>'
 
 
 def _td(value: str, text: bool = False) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis.compare import Comparison
-from tracekit.report.gather import lost_events_line, unknowns
+from tracekit.report.gather import lead, lost_events_line, unknowns
 from tracekit.report.model import Plot, Report, Section, Table
 
 SCHEMA = "tracekit-report"
@@ -34,7 +34,12 @@ def report_data(report: Report) -> dict[str, Any]:
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "emulated": report.emulated,
+        "warnings": list(report.warnings),
+        "contradictions": list(report.contradictions),
+        "question": report.question,
         "header": list(report.header),
+        "controls": list(report.controls),
+        "lead": {title: items for title, items in lead(report)},
         "lost_events": lost_events_line(report),
         "sections": [_section(s) for s in report.sections],
         "unknowns": unknowns(report),
@@ -47,7 +52,10 @@ def _section(section: Section) -> dict[str, Any]:
         "key": section.key,
         "title": section.title,
         "findings": list(section.findings),
+        "headline": [comparison_data(c) for c in section.headline],
         "comparisons": [comparison_data(c) for c in section.comparisons],
+        "contradictions": list(section.contradictions),
+        "controls": list(section.controls),
         "tables": [_table(t) for t in section.tables],
         "plots": [_plot(p) for p in section.plots],
         "unknowns": list(section.unknowns),

@@ -1,7 +1,9 @@
-"""The bundles a report is about: bundle directories, or directories that hold bundles.
+"""The bundles a report is about: bundle directories, directories that hold bundles, or
+a results dataset (`tracekit dataset`).
 
 A campaign's output is a directory of bundles (each a subdirectory with manifest.json,
-possibly nested); it is taken as a whole, in sorted path order.
+possibly nested); it is taken as a whole, in sorted path order. A dataset gives its
+bundles as tables only: the report then runs the sections that need no raw files.
 """
 
 from __future__ import annotations
@@ -9,37 +11,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tracekit.bundle import MANIFEST
-from tracekit.errors import TracekitError
+from tracekit.bundle import find_bundles
 from tracekit.ingest.bundle import BundleData, load_bundle
-
-
-def find_bundles(path: Path) -> list[Path]:
-    """The bundle directories at or under `path` (a bundle's own runs are not searched)."""
-    if not path.exists():
-        raise TracekitError(f"{path}: no such file or directory; name a bundle directory")
-    if not path.is_dir():
-        raise TracekitError(
-            f"{path} is not a directory; name a bundle (a directory with {MANIFEST})"
-        )
-    if (path / MANIFEST).is_file():
-        return [path]
-    found = sorted(m.parent for m in path.rglob(MANIFEST))
-    bundles = [b for b in found if not any(o in b.parents for o in found)]
-    if not bundles:
-        raise TracekitError(
-            f"{path} holds no tracekit bundle (no {MANIFEST} in it or below it);"
-            " name the directory `tracekit collect -o` wrote"
-        )
-    return bundles
+from tracekit.ingest.dataset import is_dataset, read_dataset
 
 
 def load_bundles(
     paths: list[Path], progress: Callable[[str], None] | None = None, verify: bool = False
 ) -> list[BundleData]:
     """Load every bundle named or found under the paths, each once (`verify`: hash all)."""
-    dirs = list(dict.fromkeys(d.resolve() for p in paths for d in find_bundles(p)))
-    loaded = []
+    loaded = [b for p in paths if is_dataset(p) for b in read_dataset(p)]
+    dirs = list(
+        dict.fromkeys(d.resolve() for p in paths if not is_dataset(p) for d in find_bundles(p))
+    )
     for n, bundle in enumerate(dirs, 1):
         if progress is not None:
             progress(f"report: loading bundle {n}/{len(dirs)} {bundle}")

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from tracekit.ingest.bundle import BundleData
 
 PlotKind = Literal["cdf", "histogram", "bars", "xy", "timeline", "intervals"]
+# Log axes only where values span decades by nature: distributions. A bar's length, a
+# point on a curve or an interval's whiskers on a log axis mislead the eye.
+LOG_KINDS = ("cdf", "histogram")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class Plot:
 
     cdf/histogram use `x` only; bars, xy and timeline use `x` and `y` (timeline: `x` is
     the start in ns, `y` the lane, and `frame` also has `end` and `label` columns);
-    intervals: `x` the estimate, `y` the row's label, `frame` also has `low` and `high`.
+    intervals: `x` the estimate, `y` the row's label, `frame` also has `low` and `high`
+    (null when there is no interval: the point alone is drawn), against a line at
+    `reference` (1.0: no change, for ratios).
     """
 
     title: str
@@ -47,8 +52,14 @@ class Plot:
     series: str | None = None
     log_x: bool = False
     log_y: bool = False
+    reference: float = 1.0  # intervals: the reference line's x
     x_label: str = ""
     y_label: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a log axis outside distributions (a bug in the section that asks)."""
+        if (self.log_x or self.log_y) and self.kind not in LOG_KINDS:
+            raise ValueError(f"plot {self.title!r}: a {self.kind} plot has linear axes only")
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,18 @@ class Section:
     key: str  # stable identifier, used as the JSON key and the HTML anchor
     title: str
     findings: list[str] = field(default_factory=list)  # plain sentences, most important first
-    comparisons: list[Comparison] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)  # the details' comparisons
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)  # what this section cannot tell
+    # Findings that contradict the setup (e.g. the ground truth shows an action did not do
+    # what it claims): the report's lead states them right after its warnings line.
+    contradictions: list[str] = field(default_factory=list)
+    # The comparisons that answer the report's question: the lead states them (and only
+    # it), as its result with their spread.
+    headline: list[Comparison] = field(default_factory=list)
+    # Findings about the controls (the observer effect): the lead's controls part.
+    controls: list[str] = field(default_factory=list)
     lost_events: int | None = None  # lost events in the data it used; None: no traces used
     # The same per run whose trace it used (run_key -> lost), so a report counts each once.
     lost_by_run: dict[str, int] = field(default_factory=dict)
@@ -69,11 +88,23 @@ class Section:
 
 @dataclass(frozen=True)
 class Report:
-    """A whole report: who/where first (EMULATED when it is), then sections."""
+    """A whole report: its warnings first, then findings against the setup, then sections."""
 
-    header: list[str]  # host, kernel, KVM mode, protocol; "EMULATED HOST ..." first if so
+    header: list[str]  # the setup: bundle, host, kernel, KVM mode, protocol
     emulated: bool
     sections: list[Section]
+    # The lead's first line, one sentence each: EMULATED HOST, SIMULATED EFFECT (and its
+    # model), INCOMPLETE or DAMAGED bundle (tracekit/report/header.py WARNINGS adds them).
+    warnings: list[str] = field(default_factory=list)
+    # Every section's contradictions, in report order, each once.
+    contradictions: list[str] = field(default_factory=list)
+    question: str = ""  # what the bundles were collected to answer
+    controls: list[str] = field(default_factory=list)  # the protocol's, then the sections'
+    # The comparisons that answer the report's question: the lead states them (and only
+    # it), as its result with their spread.
+    headline: list[Comparison] = field(default_factory=list)
+    # Findings about the controls (the observer effect): the lead's controls part.
+    controls: list[str] = field(default_factory=list)
 
 
 # A section builder reads loaded bundles (and may open their traces) and returns its

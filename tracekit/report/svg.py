@@ -2,8 +2,10 @@
 
 No plotting library and nothing fetched: the SVG text goes straight into the HTML
 report. Every string that reaches the SVG (titles, series, labels from traces) is
-escaped. Values a log axis cannot show (zero or negative) are counted in a note under
-the plot, never dropped silently.
+escaped. Log axes exist for distributions (cdf, histogram) only; bars start at zero
+on a linear axis, intervals are points on whiskers against a reference line, and x
+labels too many to fit are thinned (said in a note). Values a log axis cannot show
+(zero or negative) are counted in a note under the plot, never dropped silently.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ PALETTE = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#0
 LINE_POINTS = 400  # points per CDF line: enough for the eye, small in the file
 HISTOGRAM_BINS = 40
 LEGEND_ROW = 16
+CHAR_PX = 7.0  # the widest average glyph of 11 px sans-serif text (digits, lower case)
+LABEL_GAP = 8  # px between two tick labels
 MARKED_POINTS = 200
 NO_SERIES = "(none)"
 
@@ -191,19 +195,15 @@ def _bin_counts(rows: pl.DataFrame, edges: list[float], log: bool) -> list[float
 
 
 def _bars(plot: Plot) -> tuple[list[str], list[str]]:
-    """Grouped bars: one group per x category, one bar per series."""
+    """Grouped bars from zero on a linear axis: one group per x category, one bar per series."""
     assert plot.y is not None  # checked by _columns
     categories = [str(c) for c in plot.frame[plot.x].unique(maintain_order=True).to_list()]
     values = _numbers(plot.frame, plot.y)
-    y = make_scale(
-        [v for v in values if v > 0] if plot.log_y else [*values, 0.0],
-        HEIGHT - BOTTOM,
-        TOP,
-        plot.log_y,
-    )
+    # Zero is always on the axis: a bar's length is its value.
+    y = make_scale([*values, 0.0], HEIGHT - BOTTOM, TOP, False)
     body = _axes(plot, None, y)
     slot = (WIDTH - RIGHT - LEFT) / max(1, len(categories))
-    base = y(y.low if plot.log_y else max(y.low, 0.0))
+    base = y(0.0)
     names = _series_names(plot)
     rows = plot.frame.select(
         pl.col(plot.x).cast(pl.String),
@@ -215,7 +215,7 @@ def _bars(plot: Plot) -> tuple[list[str], list[str]]:
         c: [s for s in names if any(r[0] == c and r[1] == s for r in rows)] for c in categories
     }
     for category, series, value in rows:
-        if value is None or not _usable(value, plot.log_y):
+        if value is None or not _usable(value, False):
             continue
         here = present[category]
         bar = slot * 0.8 / len(here)
@@ -226,19 +226,30 @@ def _bars(plot: Plot) -> tuple[list[str], list[str]]:
             f' height="{abs(base - top):.1f}" fill="{_colour(names.index(series))}">'
             f"<title>{escape(f'{category}: {value:g}')}</title></rect>"
         )
-    body += _category_labels(categories, slot)
-    shown = len([v for v in values if v > 0 or not plot.log_y])
-    return body, _unusable_note(plot.frame.height, shown, plot.log_y, "y")
+    labels, step = _category_labels(categories, slot)
+    notes = _unusable_note(plot.frame.height, len(values), False, "y")
+    if step > 1:
+        notes.append(
+            f"x labels: every {step}th of {len(categories)} shown (each bar's tip names it)"
+        )
+    return body + labels, notes
 
 
-def _category_labels(categories: list[str], slot: float) -> list[str]:
-    """x labels of a categorical axis (every one if they fit, else every k-th)."""
-    step = max(1, math.ceil(len(categories) * 60 / (WIDTH - LEFT - RIGHT)))
-    return [
+def _category_labels(categories: list[str], slot: float) -> tuple[list[str], int]:
+    """x labels of a categorical axis, every k-th when the widest would overlap its neighbour."""
+    widest = max(label_width(c) for c in categories) + LABEL_GAP
+    step = max(1, math.ceil(widest / slot))
+    labels = [
         _text(LEFT + (k + 0.5) * slot, HEIGHT - BOTTOM + 14, c, "tick", anchor="middle")
         for k, c in enumerate(categories)
         if k % step == 0
     ]
+    return labels, step
+
+
+def label_width(text: str) -> float:
+    """A tick label's width in px, as wide as 11 px sans-serif text gets (a bound, not a fit)."""
+    return CHAR_PX * len(text)
 
 
 def _xy(plot: Plot) -> tuple[list[str], list[str]]:
@@ -250,14 +261,10 @@ def _xy(plot: Plot) -> tuple[list[str], list[str]]:
             pl.col(plot.x).cast(pl.Float64, strict=False),
             pl.col(plot.y).cast(pl.Float64, strict=False),
         ).drop_nulls()
-        pairs = [
-            (a, b)
-            for a, b in pairs.iter_rows()
-            if _usable(a, plot.log_x) and _usable(b, plot.log_y)
-        ]
+        pairs = [(a, b) for a, b in pairs.iter_rows() if _usable(a, False) and _usable(b, False)]
         parts.append((name, sorted(pairs)))
-    x = make_scale([a for _, p in parts for a, _ in p], LEFT, WIDTH - RIGHT, plot.log_x)
-    y = make_scale([b for _, p in parts for _, b in p], HEIGHT - BOTTOM, TOP, plot.log_y)
+    x = make_scale([a for _, p in parts for a, _ in p], LEFT, WIDTH - RIGHT, False)
+    y = make_scale([b for _, p in parts for _, b in p], HEIGHT - BOTTOM, TOP, False)
     body = _axes(plot, x, y)
     for i, (_, pairs) in enumerate(parts):
         points = [(x(a), y(b)) for a, b in pairs]
@@ -268,7 +275,7 @@ def _xy(plot: Plot) -> tuple[list[str], list[str]]:
                 for px, py in points
             ]
     shown = sum(len(p) for _, p in parts)
-    return body, _unusable_note(plot.frame.height, shown, plot.log_x or plot.log_y, "the axes")
+    return body, _unusable_note(plot.frame.height, shown, False, "the axes")
 
 
 def _usable(value: float, log: bool) -> bool:
@@ -305,33 +312,43 @@ def _timeline(plot: Plot) -> tuple[list[str], list[str]]:
 
 
 def _intervals(plot: Plot) -> tuple[list[str], list[str]]:
-    """One row per y label: the estimate as a dot on its interval, a dashed line at x = 1."""
+    """One row per y label: the estimate as a point on its whisker, a line at the reference."""
     assert plot.y is not None
     rows = plot.frame.select(
         pl.col(plot.y).cast(pl.String),
         *(pl.col(c).cast(pl.Float64, strict=False) for c in (plot.x, "low", "high")),
     ).rows()
-    shown = [r for r in rows if all(v is not None and _usable(v, plot.log_x) for v in r[1:])]
-    x = make_scale([1.0, *(v for r in shown for v in r[1:])], LEFT + 130, WIDTH - RIGHT, plot.log_x)
+    finite = [tuple(v if v is not None and math.isfinite(v) else None for v in r[1:]) for r in rows]
+    every = [v for r in finite for v in r if v is not None]
+    x = make_scale([plot.reference, *every], LEFT + 130, WIDTH - RIGHT, False)
     body = _axes(plot, x, None)
     lane = (HEIGHT - BOTTOM - TOP) / max(1, len(rows))
-    one = x(1.0)
+    ref = x(plot.reference)
     body.append(
-        f'<line x1="{one:.1f}" y1="{TOP}" x2="{one:.1f}" y2="{HEIGHT - BOTTOM}"'
-        ' stroke="#000" stroke-dasharray="4 3"/>'
+        f'<line x1="{ref:.1f}" y1="{TOP}" x2="{ref:.1f}" y2="{HEIGHT - BOTTOM}"'
+        ' class="reference" stroke="#000" stroke-dasharray="4 3"/>'
     )
-    for k, (label, value, low, high) in enumerate(rows):
+    for k, ((label, *_), (value, low, high)) in enumerate(zip(rows, finite, strict=True)):
         py = TOP + (k + 0.5) * lane
         body.append(_text(LEFT + 126, py + 4, label, "tick", anchor="end"))
-        if (label, value, low, high) not in shown:
-            continue
-        tip = escape(f"{label}: {value:g} [{low:g}, {high:g}]")
-        body.append(
-            f'<line x1="{x(low):.1f}" y1="{py:.1f}" x2="{x(high):.1f}" y2="{py:.1f}"'
-            f' stroke="{_colour(0)}" stroke-width="2"><title>{tip}</title></line>'
-        )
-        body.append(f'<circle cx="{x(value):.1f}" cy="{py:.1f}" r="3.5" fill="{_colour(1)}"/>')
-    return body, _unusable_note(len(rows), len(shown), plot.log_x, "x (no interval)")
+        if low is not None and high is not None:
+            tip = escape(f"{label}: [{low:g}, {high:g}]")
+            body.append(
+                f'<line x1="{x(low):.1f}" y1="{py:.1f}" x2="{x(high):.1f}" y2="{py:.1f}"'
+                f' class="whisker" stroke="{_colour(0)}" stroke-width="2">'
+                f"<title>{tip}</title></line>"
+            )
+        if value is not None:
+            body.append(
+                f'<circle cx="{x(value):.1f}" cy="{py:.1f}" r="3.5" fill="{_colour(1)}">'
+                f"<title>{escape(f'{label}: {value:g}')}</title></circle>"
+            )
+    notes = []
+    if missing := sum(r[0] is None for r in finite):
+        notes.append(f"{missing} of {len(rows)} rows have no estimate: not shown")
+    if no_interval := sum(r[0] is not None and None in r[1:] for r in finite):
+        notes.append(f"{no_interval} of {len(rows)} rows have no interval: point only")
+    return body, notes
 
 
 def _axes(plot: Plot, x: Scale | None, y: Scale | None, x_label: str = "") -> list[str]:

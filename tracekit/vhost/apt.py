@@ -225,6 +225,11 @@ def download_source(state: AptState, package: str, version: str, dest: Path) -> 
         f"{package}={version}",
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=dest)
+    if done.returncode != 0 and " 404 " in done.stdout + done.stderr:
+        raise TracekitError(
+            f"the mirror has no files for {package} {version} (404), though {state.suite}'s "
+            f"source index lists it: try another mirror (${MIRROR_ENV})"
+        )
     if done.returncode != 0:
         raise TracekitError(
             f"apt-get source could not get {package} {version} from {state.suite}: "

@@ -22,6 +22,7 @@ from pathlib import Path
 from tracekit.errors import TracekitError
 from tracekit.vhost import apt
 from tracekit.vhost.cache import vhost_cache
+from tracekit.vhost.ksource import source_state
 from tracekit.vhost.qemu import QEMU
 
 QEMU_PACKAGE = "qemu-system-arm"
@@ -100,17 +101,6 @@ def header_dir(version: QemuVersion) -> Path:
     return vhost_cache() / "groundtruth" / version.key
 
 
-def _source_state(suite: str) -> apt.AptState:
-    """A private deb-src apt state for the host's own Debian suite (and its -updates)."""
-    return apt.AptState(
-        vhost_cache() / "apt" / f"{suite}-source",
-        suite,
-        apt.mirror_from_env(),
-        source=True,
-        extra_suites=(f"{suite}-updates",),
-    )
-
-
 def host_suite() -> str:
     """The codename of the Debian release this machine runs (its QEMU's suite)."""
     try:
@@ -165,7 +155,7 @@ def fetch_header(version: QemuVersion, progress: Progress) -> Path:
     cached = header_dir(version) / HEADER
     if cached.is_file():
         return cached
-    state = _source_state(host_suite())
+    state = source_state(host_suite())
     apt.check_tools(state)
     apt.update(state, progress)
     progress(f"groundtruth: fetching Debian's qemu source {version.source} for {HEADER}")

@@ -16,9 +16,10 @@ from importlib import resources
 from pathlib import Path
 
 from tracekit.errors import TracekitError
-from tracekit.vhost import apt
+from tracekit.vhost import apt, kcustom
 from tracekit.vhost.cache import vhost_cache
 from tracekit.vhost.cpio import CpioWriter, add_tree
+from tracekit.vhost.kbuild import BuiltKernel
 from tracekit.vhost.kernels import BOOT_MODULES, KernelSpec, is_kernel_package
 from tracekit.vhost.rootfs import add_skeleton, extract_deb, find_kernel, install_modules, trim
 
@@ -53,10 +54,10 @@ def init_script() -> bytes:
     return resources.files("tracekit.vhost").joinpath("init.sh").read_bytes()
 
 
-def image_key(spec: KernelSpec, closure: list[apt.PackageVersion]) -> str:
-    """A short hash of everything an image is made from."""
+def image_key(spec: KernelSpec, closure: list[apt.PackageVersion], built: str = "") -> str:
+    """A short hash of everything an image is made from (`built`: tracekit's kernel build)."""
     digest = hashlib.sha256()
-    digest.update(f"layout={LAYOUT_VERSION}\nkernel={spec.name}\n".encode())
+    digest.update(f"layout={LAYOUT_VERSION}\nkernel={spec.name}\nbuilt={built}\n".encode())
     digest.update(init_script())
     for package in closure:
         digest.update(f"{package.name}={package.version}:{package.arch}\n".encode())
@@ -98,7 +99,12 @@ def build_image(spec: KernelSpec, progress: apt.Progress, force: bool = False) -
     apt.update(state, progress)
     packages = spec.packages()
     closure = apt.resolve(state, packages)
-    key = image_key(spec, closure)
+    built = None
+    if spec.info.build:
+        # The kernel is built from the Debian kernel's source and config: download first.
+        built = kcustom.build_for(spec, apt.download(state, packages, closure, progress), progress)
+    identity = f"{built.release}:{built.config_hash}:{built.patch_hash}" if built else ""
+    key = image_key(spec, closure, identity)
     directory = _spec_dir(spec) / key
     existing = _load(directory, spec)
     if existing is not None and not force:
@@ -109,7 +115,7 @@ def build_image(spec: KernelSpec, progress: apt.Progress, force: bool = False) -
         )
         return existing
     debs = apt.download(state, packages, closure, progress)
-    image = _assemble(spec, closure, debs, directory, progress)
+    image = _assemble(spec, closure, debs, directory, progress, built)
     (_spec_dir(spec) / "current").write_text(key + "\n")
     return image
 
@@ -120,6 +126,7 @@ def _assemble(
     debs: list[Path],
     directory: Path,
     progress: apt.Progress,
+    built: BuiltKernel | None = None,
 ) -> VhostImage:
     """Unpack the packages, add modules and /init, write the cpio, then the manifest."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,10 +137,11 @@ def _assemble(
         for count, deb in enumerate(debs, 1):
             if count % 20 == 0 or count == len(debs):
                 progress(f"unpacking packages: {count}/{len(debs)}")
-            extract_deb(deb, kernel_root if is_kernel_package(deb.name) else root)
+            if not (built and is_kernel_package(deb.name)):
+                extract_deb(deb, kernel_root if is_kernel_package(deb.name) else root)
         trim(root)
         add_skeleton(root)
-        kernel = find_kernel(kernel_root)
+        kernel = kcustom.kernel_files(built) if built else find_kernel(kernel_root)
         modules = install_modules(kernel, root, list(BOOT_MODULES))
         progress(
             f"kernel {kernel.release}: {len(modules)} boot modules ({', '.join(BOOT_MODULES)} "
@@ -152,9 +160,20 @@ def _assemble(
         "kernel_release": kernel.release,
         "packages": [f"{p.name}={p.version}" for p in closure],
         "modules": modules,
+        **(_built_record(built) if built else {}),
     }
     (directory / IMAGE_RECORD).write_text(json.dumps(manifest, indent=1) + "\n")
     return VhostImage(directory, spec, kernel.release, manifest["packages"])
+
+
+def _built_record(built: BuiltKernel) -> dict[str, str]:
+    """What the image record says of a kernel tracekit built."""
+    return {
+        "built_from": f"linux {built.source_version} (Debian source)",
+        "config_hash": built.config_hash,
+        "patch_hash": built.patch_hash,
+        "build_dir": str(built.directory),
+    }
 
 
 def _write_initramfs(root: Path, dest: Path) -> int:

@@ -19,6 +19,10 @@ class Flavour:
     has_kvm: bool
     note: str = ""
     page_kb: int = 4
+    # "" for Debian's binary kernel; "base" or "kpatch" for one tracekit builds from
+    # Debian's source with the default flavour's config, unpatched or with the series.
+    build: str = ""
+    kernel_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,29 @@ class Suite:
     name: str
     kernel_series: str
     flavours: dict[str, Flavour]
+
+
+# The debug series' own switch: its interface exists only when the kernel is booted so.
+KPATCH_ARGS = ("kvm-arm.debug_maint=1",)
+
+
+def _built_flavours() -> dict[str, Flavour]:
+    """The kernels tracekit builds from a suite's source: unpatched (A) and patched (B)."""
+    return {
+        "tk": Flavour(
+            "linux-image-arm64",
+            has_kvm=True,
+            note="built by tracekit: Debian's source and config, trimmed, unpatched",
+            build="base",
+        ),
+        "kpatch": Flavour(
+            "linux-image-arm64",
+            has_kvm=True,
+            note="built by tracekit: as :tk plus reproducer/kpatch (EL2 maintenance debugfs)",
+            build="kpatch",
+            kernel_args=KPATCH_ARGS,
+        ),
+    }
 
 
 # "" is the default flavour (the generic arm64 kernel).
@@ -42,6 +69,7 @@ SUITES: dict[str, Suite] = {
                 has_kvm=False,
                 note="Debian builds the PREEMPT_RT flavour without KVM",
             ),
+            **_built_flavours(),
         },
     ),
     "trixie": Suite(

@@ -138,11 +138,13 @@ def install_modules(kernel: KernelFiles, root: Path, names: list[str]) -> list[s
         (dest_base / relative).parent.mkdir(parents=True, exist_ok=True)
         (dest_base / relative).write_bytes(image)
         loaded.append(f"/lib/modules/{kernel.release}/{relative}")
+    dest_base.mkdir(parents=True, exist_ok=True)  # also when every module is built in
     for extra in ("modules.builtin", "modules.order"):
         if (kernel.modules_dir / extra).is_file():
             shutil.copy2(kernel.modules_dir / extra, dest_base / extra)
     (root / "etc" / "tracekit").mkdir(parents=True, exist_ok=True)
-    (root / "etc" / "tracekit" / "modules").write_text("\n".join(loaded) + "\n")
+    # Empty when everything is built in (tracekit's own kernels): /init loads nothing.
+    (root / "etc" / "tracekit" / "modules").write_text("".join(f"{m}\n" for m in loaded))
     if kernel.config is not None:
         (root / "boot").mkdir(exist_ok=True)
         # /boot/config-REL, where preflight and tools look for it, whatever the suite.

@@ -212,6 +212,7 @@ def _shares(ctl: Path, out: Path, share: Path | None) -> list[Share]:
 def _kernel_args(config: VhostConfig, spec: KernelSpec) -> list[str]:
     """The KVM mode (where the kernel has KVM), the share flag, then the user's args."""
     args = kernel_args_for(config.kvm_mode) if spec.has_kvm else []
+    args += spec.info.kernel_args
     if config.share is not None:
         args.append("tracekit.share=1")
     return [*args, *shlex.split(config.append)]

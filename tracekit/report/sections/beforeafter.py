@@ -35,16 +35,18 @@ def section(bundles: list[BundleData]) -> Section | None:
     if not with_latencies and not any(b.probes.height for b in bundles):
         return None
     many = len(bundles) > 1
-    findings, comparisons, unknowns = [], [], []
+    findings, headline, comparisons, unknowns = [], [], [], []
+    contradictions, controls = [], []
     for data in with_latencies:
         prefix = f"{bundle_label(data)}: " if many else ""
         found, unknown = _comparisons(data, prefix)
-        comparisons += found
-        findings += [prefix + line for line in _saturated(data)]
-        findings += [_headline(c) for c in found[:1]]
+        headline += [c for c in found if c.role == "primary"]
+        comparisons += [c for c in found if c.role != "primary"]
+        # A saturated rt CPU contradicts the protocol's premise: the lead says it first.
+        contradictions += [prefix + line for line in _saturated(data)]
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
-        findings += [prefix + f for f in _observer_effect(data)]
+        controls += [prefix + f for f in _observer_effect(data)]
     tables = [
         Table(
             "cyclictest on the rt CPU, mean of per-run values (us)",
@@ -52,11 +54,11 @@ def section(bundles: list[BundleData]) -> Section | None:
             note="runs and samples per phase and kind; max and p99.9 are per-run values",
         )
     ]
-    probes = [(b, b.probes.select(PROBE_COLUMNS)) for b in bundles if b.probes.height]
+    probes = [(b, _probe_us(b.probes)) for b in bundles if b.probes.height]
     if probes:
         tables.append(
             Table(
-                "TLBI probe per issuing CPU: one syscall per sample (ns), one slot per phase",
+                "TLBI probe per issuing CPU: one syscall per sample (us), one slot per phase",
                 _stack(probes, many),
                 note=PROBE_NOTE + "; the probe's own summary pools every direction (the TLBI"
                 " section keeps RW->RO and RO->RW apart)",
@@ -70,6 +72,9 @@ def section(bundles: list[BundleData]) -> Section | None:
         title="Before -> after one guest (quiet runs; primary: cyclictest p99.9)",
         findings=findings,
         comparisons=comparisons,
+        contradictions=contradictions,
+        headline=headline,
+        controls=controls,
         tables=tables if with_latencies else tables[1:],
         plots=_plots(with_latencies, many),
         unknowns=unknowns,
@@ -110,9 +115,7 @@ def _saturated(data: BundleData) -> list[str]:
     rows = saturated_phases(data.latencies, float(interval))
     if rows.is_empty():
         return []
-    where = ", ".join(
-        f"{r['median_us']:g} us in the {r['phase']} {r['kind']} runs" for r in rows.to_dicts()
-    )
+    where = ", ".join(f"{r['median_us']:.0f} us {r['phase']} {r['kind']}" for r in rows.to_dicts())
     host = "emulated " if is_emulated(data) else ""
     return [
         f"SATURATED: the {host}rt CPU's median wake-up latency ({where}) is above"
@@ -122,16 +125,13 @@ def _saturated(data: BundleData) -> list[str]:
     ]
 
 
-def _headline(c: Comparison) -> str:
-    """The primary metric's result in one sentence."""
-    text = (
-        f"{c.metric} (primary) after/before: {c.ratio:.2f}x,"
-        f" {c.thresholds.confidence:.0%} CI {c.interval()},"
-        f" {c.n_before}+{c.n_after} quiet runs: {c.verdict}"
+def _probe_us(probes: pl.DataFrame) -> pl.DataFrame:
+    """The probe's own summary in us, the unit every probe table of the report uses."""
+    times = [c for c in PROBE_COLUMNS if c.endswith("_ns")]
+    return probes.select(
+        *(c for c in PROBE_COLUMNS if c not in times),
+        *((pl.col(c) / 1000).alias(c.removesuffix("_ns") + "_us") for c in times),
     )
-    if c.needed_runs is not None:
-        text += f" (a verdict needs {c.needed_runs}+{c.needed_runs} runs)"
-    return text
 
 
 def _stack(frames: list[tuple[BundleData, pl.DataFrame]], many: bool) -> pl.DataFrame:
@@ -149,17 +149,18 @@ def _stack(frames: list[tuple[BundleData, pl.DataFrame]], many: bool) -> pl.Data
 def _observer_effect(data: BundleData) -> list[str]:
     """Traced vs quiet per phase: what tracing itself does to the numbers."""
     summary = phase_summary(data.latencies)
-    out = []
+    ratios = []
     for phase in ("before", "after"):
         rows = summary.filter(pl.col("phase") == phase)
         kinds = dict(zip(rows["kind"], rows["p99_9_us"], strict=True))
         if kinds.get(RunKind.QUIET) and kinds.get(RunKind.TRACED) is not None:
-            ratio = kinds[RunKind.TRACED] / kinds[RunKind.QUIET]
-            out.append(
-                f"observer effect, {phase}: traced runs' p99.9 is {ratio:.2f}x the quiet"
-                " runs' (mean of per-run values); headline numbers use quiet runs only"
-            )
-    return out
+            ratios.append(f"{kinds[RunKind.TRACED] / kinds[RunKind.QUIET]:.2f}x {phase}")
+    if not ratios:
+        return []
+    return [
+        f"observer effect: traced runs' p99.9 is {', '.join(ratios)} the quiet runs' (mean of"
+        " per-run values); headline numbers use quiet runs only"
+    ]
 
 
 def _few_samples(bundles: list[BundleData]) -> list[str]:
@@ -218,7 +219,6 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             x="run",
             y="p99_9_us",
             series="series",
-            log_y=True,
             x_label="run",
             y_label="p99.9 (us)",
         ),

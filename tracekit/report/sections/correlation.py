@@ -44,7 +44,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     findings: list[str] = []
     tables: list[Table] = []
     plots: list[Plot] = []
-    exposed, worst = [], []
+    exposed, worst, overviews = [], [], []
     for r in runs:
         if r.lost:
             findings.append(
@@ -67,10 +67,12 @@ def section(bundles: list[BundleData]) -> Section | None:
             exposure(frame, intervals).with_columns(pl.lit(r.run.run_id).alias("run_id"))
         )
         plots.append(_timeline(r, intervals))
-        tables.append(_overview(r.run.run_id, r.run.phase, intervals, r.trace.span_ns))
+        overviews.append(_overview(r.run.run_id, r.run.phase, intervals, r.trace.span_ns))
         findings += _unpaired(r.run.run_id, unpaired)
-    guest_tables, guest_lost = _guest_overviews(bundles, problems)
-    tables += guest_tables
+    guest_overviews, guest_lost = _guest_overviews(bundles, problems)
+    overviews += guest_overviews
+    if overviews:
+        tables.append(_overviews(overviews, guest_lost))
     comparisons: list[Comparison] = []
     if exposed:
         per_run = with_without(pl.concat(exposed))
@@ -153,21 +155,30 @@ def _worst_table(rows: pl.DataFrame) -> Table:
     )
 
 
-def _overview(run_id: str, phase: str, intervals: pl.DataFrame, span_ns: int) -> Table:
-    """The run's activity per other CPU."""
+def _overview(run_id: str, phase: str, intervals: pl.DataFrame, span_ns: int) -> pl.DataFrame:
+    """The run's activity per other CPU, its rows named by run and phase."""
+    return activity_overview(intervals, span_ns).select(
+        pl.lit(run_id).alias("run"), pl.lit(phase).alias("phase"), pl.all()
+    )
+
+
+def _overviews(frames: list[pl.DataFrame], guest_lost: dict[str, int]) -> Table:
+    """Every run's activity per other CPU in one table: its note is said once."""
+    lost = sum(guest_lost.values())
     return Table(
-        f"{run_id} ({phase}): activity of the other CPUs over the run",
-        activity_overview(intervals, span_ns),
+        "activity of the other CPUs over each run",
+        pl.concat(frames, how="diagonal_relaxed"),
         note="time_pct: share of the traced time; activities overlap (an interrupt taken"
-        " while idle counts in both; two tasks' syscalls on one CPU add up)",
+        " while idle counts in both; two tasks' syscalls on one CPU add up)"
+        + (f"; {lost} events lost in the guest runs" if lost else ""),
     )
 
 
 def _guest_overviews(
     bundles: list[BundleData], problems: list[str]
-) -> tuple[list[Table], dict[str, int]]:
+) -> tuple[list[pl.DataFrame], dict[str, int]]:
     """The guest runs' activity per CPU (what running the guest did), and events lost."""
-    out: list[Table] = []
+    out: list[pl.DataFrame] = []
     lost: dict[str, int] = {}
     for data in bundles:
         for run in traced_runs(data, kinds=GUEST_KINDS):
@@ -179,12 +190,8 @@ def _guest_overviews(
             except TracekitError as err:
                 problems.append(f"{run.run_id}: {err}")
                 continue
-            table = _overview(run.run_id, run.phase, intervals, trace.span_ns)
-            dropped = sum(trace.lost_per_cpu.values())
-            if dropped:
-                table = Table(table.title, table.frame, f"{table.note}; {dropped} events lost")
-            out.append(table)
-            lost[run_key(data, run)] = dropped
+            out.append(_overview(run.run_id, run.phase, intervals, trace.span_ns))
+            lost[run_key(data, run)] = sum(trace.lost_per_cpu.values())
     return out, lost
 
 

@@ -148,26 +148,22 @@ def _note(effects: list[ConditionEffect], varying: tuple[str, ...]) -> str:
 
 
 def _plot(effects: list[ConditionEffect], varying: tuple[str, ...]) -> Plot:
-    """Ratio per condition with its interval ends, as bars."""
+    """Ratio per condition as a point on its interval, against the line of no change."""
     rows = [
-        (e.condition.label(varying), kind, value)
-        for e in effects
-        for kind, value in (
-            ("ci_low", e.comparison.ci_low),
-            ("ratio", e.comparison.ratio),
-            ("ci_high", e.comparison.ci_high),
+        (
+            e.condition.label(varying),
+            e.comparison.ratio,
+            # A 1+1 comparison has no interval: its point is drawn alone.
+            *(v if math.isfinite(v) else None for v in (e.comparison.ci_low, e.comparison.ci_high)),
         )
-        if math.isfinite(value)  # a 1+1 comparison has no interval ends to draw
+        for e in effects
     ]
-    frame = pl.DataFrame(rows, schema=["condition", "series", "ratio"], orient="row")
+    frame = pl.DataFrame(rows, schema=["condition", "ratio", "low", "high"], orient="row")
     return Plot(
-        f"cyclictest {PRIMARY} after/before per condition (with CI ends)",
-        "bars",
+        f"cyclictest {PRIMARY} after/before per condition, with its 95% CI",
+        "intervals",
         frame,
-        x="condition",
-        y="ratio",
-        series="series",
-        log_y=True,
-        x_label="condition",
-        y_label="after/before",
+        x="ratio",
+        y="condition",
+        x_label="after/before (1 = no change)",
     )

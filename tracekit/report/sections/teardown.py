@@ -195,7 +195,6 @@ def _plot(points: pl.DataFrame) -> Plot:
         x="ipa_bits",
         y="teardown_ms",
         series="kernel",
-        log_y=True,
         x_label="IPA size (bits)",
         y_label="teardown (ms, VMM clock)",
     )

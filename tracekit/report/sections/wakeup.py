@@ -301,8 +301,8 @@ def _check(r: RunWakeups, bundles: list[BundleData]) -> tuple[Table, str]:
     name = _label(r.data, bundles) + r.run.run_id
     table = Table(
         f"{name}: trace vs cyclictest's own samples",
-        against_cyclictest(r.wakeups.frame, samples),
-        note="samples row: counts, not us",
+        # The counts are in the sentence below: the table holds times only, in us.
+        against_cyclictest(r.wakeups.frame, samples).filter(pl.col("statistic") != "samples"),
     )
     cycles = r.data.cycles.filter(pl.col("run_id") == r.run.run_id)["cycles"]
     counted = int(cycles.item()) if cycles.len() == 1 else None

@@ -1,0 +1,135 @@
+"""--after-guest tlbi:OP@TARGET and preflight's view of reproducer/kpatch's interface.
+
+No kernel with the series runs here (its build is behind the kbuild marker): the
+interface is a file, and these tests write and read files laid out as it is. The
+interface texts are what the series' op_show and teardown_show print (6.1 patch 2, 3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tracekit.bundle import check_run_id
+from tracekit.campaign.plan import AFTER_GUEST_ACTIONS as PLAN_ACTIONS
+from tracekit.errors import TracekitError
+from tracekit.host.afterguest import TLBI_ACTIONS, issue_maint, tlbi_request
+from tracekit.host.preflight import check_kpatch_for, parse_kpatch, read_kpatch
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS, SCENARIOS, Roles, plan_runs
+
+ROLES = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
+OP_TEXT = (
+    "mode: nvhe\nvmid_bits: 16\n"
+    "ops: alle1 alle1is vmalls12e1 vmalls12e1is vmalle1 vmalle1is iallu\n"
+)
+
+
+def test_requests_name_the_operation_cpu_and_vmid() -> None:
+    """Each action is one request line: op, CPU, and for the VMID one, VMID and stage 2 off."""
+    assert tlbi_request("tlbi:alle1@guest-cpu", 1, None) == "alle1 1"
+    assert tlbi_request("tlbi:alle1@other-cpu", 0, 7) == "alle1 0"
+    assert tlbi_request("tlbi:vmalls12e1is@vmid", 1, 7) == "vmalls12e1is 1 7 0"
+    with pytest.raises(TracekitError, match="give --vmid N"):
+        tlbi_request("tlbi:vmalls12e1is@vmid", 1, None)
+
+
+def test_campaign_and_collect_offer_the_same_actions() -> None:
+    """The campaign plan's copy of the list is the collector's."""
+    assert tuple(PLAN_ACTIONS) == tuple(AFTER_GUEST_ACTIONS)
+    assert set(TLBI_ACTIONS) <= set(AFTER_GUEST_ACTIONS)
+
+
+@pytest.mark.parametrize("action", list(TLBI_ACTIONS))
+def test_planned_after_guest_run_has_a_valid_id(action: str) -> None:
+    """The run follows the guest, with an id a bundle accepts."""
+    plan = plan_runs(SCENARIOS["main"], ROLES, runs=1, traced_runs=0, after_guest=action, vmid=5)
+    after = [run for run in plan if run.run_id.startswith("after-guest-")]
+    assert len(after) == 1
+    assert check_run_id(after[0].run_id) == after[0].run_id
+    assert ":" not in after[0].run_id and "@" not in after[0].run_id
+    kinds = [run.run_id for run in plan]
+    assert kinds.index(after[0].run_id) == kinds.index("guest") + 1
+
+
+def test_plan_refuses_what_an_action_lacks() -> None:
+    """The VMID one needs --vmid; the other-CPU control needs a CPU the guest did not use."""
+    with pytest.raises(TracekitError, match="give --vmid N"):
+        plan_runs(SCENARIOS["main"], ROLES, 1, 0, "tlbi:vmalls12e1is@vmid")
+    busy = Roles(rt_cpu=3, stress_cpus=(1,), guest_cpus=(1,))
+    with pytest.raises(TracekitError, match="tlbi:alle1@other-cpu act on a stress CPU"):
+        plan_runs(SCENARIOS["main"], busy, 1, 0, "tlbi:alle1@other-cpu")
+
+
+def test_issue_writes_the_request_and_logs_its_times(tmp_path: Path) -> None:
+    """One write of the request line; the log has it with the times around it."""
+    op = tmp_path / "op"
+    op.write_text("")
+    ticks = iter([100, 250])
+    log = issue_maint("alle1 1", lambda: next(ticks), op)
+    assert op.read_text() == "alle1 1\n"
+    assert log == ["alle1 1 issued at 100, done at 250"]
+
+
+def test_issue_without_the_series_or_refused(tmp_path: Path) -> None:
+    """No interface: one line naming the series; a failed write: one line with the reason."""
+    with pytest.raises(TracekitError, match="reproducer/kpatch"):
+        issue_maint("alle1 1", lambda: 0, tmp_path / "absent")
+    with pytest.raises(TracekitError, match="EL2 maintenance 'alle1 1' failed: Is a directory"):
+        issue_maint("alle1 1", lambda: 0, tmp_path)
+
+
+def test_preflight_reads_the_interface(tmp_path: Path) -> None:
+    """Mode, VMID width, operations and the teardown switch with its count."""
+    assert read_kpatch(tmp_path) is None
+    (tmp_path / "op").write_text(OP_TEXT)
+    (tmp_path / "teardown_flush").write_text("off [alle1is] last-ran\nflushes: 3\n")
+    found = read_kpatch(tmp_path)
+    assert found is not None
+    assert (found.mode, found.vmid_bits) == ("nvhe", 16)
+    assert "vmalls12e1is" in found.ops and len(found.ops) == 7
+    assert (found.teardown_flush, found.teardown_flushes) == ("alle1is", 3)
+
+
+def test_preflight_protected_mode_and_no_switch() -> None:
+    """Protected mode says it refuses; a kernel without the teardown file has no switch."""
+    found = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
+    assert found.mode == "protected (refused)"
+    assert (found.teardown_flush, found.teardown_flushes) == (None, None)
+
+
+def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:
+    """A bundle whose preflight found the series says so, with the teardown switch."""
+    from report_bundles import edit_manifest, make_bundle
+
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.report.header import header_lines, host_line
+
+    stock = load_bundle(make_bundle(tmp_path / "stock", 2, 1.0))
+    assert "debug series" not in host_line(stock)
+    patched = make_bundle(tmp_path / "kp", 2, 1.0)
+    found = parse_kpatch(OP_TEXT, "off [alle1is] last-ran\nflushes: 0\n")
+
+    def add(manifest: dict) -> None:
+        """Put what preflight found in the manifest, as facts.py writes it."""
+        manifest["host"]["kpatch"] = found.__dict__
+
+    edit_manifest(patched, add)
+    line = host_line(load_bundle(patched))
+    assert line.endswith("; debug series (reproducer/kpatch) on, teardown_flush alle1is")
+    both = header_lines([stock, load_bundle(patched)])
+    assert sum("teardown_flush alle1is" in entry for entry in both) == 1
+
+
+def test_preflight_refuses_an_action_this_kernel_cannot_do() -> None:
+    """No series, protected mode, or an operation it lacks: one line before anything runs."""
+    check_kpatch_for("hotplug", None)  # not a tlbi action: nothing to check
+    with pytest.raises(TracekitError, match="--kernel bookworm:kpatch"):
+        check_kpatch_for("tlbi:alle1@guest-cpu", None)
+    refused = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
+    with pytest.raises(TracekitError, match="refuses EL2 maintenance in protected mode"):
+        check_kpatch_for("tlbi:alle1@guest-cpu", refused)
+    older = parse_kpatch("mode: nvhe\nvmid_bits: 8\nops: alle1\n", None)
+    check_kpatch_for("tlbi:alle1@other-cpu", older)
+    with pytest.raises(TracekitError, match="offers alle1, not vmalls12e1is"):
+        check_kpatch_for("tlbi:vmalls12e1is@vmid", older)

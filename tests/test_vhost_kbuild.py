@@ -1,0 +1,284 @@
+"""tracekit's own kernels: config trimming, release strings, the patch series, the cache.
+
+The fast tests run on configs and trees made here. The `kbuild` ones need Debian's
+bookworm linux source (fetched into the cache, ~140 MB) and, for the build, a long
+cross compile: they are run by hand or by a CI that budgets for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tracekit.errors import TracekitError
+from tracekit.vhost import kbuild, kcustom, ksource
+from tracekit.vhost.kernels import BOOT_MODULES, parse_kernel_spec
+from tracekit.vhost.rootfs import install_modules
+
+SERIES = Path(__file__).parent.parent / "reproducer" / "kpatch" / "6.1"
+
+DEBIAN_LIKE = """\
+CONFIG_LOCALVERSION="-debian"
+CONFIG_KVM=y
+CONFIG_VIRTIO_PCI=m
+CONFIG_NET_9P=m
+CONFIG_NET_9P_VIRTIO=m
+CONFIG_9P_FS=m
+CONFIG_EXT4_FS=m
+CONFIG_ARCH_ROCKCHIP=y
+CONFIG_ARCH_VEXPRESS=y
+CONFIG_XEN=y
+CONFIG_DEBUG_INFO=y
+CONFIG_DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT=y
+# CONFIG_DEBUG_INFO_NONE is not set
+CONFIG_DEBUG_INFO_BTF=y
+CONFIG_MODULE_SIG=y
+CONFIG_SYSTEM_TRUSTED_KEYS="debian/certs/debian-uefi-certs.pem"
+CONFIG_KPROBES=y
+# CONFIG_FOO is not set
+"""
+
+
+def _lines(config: str) -> set[str]:
+    """A config's lines as a set."""
+    return set(config.splitlines())
+
+
+def test_trimmed_config_keeps_what_the_image_needs() -> None:
+    """Modules off, the 9p chain built in, SoCs, Xen, DWARF, BTF and signing off."""
+    trimmed = _lines(kbuild.trimmed_config(DEBIAN_LIKE, ["ARCH_ROCKCHIP", "ARCH_VEXPRESS"]))
+    for name in ("VIRTIO_PCI", "NET_9P", "NET_9P_VIRTIO", "9P_FS", "KVM", "KPROBES"):
+        assert f"CONFIG_{name}=y" in trimmed
+    for name in ("EXT4_FS", "ARCH_ROCKCHIP", "ARCH_VEXPRESS", "XEN", "DEBUG_INFO", "MODULE_SIG"):
+        assert f"# CONFIG_{name} is not set" in trimmed
+    assert "# CONFIG_DEBUG_INFO_BTF is not set" in trimmed
+    assert "CONFIG_DEBUG_INFO_NONE=y" in trimmed
+    assert 'CONFIG_SYSTEM_TRUSTED_KEYS=""' in trimmed
+    assert 'CONFIG_LOCALVERSION=""' in trimmed
+    assert "# CONFIG_FOO is not set" in trimmed
+
+
+def test_trimmed_config_adds_missing_builtins() -> None:
+    """A config without the 9p symbols still gets them (olddefconfig checks the rest)."""
+    trimmed = _lines(kbuild.trimmed_config("CONFIG_KVM=y\n", []))
+    assert {"CONFIG_9P_FS=y", "CONFIG_NET_9P_VIRTIO=y", "CONFIG_KVM=y"} <= trimmed
+
+
+def test_series_symbols_are_in_both_builds_input(tmp_path: Path) -> None:
+    """A and B start from one config: the series' Kconfig symbol is set for both."""
+    (tmp_path / "arch" / "arm64").mkdir(parents=True)
+    (tmp_path / "arch" / "arm64" / "Kconfig.platforms").write_text(
+        "menu x\nconfig ARCH_ROCKCHIP\n\tbool\nconfig ARCH_XGENE\n\tbool\n"
+    )
+    assert kbuild.platform_symbols(tmp_path) == ["ARCH_ROCKCHIP", "ARCH_XGENE"]
+    config = kcustom.input_config(DEBIAN_LIKE, tmp_path)
+    assert "CONFIG_KVM_ARM_DEBUG_MAINT=y" in _lines(config)
+    assert "# CONFIG_ARCH_ROCKCHIP is not set" in _lines(config)
+
+
+def test_config_hash_and_release_suffix() -> None:
+    """The release names the config and, patched, the series; unpatched has no -kp."""
+    digest = kbuild.config_hash("CONFIG_KVM=y\n")
+    assert digest == kbuild.config_hash("CONFIG_KVM=y\n")
+    assert digest != kbuild.config_hash("CONFIG_KVM=n\n")
+    assert kbuild.release_suffix(digest, "") == f"-tk{digest[:6]}"
+    assert kbuild.release_suffix(digest, "0123abcd") == f"-tk{digest[:6]}-kp0123abcd"
+
+
+def test_built_flavours() -> None:
+    """bookworm:tk and bookworm:kpatch build Debian's source; only kpatch enables the series."""
+    tk, kp = parse_kernel_spec("bookworm:tk"), parse_kernel_spec("bookworm:kpatch")
+    assert (tk.info.build, kp.info.build) == ("base", "kpatch")
+    assert tk.info.kernel_args == ()
+    assert kp.info.kernel_args == ("kvm-arm.debug_maint=1",)
+    assert tk.packages() == parse_kernel_spec("bookworm").packages()
+    with pytest.raises(TracekitError, match="no kernel patch series for trixie"):
+        kcustom.series_dir("trixie")
+
+
+def test_the_series_lists_its_patches_in_order() -> None:
+    """The shipped 6.1 series: every file listed, hash over the contents in order."""
+    patches = ksource.series_files(SERIES)
+    assert [p.name[:4] for p in patches] == ["0001", "0002", "0003"]
+    assert len(ksource.series_hash(patches)) == 8
+    assert ksource.series_hash(patches) != ksource.series_hash(patches[::-1])
+    touched = ksource.touched_files(patches)
+    assert "arch/arm64/kvm/debug_maint.c" in touched
+    assert "arch/arm64/kvm/mmu.c" in touched
+
+
+def test_series_file_naming_a_missing_patch(tmp_path: Path) -> None:
+    """A series that names an absent patch is one line naming it."""
+    (tmp_path / "series").write_text("# comment\n0001-a.patch\n")
+    with pytest.raises(TracekitError, match=r"0001-a\.patch"):
+        ksource.series_files(tmp_path)
+
+
+def _git(tree: Path, *args: str) -> str:
+    """Run git in `tree` with a fixed identity."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "HOME": str(tree)}
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(["git", *args], cwd=tree, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None, reason="git")
+def test_patched_tree_leaves_the_pristine_tree_alone(tmp_path: Path) -> None:
+    """The patched copy is hard-linked except the files the series writes; builds are skipped."""
+    pristine = tmp_path / "linux-1.0"
+    (pristine / "kvm").mkdir(parents=True)
+    (pristine / "kvm" / "mmu.c").write_text("int a;\n")
+    (pristine / "kvm" / "arm.c").write_text("int b;\n")
+    _git(pristine, "init", "-q")
+    _git(pristine, "add", ".")
+    _git(pristine, "commit", "-qm", "base")
+    (pristine / "kvm" / "mmu.c").write_text("int a;\nint c;\n")
+    _git(pristine, "commit", "-qam", "add c")
+    series = tmp_path / "series-dir"
+    series.mkdir()
+    _git(pristine, "format-patch", "-q", "-o", str(series), "HEAD~1")
+    _git(pristine, "reset", "-q", "--hard", "HEAD~1")
+    shutil.rmtree(pristine / ".git")
+    (pristine / "build-0123").mkdir()  # a build of the pristine tree: not to be linked
+    (series / "series").write_text("\n".join(p.name for p in series.glob("*.patch")) + "\n")
+
+    tree = ksource.patched_tree(pristine, ksource.series_files(series), lambda m: None)
+    assert (tree / "kvm" / "mmu.c").read_text() == "int a;\nint c;\n"
+    assert (pristine / "kvm" / "mmu.c").read_text() == "int a;\n"
+    assert (tree / "kvm" / "arm.c").stat().st_ino == (pristine / "kvm" / "arm.c").stat().st_ino
+    assert not (tree / "build-0123").exists()
+    assert ksource.patched_tree(pristine, ksource.series_files(series), print) == tree
+
+
+def test_a_patch_that_does_not_apply(tmp_path: Path) -> None:
+    """A series that does not fit the tree is one line naming the patch; no tree is left."""
+    pristine = tmp_path / "linux-1.0"
+    pristine.mkdir()
+    (pristine / "f.c").write_text("x\n")
+    series = tmp_path / "s"
+    series.mkdir()
+    (series / "0001-x.patch").write_text("--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-not there\n+y\n")
+    (series / "series").write_text("0001-x.patch\n")
+    with pytest.raises(TracekitError, match=r"0001-x\.patch does not apply to linux-1\.0"):
+        ksource.patched_tree(pristine, ksource.series_files(series), lambda m: None)
+    assert not list(tmp_path.glob("linux-1.0+*"))
+
+
+def test_cache_cap_removes_least_recently_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the cap, the oldest builds go first; the ones in use are kept."""
+    builds = []
+    for age, name in enumerate(["a/build-1", "b/build-2", "c/build-3"]):
+        build = tmp_path / name
+        build.mkdir(parents=True)
+        (build / "vmlinux").write_bytes(b"x" * 100_000)
+        os.utime(build, (1000 + age, 1000 + age))
+        builds.append(build)
+    monkeypatch.setenv(kbuild.CACHE_CAP_ENV, str(250_000 / 1e9))
+    removed = kbuild.enforce_cap(tmp_path, [builds[0]], lambda m: None)
+    assert removed == [builds[1]]
+    assert builds[0].exists() and builds[2].exists()
+    monkeypatch.setenv(kbuild.CACHE_CAP_ENV, "lots")
+    with pytest.raises(TracekitError, match="not a number of GB"):
+        kbuild.cache_cap_bytes()
+
+
+@pytest.mark.kbuild
+def test_series_applies_to_debian_source_and_is_checkpatch_clean() -> None:
+    """The 6.1 series applies to Debian's bookworm source; checkpatch --strict finds no error."""
+    tree = ksource.pristine_tree("bookworm", "6.1.176-1", print)
+    patches = ksource.series_files(SERIES)
+    patched = ksource.patched_tree(tree, patches, print)
+    assert (patched / "arch" / "arm64" / "kvm" / "debug_maint.c").is_file()
+    done = subprocess.run(
+        ["perl", "scripts/checkpatch.pl", "--strict", "--no-tree", *map(str, patches)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    totals = [line for line in done.stdout.splitlines() if line.startswith("total:")]
+    assert len(totals) == len(patches)
+    # The only warning is checkpatch's "does MAINTAINERS need updating?" for a new file,
+    # which arch/arm64/kvm/'s entry already covers.
+    assert all(line.startswith("total: 0 errors") and "0 checks" in line for line in totals)
+    assert done.stdout.count("WARNING:") == done.stdout.count("MAINTAINERS need updating")
+
+
+def _deb(tmp_path: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    """A real .deb (dpkg-deb -b) holding `files`."""
+    root = tmp_path / f"{name}-root"
+    (root / "DEBIAN").mkdir(parents=True)
+    control = f"Package: {name}\nVersion: {version}\nArchitecture: arm64\n"
+    control += "Maintainer: t <t@t>\nDescription: test\n"
+    (root / "DEBIAN" / "control").write_text(control)
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    deb = tmp_path / f"{name}_{version}_arm64.deb"
+    subprocess.run(["dpkg-deb", "-b", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_debian_kernel_package_gives_version_and_config(tmp_path: Path) -> None:
+    """The image package (not the metapackage) is the one with boot/config-REL."""
+    meta = _deb(tmp_path, "linux-image-arm64", "6.1.176-1", {"usr/share/doc/x": "x"})
+    image = _deb(
+        tmp_path, "linux-image-6.1.0-50-arm64", "6.1.176-1", {"boot/config-6.1.0-50-arm64": "C\n"}
+    )
+    assert kcustom.debian_kernel_deb([meta, image]) == image
+    assert kcustom.debian_version(image) == "6.1.176-1"
+    assert kcustom.debian_config_text(image) == "C\n"
+    with pytest.raises(TracekitError, match="no boot/config"):
+        kcustom.debian_kernel_deb([meta])
+
+
+def test_built_kernel_as_the_image_builder_takes_it(tmp_path: Path) -> None:
+    """Everything built in: an empty module tree with the build's modules.builtin."""
+    build = tmp_path / "build-0123456789"
+    (build / "arch" / "arm64" / "boot").mkdir(parents=True)
+    (build / "arch" / "arm64" / "boot" / "Image").write_bytes(b"image")
+    (build / "modules.builtin").write_text("kernel/net/9p/9pnet.ko\n")
+    (build / ".config").write_text("CONFIG_KVM=y\n")
+    kernel = kbuild.BuiltKernel(build, "6.1.176-tk012345", "6.1.176-1", "", "0123456789", 1.0)
+    assert kbuild.load_build(build) is None  # no record yet: not a finished build
+    files = kcustom.kernel_files(kernel)
+    assert files.image == kernel.image and files.release == "6.1.176-tk012345"
+    assert (files.modules_dir / "modules.builtin").read_text() == "kernel/net/9p/9pnet.ko\n"
+    assert (files.modules_dir / "kernel").is_dir() and files.config == build / ".config"
+
+
+def test_an_all_builtin_kernel_loads_no_module(tmp_path: Path) -> None:
+    """With the 9p chain built in, /init's module list is empty (no `insmod ''`)."""
+    build = tmp_path / "build-0123456789"
+    build.mkdir()
+    builtin = ["drivers/virtio/virtio_pci.ko", "net/9p/9pnet.ko", "net/9p/9pnet_virtio.ko"]
+    builtin.append("fs/9p/9p.ko")
+    (build / "modules.builtin").write_text("".join(f"kernel/{m}\n" for m in builtin))
+    (build / ".config").write_text("CONFIG_9P_FS=y\n")
+    kernel = kbuild.BuiltKernel(build, "6.1.176-tk012345", "6.1.176-1", "", "0123456789", 1.0)
+    root = tmp_path / "root"
+    root.mkdir()
+    assert install_modules(kcustom.kernel_files(kernel), root, list(BOOT_MODULES)) == []
+    assert (root / "etc" / "tracekit" / "modules").read_text() == ""
+    assert (root / "boot" / "config-6.1.176-tk012345").read_text() == "CONFIG_9P_FS=y\n"
+
+
+def test_a_finished_build_is_taken_from_the_cache(tmp_path: Path) -> None:
+    """A build directory with its record and Image is returned as is: no tool, no make."""
+    config = "CONFIG_KVM=y\n"
+    build = tmp_path / "linux-1.0" / f"build-{kbuild.config_hash(config)}"
+    (build / "arch" / "arm64" / "boot").mkdir(parents=True)
+    (build / "arch" / "arm64" / "boot" / "Image").write_bytes(b"image")
+    record = {"release": "1.0-tkx", "source_version": "1.0-1", "patch_hash": ""}
+    record |= {"config_hash": kbuild.config_hash(config), "build_s": 12.5}
+    (build / kbuild.BUILD_RECORD).write_text(json.dumps(record))
+    kernel = kbuild.build_kernel(build.parent, config, "1.0-1", "", lambda m: None)
+    assert (kernel.directory, kernel.release, kernel.build_s) == (build, "1.0-tkx", 12.5)

@@ -1,0 +1,116 @@
+"""The kernels of the `:tk` and `:kpatch` flavours: Debian's source, built by tracekit.
+
+Both start from the source and config of the Debian kernel the suite's default flavour
+boots, trimmed the same way (kbuild.py): `:tk` is that tree unpatched, `:kpatch` the
+same tree with reproducer/kpatch/<series>/ applied. The unpatched build is always made
+too, so that the patched kernel is only ever compared with it, never with Debian's.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+from tracekit.vhost import kbuild, ksource
+from tracekit.vhost.kernels import KernelSpec
+from tracekit.vhost.rootfs import KernelFiles
+
+Progress = Callable[[str], None]
+
+# The series written for each suite's kernel (reproducer/kpatch/<series>/).
+SERIES = {"bookworm": "6.1"}
+# Set in both builds' config input: Kconfig of the unpatched tree drops what it lacks,
+# so A and B are built from the same input.
+SERIES_SYMBOLS = ("KVM_ARM_DEBUG_MAINT",)
+
+
+def series_dir(suite: str) -> Path:
+    """reproducer/kpatch/<series>/ of the checkout, for a suite that has one."""
+    from tracekit.vhost.runner import project_tree
+
+    if suite not in SERIES:
+        raise TracekitError(
+            f"no kernel patch series for {suite} yet (reproducer/kpatch/ has: "
+            f"{', '.join(SERIES.values())}); use --kernel {'|'.join(SERIES)}:kpatch"
+        )
+    return project_tree() / "reproducer" / "kpatch" / SERIES[suite]
+
+
+def debian_kernel_deb(debs: list[Path]) -> Path:
+    """The downloaded linux-image-ABI-FLAVOUR package (not the metapackage)."""
+    for deb in debs:
+        if deb.name.startswith("linux-image-") and _deb_member(deb, "./boot/config-"):
+            return deb
+    raise TracekitError("the suite's kernel packages hold no boot/config-*: cannot take its config")
+
+
+def _deb_member(deb: Path, prefix: str) -> bytes | None:
+    """The first file of a .deb's data whose path starts with `prefix`."""
+    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(data.stdout)) as tar:
+        for member in tar:
+            if member.isfile() and member.name.startswith(prefix):
+                extracted = tar.extractfile(member)
+                return extracted.read() if extracted else None
+    return None
+
+
+def debian_version(deb: Path) -> str:
+    """The package's version: that of the `linux` source it was built from."""
+    done = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def debian_config_text(deb: Path) -> str:
+    """The boot/config-REL the Debian kernel package ships: the config it was built with."""
+    return (_deb_member(deb, "./boot/config-") or b"").decode()
+
+
+def input_config(debian_config: str, tree: Path) -> str:
+    """The config both builds start from: Debian's, trimmed, the series' symbols on."""
+    trimmed = kbuild.trimmed_config(debian_config, kbuild.platform_symbols(tree))
+    return trimmed + "".join(f"CONFIG_{name}=y\n" for name in SERIES_SYMBOLS)
+
+
+def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.BuiltKernel:
+    """The built kernel of a `:tk` or `:kpatch` spec (and the unpatched one beside it)."""
+    deb = debian_kernel_deb(debs)
+    version = debian_version(deb)
+    tree = ksource.pristine_tree(spec.suite, version, progress)
+    wanted = input_config(debian_config_text(deb), tree)
+    base = kbuild.build_kernel(tree, wanted, version, "", progress)
+    result = base
+    if spec.info.build == "kpatch":
+        patches = ksource.series_files(series_dir(spec.suite))
+        patched = ksource.patched_tree(tree, patches, progress)
+        result = kbuild.build_kernel(
+            patched, wanted, version, ksource.series_hash(patches), progress, seed=base.directory
+        )
+        _check_series_on(result)
+    kbuild.enforce_cap(ksource.source_root(), [base.directory, result.directory], progress)
+    return result
+
+
+def _check_series_on(kernel: kbuild.BuiltKernel) -> None:
+    """One line if the patched build's config lost the series' symbols."""
+    lines = set((kernel.directory / ".config").read_text().splitlines())
+    lost = [name for name in SERIES_SYMBOLS if f"CONFIG_{name}=y" not in lines]
+    if lost:
+        raise TracekitError(
+            f"the patched kernel's config has no {', '.join(lost)}: the series did not add "
+            "its Kconfig symbol (check reproducer/kpatch/ against this source)"
+        )
+
+
+def kernel_files(kernel: kbuild.BuiltKernel) -> KernelFiles:
+    """The build as the image builder takes a kernel: every module is built in."""
+    modules = kernel.directory / "tracekit-modules" / kernel.release
+    (modules / "kernel").mkdir(parents=True, exist_ok=True)
+    (modules / "modules.builtin").write_bytes((kernel.directory / "modules.builtin").read_bytes())
+    return KernelFiles(kernel.image, kernel.release, modules, kernel.directory / ".config")
