@@ -107,6 +107,11 @@ def register_vhost_check(config: str, name: str, script: str) -> None:
     _CHECKS[config][name] = script
 
 
+def registered_checks(config: str) -> tuple[str, ...]:
+    """The names of the checks registered so far for `config`'s boot."""
+    return tuple(_CHECKS[config])
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One batched check's outcome inside the emulated host."""
