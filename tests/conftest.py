@@ -42,9 +42,29 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         timeout_s=1500,
     ),
     # Cortex-A53 has 8-bit VMIDs: a VMID rollover takes ~255 VMs. With the ground-truth
-    # plugin (tests/test_vhost_groundtruth.py): every TLBI of the boot is logged.
+    # plugin (tests/test_vhost_groundtruth.py): every TLBI of the boot is logged. Under
+    # the null simulated mechanism (tests/test_simulate_vhost.py): the plugin runs its
+    # simulation callbacks and injects nothing; every bundle is labelled null@hash.
     "nvhe-a53": VhostConfig(
-        kvm_mode="nvhe", cpu_model="cortex-a53", smp=2, timeout_s=900, ground_truth=True
+        kvm_mode="nvhe",
+        cpu_model="cortex-a53",
+        smp=2,
+        timeout_s=900,
+        ground_truth=True,
+        simulate="null",
+    ),
+    # Issue 18 end to end (tests/test_simulate_vhost.py): the main case's host on trixie
+    # 6.12 (its hotplug runs a local TLBI ALLE1 on the re-plugged CPU) with the brief's
+    # model injected by the ground-truth plugin; three short collects.
+    "nvhe-a76-sim": VhostConfig(
+        kernel="trixie",
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=4,
+        clusters=2,
+        append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
+        timeout_s=2400,
+        simulate="brief-literal",
     ),
     # Both load the ground-truth plugin too (VHE and 6.12 facts, tests/test_vhost_groundtruth.py).
     "vhe-max": VhostConfig(
@@ -102,6 +122,11 @@ def register_vhost_check(config: str, name: str, script: str, late: bool = False
 def _in_order(checks: dict[str, str]) -> dict[str, str]:
     """The checks in the order they run: registration order, late ones last."""
     return dict(sorted(checks.items(), key=lambda item: item[0] in _LATE))
+
+
+def registered_checks(config: str) -> tuple[str, ...]:
+    """The names of the checks registered so far for `config`'s boot."""
+    return tuple(_CHECKS[config])
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,7 @@ def test_json_plan_and_defaults(tmp_path: Path) -> None:
         "after_guest": "none",
         "placement": "default",
         "scenario": "main",
+        "simulate": None,
     }
     assert cell.cell_id == "001"
 

@@ -115,7 +115,7 @@ def test_guest_note_reads_back(build: Path, name: str) -> None:
     assert guest.segments[0][0] == RAM_BASE
     assert guest.registers == ("x0:vcpu", "x4:vcpus")
     assert guest.description
-    assert (guest.preset, guest.revision, guest.knob_layout) == (name, "2", KNOB_LAYOUT)
+    assert (guest.preset, guest.revision, guest.knob_layout) == (name, "3", KNOB_LAYOUT)
 
 
 def test_markers_are_distinct_per_variant(build: Path) -> None:
@@ -324,7 +324,7 @@ def test_old_guest_reads_revision_unknown(build: Path, tmp_path: Path) -> None:
     """A guest whose note has no revision and no knob layout reads as an old guest."""
 
     def edit(data: bytearray) -> None:
-        replace_once(data, b"\nrevision=2\n", b"\nxevision=2\n")
+        replace_once(data, b"\nrevision=3\n", b"\nxevision=3\n")
         replace_once(data, b"\nknobs=1\n", b"\nxnobs=1\n")
 
     old = read_variant(patched_copy(build / "guests" / "mmu-on.elf", tmp_path / "mmu-on.elf", edit))
@@ -380,7 +380,7 @@ def test_vmm_writes_the_block_python_packs(
     values |= {name: parse_knob(name, text) for name, text in knobs.items()}
     assert out.read_bytes() == pack_knob_block(values, base.marker, ram_mb, int(run["cntfrq_hz"]))
     assert {name: run[name] for name in KNOBS} == {n: format_knob(n, v) for n, v in values.items()}
-    assert (run["preset"], run["revision"], run["knobs"]) == (preset, "2", "1")
+    assert (run["preset"], run["revision"], run["knobs"]) == (preset, "3", "1")
     assert run["knobs_set"] == (",".join(knobs) or "none")
     assert run["marker"] == f"{base.marker:#018x}" and run["backing"] == "default"
 

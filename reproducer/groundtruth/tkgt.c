@@ -13,7 +13,8 @@
  * silently, and the header says how many. At exit the markers move up behind the other
  * records and the file is cut after them.
  *
- * Arguments: out=FILE (required), limit=N (records, default 16777216 = 512 MiB).
+ * Arguments: out=FILE (required), limit=N (records, default 16777216 = 512 MiB),
+ * sim=MODEL simlog=FILE (both or neither: a simulated mechanism, tksim.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 #include <qemu-plugin.h>
 
 #include "tkgt.h"
+#include "tksim.h"
 
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
@@ -43,8 +45,9 @@ struct site {
 	uint64_t vaddr;
 	uint64_t haddr;
 	uint32_t insn;
-	uint8_t kind;
+	uint8_t kind;	/* 0: not logged (only the simulation wants it) */
 	uint8_t flags;
+	uint8_t sim;	/* enum tksim_role */
 };
 
 /*
@@ -92,9 +95,21 @@ static struct site *intern_site(const struct site *want)
 	return found;
 }
 
+static void log_record(unsigned int vcpu, const struct site *site);
+
 static void on_exec(unsigned int vcpu, void *udata)
 {
 	const struct site *site = udata;
+
+	/* The simulation's delay comes after the record: the log keeps the DSB's start. */
+	if (site->kind)
+		log_record(vcpu, site);
+	if (site->sim)
+		tksim_exec(vcpu, site->sim, site->vaddr);
+}
+
+static void log_record(unsigned int vcpu, const struct site *site)
+{
 	struct timespec now;
 	uint64_t slot;
 	struct tkgt_record *rec;
@@ -139,9 +154,12 @@ static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 		if (qemu_plugin_insn_size(insn) != 4)
 			continue;
 		memcpy(&word, qemu_plugin_insn_data(insn), 4);
-		if (!tkgt_classify(word, &want.kind, &want.flags))
-			continue;
 		want.vaddr = qemu_plugin_insn_vaddr(insn);
+		if (!tkgt_classify(word, &want.kind, &want.flags))
+			want.kind = want.flags = 0;
+		want.sim = tksim_role(word, want.vaddr, want.kind, want.flags);
+		if (!want.kind && !want.sim)
+			continue;
 		want.haddr = (uint64_t)(uintptr_t)qemu_plugin_insn_haddr(insn);
 		want.insn = word;
 		struct site *site = intern_site(&want);
@@ -167,6 +185,7 @@ static void at_exit(qemu_plugin_id_t id, void *udata)
 	/* The markers' slots move up behind the other records: the file has no hole. */
 	memmove(&records[kept], &records[regular], marks * sizeof(struct tkgt_record));
 	kept += marks;
+	tksim_finish();
 	header->complete = 1;
 	msync(header, map_size, MS_SYNC);
 	munmap(header, map_size);
@@ -204,7 +223,7 @@ static int open_log(const char *path, uint64_t limit)
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
 					   char **argv)
 {
-	const char *out = NULL;
+	const char *out = NULL, *sim = NULL, *simlog = NULL;
 	uint64_t limit = TKGT_DEFAULT_LIMIT;
 	int i;
 
@@ -215,6 +234,10 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 	for (i = 0; i < argc; i++) {
 		if (strncmp(argv[i], "out=", 4) == 0) {
 			out = argv[i] + 4;
+		} else if (strncmp(argv[i], "sim=", 4) == 0) {
+			sim = argv[i] + 4;
+		} else if (strncmp(argv[i], "simlog=", 7) == 0) {
+			simlog = argv[i] + 7;
 		} else if (strncmp(argv[i], "limit=", 6) == 0) {
 			char *end;
 
@@ -225,7 +248,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 				return -1;
 			}
 		} else {
-			fprintf(stderr, "tkgt: unknown argument %s (want out=FILE, limit=N)\n", argv[i]);
+			fprintf(stderr, "tkgt: unknown argument %s (want out=FILE, limit=N, sim=MODEL, simlog=FILE)\n", argv[i]);
 			return -1;
 		}
 	}
@@ -233,9 +256,17 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 		fprintf(stderr, "tkgt: out=FILE is required\n");
 		return -1;
 	}
+	if (!sim != !simlog) {
+		fprintf(stderr, "tkgt: sim=MODEL and simlog=FILE go together\n");
+		return -1;
+	}
 	if (open_log(out, limit))
 		return -1;
 	header->vcpus = (uint32_t)info->system.max_vcpus;
+	/* qemu-user reports no vCPU bound: its threads are vCPUs, numbered from 0. */
+	if (sim && tksim_load(sim, simlog, info->system_emulation ? header->vcpus : TKSIM_MAX_VCPUS,
+			      info->system_emulation) < 0)
+		return -1;
 	qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
 	qemu_plugin_register_atexit_cb(id, at_exit, NULL);
 	return 0;

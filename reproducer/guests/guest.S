@@ -73,6 +73,10 @@
 	msr	sctlr_el1, x9		/* one write: one trap at most */
 	isb
 	mrs	x23, sctlr_el1
+	/* tracekit's MMU-on marker (HINT #0x76, unallocated: a NOP on hardware), for a
+	 * simulated mechanism (docs/simulate.md): QEMU 7.2's plugins cannot read the SCTLR
+	 * value just written, this says the MMU went on. Since guest revision 3. */
+	hint	#0x76
 
 	setway_when SETWAY_AFTER
 

@@ -16,7 +16,7 @@
 /* Revision of the guest code and presets: bump when what any preset does changes, so
  * a bundle of the new guest never pools with one of an older guest of the same name.
  * Guests built before knobs carry no revision ("unknown"); those were revision 1. */
-#define GUEST_REVISION		2
+#define GUEST_REVISION		3	/* 3: HINT #0x76 after the MMU went on */
 #define KNOB_BASE		0x40010000	/* RAM + 64 KiB: the block, a page of its own */
 #define KNOB_MAGIC		0x424f4e4b4b54	/* "TKKNOB" in little-endian bytes */
 #define KNOB_WORDS		32

@@ -86,6 +86,7 @@ FIELD_LABELS = {
     "host": "host",
     "freshness": "host freshness",
     "protocol": "runs",
+    "simulated": "simulated effect",
 }
 
 # What a label shows when no field varies (the table's note lists the rest).
@@ -120,6 +121,10 @@ class Condition:
     host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
     freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
     protocol: str = field(default_factory=Unknown)  # run length @ cyclictest interval
+    # The simulated mechanism's name@hash, or "none": a bundle recorded before simulations
+    # existed was not simulated, so a missing field is "none", not unknown. Simulated
+    # bundles never share a condition, so never pool, with real ones.
+    simulated: str = "none"
 
     @property
     def stage1(self) -> str:
@@ -167,7 +172,14 @@ def bundle_condition(manifest: Manifest) -> Condition:
         host=host_kind(manifest),
         freshness=_known((manifest.host.get("freshness") or {}).get("state")),
         protocol=protocol(manifest),
+        simulated=simulated_label(manifest),
     )
+
+
+def simulated_label(manifest: Manifest) -> str:
+    """The model a simulated bundle ran under (name@hash), or "none"."""
+    simulated = manifest.host.get("simulated") or {}
+    return str(simulated.get("label") or "none")
 
 
 def _known(value: Any) -> str:

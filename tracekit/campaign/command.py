@@ -90,7 +90,10 @@ def vhost_settings(cell: Cell, plan: Plan) -> dict[str, Any]:
         "memory_mb": int(plan.vhost.get("memory", 2048)),
         "timeout_s": float(plan.vhost.get("timeout", 3600)),
         "append": " ".join(part for part in (isolation_args(placement.rt_cpu), extra) if part),
-        "ground_truth": bool(plan.vhost.get("ground_truth", False)),
+        # A simulated mechanism is applied by the plugin, so its cells load it.
+        "ground_truth": bool(plan.vhost.get("ground_truth", False))
+        or bool(cell.axes.get("simulate")),
+        "simulate": cell.axes.get("simulate"),
     }
     return settings
 
@@ -125,6 +128,11 @@ def check_board_plan(plan: Plan) -> None:
                 f"plan {plan.source}: [matrix] {axis} has several values, but a board runs "
                 "the kernel and CPU it booted; run one campaign per board setup"
             )
+    if plan.matrix["simulate"] != [None]:
+        raise TracekitError(
+            f"plan {plan.source}: [matrix] simulate is for the emulated host only: a board "
+            "runs its own mechanism; leave simulate out"
+        )
 
 
 def describe(argv: list[str]) -> str:

@@ -15,7 +15,8 @@ names the key and what is allowed, before anything is built or booted.
     [collect]                # `tracekit collect` options, by their long names
     runs = 4
     [vhost]                  # the emulated host: smp, clusters, memory, timeout, append,
-                             # ground_truth (every cell's boot with the TCG plugin)
+                             # ground_truth (every cell's boot with the TCG plugin);
+                             # [matrix] simulate = ["brief-literal", "null"]: per cell
     smp = 4
     [design]                 # factors over guest knobs and options (campaign/design.py)
     kind = "full"
@@ -47,6 +48,9 @@ AXES: dict[str, Any] = {
     "after_guest": "none",
     "placement": "default",
     "scenario": "main",
+    # A simulated mechanism (docs/simulate.md) per cell: a shipped model's name or a
+    # .toml path; None runs the machine as it is. Emulated host only.
+    "simulate": None,
 }
 
 AFTER_GUEST_ACTIONS = (  # as host/protocol.py
@@ -145,9 +149,11 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON data (recorded in campaign.json, hashed for resume)."""
+        # An unused simulate axis is left out: plans written before it hash as they did.
+        matrix = {k: v for k, v in self.matrix.items() if k != "simulate" or v != [None]}
         return (
             {
-                "matrix": self.matrix,
+                "matrix": matrix,
                 "placements": {name: vars(p) for name, p in self.placements.items()},
                 "collect": self.collect,
                 "vhost": self.vhost,
@@ -297,6 +303,18 @@ def _design(source: str, data: dict[str, Any], collect: dict[str, Any]) -> Desig
     return design
 
 
+def _check_models(plan: Plan) -> None:
+    """Every simulate value must be a model that loads (its mistakes, one line each)."""
+    from tracekit.simulate.model import load_model
+
+    for spec in plan.matrix["simulate"]:
+        if spec is not None:
+            try:
+                load_model(spec)
+            except TracekitError as err:
+                raise _fail(plan.source, f"[matrix] simulate: {err}") from None
+
+
 def _check_values(plan: Plan) -> None:
     """Axis values must name things that exist (kernels, modes, models, scenarios...)."""
     from tracekit.host.protocol import SCENARIOS
@@ -318,6 +336,7 @@ def _check_values(plan: Plan) -> None:
                     plan.source,
                     f"[matrix] {axis} {value!r} is unknown; use one of: {', '.join(allowed)}",
                 )
+    _check_models(plan)
     for kernel in plan.matrix["kernel"]:
         try:
             spec = parse_kernel_spec(kernel)

@@ -70,6 +70,7 @@ def _register() -> None:
         ingest,
         perfetto,
         report,
+        simulate,
         symbols,
         verify,
         vhost,
@@ -81,6 +82,7 @@ def _register() -> None:
     main.add_command(cleanup.cleanup)
     ingest.register(main)
     main.add_command(perfetto.perfetto)
+    main.add_command(simulate.simulate)
     main.add_command(symbols.symbols)
     main.add_command(report.report)
     main.add_command(verify.verify)

@@ -136,6 +136,12 @@ def kernels(refresh: bool) -> None:
     is_flag=True,
     help="Load the TCG plugin: every TLBI, DSB, IC IALLU(IS) logged into --out.",
 )
+@click.option(
+    "--simulate",
+    metavar="MODEL",
+    help="Inject a simulated mechanism (a shipped model's name or a .toml file; "
+    "docs/simulate.md); implies --ground-truth.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     kvm_mode: str,
@@ -149,6 +155,7 @@ def run(
     share: Path | None,
     out: Path,
     ground_truth: bool,
+    simulate: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Boot the emulated host and run COMMAND as root in it; exit with its status.
@@ -171,6 +178,7 @@ def run(
         share=share,
         out=out,
         ground_truth=ground_truth,
+        simulate=simulate,
     )
     result = run_vhost(config, list(command), progress=_progress)
     booted = "" if result.boot_s is None else f"; booted in {result.boot_s:g} s"

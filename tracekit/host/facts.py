@@ -46,6 +46,9 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     # Cells of one boot share its state (the effect lasts until reboot): the campaign
     # analysis counts them as one boot, so each bundle says which boot it was.
     facts["boot_id"] = read_boot_id()
+    simulated = simulated_model(facts["emulated"])
+    if simulated:
+        facts["simulated"] = simulated
     facts["tools"] = {
         "cyclictest": toolbox.tool_version([tools.cyclictest, "--help"]),
         "stress-ng": toolbox.tool_version([tools.stress_ng, "--version"]),
@@ -66,6 +69,24 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     return facts
 
 
+def simulated_model(emulated: bool) -> dict[str, str] | None:
+    """The simulated mechanism `tracekit vhost run --simulate` injected (name, hash), if any.
+
+    Only an emulated host can carry one: the variable on a board is refused, never
+    recorded (a board's bundle must never claim a model).
+    """
+    label = os.environ.get("TRACEKIT_SIMULATED")
+    if not label:
+        return None
+    if not emulated or os.environ.get("TRACEKIT_VHOST") != "1":
+        raise TracekitError(
+            "TRACEKIT_SIMULATED is set on a host that is not tracekit's emulated one: "
+            "a simulated mechanism exists only there; unset it"
+        )
+    name, _, digest = label.partition("@")
+    return {"model": name, "hash": digest, "label": label}
+
+
 def describe_host(facts: dict[str, Any]) -> list[str]:
     """The preflight lines printed before a collection starts."""
     cores = sorted({core["name"] for core in facts["cpus"]})
@@ -84,6 +105,11 @@ def describe_host(facts: dict[str, Any]) -> list[str]:
     if facts["emulated"]:
         lines.append(
             f"host: EMULATED ({facts['emulation']['kind']}): timings are not hardware timings"
+        )
+    if facts.get("simulated"):
+        lines.append(
+            f"host: SIMULATED EFFECT ({facts['simulated']['label']}): a modelled mechanism "
+            "injected by the TCG plugin, not the hardware's"
         )
     return lines
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from tracekit.analysis.conditions import simulated_label
 from tracekit.analysis.wakeup import sleep_due_times
 from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
@@ -32,6 +33,7 @@ from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
 from tracekit.perfetto.tracks import TrackWriter, write_spans
 from tracekit.progress import Steps
+from tracekit.simulate.model import SIMULATED_NOTE
 
 EMULATED = "emulated host: its timings are not hardware timings"
 # A trace may start before its run (the instance is armed first) and end after it.
@@ -106,6 +108,9 @@ def export_bundle(
     title = "tracekit"
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
+    simulated = simulated_label(manifest)
+    if simulated != "none":
+        title += f" (SIMULATED EFFECT {simulated})"
     result = export_parts(
         job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title, progress
     )
@@ -113,6 +118,8 @@ def export_bundle(
     notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]
     if manifest.host.get("emulated"):
         notes.append(f"the bundle was recorded on an {EMULATED}")
+    if simulated != "none":
+        notes.append(f"SIMULATED EFFECT {simulated}: {SIMULATED_NOTE}")
     return result, notes
 
 

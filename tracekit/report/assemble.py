@@ -28,6 +28,7 @@ from tracekit.report.sections import (
     decision,
     factorial,
     groundtruth,
+    predictions,
     teardown,
     tlbi,
     vm,
@@ -42,6 +43,7 @@ INTERNAL_ERROR = "internal error"
 SECTION_BUILDERS: list[SectionBuilder] = [
     beforeafter.section,
     decision.section,
+    predictions.section,
     factorial.section,
     vmidprep.section,
     wakeup.section,

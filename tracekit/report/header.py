@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tracekit.analysis.conditions import guest_variant
+from tracekit.analysis.conditions import guest_variant, simulated_label
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -111,6 +111,19 @@ def controls_line(bundles: list[BundleData]) -> str:
     return line
 
 
+def simulated_warnings(bundles: list[BundleData]) -> list[str]:
+    """SIMULATED EFFECT with the models, when any bundle ran under one (beside EMULATED)."""
+    labels = sorted({simulated_label(b.manifest) for b in bundles} - {"none"})
+    if not labels:
+        return []
+    real = sum(simulated_label(b.manifest) == "none" for b in bundles)
+    mixed = f"; {real} bundle(s) not simulated, never pooled with them" if real else ""
+    return [
+        f"SIMULATED EFFECT ({', '.join(labels)}): an injected mechanism, not a measured "
+        f"one; it tests tracekit's inference, never the hardware{mixed}."
+    ]
+
+
 def header_lines(bundles: list[BundleData]) -> list[str]:
     """The setup: the bundle, host and protocol (several bundles: one line each), controls."""
     if len(bundles) == 1:
@@ -198,6 +211,7 @@ def damage_warnings(bundles: list[BundleData]) -> list[str]:
 # with its model, right after EMULATED HOST) is one function and one entry here.
 WARNINGS: list[Callable[[list[BundleData]], list[str]]] = [
     emulated_warnings,
+    simulated_warnings,
     incomplete_warnings,
     damage_warnings,
 ]

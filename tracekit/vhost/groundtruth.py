@@ -9,6 +9,7 @@ apt is never touched), cut out of the upstream tarball and cached under
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -177,11 +178,22 @@ def fetch_header(version: QemuVersion, progress: Progress) -> Path:
     return cached
 
 
+def plugin_sources_digest() -> str:
+    """sha256 (12 hex digits) of the plugin's sources in this checkout."""
+    digest = hashlib.sha256()
+    for path in sorted(plugin_source_dir().iterdir()):
+        if path.is_file() and (path.suffix in (".c", ".h") or path.name == "Makefile"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def build_plugin(progress: Progress, version: QemuVersion | None = None) -> Path:
     """The plugin for the installed QEMU, (re)built by make when its sources changed."""
     version = version or installed_qemu()
     header = fetch_header(version, progress)
-    out = header_dir(version) / "build"
+    # Keyed by the sources too: checkouts of different plugin sources (worktrees, a
+    # snapshot) never overwrite or reuse each other's build.
+    out = header_dir(version) / f"build-{plugin_sources_digest()}"
     if shutil.which("make") is None or shutil.which("gcc") is None:
         raise TracekitError(
             "the ground-truth plugin needs make and gcc (`apt-get install build-essential`)"
@@ -205,9 +217,14 @@ def build_plugin(progress: Progress, version: QemuVersion | None = None) -> Path
     return out / PLUGIN
 
 
-def plugin_argv(plugin: Path, log: Path, limit: int = DEFAULT_LIMIT) -> list[str]:
-    """QEMU's -plugin option loading the plugin with its log file and bound."""
-    for path in (plugin, log):
+def plugin_argv(
+    plugin: Path, log: Path, limit: int = DEFAULT_LIMIT, sim: tuple[Path, Path] | None = None
+) -> list[str]:
+    """QEMU's -plugin option loading the plugin with its log file and bound, and with a
+    simulated mechanism's plugin form and log when `sim` is (form, log)."""
+    paths = (plugin, log, *(sim or ()))
+    for path in paths:
         if "," in str(path):
             raise TracekitError(f"{path}: QEMU's -plugin option cannot take a path with a comma")
-    return ["-plugin", f"file={plugin},out={log},limit={limit}"]
+    extra = f",sim={sim[0]},simlog={sim[1]}" if sim else ""
+    return ["-plugin", f"file={plugin},out={log},limit={limit}{extra}"]

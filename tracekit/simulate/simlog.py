@@ -1,0 +1,106 @@
+"""The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
+
+Lines: `tksim-log 1`, `model NAME HASH`, `clock ID`, then events (`create TS VCPU DOSE
+VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU CLEARED VADDR`, TS the QEMU
+host's CLOCK_MONOTONIC in ns), then at QEMU's exit one `vcpu V key value...` line per
+vCPU and `complete 1`. Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+SIM_LOG = "vhost-simulate.txt"  # in vhost run's --out, beside the ground-truth log
+SIM_MODEL = "vhost-simulate-model.txt"  # the plugin form the plugin read
+EVENTS = ("create", "clear-local", "clear-all")
+VCPU_KEYS = (
+    "creates",
+    "clears",
+    "delayed",
+    "injected_ns",
+    "actual_ns",
+    "spans",
+    "span_ns",
+    "waited_spans",
+    "waited_ns",
+    "dose",
+)
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """A state change: created (value: the CPU's dose after it) or cleared (CPUs cleared)."""
+
+    kind: str
+    ts_ns: int
+    vcpu: int
+    value: int
+    vaddr: int
+
+
+@dataclass
+class SimLog:
+    """The whole log: the model it ran, its events and the per-vCPU totals."""
+
+    model: str  # name@hash
+    events: list[SimEvent] = field(default_factory=list)
+    vcpus: dict[int, dict[str, int]] = field(default_factory=dict)
+    complete: bool = False
+
+    def total(self, key: str) -> int:
+        """A per-vCPU total summed over every vCPU."""
+        return sum(v[key] for v in self.vcpus.values())
+
+    def summary(self) -> str:
+        """One line: what was created, cleared, injected, and where it landed."""
+        if not self.complete:
+            return f"simulation {self.model}: log NOT complete (QEMU did not exit normally)"
+        landed = ", ".join(
+            f"vCPU {v}: {c['delayed']} delays, {c['actual_ns'] / 1e6:.1f} ms"
+            f" (asked {c['injected_ns'] / 1e6:.1f}), waited {c['waited_ns'] / 1e6:.1f} ms"
+            for v, c in sorted(self.vcpus.items())
+        )
+        return (
+            f"simulation {self.model}: {self.total('creates')} creates,"
+            f" {self.total('clears')} clears; {landed}"
+        )
+
+
+def _event(words: list[str], origin: str) -> SimEvent:
+    """One event line."""
+    try:
+        return SimEvent(words[0], int(words[1]), int(words[2]), int(words[3]), int(words[4], 16))
+    except (IndexError, ValueError):
+        raise TracekitError(f"{origin}: bad event line {' '.join(words)!r}") from None
+
+
+def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
+    """A SimLog from the log's text; one clear line if it is not one."""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2 or lines[0] != ["tksim-log", "1"] or lines[1][0] != "model":
+        raise TracekitError(f"{origin}: not a simulation log of format 1 (tksim.c)")
+    log = SimLog(model="@".join(lines[1][1:3]))
+    for words in lines[2:]:
+        if words[0] in EVENTS:
+            log.events.append(_event(words, origin))
+        elif words[0] == "vcpu":
+            pairs = dict(zip(words[2::2], words[3::2], strict=False))
+            if set(pairs) != set(VCPU_KEYS):
+                raise TracekitError(f"{origin}: bad vcpu line {' '.join(words)!r}")
+            log.vcpus[int(words[1])] = {k: int(v) for k, v in pairs.items()}
+        elif words == ["complete", "1"]:
+            log.complete = True
+        elif words[0] != "clock":
+            raise TracekitError(f"{origin}: unknown line {' '.join(words)!r}")
+    return log
+
+
+def read_sim_log(path: Path) -> SimLog:
+    """The simulation log at `path`."""
+    try:
+        return parse_sim_log(path.read_text(), str(path))
+    except OSError as exc:
+        raise TracekitError(f"cannot read {path}: {exc.strerror}") from None
