@@ -92,14 +92,22 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
 }
 
 
+# Markers whose tests run only when `-m` names them: too long for every CI run.
+OPT_IN = {
+    "kbuild": "needs tracekit's kernel build: select with -m kbuild",
+    "simboot": "the simulated-mechanism boot (~20 min): select with -m simboot",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """kbuild tests (Debian's kernel source, a long cross build) run only when selected."""
-    if "kbuild" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="needs tracekit's kernel build: select with -m kbuild")
-    for item in items:
-        if "kbuild" in item.keywords:
-            item.add_marker(skip)
+    """Opt-in tests (OPT_IN) are skipped unless `-m` selects their marker."""
+    chosen = config.getoption("-m") or ""
+    for marker, reason in OPT_IN.items():
+        if marker in chosen:
+            continue
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}

@@ -67,6 +67,7 @@ def cells(vhost_boot) -> dict[str, BundleData]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
     """The manifest names the model and its hash; the report's first lines say both."""
     label = load_model(MODEL).label
@@ -81,6 +82,7 @@ def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, BundleData]) -> None:
     """Created only by the MMU-on guests' SCTLR_EL1 writes on the guest CPU, cleared by
     the 6.12 hotplug's local ALLE1 there (re-counted in the ground truth), and every
@@ -100,6 +102,7 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 @pytest.mark.xfail(
     reason="first boot (session 7): cyclictest p99.9 was 14-140 ms per run on this loaded "
     "machine, and the cost lands on the CPUs issuing broadcasts, not the rt CPU: no "
@@ -126,6 +129,7 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_probe_increase_is_the_delay_times_the_completions(
     cells: dict[str, BundleData],
 ) -> None:
