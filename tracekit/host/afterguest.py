@@ -25,7 +25,9 @@
 - tlbi:OP@TARGET (a kernel with reproducer/kpatch/): issue one EL2 invalidation through
   the series' debugfs interface: a local TLBI ALLE1 on the CPU that ran the guest, the
   same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
-  guest's VMID (the one --vmid gave it), with stage 2 disabled while issued.
+  guest's VMID (the one --vmid gave it), with stage 2 disabled while issued, from that
+  control CPU too (a broadcast: the same invalidation reaches the guest's CPU, without
+  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive).
 """
 
 from __future__ import annotations
