@@ -108,6 +108,14 @@ def test_preflight_protected_mode_and_no_switch() -> None:
     assert (found.teardown_flush, found.teardown_flushes) == (None, None)
 
 
+def test_preflight_says_the_switch_is_inactive_outside_nvhe() -> None:
+    """Review of 20, #14: with VHE the series accepts only off and says so; the state keeps it."""
+    found = parse_kpatch(OP_TEXT.replace("nvhe", "vhe"), "[off] alle1is last-ran (inactive: vhe)\n")
+    assert found.teardown_flush == "off (inactive: vhe)"
+    nvhe = parse_kpatch(OP_TEXT, "[off] alle1is last-ran\nflushes: 0\n")
+    assert nvhe.teardown_flush == "off"
+
+
 def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:
     """A bundle whose preflight found the series says so, with the teardown switch."""
     from report_bundles import edit_manifest, make_bundle
