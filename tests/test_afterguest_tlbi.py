@@ -16,7 +16,7 @@ from tracekit.campaign.plan import AFTER_GUEST_ACTIONS as PLAN_ACTIONS
 from tracekit.errors import TracekitError
 from tracekit.host.afterguest import TLBI_ACTIONS, issue_maint, tlbi_request
 from tracekit.host.preflight import check_kpatch_for, parse_kpatch, read_kpatch
-from tracekit.host.protocol import AFTER_GUEST_ACTIONS, SCENARIOS, Roles, plan_runs
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS, SCENARIOS, Roles, plan_runs, tlbi_cpu
 
 ROLES = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
 OP_TEXT = (
@@ -32,6 +32,16 @@ def test_requests_name_the_operation_cpu_and_vmid() -> None:
     assert tlbi_request("tlbi:vmalls12e1is@vmid", 1, 7) == "vmalls12e1is 1 7 0"
     with pytest.raises(TracekitError, match="give --vmid N"):
         tlbi_request("tlbi:vmalls12e1is@vmid", 1, None)
+
+
+def test_vmid_broadcast_is_issued_from_a_control_cpu() -> None:
+    """Review of 20, #9: only alle1@guest-cpu runs on the guest's CPU (6.1's EL2 init off it)."""
+    assert tlbi_cpu("tlbi:alle1@guest-cpu", ROLES) == 1
+    assert tlbi_cpu("tlbi:alle1@other-cpu", ROLES) == 0
+    assert tlbi_cpu("tlbi:vmalls12e1is@vmid", ROLES) == 0
+    busy = Roles(rt_cpu=3, stress_cpus=(1,), guest_cpus=(1,))
+    with pytest.raises(TracekitError, match="tlbi:vmalls12e1is@vmid act on a stress CPU"):
+        plan_runs(SCENARIOS["main"], busy, 1, 0, "tlbi:vmalls12e1is@vmid", vmid=5)
 
 
 def test_campaign_and_collect_offer_the_same_actions() -> None:
@@ -57,7 +67,7 @@ def test_plan_refuses_what_an_action_lacks() -> None:
     with pytest.raises(TracekitError, match="give --vmid N"):
         plan_runs(SCENARIOS["main"], ROLES, 1, 0, "tlbi:vmalls12e1is@vmid")
     busy = Roles(rt_cpu=3, stress_cpus=(1,), guest_cpus=(1,))
-    with pytest.raises(TracekitError, match="tlbi:alle1@other-cpu act on a stress CPU"):
+    with pytest.raises(TracekitError, match="tlbi:alle1@other-cpu and tlbi:vmalls12e1is@vmid act"):
         plan_runs(SCENARIOS["main"], busy, 1, 0, "tlbi:alle1@other-cpu")
 
 
@@ -96,6 +106,14 @@ def test_preflight_protected_mode_and_no_switch() -> None:
     found = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
     assert found.mode == "protected (refused)"
     assert (found.teardown_flush, found.teardown_flushes) == (None, None)
+
+
+def test_preflight_says_the_switch_is_inactive_outside_nvhe() -> None:
+    """Review of 20, #14: with VHE the series accepts only off and says so; the state keeps it."""
+    found = parse_kpatch(OP_TEXT.replace("nvhe", "vhe"), "[off] alle1is last-ran (inactive: vhe)\n")
+    assert found.teardown_flush == "off (inactive: vhe)"
+    nvhe = parse_kpatch(OP_TEXT, "[off] alle1is last-ran\nflushes: 0\n")
+    assert nvhe.teardown_flush == "off"
 
 
 def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:

@@ -22,7 +22,9 @@ from tracekit.analysis.conditions import (
     varying_fields,
 )
 from tracekit.analysis.decision import RULES, ConditionEffect, conclusions
+from tracekit.analysis.gtsignatures import packaged_signatures
 from tracekit.bundle import Manifest
+from tracekit.host import afterguest
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.sections.decision import _where, section
 
@@ -268,6 +270,31 @@ def test_implications_claim_only_what_their_contrast_shows() -> None:
     assert _where(found)[0].startswith("What the settled rules above imply, each no more: ")
     mmu = said[("variant", "mmu-off", ABSENT)]
     assert "VM-register writes" in mmu and "stage-2 flush" in mmu
+
+
+def _init_operations(kernel: str, step: str) -> str:
+    """The signatures' ___kvm_hyp_init operations for (kernel, nVHE, step), joined by 'and'."""
+    sig = next(
+        s
+        for s in packaged_signatures().entries
+        if (s.kernel, s.kvm_mode, s.step) == (kernel, "nvhe", step)
+    )
+    ops = [e.operation.removeprefix("TLBI ") for e in sig.expect if e.function == "___kvm_hyp_init"]
+    return " and ".join(ops)
+
+
+def test_el2_init_texts_agree_with_the_signatures_per_kernel() -> None:
+    """Review of 20, #25: 6.1's VM creation runs ALLE2 + VMALLS12E1, 6.12's replug ALLE2 + ALLE1."""
+    said = {(r.field, r.a, r.b, r.b_verdict): r.implies for r in RULES}
+    assert _init_operations("6.1", "create") == "ALLE2 and VMALLS12E1"
+    assert _init_operations("6.12", "hotplug") == "ALLE2 and ALLE1"
+    rollover = said[("after_guest", "none", "rollover", ABSENT)]
+    assert "on 6.1 (nVHE) the local TLBI ALLE2 and VMALLS12E1 of VMID 0" in rollover
+    assert "ALLE2 and ALLE1" not in rollover
+    hotplug = said[("after_guest", "none", "hotplug", ABSENT)]
+    assert "on 6.12 the EL2 init's local TLBI ALLE2 and ALLE1" in hotplug
+    doc = afterguest.__doc__ or ""
+    assert doc.count("ALLE2 and VMALLS12E1 of VMID 0") == 2 and doc.count(" ALLE1)") == 0
 
 
 def test_rules_name_the_kernel_paths_the_review_found() -> None:

@@ -6,6 +6,8 @@ CPU 1 between two gtmark markers on CPU 0; the plugin must see the named instruc
 once, on CPU 1, in nVHE hyp text, from the series' __kvm_debug_maint. Then one MMU-on VM
 per teardown_flush choice: `off` issues no ALLE1(IS) at EL2 in its window, `alle1is` one
 TLBI ALLE1IS from __kvm_flush_vm_context, `last-ran` one local TLBI ALLE1 on CPU 1.
+Then each refused request (an offline CPU, a VMID too wide, a missing or extra VMID, an
+unknown operation or switch choice) must fail with its errno.
 
 Written before any kpatch kernel was built: it has not run yet.
 """
@@ -34,6 +36,24 @@ OPERATIONS = (
     ("iallu 1", "IC IALLU"),
 )
 POLICIES = ("off", "alle1is", "last-ran")
+# Requests the interface must refuse, and the errno each gets (2 CPUs, VMIDs of 8 or 16
+# bits): none of them reaches EL2, so they run after the windows.
+REFUSED = (
+    ("op", "alle1 2", "ENXIO"),
+    ("op", "vmalls12e1 1 65536", "ERANGE"),
+    ("op", "vmalls12e1 1", "EINVAL"),
+    ("op", "vmalle1 1 5", "EINVAL"),
+    ("op", "bogus 1", "EINVAL"),
+    ("teardown_flush", "bogus", "EINVAL"),
+)
+# One write of argv[2] to argv[1]; prints the errno's name, or "ok" (busybox's and
+# dash's echo do not say which errno a failed write got).
+_WRITE_ERRNO = (
+    'python3 -c "import errno, os, sys\n'
+    "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+    "try:\n    os.write(fd, sys.argv[2].encode() + b'\\n'); print('ok')\n"
+    'except OSError as e:\n    print(errno.errorcode[e.errno])"'
+)
 
 
 def _windowed(name: str, command: str) -> str:
@@ -51,7 +71,9 @@ for _policy in POLICIES:
         "/tracekit/reproducer/build/vmm --cpus 1 /tracekit/reproducer/build/guests/mmu-on.elf"
         f" > vmm-{_policy}.txt",
     )
-_SCRIPT += f"cat {MAINT}/teardown_flush > teardown-read"
+_SCRIPT += f"cat {MAINT}/teardown_flush > teardown-read; echo off > {MAINT}/teardown_flush"
+for _index, (_file, _request, _) in enumerate(REFUSED):
+    _SCRIPT += f"; {_WRITE_ERRNO} {MAINT}/{_file} '{_request}' > refused{_index}"
 register_vhost_check(CONFIG, "kpatch", _SCRIPT)
 
 
@@ -87,3 +109,5 @@ def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
     assert seen["last-ran"]["operation"].to_list() == ["TLBI ALLE1"]
     assert seen["last-ran"]["cpu"].to_list() == [1]
     assert "flushes: 2" in (here / "teardown-read").read_text()
+    for index, (file, request, name) in enumerate(REFUSED):
+        assert (here / f"refused{index}").read_text().strip() == name, (file, request)

@@ -88,9 +88,11 @@ def _rule(
 # - mmu-on vs mmu-off is more than stage 1: without FEAT_FWB the guest's MAIR/TCR/TTBR/
 #   SCTLR writes trap (HCR_EL2.TVM, sys_regs.c access_vm_reg) and, when M and C both go
 #   on, kvm_toggle_cache (mmu.c) flushes the whole stage 2 (stage2_flush_vm).
-# - EL2 init (nVHE): ___kvm_hyp_init (nvhe/hyp-init.S, 6.1 and mainline) issues
-#   `tlbi alle2; tlbi alle1; dsb sy`, local to the CPU that runs it. arm.c's
-#   cpu_hyp_reinit runs it; cpu_hyp_reset puts EL2 back to the stub.
+# - EL2 init (nVHE): ___kvm_hyp_init (nvhe/hyp-init.S), local to the CPU that runs it,
+#   differs per kernel (analysis/gtsignatures.toml): 6.1 issues `tlbi alle2; tlbi
+#   vmalls12e1; dsb sy` with VTTBR_EL2 = 0 (VMID 0; read in 6.1.176's source, seen in
+#   emulation), 6.12 TLBI ALLE2 and ALLE1 (seen in emulation; its source was not read).
+#   arm.c's cpu_hyp_reinit runs it; cpu_hyp_reset puts EL2 back to the stub.
 # - hotplug is PSCI CPU_OFF then CPU_ON, a power cycle of the core (in QEMU a CPU
 #   reset); the secondary boot runs __cpu_setup (arch/arm64/mm/proc.S), which starts
 #   with a local `tlbi vmalle1; dsb nsh` (host EL1&0). What EL2 runs afterwards differs
@@ -117,7 +119,8 @@ _NOT_BY_GUEST_TLBI = (
 _REPLUG = (
     "the power cycle and the boot path (firmware CPU_ON, __cpu_setup's local TLBI"
     " VMALLE1), then in nVHE on 6.12 the EL2 init's local TLBI ALLE2 and ALLE1"
-    " (___kvm_hyp_init), on 6.1 with no VM alive no EL2 invalidation"
+    " (___kvm_hyp_init; that ALLE1 is the brief's clearing operation itself), on 6.1"
+    " with no VM alive no EL2 invalidation"
 )
 # What a local TLBI ALLE1 at EL2 discards, and what the debug interface adds around it.
 _ALLE1_SCOPE = (
@@ -129,8 +132,9 @@ _VMIDS = "2^VMID-bits (255 with 8-bit, 65535 with 16-bit VMIDs)"
 # run_after_guest runs the throwaway VMs one after another: on 6.1 each is created with
 # none alive, so each brings EL2 up again on every CPU (the guest's included).
 _PER_VM_INIT = (
-    "on 6.1 (nVHE) the local TLBI ALLE2 and ALLE1 (___kvm_hyp_init) that every VM"
-    " creation with none alive runs on every CPU, the guest's included"
+    "on 6.1 (nVHE) the local TLBI ALLE2 and VMALLS12E1 of VMID 0 (___kvm_hyp_init; no"
+    " ALLE1) that every VM creation with none alive runs on every CPU, the guest's"
+    " included"
 )
 # The cluster is topology/cluster_id (the DT cpu-map); entails covers placement only.
 _CLUSTER = (

@@ -3,17 +3,19 @@
 - hotplug: take the guest CPUs offline and online again: PSCI CPU_OFF then CPU_ON, a
   power cycle of the core (in QEMU a CPU reset), then the secondary boot path
   (__cpu_setup's local TLBI VMALLE1). EL2 is re-initialised there (nVHE
-  ___kvm_hyp_init: local TLBI ALLE2 and ALLE1) only where virtualisation is enabled:
-  on 6.12 always, on 6.1 only while a VM is alive, so not after the guest has gone.
+  ___kvm_hyp_init) only where virtualisation is enabled: on 6.12 always (local TLBI
+  ALLE2 and ALLE1, as the ground truth shows), on 6.1 only while a VM is alive (local
+  TLBI ALLE2 and VMALLS12E1 of VMID 0), so not after the guest has gone
+  (analysis/gtsignatures.toml has both).
 - rollover: run throwaway MMU-off VMs (which do not create the state) until the VMID
   allocator is seen to roll over, so the stock kernel does its own full invalidation
   (__kvm_flush_vm_context, TLBI ALLE1IS): the same one the proposed fix adds. On 6.1
   (nVHE) each of these VMs, created with none alive, also re-runs the EL2 init on every
-  CPU (local TLBI ALLE2 and ALLE1), and EL2 is reset when it goes: a confound the
-  decision rules name. The VMIDs are read by a kprobe on kvm_arm_vmid_update in a small
-  instance of its own, at entry and, where the kernel can (6.10+), at return: on 6.12 the
-  function runs once per vCPU load, so a throwaway VM's entry shows 0 and only the return
-  shows its VMID.
+  CPU (local TLBI ALLE2 and VMALLS12E1 of VMID 0, not ALLE1: hyp-init.S), and EL2 is
+  reset when it goes: a confound the decision rules name. The VMIDs are read by a kprobe
+  on kvm_arm_vmid_update in a small instance of its own, at entry and, where the kernel
+  can (6.10+), at return: on 6.12 the function runs once per vCPU load, so a throwaway
+  VM's entry shows 0 and only the return shows its VMID.
 - rollover-minus-one: rollover's negative control, the same throwaway VMs one fewer, so
   the VMIDs do not roll over (no TLBI ALLE1IS): the allocator (arch/arm64/kvm/vmid.c,
   6.1 and 6.12) hands out VMIDs in order from its last one (new_vmid, find_next_zero_bit
@@ -23,7 +25,9 @@
 - tlbi:OP@TARGET (a kernel with reproducer/kpatch/): issue one EL2 invalidation through
   the series' debugfs interface: a local TLBI ALLE1 on the CPU that ran the guest, the
   same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
-  guest's VMID (the one --vmid gave it), with stage 2 disabled while issued.
+  guest's VMID (the one --vmid gave it), with stage 2 disabled while issued, from that
+  control CPU too (a broadcast: the same invalidation reaches the guest's CPU, without
+  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive).
 """
 
 from __future__ import annotations

@@ -468,7 +468,9 @@ class Kpatch:
     mode: str  # the KVM mode it reports; "protected (refused)" refuses every operation
     vmid_bits: int | None
     ops: list[str]
-    teardown_flush: str | None  # off, alle1is or last-ran; None if the file is absent
+    # off, alle1is or last-ran, "off (inactive: vhe)" where the switch cannot act (the
+    # series refuses any other choice there); None if the file is absent
+    teardown_flush: str | None
     teardown_flushes: int | None
 
 
@@ -480,6 +482,9 @@ def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
     if teardown_text is not None:
         chosen = re.search(r"\[([\w-]+)\]", teardown_text)
         policy = chosen.group(1) if chosen else None
+        inactive = re.search(r"\(inactive: [\w ()]+?\)$", teardown_text.splitlines()[0])
+        if policy is not None and inactive:
+            policy = f"{policy} {inactive.group(0)}"
         count = re.search(r"flushes: (\d+)", teardown_text)
         flushes = int(count.group(1)) if count else None
     return Kpatch(

@@ -412,10 +412,11 @@ def plan_runs(
         raise TracekitError(
             f"unknown --after-guest {after_guest!r}; choose one of {', '.join(AFTER_GUEST_ACTIONS)}"
         )
-    if after_guest in ("hotplug-other", "tlbi:alle1@other-cpu"):
+    if after_guest == "hotplug-other":
         control_cpus(roles)  # fails here, before anything on the host changes
     if after_guest in TLBI_ACTIONS:
-        tlbi_request(after_guest, 0, vmid)  # the VMID it needs, before anything runs
+        tlbi_cpu(after_guest, roles)  # the CPU it needs, before anything runs
+        tlbi_request(after_guest, 0, vmid)  # the VMID it needs, likewise
     if after_guest != "none" and "guest" not in scenario.phases:
         raise TracekitError(
             f"--after-guest {after_guest} follows a guest phase, which scenario "
@@ -507,16 +508,28 @@ def after_guest_run_id(action: str) -> str:
 
 
 def control_cpus(roles: Roles) -> tuple[int, ...]:
-    """The negative control's CPU (hotplug-other, tlbi:alle1@other-cpu): the first stress
-    CPU that did not run the guest."""
+    """The control CPU (hotplug-other, tlbi:alle1@other-cpu, tlbi:vmalls12e1is@vmid): the
+    first stress CPU that did not run the guest."""
     others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
     if not others:
         raise TracekitError(
-            "--after-guest hotplug-other and tlbi:alle1@other-cpu act on a stress CPU that "
-            "did not run the guest, and every stress CPU ran it; give --stress-cpus one the "
-            "guest does not use"
+            "--after-guest hotplug-other, tlbi:alle1@other-cpu and tlbi:vmalls12e1is@vmid "
+            "act on a stress CPU that did not run the guest, and every stress CPU ran it; "
+            "give --stress-cpus one the guest does not use"
         )
     return (others[0],)
+
+
+def tlbi_cpu(action: str, roles: Roles) -> int:
+    """The CPU a tlbi: action is issued on: the guest's for @guest-cpu, else a control CPU."""
+    _, target = TLBI_ACTIONS[action]
+    if target == "guest-cpu":
+        return roles.guest_cpus[0]
+    # @vmid is a broadcast, so any CPU gives the same invalidation; on 6.1 in nVHE with no
+    # VM alive, the interface first brings EL2 up on the CPU it runs on (___kvm_hyp_init:
+    # local TLBI ALLE2 and VMALLS12E1 of VMID 0), which on the guest's CPU would confound
+    # the result: a control CPU keeps that off the CPU holding the state.
+    return control_cpus(roles)[0]
 
 
 def probe_cpus(scenario: Scenario, roles: Roles, phase: str = "before") -> list[int]:

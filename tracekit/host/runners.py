@@ -38,7 +38,7 @@ from tracekit.host.afterguest import (
 )
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
-from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
+from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus, tlbi_cpu
 
 if TYPE_CHECKING:
     from tracekit.host.collect import Session
@@ -244,9 +244,7 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover (or one VM short of it)."""
     action = session.options.after_guest
     if action in TLBI_ACTIONS:
-        _, target = TLBI_ACTIONS[action]
-        cpus = control_cpus(session.roles) if target == "other-cpu" else session.roles.guest_cpus
-        request = tlbi_request(action, cpus[0], session.options.vmid)
+        request = tlbi_request(action, tlbi_cpu(action, session.roles), session.options.vmid)
         ctx.path(RunFile.MAINT).write_text("\n".join(issue_maint(request, session.now)) + "\n")
         return
     if action in ("hotplug", "hotplug-other"):
