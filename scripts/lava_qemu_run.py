@@ -105,10 +105,9 @@ def control_share(work: Path) -> Path:
     return ctl
 
 
-def device_yaml(unpacked: Path, work: Path, append: str) -> str:
-    """The QEMU device, rendered from lava-server's own qemu.jinja2 as the server would."""
-    import jinja2
-
+def device_yaml(unpacked: Path, venv: Path, work: Path, append: str) -> str:
+    """The QEMU device, rendered from lava-server's own qemu.jinja2 as the server would
+    (with the dispatcher venv's jinja2: tracekit itself does not need it)."""
     shares = {
         "tkctl": work / "ctl",
         "tkproject": project_tree(),
@@ -123,20 +122,28 @@ def device_yaml(unpacked: Path, work: Path, append: str) -> str:
     ]
     for path in shares.values():
         path.mkdir(parents=True, exist_ok=True)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(unpacked / TEMPLATES)))
-    return env.get_template("qemu.jinja2").render(
-        arch="arm64",
-        cpu=cpu_option(CPU_MODEL),
-        machine="virt,virtualization=on,gic-version=3",
-        memory=MEMORY_MB,
-        extra_options=[
+    context = {
+        "arch": "arm64",
+        "cpu": cpu_option(CPU_MODEL),
+        "machine": "virt,virtualization=on,gic-version=3",
+        "memory": MEMORY_MB,
+        "extra_options": [
             f"-smp {smp_option(SMP, 1)}",
             "-accel tcg,thread=multi",
             "-no-reboot",
             f'-append "{append}"',
             *virtfs,
         ],
+    }
+    render = (
+        "import jinja2, json, sys; d, c = sys.argv[1], json.loads(sys.argv[2]);"
+        " env = jinja2.Environment(loader=jinja2.FileSystemLoader(d));"
+        " print(env.get_template('qemu.jinja2').render(**c))"
     )
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", render, str(unpacked / TEMPLATES), json.dumps(context)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
 
 
 def lava_table(work: Path, image_dir: Path) -> dict:
@@ -186,7 +193,7 @@ def main() -> None:
     extra = job["context"]["extra_kernel_args"]
     append = " ".join([*BASE_KERNEL_ARGS, *kernel_args_for(KVM_MODE), "tracekit.share=1", extra])
     device = work / "device.yaml"
-    device.write_text(device_yaml(unpacked, work, append))
+    device.write_text(device_yaml(unpacked, venv, work, append))
     say(f"job {job_file.relative_to(work)}, device {device.relative_to(work)}; running lava-run")
     env = {
         "PATH": f"{venv / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
