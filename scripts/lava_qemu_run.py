@@ -140,10 +140,9 @@ def device_yaml(unpacked: Path, venv: Path, work: Path, append: str) -> str:
         " env = jinja2.Environment(loader=jinja2.FileSystemLoader(d));"
         " print(env.get_template('qemu.jinja2').render(**c))"
     )
-    return subprocess.run(
-        [str(venv / "bin" / "python"), "-c", render, str(unpacked / TEMPLATES), json.dumps(context)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    python = str(venv / "bin" / "python")
+    argv = [python, "-c", render, str(unpacked / TEMPLATES), json.dumps(context)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
 
 def lava_table(work: Path, image_dir: Path) -> dict:
