@@ -127,6 +127,8 @@ def device_yaml(unpacked: Path, venv: Path, work: Path, append: str) -> str:
         "cpu": cpu_option(CPU_MODEL),
         "machine": "virt,virtualization=on,gic-version=3",
         "memory": MEMORY_MB,
+        # virtio-net over MMIO: the template's default PCI NIC wants an iPXE ROM.
+        "model": "model=virtio-net-device",
         "extra_options": [
             f"-smp {smp_option(SMP, 1)}",
             "-accel tcg,thread=multi",
@@ -213,14 +215,18 @@ def main() -> None:
 
 
 def summarise(work: Path, log: Path, status: int, minutes: float, plan, cell_id: str) -> None:  # type: ignore[no-untyped-def]
-    """What the dispatcher did, what the job reported, and the bundle it left."""
-    text = log.read_text(errors="replace")
-    results = [line for line in text.splitlines() if "results:" in line or "case:" in line]
+    """What the dispatcher did (its own results records), and the bundle the job left."""
     print(f"lava-run exit status {status} after {minutes:.1f} min (log {log.name})")
-    for marker in ("append-overlays", "apply-overlay-guest", "boot-qemu-image", "lava-test-shell"):
-        print(f"  action {marker}: {'ran' if marker in text else 'not seen'}")
-    for line in results[-12:]:
-        print(f"  {line.strip()[:160]}")
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("lvl") == "results" and isinstance(entry.get("msg"), dict):
+            result = entry["msg"]
+            extra = result.get("extra", {})
+            why = f" ({extra['fail']})" if isinstance(extra, dict) and "fail" in extra else ""
+            print(f"  {result.get('definition')}/{result.get('case')}: {result.get('result')}{why}")
     # The store is /share/store inside the device and work/share/store here: same files.
     device_url = lava.bundle_url(plan, cell_id)
     here = device_url.replace("file:///share/", f"file://{work}/share/")
