@@ -13,7 +13,8 @@ script then fetches the bundle from the store as `tracekit campaign --lava` does
 prints what each step gave.
 
 How the dispatcher is provided (nothing is installed on this machine): the .debs of
-lava-common, lava-dispatcher, lava-dispatcher-host and lava-server are fetched with
+lava-common, lava-dispatcher, lava-dispatcher-host, lava-server and ipxe-qemu (the NIC
+ROM the template's network device loads) are fetched with
 `apt-get download` into ~/.cache/tracekit/lava and unpacked there; their Python
 dependencies come from PyPI into a venv there. python3-guestfs (libguestfs bindings,
 not on PyPI) is replaced by an empty module: lava_dispatcher imports it at module level,
@@ -50,7 +51,8 @@ from tracekit.vhost.kvmmode import kernel_args_for
 from tracekit.vhost.qemu import BASE_KERNEL_ARGS, cpu_option, smp_option
 from tracekit.vhost.runner import project_tree
 
-DEBS = ("lava-common", "lava-dispatcher", "lava-dispatcher-host", "lava-server")
+# ipxe-qemu: the NIC ROM the template's -net nic (virtio-net-pci) loads, unpacked beside.
+DEBS = ("lava-common", "lava-dispatcher", "lava-dispatcher-host", "lava-server", "ipxe-qemu")
 PYPI = (
     "pexpect", "pyyaml", "jinja2", "requests", "voluptuous", "pyudev", "setproctitle",
     "netifaces", "configobj", "python-magic", "pytz", "aiohttp",
@@ -127,12 +129,11 @@ def device_yaml(unpacked: Path, venv: Path, work: Path, append: str) -> str:
         "cpu": cpu_option(CPU_MODEL),
         "machine": "virt,virtualization=on,gic-version=3",
         "memory": MEMORY_MB,
-        # virtio-net over MMIO: the template's default PCI NIC wants an iPXE ROM.
-        "model": "model=virtio-net-device",
         "extra_options": [
             f"-smp {smp_option(SMP, 1)}",
             "-accel tcg,thread=multi",
             "-no-reboot",
+            f"-L {unpacked / 'usr/lib/ipxe/qemu'} -L /usr/share/qemu",
             f'-append "{append}"',
             *virtfs,
         ],
