@@ -193,7 +193,9 @@ def main() -> None:
     (cell_id, job_file), *_ = lava.write_jobs(plan, campaign, work / "campaign").items()
     job = json.loads(json.dumps(__import__("yaml").safe_load(job_file.read_text())))
     extra = job["context"]["extra_kernel_args"]
-    append = " ".join([*BASE_KERNEL_ARGS, *kernel_args_for(KVM_MODE), "tracekit.share=1", extra])
+    # Not quiet: LAVA's boot waits for the kernel's "Linux version" line first.
+    base = [arg for arg in BASE_KERNEL_ARGS if arg not in ("quiet", "loglevel=3")]
+    append = " ".join([*base, *kernel_args_for(KVM_MODE), "tracekit.share=1", extra])
     device = work / "device.yaml"
     device.write_text(device_yaml(unpacked, venv, work, append))
     say(f"job {job_file.relative_to(work)}, device {device.relative_to(work)}; running lava-run")
