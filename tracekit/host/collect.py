@@ -61,6 +61,7 @@ from tracekit.host.protocol import (
     host_side,
     plan_runs,
     scenario_named,
+    user_probes_unseen,
 )
 from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
@@ -445,13 +446,14 @@ class Session:
         instance.record_task_names()
         symbols = KernelSymbols.load(self.tracefs)
         mode = str(writer.manifest.host.get("kvm", {}).get("mode", "unknown"))
-        kprobed, unseen = host_side(self.scenario.kprobes, mode)
+        kprobed, unseen = host_side(self.scenario.kprobes, mode, symbols.kallsyms)
         graph = GraphChoice("none", [], reason="--function-graph not given")
         if self.options.function_graph:
-            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode)
+            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode, symbols.kallsyms)
             unseen |= unseen_graph
             graph = choose_graph(instance, symbols, graphed)
             self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
+        unseen |= user_probes_unseen(self.options.kprobes, mode, symbols.kallsyms)
         for function, why in unseen.items():
             self.echo(f"{function}: {why}")
         probes = self._kprobe_definitions(symbols, graph, kprobed)
