@@ -34,9 +34,16 @@ def steps() -> pl.DataFrame:
     return g.vm_steps(vms, "guest")
 
 
-def _summary(given: pl.DataFrame, steps: pl.DataFrame, **probes: int) -> g.GroundTruthSummary:
+def _summary(
+    given: pl.DataFrame,
+    steps: pl.DataFrame,
+    calls: dict[str, pl.DataFrame] | None = None,
+    **probes: int,
+) -> g.GroundTruthSummary:
     """summarise with the packaged signatures, the fixture's setup and CPUs."""
-    return g.summarise(given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"])
+    return g.summarise(
+        given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"], calls
+    )
 
 
 def test_vm_steps_from_the_vmm_output(steps: pl.DataFrame) -> None:
@@ -103,7 +110,37 @@ def test_a_probe_that_never_fired_on_an_executed_path_is_blind(given, steps) -> 
     )
     verdicts = dict(summary.probes.select("probe", "verdict").iter_rows())
     assert verdicts["__kvm_tlb_flush_vmid"].startswith("blind")
-    assert verdicts["kvm_arm_vmid_update"].startswith("fired, no invalidation")
+    assert verdicts["kvm_arm_vmid_update"].startswith("fired, with no return recorded")
+
+
+def test_a_flush_counts_for_a_probe_only_inside_its_calls_on_the_same_cpu(given, steps) -> None:
+    """6.1 calls __kvm_tlb_flush_vmid from kvm_flush_remote_tlbs and from
+    kvm_pgtable_stage2_map's break-before-make: a VMID flush outside every
+    kvm_flush_remote_tlbs call (or inside one on another CPU) is not attributable to it,
+    never "blind"; one inside a call on its CPU is the probe's."""
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    at = int(hyp_row["ts"][0])
+    cpu = int(hyp_row["cpu"][0])
+    flush = hyp_row.with_columns(symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"))
+    window = pl.DataFrame({"cpu": [cpu], "start_ts": [at - 5], "end_ts": [at + 5]})
+    other_cpu = window.with_columns(cpu=pl.lit(cpu + 1))
+    rows = pl.concat([given, flush])
+    unfired = _summary(rows, steps, kvm_flush_remote_tlbs=0)
+    verdict = unfired.probes.row(0, named=True)
+    assert verdict["not_attributable"] == 1 and "not attributable" in verdict["verdict"]
+    assert not verdict["verdict"].startswith("blind")
+    elsewhere = _summary(rows, steps, {"kvm_flush_remote_tlbs": other_cpu}, kvm_flush_remote_tlbs=1)
+    assert elsewhere.probes.row(0, named=True)["inside"] == 0
+    mine = _summary(rows, steps, {"kvm_flush_remote_tlbs": window}, kvm_flush_remote_tlbs=1)
+    assert mine.probes.row(0, named=True)["inside"] == 1
+    assert "executed 1 invalidation" in mine.probes.row(0, named=True)["verdict"]
+
+
+def test_the_teardown_probes_stand_for_no_flush() -> None:
+    """6.1's stage2_free_walker has no TLBI: the teardown functions are not path probes."""
+    paths = packaged_signatures().probe_paths
+    assert not {"kvm_free_stage2_pgd", "kvm_pgtable_stage2_destroy"} & set(paths)
+    assert paths["kvm_pgtable_stage2_map"] == ("__kvm_tlb_flush_vmid",)
 
 
 def test_entry_probes_from_definition_lines() -> None:

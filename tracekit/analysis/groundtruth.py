@@ -262,37 +262,93 @@ PROBE_SCHEMA = {
     "probe": pl.String,
     "path": pl.String,
     "fired": pl.Int64,
-    "executed": pl.Int64,
+    "calls_closed": pl.Int64,  # entry-to-return windows (a return probe recorded)
+    "inside": pl.Int64,  # the path's invalidations inside those windows, same CPU
+    "not_attributable": pl.Int64,  # the path's invalidations outside every window
     "verdict": pl.String,
 }
+# A probe's calls: the CPU each started on and its entry and return times (CALL_SCHEMA's
+# cpu, start_ts, end_ts; end_ts null without a return).
+WINDOW_COLUMNS = ("cpu", "start_ts", "end_ts")
 
 
 def probe_checks(
-    rows: pl.DataFrame, probes: dict[str, int], paths: dict[str, tuple[str, ...]]
+    rows: pl.DataFrame,
+    probes: dict[str, int],
+    paths: dict[str, tuple[str, ...]],
+    calls: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
-    """For each placed kprobe named after a path: how often it fired (`probes`: name ->
-    hits) against the invalidations the path's functions (`paths`: probe -> functions)
-    executed in the same runs (PROBE_SCHEMA). A probe that never fired while its path
-    executed cannot see it (e.g. an nVHE EL2 function, whose kernel copy is the VHE one)."""
+    """For each placed kprobe named after a path (`paths`: probe -> functions): its hits
+    (`probes`) against the path's invalidations, counted for the probe only inside one of
+    its calls' entry-to-return windows on the same CPU (`calls`: probe -> WINDOW_COLUMNS).
+    An EL2 call is a synchronous HVC on the calling CPU, so that is where its flushes run;
+    one outside every window is someone else's (not attributable), never the probe's."""
     out = []
     for probe, hits in sorted(probes.items()):
         functions = paths.get(probe)
         if functions is None:
             continue
-        executed = rows.filter(pl.col("function").is_in(functions)).height
-        out.append((probe, ", ".join(functions), hits, executed, _probe_verdict(hits, executed)))
+        path = rows.filter(pl.col("function").is_in(functions))
+        windows = _closed((calls or {}).get(probe))
+        inside = int(_in_windows(path, windows).sum())
+        own = path.filter(pl.col("function") == probe).height
+        verdict = _probe_verdict(hits, windows.height, inside, path.height - inside, own)
+        out.append(
+            (
+                probe,
+                ", ".join(functions),
+                hits,
+                windows.height,
+                inside,
+                path.height - inside,
+                verdict,
+            )
+        )
     return pl.DataFrame(out, schema=PROBE_SCHEMA, orient="row")
 
 
-def _probe_verdict(hits: int, executed: int) -> str:
-    """What a probe's hits mean beside the path's executed invalidations."""
-    if hits == 0 and executed:
-        return "blind: the path executed invalidations, the probe never fired"
-    if hits and not executed:
-        return "fired, no invalidation of its path executed (it does not stand for one)"
-    if hits:
-        return "fired while its path executed invalidations"
-    return "never fired, its path executed none"
+def _closed(calls: pl.DataFrame | None) -> pl.DataFrame:
+    """The calls with a return, as cpu, start_ts, end_ts."""
+    if calls is None:
+        return pl.DataFrame(schema={"cpu": pl.Int64, "start_ts": pl.Int64, "end_ts": pl.Int64})
+    found = calls.select(*WINDOW_COLUMNS).filter(pl.col("end_ts").is_not_null())
+    return found.cast({"cpu": pl.Int64, "start_ts": pl.Int64, "end_ts": pl.Int64})
+
+
+def _in_windows(rows: pl.DataFrame, windows: pl.DataFrame) -> np.ndarray:
+    """Whether each row's ts is inside a window of its own CPU (windows of one CPU nest
+    or follow one another, so the latest start before ts is the one to test)."""
+    found = np.zeros(rows.height, bool)
+    if windows.is_empty() or rows.is_empty():
+        return found
+    cpus, ts = rows["cpu"].to_numpy(), rows["ts"].to_numpy()
+    for cpu in np.unique(cpus):
+        mine = windows.filter(pl.col("cpu") == int(cpu))
+        at = cpus == cpu
+        if mine.height:
+            found[at] = _inside(ts[at], mine.rename({"start_ts": "start", "end_ts": "end"}))
+    return found
+
+
+def _probe_verdict(hits: int, closed: int, inside: int, outside: int, own: int) -> str:
+    """What a probe's hits and windows mean beside the path's executed invalidations."""
+    if hits == 0 and own:
+        return "blind: its own function executed invalidations, the probe never fired"
+    if hits == 0:
+        if outside:
+            return (
+                f"never fired; {outside} invalidation(s) of its path ran outside any call of "
+                "it (not attributable to it)"
+            )
+        return "never fired, its path executed none"
+    if not closed:
+        return (
+            "fired, with no return recorded: the path's invalidations cannot be attributed "
+            "to its calls"
+        )
+    if inside:
+        return f"fired, and its calls executed {inside} invalidation(s) of its path"
+    return "fired, no invalidation of its path inside its calls"
 
 
 def entry_probes(definitions: Iterable[str]) -> list[str]:
@@ -328,10 +384,12 @@ def summarise(
     context: StepContext,
     probe_hits: dict[str, int],
     traced_runs: Iterable[str],
+    probe_calls: dict[str, pl.DataFrame] | None = None,
 ) -> GroundTruthSummary:
     """A bundle's ground truth (rows given to its runs) against its steps and signatures.
 
-    `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by.
+    `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by;
+    `probe_calls`: each probe's calls in the traced runs (probe_checks).
     """
     series, mode, model = setup
     rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
@@ -351,7 +409,7 @@ def summarise(
         checks=checked,
         findings=findings(checked, series, mode),
         uncovered=uncovered,
-        probes=probe_checks(traced, placed, signatures.probe_paths),
+        probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls),
         signature_lines=lines,
     )
 

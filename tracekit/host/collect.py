@@ -53,6 +53,7 @@ from tracekit.host.probes import (
     remove_leftovers,
 )
 from tracekit.host.protocol import (
+    EL2_CALLER_RETURNS,
     PlannedRun,
     Roles,
     Scenario,
@@ -481,7 +482,7 @@ class Session:
         """Entry (and return) probes on the functions the kernel offers (host-side ones)."""
         # The function-graph fallback adds entry and return probes on its functions.
         functions = [*kprobed, *graph.kprobe_functions()]
-        returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
+        returns = {*self.scenario.return_probes, *graph.kprobe_functions(), *EL2_CALLER_RETURNS}
         fetch = kprobe_fetch_args(self.options.probe_args)
         lines = kprobe_lines(functions, returns, fetch, symbols, platform.release())
         return [*self.options.kprobes, *lines]

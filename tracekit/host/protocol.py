@@ -111,6 +111,10 @@ EL2_CALLERS: dict[str, tuple[str, ...]] = {
     "__kvm_flush_vm_context": ("kvm_arm_vmid_update",),
 }
 
+# Their return is probed too: the ground truth counts an EL2 flush for a caller only
+# inside its entry-to-return window on the same CPU (analysis/groundtruth.probe_checks).
+EL2_CALLER_RETURNS = tuple(dict.fromkeys(c for cs in EL2_CALLERS.values() for c in cs))
+
 
 def el2_only(function: str, kallsyms: Collection[str]) -> bool:
     """Whether a function is a hypercall (EL2 code outside VHE): kallsyms has its nVHE

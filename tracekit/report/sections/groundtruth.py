@@ -11,8 +11,9 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import groundtruth as gt
+from tracekit.analysis.calls import pair_calls
 from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures
-from tracekit.bundle import RunKind
+from tracekit.bundle import PROBE_GROUP, RunKind
 from tracekit.cpus import parse_cpu_list
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated, kvm_mode
@@ -92,6 +93,7 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
         [],
     )
+    windows: dict[str, list[pl.DataFrame]] = {}
     for run in manifest.runs:
         found = data.run(run)
         vmm = found.vmm
@@ -105,6 +107,8 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
             for name, count in _probe_counts(trace.events).items():
                 if name in hits:
                     hits[name] += count
+            for name, calls in _probe_calls(trace.events, hits).items():
+                windows.setdefault(name, []).append(calls)
     frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
     cpus = host.get("cpus") or [{}]
     setup = (
@@ -112,7 +116,23 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         kvm_mode(data).rstrip("?"),
         str(cpus[0].get("name", "?")).lower(),
     )
-    return gt.summarise(given, frame, packaged_signatures(), setup, context, hits, traced)
+    calls = {name: pl.concat(found) for name, found in windows.items()}
+    return gt.summarise(given, frame, packaged_signatures(), setup, context, hits, traced, calls)
+
+
+def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.DataFrame]:
+    """Each named probe's calls in one trace (pair_calls of NAME and NAME_ret)."""
+    ours = events.filter(pl.col("system") == PROBE_GROUP).with_columns(
+        pl.col("event").cast(pl.String)
+    )
+    if "common_pid" not in ours.columns:
+        ours = ours.rename({"pid": "common_pid"})
+    found = {}
+    for name in names:
+        entries = ours.filter(pl.col("event") == name)
+        if entries.height:
+            found[name] = pair_calls(entries, ours.filter(pl.col("event") == f"{name}_ret"))[0]
+    return found
 
 
 def _probe_counts(events: pl.DataFrame) -> dict[str, int]:
@@ -164,8 +184,9 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
             Table(
                 f"{label}: kprobes named after a path, against the ground truth",
                 summary.probes,
-                "fired: entry-probe hits in the traced runs; executed: the path's "
-                "invalidations there",
+                "fired: entry-probe hits in the traced runs; inside: the path's "
+                "invalidations inside the probe's entry-to-return windows on the same CPU; "
+                "not_attributable: the path's invalidations outside them",
             )
         )
     return tables
