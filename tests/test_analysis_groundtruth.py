@@ -18,6 +18,9 @@ from tracekit.ingest.vmm import parse_vmm_output
 FIXTURE = Path(__file__).parent / "fixtures" / "groundtruth" / "nvhe-a76"
 SETUP = ("6.1", "nvhe", "cortex-a76")
 CONTEXT = g.StepContext(online=(0, 1, 2, 3), guest=(1,))
+# The backing the run signatures require, given so that they are checked: the fixture's
+# VMM ran with its default backing (before --backing), which its bundle cannot say.
+FACTS = {"backing": "4k"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def _summary(
 ) -> g.GroundTruthSummary:
     """summarise with the packaged signatures, the fixture's setup and CPUs."""
     return g.summarise(
-        given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"], calls
+        given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"], calls, FACTS
     )
 
 
@@ -238,9 +241,54 @@ def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
 def test_a_step_whose_cpus_are_unknown_is_not_checked(given, steps) -> None:
     """Without the online CPUs the creation signature cannot be checked: named, not failed."""
     context = g.StepContext(online=(), guest=(1,))
-    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [])
+    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [], None, FACTS)
     assert summary.findings == []
     assert summary.uncovered == ["create (the bundle does not say its online CPUs)"]
+
+
+def test_a_step_outside_its_signatures_conditions_is_not_checked(given, steps) -> None:
+    """A THP-backed run's VMID flush from kvm_pgtable_stage2_map, a two-vCPU VM's second
+    first-run flush: correct KVM outside the exact run signature's `requires`, so the run
+    is "not checked", never a contradiction; a bundle without its backing likewise."""
+    run = steps.filter(pl.col("step") == "run").row(0, named=True)
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    bbm = hyp_row.with_columns(
+        ts=pl.lit(run["start"] + 10, dtype=pl.Int64),
+        operation=pl.lit("TLBI VMALLS12E1IS"),
+        symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"),
+    )
+    rows = pl.concat([given, bbm])
+    signatures = packaged_signatures()
+
+    def summary(facts: dict[str, str], vm_steps: pl.DataFrame) -> g.GroundTruthSummary:
+        """The fixture's summary with these facts and steps."""
+        return g.summarise(rows, vm_steps, signatures, SETUP, CONTEXT, {}, [], None, facts)
+
+    assert summary(FACTS, steps).findings != []  # 4k: the extra flush is a contradiction
+    thp = summary({"backing": "thp"}, steps)
+    assert thp.findings == []
+    assert thp.uncovered == ["run (condition not met: backing thp, the signature holds for 4k)"]
+    two = summary(FACTS, steps.with_columns(vcpus=pl.lit(2, dtype=pl.Int64)))
+    assert two.findings == [] and "condition not met: vcpus 2" in two.uncovered[-1]
+    unsaid = summary({}, steps)
+    assert unsaid.findings == []
+    assert "run (condition not checked: the bundle does not record its backing)" in (
+        unsaid.uncovered
+    )
+
+
+def test_a_requires_naming_an_unknown_condition_is_refused() -> None:
+    """requires names only condition fields the analysis can read."""
+    text = (packaged_signatures_text()).replace(
+        'requires = { vcpus = [1], backing = ["4k"] }', 'requires = { colour = ["red"] }', 1
+    )
+    with pytest.raises(TracekitError, match="requires 'colour' is not one of vcpus"):
+        parse_signatures(text)
+
+
+def packaged_signatures_text() -> str:
+    """The shipped gtsignatures.toml."""
+    return (Path(g.__file__).parent / "gtsignatures.toml").read_text()
 
 
 def test_an_action_runs_rows_are_its_own_phase(given, steps) -> None:

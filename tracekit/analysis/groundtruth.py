@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.conditions import Unknown
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
 from tracekit.cpus import format_cpu_list as format_cpus
 
@@ -30,6 +31,8 @@ STEP_SCHEMA = {
     "step": pl.String,
     "start": pl.Int64,
     "end": pl.Int64,
+    "vcpus": pl.Int64,  # the VM's vCPUs (null for an action step, or not recorded)
+    "backing": pl.String,  # the VMM's guest RAM backing (null: action step, not recorded)
 }
 
 
@@ -71,13 +74,15 @@ def vm_steps(vms: pl.DataFrame, run_id: str) -> pl.DataFrame:
         }
         for step, (start, end) in windows.items():
             if start is not None and end is not None:
-                rows.append((run_id, index, step, start, end))
+                rows.append((run_id, index, step, start, end, vm.get("vcpus"), vm.get("backing")))
     return pl.DataFrame(rows, schema=STEP_SCHEMA, orient="row")
 
 
 def action_step(run_id: str, action: str, start: int, end: int) -> pl.DataFrame:
     """An after-guest action's run window as one step (vm null)."""
-    return pl.DataFrame([(run_id, None, action, start, end)], schema=STEP_SCHEMA, orient="row")
+    return pl.DataFrame(
+        [(run_id, None, action, start, end, None, None)], schema=STEP_SCHEMA, orient="row"
+    )
 
 
 def in_step(rows: pl.DataFrame, step: dict[str, object]) -> pl.DataFrame:
@@ -166,9 +171,12 @@ def check_steps(
     kvm_mode: str,
     cpu_model: str,
     context: StepContext,
+    facts: dict[str, str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Every step with a signature checked (CHECK_SCHEMA rows), and the steps no signature
-    covers for this kernel series, KVM mode and CPU model (named, never silently passed)."""
+    covers for this kernel series, KVM mode and CPU model, or whose bundle is outside the
+    signature's conditions (`facts`: the bundle's condition fields; named, never
+    silently passed, never a contradiction)."""
     frames = [pl.DataFrame(schema=CHECK_SCHEMA)]
     uncovered: set[str] = set()
     owned = _action_owned(steps, signatures, (series, kvm_mode, cpu_model))
@@ -178,6 +186,10 @@ def check_steps(
         if signature is None:
             uncovered.add(step["step"])
             continue
+        outside = unmet(signature, step, facts or {})
+        if outside is not None:
+            uncovered.add(f"{step['step']} ({outside})")
+            continue
         unknown = [e.cpus for e in signature.expect if not _expected(e, context)]
         if unknown:
             uncovered.add(f"{step['step']} (the bundle does not say its {unknown[0]} CPUs)")
@@ -185,6 +197,22 @@ def check_steps(
         mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
         frames.append(check_step(mine, step, signature, context, signatures.host_functions))
     return pl.concat(frames), sorted(uncovered)
+
+
+def unmet(signature: Signature, step: dict[str, object], facts: dict[str, str]) -> str | None:
+    """Why a step is outside its signature's conditions (`requires`), or None: a step's
+    own field (its VM's vcpus and backing, from the VMM) first, else the bundle's; an
+    unrecorded one is not met either."""
+    for name, allowed in signature.requires:
+        value = step.get(name)
+        value = facts.get(name) if value is None else value
+        if value is None or isinstance(value, Unknown):
+            return f"condition not checked: the bundle does not record its {name}"
+        if str(value) not in allowed:
+            return (
+                f"condition not met: {name} {value}, the signature holds for {' or '.join(allowed)}"
+            )
+    return None
 
 
 def answerable(
@@ -385,15 +413,17 @@ def summarise(
     probe_hits: dict[str, int],
     traced_runs: Iterable[str],
     probe_calls: dict[str, pl.DataFrame] | None = None,
+    facts: dict[str, str] | None = None,
 ) -> GroundTruthSummary:
     """A bundle's ground truth (rows given to its runs) against its steps and signatures.
 
     `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by;
-    `probe_calls`: each probe's calls in the traced runs (probe_checks).
+    `probe_calls`: each probe's calls in the traced runs (probe_checks); `facts`: the
+    bundle's condition fields a signature's `requires` names (unmet).
     """
     series, mode, model = setup
     rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
-    checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context)
+    checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
     used = sorted({s for s in steps["step"]})

@@ -19,10 +19,15 @@ STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover", "r
 WATCHES = ("hyp", "kvm")
 KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
+# The conditions a signature can require (`requires`): a VM step's own vcpus, else the
+# bundle's condition field (tracekit.analysis.conditions.Condition) of that name.
+REQUIRE_FIELDS = ("vcpus", "backing", "scenario", "variant", "after_guest")
+_OPTIONAL = {"cpu_models", "requires"}
 _FIELDS = {
     "kernel",
     "kvm_mode",
     "cpu_models",
+    "requires",
     "step",
     "watch",
     "exact",
@@ -56,6 +61,8 @@ class Signature:
     when: str
     expect: tuple[Expect, ...]
     rests_on: tuple[str, ...]
+    # (condition, allowed values as text): outside them the step is not checked.
+    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def summary(self) -> str:
         """One line: the step and what it should execute."""
@@ -97,7 +104,7 @@ def _problems_of(number: int, raw: object) -> list[str]:
     if not isinstance(raw, dict):
         return [f"{where}: not a table"]
     bad = [f"{where}: unknown field {name!r}" for name in sorted(set(raw) - _FIELDS)]
-    for name in sorted(_FIELDS - {"cpu_models"} - set(raw)):
+    for name in sorted(_FIELDS - _OPTIONAL - set(raw)):
         bad.append(f"{where}: no {name!r}")
     checks = (
         ("step", STEPS),
@@ -107,6 +114,7 @@ def _problems_of(number: int, raw: object) -> list[str]:
     for name, allowed in checks:
         if name in raw and raw[name] not in allowed:
             bad.append(f"{where}: {name} {raw[name]!r} is not one of {', '.join(allowed)}")
+    bad += _requires_problems(where, raw.get("requires", {}))
     if "exact" in raw and not isinstance(raw["exact"], bool):
         bad.append(f"{where}: exact must be true or false")
     if "rests_on" in raw and (not isinstance(raw["rests_on"], list) or not raw["rests_on"]):
@@ -117,6 +125,22 @@ def _problems_of(number: int, raw: object) -> list[str]:
         bad += _expect_problems(f"{where} expect {index}", item)
     if "expect" in raw and not isinstance(raw["expect"], list):
         bad.append(f"{where}: expect must be a list")
+    return bad
+
+
+def _requires_problems(where: str, requires: object) -> list[str]:
+    """What is wrong with a signature's `requires` table."""
+    if not isinstance(requires, dict):
+        return [f"{where}: requires must be a table of condition = [allowed values]"]
+    bad = [
+        f"{where}: requires {name!r} is not one of {', '.join(REQUIRE_FIELDS)}"
+        for name in sorted(set(requires) - set(REQUIRE_FIELDS))
+    ]
+    bad += [
+        f"{where}: requires {name} must list its allowed values"
+        for name, allowed in requires.items()
+        if not isinstance(allowed, list) or not allowed
+    ]
     return bad
 
 
@@ -178,6 +202,10 @@ def _signature(raw: dict) -> Signature:
         when=raw["when"],
         expect=tuple(Expect(**item) for item in raw["expect"]),
         rests_on=tuple(raw["rests_on"]),
+        requires=tuple(
+            (name, tuple(str(v) for v in allowed))
+            for name, allowed in raw.get("requires", {}).items()
+        ),
     )
 
 

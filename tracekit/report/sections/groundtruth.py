@@ -12,7 +12,8 @@ import polars as pl
 
 from tracekit.analysis import groundtruth as gt
 from tracekit.analysis.calls import pair_calls
-from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures
+from tracekit.analysis.conditions import bundle_condition
+from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packaged_signatures
 from tracekit.bundle import PROBE_GROUP, RunKind
 from tracekit.cpus import parse_cpu_list
 from tracekit.ingest.bundle import BundleData
@@ -53,8 +54,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables += _tables(label, summary)
         unknowns += [
             f"{label}: the {step} step is not checked against a signature (none for this "
-            "kernel and KVM mode, or it needs CPUs the bundle does not name): what it "
-            "executed is shown, not checked"
+            "kernel and KVM mode, the bundle is outside its conditions, or it needs CPUs "
+            "the bundle does not name): what it executed is shown, not checked"
             for step in summary.uncovered
         ]
         findings += [
@@ -117,7 +118,10 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         str(cpus[0].get("name", "?")).lower(),
     )
     calls = {name: pl.concat(found) for name, found in windows.items()}
-    return gt.summarise(given, frame, packaged_signatures(), setup, context, hits, traced, calls)
+    condition = bundle_condition(manifest)
+    facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
+    signatures = packaged_signatures()
+    return gt.summarise(given, frame, signatures, setup, context, hits, traced, calls, facts)
 
 
 def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.DataFrame]:
