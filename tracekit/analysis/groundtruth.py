@@ -179,16 +179,13 @@ def check_steps(
     silently passed, never a contradiction)."""
     frames = [pl.DataFrame(schema=CHECK_SCHEMA)]
     uncovered: set[str] = set()
-    owned = _action_owned(steps, signatures, (series, kvm_mode, cpu_model))
+    setup = (series, kvm_mode, cpu_model)
+    owned = _action_owned(steps, signatures, setup, facts or {})
     by_run = answerable(rows, steps, owned)
     for step in steps.iter_rows(named=True):
-        signature = signatures.find(series, kvm_mode, cpu_model, step["step"])
+        signature, outside = choose(signatures, setup, step, facts or {})
         if signature is None:
-            uncovered.add(step["step"])
-            continue
-        outside = unmet(signature, step, facts or {})
-        if outside is not None:
-            uncovered.add(f"{step['step']} ({outside})")
+            uncovered.add(f"{step['step']} ({outside})" if outside else step["step"])
             continue
         unknown = [e.cpus for e in signature.expect if not _expected(e, context)]
         if unknown:
@@ -197,6 +194,22 @@ def check_steps(
         mine = by_run[(step["run_id"], step["step"] not in VM_STEPS)]
         frames.append(check_step(mine, step, signature, context, signatures.host_functions))
     return pl.concat(frames), sorted(uncovered)
+
+
+def choose(
+    signatures: Signatures,
+    setup: tuple[str, str, str],
+    step: dict[str, object],
+    facts: dict[str, str],
+) -> tuple[Signature | None, str | None]:
+    """The first signature of the step whose conditions the step and bundle meet, or
+    None and why the first one is not met (None: no signature at all)."""
+    found = signatures.candidates(*setup, str(step["step"]))
+    reasons = [unmet(s, step, facts) for s in found]
+    for signature, reason in zip(found, reasons, strict=True):
+        if reason is None:
+            return signature, None
+    return None, reasons[0] if reasons else None
 
 
 def unmet(signature: Signature, step: dict[str, object], facts: dict[str, str]) -> str | None:
@@ -220,14 +233,13 @@ def answerable(
 ) -> dict[tuple[str, bool], pl.DataFrame]:
     """Per (run_id, is an action step), the rows such a step is answerable for (before
     its window is applied). An action's run may create and run VMs (a rollover's): what
-    runs inside their steps is theirs, except what the action's own signature expects
-    (`owned`: its ALLE1IS runs inside some VM's run step), which is the action's."""
-    if "pair" not in rows.columns:
-        rows = rows.with_columns(pair=_pair())
+    runs inside their steps is theirs, except the invalidations of the functions the
+    action's own signature expects (`owned`: its __kvm_flush_vm_context runs inside some
+    VM's run step), which are the action's."""
     out = {}
     for run_id in steps["run_id"].unique().to_list():
         mine = rows.filter(pl.col("run_id") == run_id) if "run_id" in rows.columns else rows
-        is_owned = pl.col("pair").is_in(owned.get(run_id, []))
+        is_owned = pl.col("function").is_in(owned.get(run_id, []))
         out[(run_id, False)] = mine.filter(~is_owned)
         vm = steps.filter(pl.col("run_id") == run_id, pl.col("step").is_in(VM_STEPS))
         inside = pl.Series(_inside(mine["ts"].to_numpy(), vm))
@@ -244,21 +256,24 @@ def _inside(ts: np.ndarray, steps: pl.DataFrame) -> np.ndarray:
     return found & (ts <= ends[np.maximum(index, 0)]) if len(starts) else np.zeros(len(ts), bool)
 
 
-def _pair() -> pl.Expr:
-    """'operation|function' of a row, as _action_owned names them."""
-    return pl.concat_str("operation", pl.col("function").fill_null(""), separator="|")
-
-
 def _action_owned(
-    steps: pl.DataFrame, signatures: Signatures, setup: tuple[str, str, str]
+    steps: pl.DataFrame,
+    signatures: Signatures,
+    setup: tuple[str, str, str],
+    facts: dict[str, str] | None = None,
 ) -> dict[str, list[str]]:
-    """Per run, the 'operation|function' pairs its after-guest action's signature expects."""
+    """Per run, the functions its after-guest action owns: every invalidation of a
+    function its signature expects, not only the expected operations (a rollover's
+    __kvm_flush_vm_context also runs the REPEAT_TLBI erratum's VALE2IS)."""
     owned: dict[str, list[str]] = {}
     for step in steps.filter(~pl.col("step").is_in(VM_STEPS)).iter_rows(named=True):
-        signature = signatures.find(*setup, step["step"])
-        if signature is not None:
-            pairs = [f"{e.operation}|{e.function}" for e in signature.expect]
-            owned.setdefault(step["run_id"], []).extend(pairs)
+        signature, _ = choose(signatures, setup, step, facts or {})
+        # Outside every candidate's conditions the action still runs its flushes: they
+        # stay its own (unchecked), never a contradiction of the VM step they fall in.
+        found = [signature] if signature else signatures.candidates(*setup, step["step"])
+        functions = {e.function for s in found for e in s.expect}
+        if functions:
+            owned.setdefault(step["run_id"], []).extend(sorted(functions))
     return owned
 
 
@@ -422,20 +437,19 @@ def summarise(
     bundle's condition fields a signature's `requires` names (unmet).
     """
     series, mode, model = setup
-    rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
+    rows = with_action_phase(invalidations(given), steps)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
-    used = sorted({s for s in steps["step"]})
-    lines = [
-        f"{series} {mode} {s.summary()} [{s.when}]"
-        for step in used
-        if (s := signatures.find(series, mode, model, step)) is not None
-    ]
+    lines = []
+    for step in steps.unique("step", keep="first").sort("step").iter_rows(named=True):
+        chosen, _ = choose(signatures, setup, step, facts or {})
+        if chosen is not None:
+            lines.append(f"{series} {mode} {chosen.summary()} [{chosen.when}]")
     return GroundTruthSummary(
         by_phase=counts(rows, ("phase", "run_id", "cpu", "where", "reach")),
         by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
-        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup)),
+        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup, facts)),
         checks=checked,
         findings=findings(checked, series, mode),
         uncovered=uncovered,

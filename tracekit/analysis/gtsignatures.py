@@ -21,7 +21,7 @@ KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
 # The conditions a signature can require (`requires`): a VM step's own vcpus, else the
 # bundle's condition field (tracekit.analysis.conditions.Condition) of that name.
-REQUIRE_FIELDS = ("vcpus", "backing", "scenario", "variant", "after_guest")
+REQUIRE_FIELDS = ("vcpus", "backing", "scenario", "variant", "after_guest", "repeat_tlbi")
 _OPTIONAL = {"cpu_models", "requires"}
 _FIELDS = {
     "kernel",
@@ -84,13 +84,20 @@ class Signatures:
     # kprobe function -> the functions whose invalidations its path stands for.
     probe_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    def candidates(self, series: str, kvm_mode: str, cpu_model: str, step: str) -> list[Signature]:
+        """The signatures of a step on this kernel series, KVM mode and CPU model, in file
+        order (several when they differ in `requires`, e.g. per erratum state)."""
+        return [
+            entry
+            for entry in self.entries
+            if (entry.kernel, entry.kvm_mode, entry.step) == (series, kvm_mode, step)
+            and (not entry.cpu_models or cpu_model in entry.cpu_models)
+        ]
+
     def find(self, series: str, kvm_mode: str, cpu_model: str, step: str) -> Signature | None:
-        """The signature of a step on this kernel series, KVM mode and CPU model, or None."""
-        for entry in self.entries:
-            models_ok = not entry.cpu_models or cpu_model in entry.cpu_models
-            if (entry.kernel, entry.kvm_mode, entry.step) == (series, kvm_mode, step) and models_ok:
-                return entry
-        return None
+        """The first signature of a step on this kernel series, KVM mode and CPU model."""
+        found = self.candidates(series, kvm_mode, cpu_model, step)
+        return found[0] if found else None
 
 
 def kernel_series(release: str) -> str:
@@ -170,7 +177,13 @@ def parse_signatures(text: str, source: str = SIGNATURE_FILE) -> Signatures:
     if not isinstance(host, list) or not all(isinstance(n, str) for n in host):
         problems.append(f"{source}: [kvm] host_functions must be a list of function names")
     keys = [
-        (r.get("kernel"), r.get("kvm_mode"), tuple(r.get("cpu_models", ())), r.get("step"))
+        (
+            r.get("kernel"),
+            r.get("kvm_mode"),
+            tuple(r.get("cpu_models", ())),
+            r.get("step"),
+            repr(r.get("requires", {})),
+        )
         for r in raw
         if isinstance(r, dict)
     ]

@@ -216,9 +216,17 @@ def cpu_feature_lines(log: str) -> list[str]:
 # capabilities print "CPU features: detected: <desc>" (arch/arm64/kernel/cpufeature.c,
 # 6.1 and 6.12). FEAT_TLBIRANGE decides whether range/munmap probes issue range TLBIs;
 # without FEAT_FWB KVM traps the guest's VM-register writes and kvm_toggle_cache runs.
+# Errata workarounds print the same way: ARM64_WORKAROUND_REPEAT_TLBI ("Broken broadcast
+# TLBI completion", 6.1.176 cpu_errata.c: Cortex-A55 2441007 and Cortex-A76 4118414 at all
+# revisions, A77/A78/X1/N1..., A510 r0p0-r1p1) makes every DSB ISH completing a broadcast
+# TLBI issue one more TLBI VALE1IS (host) or VALE2IS (hyp code), XZR, and one more DSB ISH
+# (asm/tlbflush.h __tlbi_sync_s1ish[_hyp]): KVM's broadcast flushes and the probe's
+# syscalls execute it. The emulated cortex-a76 matches it (QEMU's MIDR), max and
+# cortex-a53 do not.
 LOGGED_FEATURES = {
     "tlbirange": "TLB range maintenance instructions",  # ARM64_HAS_TLB_RANGE
     "fwb": "Stage-2 Force Write-Back",  # ARM64_HAS_STAGE2_FWB
+    "repeat_tlbi": "Broken broadcast TLBI completion",  # ARM64_WORKAROUND_REPEAT_TLBI
 }
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 
