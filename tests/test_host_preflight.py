@@ -128,7 +128,7 @@ def test_range_tlbi_and_fwb_rest_on_the_boot_logs_cpu_features(boot: str, presen
     cortex-a76 (not max) gets 6.1.176's REPEAT_TLBI workaround ("Broken broadcast TLBI
     completion")."""
     log = (Path(__file__).parent / "fixtures" / "vhost" / boot).read_text()
-    features = logged_features(cpu_feature_lines(log))
+    features = logged_features(log)
     assert {k: v["present"] for k, v in features.items()} == {
         "tlbirange": present,
         "fwb": present,
@@ -136,8 +136,22 @@ def test_range_tlbi_and_fwb_rest_on_the_boot_logs_cpu_features(boot: str, presen
     }
     if present:
         assert str(features["fwb"]["evidence"]).endswith("detected: Stage-2 Force Write-Back")
-    rotated = logged_features(cpu_feature_lines("Booting Linux\n"))
+        assert str(features["tlbirange"]["evidence"]).startswith("the CPU has it")
+    rotated = logged_features("Booting Linux\n")
     assert [v["present"] for v in rotated.values()] == [None, None, None]
+    # Rotated part-way: the late "detected:" lines survive, the early ones (the
+    # erratum's, at 0.000000) are gone: unknown, never "no".
+    late = "\n".join(line for line in log.splitlines() if not line.startswith("[    0.000000]"))
+    assert all(v["present"] in (None, True) for v in logged_features(late).values())
+
+
+def test_range_tlbis_need_the_kernel_config_as_well_as_the_cpu() -> None:
+    """system_supports_tlb_range(): the CPU's FEAT_TLBIRANGE and CONFIG_ARM64_TLB_RANGE."""
+    log = (Path(__file__).parent / "fixtures" / "vhost" / "dmesg-bookworm-max-vhe.txt").read_text()
+    assert logged_features(log)["tlbirange"]["kernel_uses"] is None
+    off = logged_features(log, {"CONFIG_ARM64_TLB_RANGE": "n"})["tlbirange"]
+    assert off["present"] is True and off["kernel_uses"] is False
+    assert logged_features(log, {"CONFIG_ARM64_TLB_RANGE": "y"})["tlbirange"]["kernel_uses"]
 
 
 def test_thp_modes_and_idle_state_usage_from_sysfs(tmp_path: Path) -> None:

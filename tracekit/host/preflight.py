@@ -231,22 +231,30 @@ LOGGED_FEATURES = {
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
-def logged_features(feature_lines: list[str]) -> dict[str, dict[str, object]]:
+def logged_features(log: str, config: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
     """Each LOGGED_FEATURES entry present (True), absent (False) or unknown (None), and why.
 
-    Absent only when the log still holds the boot's "CPU features: detected:" lines;
-    without any the log has rotated and nothing can be said.
+    What the CPU (or, for an erratum, the kernel's workaround) has, as the boot log says.
+    Absent only when the log demonstrably starts at boot ("Booting Linux") and holds
+    "CPU features: detected:" lines: a log rotated part-way keeps the later lines and
+    loses the early ones (ID registers' TLB and FWB fields are hidden from user space, so
+    nothing else can say). FEAT_TLBIRANGE present also says whether this kernel issues
+    range TLBIs: system_supports_tlb_range() needs CONFIG_ARM64_TLB_RANGE too (`config`).
     """
-    detected = [line for line in feature_lines if "CPU features: detected:" in line]
+    detected = [line for line in cpu_feature_lines(log) if "CPU features: detected:" in line]
+    from_boot = "Booting Linux" in log
     out: dict[str, dict[str, object]] = {}
     for key, desc in LOGGED_FEATURES.items():
         found = [line for line in detected if line.endswith(desc)]
         if found:
-            out[key] = {"present": True, "evidence": found[0]}
-        elif detected:
+            out[key] = {"present": True, "evidence": f"the CPU has it: {found[0]}"}
+        elif detected and from_boot:
             out[key] = {"present": False, "evidence": f"no 'CPU features: detected: {desc}' line"}
         else:
-            out[key] = {"present": None, "evidence": "no CPU features lines in the kernel log"}
+            out[key] = {"present": None, "evidence": "the kernel log does not start at boot"}
+    if out["tlbirange"]["present"]:
+        built = (config or {}).get("CONFIG_ARM64_TLB_RANGE")
+        out["tlbirange"]["kernel_uses"] = None if built is None else built == "y"
     return out
 
 
@@ -545,7 +553,7 @@ def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
         cpus=cpus,
         cpu_features=cpu_feature_lines(log),
         isolation=[read_isolation(cpu) for cpu in isolated_cpus],
-        features=logged_features(cpu_feature_lines(log)),
+        features=logged_features(log, info.config),
         thp=read_thp(),
         power=[read_cpu_power(core.cpu) for core in cpus],
         thermal=read_thermal(),
