@@ -341,3 +341,41 @@ def test_a_rollovers_counts_give_each_row_to_one_step(given, steps) -> None:
     ]
     run = summary.by_step.filter(pl.col("step") == "run")
     assert "TLBI ALLE1IS" not in run["operation"].to_list()
+
+
+def test_hotplug_other_checks_the_control_cpu_it_recorded(given, steps) -> None:
+    """6.12's hotplug-other re-initialises EL2 on the control CPU the manifest records
+    (scenario.action_cpus): ALLE2 + ALLE1 there matches; on the guest CPU instead it is
+    a finding; an older bundle without the record is not checked."""
+    from tracekit.report.sections.groundtruth import target_cpus
+
+    hyp = given.filter(pl.col("where") == "hyp").head(1)
+    action = g.action_step("h", "hotplug-other", 0, 1 << 62)
+
+    def replug(cpu: int) -> pl.DataFrame:
+        """One 6.12 ___kvm_hyp_init's ALLE2 + ALLE1 on `cpu`, in run h."""
+        return pl.concat(
+            hyp.with_columns(
+                run_id=pl.lit("h"),
+                cpu=pl.lit(cpu, dtype=hyp["cpu"].dtype),
+                operation=pl.lit(op),
+                symbol=pl.lit(f"__kvm_nvhe____kvm_hyp_init+0x{0x74 + 4 * n:x}"),
+            )
+            for n, op in enumerate(("TLBI ALLE2", "TLBI ALLE1"))
+        )
+
+    def findings(rows: pl.DataFrame, target: tuple[int, ...]) -> g.GroundTruthSummary:
+        """The 6.12 nVHE summary of run h with this target."""
+        context = g.StepContext((0, 1, 2, 3), (1,), target)
+        setup = ("6.12", "nvhe", "max")
+        return g.summarise(rows, action, packaged_signatures(), setup, context, {}, [])
+
+    control = target_cpus({"action_cpus": [2]}, "hotplug-other", (1,))
+    assert control == (2,)
+    assert findings(replug(2), control).findings == []
+    wrong = findings(replug(1), control).findings  # on the guest CPU, none on CPU 2
+    assert len(wrong) == 4 and any("on CPU 1: expected 0, executed 1" in f for f in wrong)
+    old = target_cpus({}, "hotplug-other", (1,))
+    assert old == () and findings(replug(2), old).uncovered == [
+        "hotplug-other (the bundle does not say its target CPUs)"
+    ]

@@ -196,3 +196,14 @@ def test_el2_only_is_read_from_kallsyms_hypercall_handlers_user_probes_included(
         and "never fires" in said["__kvm_flush_cpu_context"]
     )
     assert user_probes_unseen(lines, "vhe", kallsyms) == {}
+
+
+def test_the_after_guest_actions_cpus_are_the_guests_or_the_controls() -> None:
+    """hotplug acts on the guest CPU, hotplug-other on the first stress CPU that did not
+    run the guest (the manifest records them for the ground truth's "target")."""
+    from tracekit.host.protocol import action_cpus
+
+    roles = Roles(3, (0, 1, 2), (1,))
+    assert action_cpus("hotplug", roles) == (1,)
+    assert action_cpus("hotplug-other", roles) == (0,)
+    assert action_cpus("none", roles) == ()

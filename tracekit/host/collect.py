@@ -58,6 +58,7 @@ from tracekit.host.protocol import (
     Roles,
     Scenario,
     ScenarioParams,
+    action_cpus,
     format_ints,
     host_side,
     plan_runs,
@@ -360,6 +361,8 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 "guest_revision": variant.revision,
                 "guest_preset": variant.preset,
                 "backing": options.backing,
+                # The CPUs the after-guest action acts on (its signatures' "target").
+                "action_cpus": list(action_cpus(options.after_guest, roles)),
                 "guest": str(guest_path),
                 "parameters": jsonable(asdict(params)),
                 "capture": capture_record(options.capture, tools.trace_cmd),

@@ -562,6 +562,19 @@ def after_guest_run_id(action: str) -> str:
     return "after-guest-" + action.replace(":", "-").replace("@", "-")
 
 
+def action_cpus(after_guest: str, roles: Roles) -> tuple[int, ...]:
+    """The CPUs an after-guest action acts on (the manifest records them): hotplug and the
+    guest-CPU TLBIs the guest's, hotplug-other and the other-CPU TLBI the control's."""
+    if after_guest in TLBI_ACTIONS:
+        other = TLBI_ACTIONS[after_guest][1] == "other-cpu"
+        return control_cpus(roles) if other else roles.guest_cpus
+    if after_guest == "hotplug":
+        return roles.guest_cpus
+    if after_guest == "hotplug-other":
+        return control_cpus(roles)
+    return ()
+
+
 def control_cpus(roles: Roles) -> tuple[int, ...]:
     """The negative control's CPU (hotplug-other, tlbi:alle1@other-cpu): the first stress
     CPU that did not run the guest."""

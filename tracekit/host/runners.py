@@ -38,7 +38,7 @@ from tracekit.host.afterguest import (
 )
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
-from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus
+from tracekit.host.protocol import PlannedRun, ScenarioParams, action_cpus
 
 if TYPE_CHECKING:
     from tracekit.host.collect import Session
@@ -244,14 +244,12 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
     """The after-guest action: CPU hotplug, or a VMID rollover (or one VM short of it)."""
     action = session.options.after_guest
     if action in TLBI_ACTIONS:
-        _, target = TLBI_ACTIONS[action]
-        cpus = control_cpus(session.roles) if target == "other-cpu" else session.roles.guest_cpus
+        cpus = action_cpus(action, session.roles)
         request = tlbi_request(action, cpus[0], session.options.vmid)
         ctx.path(RunFile.MAINT).write_text("\n".join(issue_maint(request, session.now)) + "\n")
         return
     if action in ("hotplug", "hotplug-other"):
-        cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
-        log = hotplug(cpus, session.stack, session.now)
+        log = hotplug(action_cpus(action, session.roles), session.stack, session.now)
         ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
         return
     watch = open_vmid_watch(session.tracefs)

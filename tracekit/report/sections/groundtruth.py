@@ -88,7 +88,7 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     online = (
         tuple(parse_cpu_list(str(host.get("online_cpus", "")))) if host.get("online_cpus") else ()
     )
-    context = gt.StepContext(online, guest, guest if action == "hotplug" else ())
+    context = gt.StepContext(online, guest, target_cpus(manifest.scenario, action, guest))
     steps, hits, traced = (
         [],
         dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
@@ -137,6 +137,15 @@ def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.Da
         if entries.height:
             found[name] = pair_calls(entries, ours.filter(pl.col("event") == f"{name}_ret"))[0]
     return found
+
+
+def target_cpus(scenario: dict, action: str, guest: tuple[int, ...]) -> tuple[int, ...]:
+    """The after-guest action's CPUs as the manifest records them; bundles from before
+    that record them: the guest's for hotplug, none (unknown) for anything else."""
+    recorded = scenario.get("action_cpus")
+    if recorded is not None:
+        return tuple(int(c) for c in recorded)
+    return guest if action == "hotplug" else ()
 
 
 def _probe_counts(events: pl.DataFrame) -> dict[str, int]:
