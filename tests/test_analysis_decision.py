@@ -287,6 +287,10 @@ def test_rules_name_the_kernel_paths_the_review_found() -> None:
         hotplug = said[("after_guest", "hotplug", verdict)]
         assert "__cpu_setup's local TLBI VMALLE1" in hotplug and "___kvm_hyp_init" in hotplug
     assert "idle" in said[("after_guest", "hotplug", ABSENT)]
+    # Review 1517 finding 7: idle exits happen in none and hotplug runs alike.
+    idle = said[("after_guest", "hotplug", ABSENT)]
+    assert "confounded with the guest CPU's idle" not in idle
+    assert "differ between the two" in idle and "did not clear it" in idle
     assert "power-off" in said[("variant", "mmu-on-off", PRESENT)]
     assert "among others" in said[("variant", "mmu-off", ABSENT)]
     for verdict in (PRESENT, ABSENT):

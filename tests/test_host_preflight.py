@@ -166,7 +166,11 @@ def test_thp_modes_and_idle_state_usage_from_sysfs(tmp_path: Path) -> None:
         state.mkdir(parents=True)
         (state / "name").write_text(f"{name}\n")
         (state / "usage").write_text(f"{usage}\n")
-    assert read_idle_usage([1, 2], sys_cpu=tmp_path) == {"cpu1/WFI": 120, "cpu1/cpu-sleep": 7}
+    # WFI loses nothing (no CPU_PM): left out; CPU 2 has no cpuidle and says so.
+    assert read_idle_usage([1, 2], sys_cpu=tmp_path) == {
+        "cpu1/cpu-sleep": 7,
+        "cpu2/no-cpuidle-WFI-only": 0,
+    }
 
 
 # --- this machine's own files ---------------------------------------------------------------

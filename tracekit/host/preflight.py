@@ -268,14 +268,27 @@ def read_thp(thp: Path = THP) -> dict[str, str | None]:
     return modes
 
 
+# The name arm64's cpuidle drivers give state 0 (6.1 cpuidle-psci.c, cpuidle-arm.c): WFI
+# keeps the TLBs and gets no CPU_PM notification, so it says nothing of lost TLB state.
+WFI_STATE = "WFI"
+# Recorded for a CPU with no power-down idle state (QEMU's virt machine has no cpuidle
+# driver): so that an empty record reads "no cpuidle: WFI only", not "0 entries".
+NO_CPUIDLE = "no-cpuidle-WFI-only"
+
+
 def read_idle_usage(cpus: list[int], sys_cpu: Path = SYS_CPU) -> dict[str, int]:
-    """How often each CPU entered each cpuidle state so far ("cpuN/NAME" -> usage)."""
+    """How often each CPU entered each power-down cpuidle state so far ("cpuN/NAME" ->
+    usage; WFI left out), or "cpuN/no-cpuidle-WFI-only" -> 0 when it has none."""
     usage: dict[str, int] = {}
     for cpu in cpus:
+        found = False
         for state in sorted((sys_cpu / f"cpu{cpu}" / "cpuidle").glob("state*")):
             name, count = _read(state / "name"), _read(state / "usage")
-            if name and count and count.isdigit():
+            if name and name != WFI_STATE and count and count.isdigit():
                 usage[f"cpu{cpu}/{name}"] = int(count)
+                found = True
+        if not found:
+            usage[f"cpu{cpu}/{NO_CPUIDLE}"] = 0
     return usage
 
 
