@@ -37,7 +37,7 @@ GENERATED = Condition(
     guest_revision="1", backing="4k", knobs="none", scenario="main", cpu_model="Cortex-A76",
     rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
     stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
-    freshness="fresh", tlbirange="no", fwb="no", thp="always",
+    freshness="fresh", tlbirange="no", fwb="no", repeat_tlbi="yes", thp="always",
     protocol="3s@1000us",
 )  # fmt: skip
 
@@ -193,6 +193,8 @@ def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
     # QEMU's max has FEAT_TLBIRANGE and FEAT_FWB, Cortex-A76 neither (its boot log says).
     has = cores.startswith("0x")
     host |= {"features": {k: {"present": has} for k in ("tlbirange", "fwb")}}
+    # 6.1.176's REPEAT_TLBI workaround covers Cortex-A76 (4118414), not max.
+    host["features"]["repeat_tlbi"] = {"present": not has}
     host |= {"thp": {"enabled": "always"}}
     host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
     host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
@@ -208,7 +210,7 @@ def test_other_cores_are_another_condition_not_only_another_kvm_mode() -> None:
     a76 = bundle_condition(_manifest("Cortex-A76", "nvhe", **known))
     qmax = bundle_condition(_manifest("0x00:0x051", "vhe", **known))
     assert set(a76.differing(qmax)) == {
-        "kvm_mode", "cpu_model", "rt_core", "guest_core", "tlbirange", "fwb"
+        "kvm_mode", "cpu_model", "rt_core", "guest_core", "tlbirange", "fwb", "repeat_tlbi"
     }  # fmt: skip
     assert conclusions([_effect(a76, PRESENT), _effect(qmax, ABSENT)]) == []
     same_cores = bundle_condition(_manifest("Cortex-A76", "vhe", **known))
@@ -312,6 +314,10 @@ def test_rules_name_the_kernel_paths_the_review_found() -> None:
         hotplug = said[("after_guest", "hotplug", verdict)]
         assert "__cpu_setup's local TLBI VMALLE1" in hotplug and "___kvm_hyp_init" in hotplug
     assert "idle" in said[("after_guest", "hotplug", ABSENT)]
+    # Review 1517 finding 7: idle exits happen in none and hotplug runs alike.
+    idle = said[("after_guest", "hotplug", ABSENT)]
+    assert "confounded with the guest CPU's idle" not in idle
+    assert "differ between the two" in idle and "did not clear it" in idle
     assert "power-off" in said[("variant", "mmu-on-off", PRESENT)]
     assert "among others" in said[("variant", "mmu-off", ABSENT)]
     for verdict in (PRESENT, ABSENT):
@@ -417,7 +423,7 @@ def test_rollover_control_separates_the_alle1is_from_the_vms() -> None:
 def test_cpu_features_and_thp_are_condition_fields_unknown_in_old_bundles() -> None:
     """FEAT_TLBIRANGE, FEAT_FWB and THP from host facts; a bundle lacking them pools with none."""
     new = bundle_condition(_manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp"))
-    assert (new.tlbirange, new.fwb, new.thp) == ("no", "no", "always")
+    assert (new.tlbirange, new.fwb, new.repeat_tlbi, new.thp) == ("no", "no", "yes", "always")
     madvise = _manifest("Cortex-A76", "nvhe", guest_revision="2", backing="thp")
     madvise.host["thp"] = {"enabled": "madvise"}
     assert bundle_condition(madvise).differs_only_in(new) == "thp"
@@ -427,3 +433,4 @@ def test_cpu_features_and_thp_are_condition_fields_unknown_in_old_bundles() -> N
     rotated.host["features"] = {k: {"present": None} for k in ("tlbirange", "fwb")}
     for lacking in (bundle_condition(old), bundle_condition(rotated)):
         assert str(lacking.tlbirange) == "unknown" and lacking.differs_only_in(new) is None
+        assert str(lacking.repeat_tlbi) == "unknown"

@@ -18,6 +18,11 @@ from tracekit.ingest.vmm import parse_vmm_output
 FIXTURE = Path(__file__).parent / "fixtures" / "groundtruth" / "nvhe-a76"
 SETUP = ("6.1", "nvhe", "cortex-a76")
 CONTEXT = g.StepContext(online=(0, 1, 2, 3), guest=(1,))
+# The backing the run signatures require, given so that they are checked: the fixture's
+# VMM ran with its default backing (before --backing), which its bundle cannot say. The
+# REPEAT_TLBI workaround is active on it (its vhost-boot-dmesg.txt: "CPU features:
+# detected: Broken broadcast TLBI completion").
+FACTS = {"backing": "4k", "repeat_tlbi": "yes"}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +39,16 @@ def steps() -> pl.DataFrame:
     return g.vm_steps(vms, "guest")
 
 
-def _summary(given: pl.DataFrame, steps: pl.DataFrame, **probes: int) -> g.GroundTruthSummary:
+def _summary(
+    given: pl.DataFrame,
+    steps: pl.DataFrame,
+    calls: dict[str, pl.DataFrame] | None = None,
+    **probes: int,
+) -> g.GroundTruthSummary:
     """summarise with the packaged signatures, the fixture's setup and CPUs."""
-    return g.summarise(given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"])
+    return g.summarise(
+        given, steps, packaged_signatures(), SETUP, CONTEXT, probes, ["guest"], calls, FACTS
+    )
 
 
 def test_vm_steps_from_the_vmm_output(steps: pl.DataFrame) -> None:
@@ -103,7 +115,37 @@ def test_a_probe_that_never_fired_on_an_executed_path_is_blind(given, steps) -> 
     )
     verdicts = dict(summary.probes.select("probe", "verdict").iter_rows())
     assert verdicts["__kvm_tlb_flush_vmid"].startswith("blind")
-    assert verdicts["kvm_arm_vmid_update"].startswith("fired, no invalidation")
+    assert verdicts["kvm_arm_vmid_update"].startswith("fired, with no return recorded")
+
+
+def test_a_flush_counts_for_a_probe_only_inside_its_calls_on_the_same_cpu(given, steps) -> None:
+    """6.1 calls __kvm_tlb_flush_vmid from kvm_flush_remote_tlbs and from
+    kvm_pgtable_stage2_map's break-before-make: a VMID flush outside every
+    kvm_flush_remote_tlbs call (or inside one on another CPU) is not attributable to it,
+    never "blind"; one inside a call on its CPU is the probe's."""
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    at = int(hyp_row["ts"][0])
+    cpu = int(hyp_row["cpu"][0])
+    flush = hyp_row.with_columns(symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"))
+    window = pl.DataFrame({"cpu": [cpu], "start_ts": [at - 5], "end_ts": [at + 5]})
+    other_cpu = window.with_columns(cpu=pl.lit(cpu + 1))
+    rows = pl.concat([given, flush])
+    unfired = _summary(rows, steps, kvm_flush_remote_tlbs=0)
+    verdict = unfired.probes.row(0, named=True)
+    assert verdict["not_attributable"] == 1 and "not attributable" in verdict["verdict"]
+    assert not verdict["verdict"].startswith("blind")
+    elsewhere = _summary(rows, steps, {"kvm_flush_remote_tlbs": other_cpu}, kvm_flush_remote_tlbs=1)
+    assert elsewhere.probes.row(0, named=True)["inside"] == 0
+    mine = _summary(rows, steps, {"kvm_flush_remote_tlbs": window}, kvm_flush_remote_tlbs=1)
+    assert mine.probes.row(0, named=True)["inside"] == 1
+    assert "executed 1 invalidation" in mine.probes.row(0, named=True)["verdict"]
+
+
+def test_the_teardown_probes_stand_for_no_flush() -> None:
+    """6.1's stage2_free_walker has no TLBI: the teardown functions are not path probes."""
+    paths = packaged_signatures().probe_paths
+    assert not {"kvm_free_stage2_pgd", "kvm_pgtable_stage2_destroy"} & set(paths)
+    assert paths["kvm_pgtable_stage2_map"] == ("__kvm_tlb_flush_vmid",)
 
 
 def test_entry_probes_from_definition_lines() -> None:
@@ -165,20 +207,24 @@ def test_bad_signatures_are_one_line_per_mistake() -> None:
         parse_signatures("[[signature]\n")
 
 
-def _alle1is_in_run(given: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def _alle1is_in_run(
+    given: pl.DataFrame, steps: pl.DataFrame, repeat_tlbi: bool = True
+) -> pl.DataFrame:
     """The fixture plus one EL2 TLBI ALLE1IS (__kvm_flush_vm_context) on CPU 1 inside the
-    VM's run step, where a VMID rollover issues it (kvm_arm_vmid_update in the run loop)."""
+    VM's run step, where a VMID rollover issues it (kvm_arm_vmid_update in the run loop),
+    and, as the REPEAT_TLBI workaround of this cortex-a76 host adds, its TLBI VALE2IS."""
     run = steps.filter(pl.col("step") == "run").row(0, named=True)
-    extra = (
+    extra = [
         given.filter(pl.col("where") == "hyp", pl.col("cpu") == 1)
         .head(1)
         .with_columns(
-            ts=pl.lit(run["start"] + 10, dtype=pl.Int64),
-            operation=pl.lit("TLBI ALLE1IS"),
-            symbol=pl.lit("__kvm_nvhe___kvm_flush_vm_context+0x10"),
+            ts=pl.lit(run["start"] + 10 + n, dtype=pl.Int64),
+            operation=pl.lit(op),
+            symbol=pl.lit(f"__kvm_nvhe___kvm_flush_vm_context+0x{16 + 8 * n:x}"),
         )
-    )
-    return pl.concat([given, extra])
+        for n, op in enumerate(["TLBI ALLE1IS", "TLBI VALE2IS"][: 2 if repeat_tlbi else 1])
+    ]
+    return pl.concat([given, *extra])
 
 
 def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
@@ -192,18 +238,86 @@ def test_a_rollover_owns_its_alle1is_not_the_vm_it_ran_in(given, steps) -> None:
     )
     rows_r = rows.with_columns(run_id=pl.lit("after-guest-rollover"))
     summary = _summary(rows_r, pl.concat([rollover, action]))
-    assert summary.findings == []
-    assert summary.checks.filter(pl.col("step") == "rollover")["seen"].to_list() == [1]
+    assert summary.findings == []  # the VALE2IS too is the rollover's, not the VM's run
+    assert summary.checks.filter(pl.col("step") == "rollover")["seen"].to_list() == [1, 1]
     plain = _summary(rows, steps)
-    assert len(plain.findings) == 1 and "guest run: TLBI ALLE1IS" in plain.findings[0]
+    assert len(plain.findings) == 2 and "guest run: TLBI ALLE1IS" in plain.findings[0]
+
+
+def test_the_rollover_signature_follows_the_repeat_tlbi_erratum(given, steps) -> None:
+    """With the workaround active a rollover without its VALE2IS contradicts the
+    signature; without it, the ALLE1IS alone matches; an unrecorded state is not checked."""
+    rollover = steps.with_columns(run_id=pl.lit("r"))
+    action = g.action_step("r", "rollover", int(steps["start"].min()), int(steps["end"].max()))
+    every = pl.concat([rollover, action])
+    bare = _alle1is_in_run(given, steps, repeat_tlbi=False).with_columns(run_id=pl.lit("r"))
+    signatures = packaged_signatures()
+
+    def summary(facts: dict[str, str]) -> g.GroundTruthSummary:
+        """The bare rollover's summary under these facts."""
+        return g.summarise(bare, every, signatures, SETUP, CONTEXT, {}, [], None, facts)
+
+    erratum = summary(FACTS)
+    assert [f for f in erratum.findings if "TLBI VALE2IS" in f and "expected 1, executed 0" in f]
+    assert summary({**FACTS, "repeat_tlbi": "no"}).findings == []
+    unknown = summary({"backing": "4k"})
+    assert unknown.findings == [] and (
+        "rollover (condition not checked: the bundle does not record its repeat_tlbi)"
+        in unknown.uncovered
+    )
 
 
 def test_a_step_whose_cpus_are_unknown_is_not_checked(given, steps) -> None:
     """Without the online CPUs the creation signature cannot be checked: named, not failed."""
     context = g.StepContext(online=(), guest=(1,))
-    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [])
+    summary = g.summarise(given, steps, packaged_signatures(), SETUP, context, {}, [], None, FACTS)
     assert summary.findings == []
     assert summary.uncovered == ["create (the bundle does not say its online CPUs)"]
+
+
+def test_a_step_outside_its_signatures_conditions_is_not_checked(given, steps) -> None:
+    """A THP-backed run's VMID flush from kvm_pgtable_stage2_map, a two-vCPU VM's second
+    first-run flush: correct KVM outside the exact run signature's `requires`, so the run
+    is "not checked", never a contradiction; a bundle without its backing likewise."""
+    run = steps.filter(pl.col("step") == "run").row(0, named=True)
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    bbm = hyp_row.with_columns(
+        ts=pl.lit(run["start"] + 10, dtype=pl.Int64),
+        operation=pl.lit("TLBI VMALLS12E1IS"),
+        symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"),
+    )
+    rows = pl.concat([given, bbm])
+    signatures = packaged_signatures()
+
+    def summary(facts: dict[str, str], vm_steps: pl.DataFrame) -> g.GroundTruthSummary:
+        """The fixture's summary with these facts and steps."""
+        return g.summarise(rows, vm_steps, signatures, SETUP, CONTEXT, {}, [], None, facts)
+
+    assert summary(FACTS, steps).findings != []  # 4k: the extra flush is a contradiction
+    thp = summary({"backing": "thp"}, steps)
+    assert thp.findings == []
+    assert thp.uncovered == ["run (condition not met: backing thp, the signature holds for 4k)"]
+    two = summary(FACTS, steps.with_columns(vcpus=pl.lit(2, dtype=pl.Int64)))
+    assert two.findings == [] and "condition not met: vcpus 2" in two.uncovered[-1]
+    unsaid = summary({}, steps)
+    assert unsaid.findings == []
+    assert "run (condition not checked: the bundle does not record its backing)" in (
+        unsaid.uncovered
+    )
+
+
+def test_a_requires_naming_an_unknown_condition_is_refused() -> None:
+    """requires names only condition fields the analysis can read."""
+    text = (packaged_signatures_text()).replace(
+        'requires = { vcpus = [1], backing = ["4k"] }', 'requires = { colour = ["red"] }', 1
+    )
+    with pytest.raises(TracekitError, match="requires 'colour' is not one of vcpus"):
+        parse_signatures(text)
+
+
+def packaged_signatures_text() -> str:
+    """The shipped gtsignatures.toml."""
+    return (Path(g.__file__).parent / "gtsignatures.toml").read_text()
 
 
 def test_an_action_runs_rows_are_its_own_phase(given, steps) -> None:
@@ -221,6 +335,47 @@ def test_a_rollovers_counts_give_each_row_to_one_step(given, steps) -> None:
     action = g.action_step("r", "rollover", int(steps["start"].min()), int(steps["end"].max()))
     summary = _summary(rows, pl.concat([steps.with_columns(run_id=pl.lit("r")), action]))
     rollover = summary.by_step.filter(pl.col("step") == "rollover")
-    assert rollover.select("operation", "count").rows() == [("TLBI ALLE1IS", 1)]
+    assert rollover.select("operation", "count").sort("operation").rows() == [
+        ("TLBI ALLE1IS", 1),
+        ("TLBI VALE2IS", 1),
+    ]
     run = summary.by_step.filter(pl.col("step") == "run")
     assert "TLBI ALLE1IS" not in run["operation"].to_list()
+
+
+def test_hotplug_other_checks_the_control_cpu_it_recorded(given, steps) -> None:
+    """6.12's hotplug-other re-initialises EL2 on the control CPU the manifest records
+    (scenario.action_cpus): ALLE2 + ALLE1 there matches; on the guest CPU instead it is
+    a finding; an older bundle without the record is not checked."""
+    from tracekit.report.sections.groundtruth import target_cpus
+
+    hyp = given.filter(pl.col("where") == "hyp").head(1)
+    action = g.action_step("h", "hotplug-other", 0, 1 << 62)
+
+    def replug(cpu: int) -> pl.DataFrame:
+        """One 6.12 ___kvm_hyp_init's ALLE2 + ALLE1 on `cpu`, in run h."""
+        return pl.concat(
+            hyp.with_columns(
+                run_id=pl.lit("h"),
+                cpu=pl.lit(cpu, dtype=hyp["cpu"].dtype),
+                operation=pl.lit(op),
+                symbol=pl.lit(f"__kvm_nvhe____kvm_hyp_init+0x{0x74 + 4 * n:x}"),
+            )
+            for n, op in enumerate(("TLBI ALLE2", "TLBI ALLE1"))
+        )
+
+    def findings(rows: pl.DataFrame, target: tuple[int, ...]) -> g.GroundTruthSummary:
+        """The 6.12 nVHE summary of run h with this target."""
+        context = g.StepContext((0, 1, 2, 3), (1,), target)
+        setup = ("6.12", "nvhe", "max")
+        return g.summarise(rows, action, packaged_signatures(), setup, context, {}, [])
+
+    control = target_cpus({"action_cpus": [2]}, "hotplug-other", (1,))
+    assert control == (2,)
+    assert findings(replug(2), control).findings == []
+    wrong = findings(replug(1), control).findings  # on the guest CPU, none on CPU 2
+    assert len(wrong) == 4 and any("on CPU 1: expected 0, executed 1" in f for f in wrong)
+    old = target_cpus({}, "hotplug-other", (1,))
+    assert old == () and findings(replug(2), old).uncovered == [
+        "hotplug-other (the bundle does not say its target CPUs)"
+    ]

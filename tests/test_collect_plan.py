@@ -157,3 +157,53 @@ def test_el2_only_functions_give_way_to_their_host_side_callers_outside_vhe() ->
         probed == list(KPROBE_CANDIDATES)
         and "fires only with VHE" in unseen["__kvm_flush_vm_context"]
     )
+
+
+def test_el2_only_is_read_from_kallsyms_hypercall_handlers_user_probes_included() -> None:
+    """A function with an nVHE hypercall handler in kallsyms is EL2-only outside VHE
+    (vmid_ipa, flush_cpu_context: not in EL2_CALLERS); a bare __kvm_nvhe_ twin is not
+    (the host runs its own kvm_pgtable_stage2_map in nVHE); user --kprobes are named."""
+    from tracekit.host.protocol import host_side, user_probes_unseen
+
+    # Names as 6.1.0-50's /proc/kallsyms lists them in the nvhe-a53 boot.
+    kallsyms = {
+        "__kvm_tlb_flush_vmid_ipa",
+        "__kvm_nvhe___kvm_tlb_flush_vmid_ipa",
+        "__kvm_nvhe_handle___kvm_tlb_flush_vmid_ipa",
+        "__kvm_flush_cpu_context",
+        "__kvm_nvhe_handle___kvm_flush_cpu_context",
+        "__kvm_tlb_flush_vmid",
+        "__kvm_nvhe_handle___kvm_tlb_flush_vmid",
+        "kvm_pgtable_stage2_map",
+        "__kvm_nvhe_kvm_pgtable_stage2_map",
+    }
+    wanted = (
+        "__kvm_tlb_flush_vmid_ipa",
+        "__kvm_flush_cpu_context",
+        "__kvm_tlb_flush_vmid",
+        "kvm_pgtable_stage2_map",
+    )
+    probed, unseen = host_side(wanted, "nvhe", kallsyms)
+    assert "__kvm_tlb_flush_vmid_ipa" not in probed and "__kvm_flush_cpu_context" not in probed
+    assert "not probed" in unseen["__kvm_tlb_flush_vmid_ipa"]
+    assert "kvm_pgtable_stage2_map" in probed and "kvm_pgtable_stage2_map" not in unseen
+    assert "kvm_pgtable_stage2_map" in unseen["__kvm_tlb_flush_vmid"]  # 6.1's BBM caller
+    assert host_side(wanted, "vhe", kallsyms) == (list(wanted), {})
+    lines = ["p:tracekit/mine __kvm_flush_cpu_context", "p:tracekit/map kvm_pgtable_stage2_map"]
+    said = user_probes_unseen(lines, "protected", kallsyms)
+    assert (
+        list(said) == ["__kvm_flush_cpu_context"]
+        and "never fires" in said["__kvm_flush_cpu_context"]
+    )
+    assert user_probes_unseen(lines, "vhe", kallsyms) == {}
+
+
+def test_the_after_guest_actions_cpus_are_the_guests_or_the_controls() -> None:
+    """hotplug acts on the guest CPU, hotplug-other on the first stress CPU that did not
+    run the guest (the manifest records them for the ground truth's "target")."""
+    from tracekit.host.protocol import action_cpus
+
+    roles = Roles(3, (0, 1, 2), (1,))
+    assert action_cpus("hotplug", roles) == (1,)
+    assert action_cpus("hotplug-other", roles) == (0,)
+    assert action_cpus("none", roles) == ()

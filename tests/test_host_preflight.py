@@ -124,14 +124,34 @@ def test_cpu_feature_and_errata_lines() -> None:
     [("dmesg-bookworm-max-vhe.txt", True), ("dmesg-bookworm-cortex-a76-nvhe.txt", False)],
 )
 def test_range_tlbi_and_fwb_rest_on_the_boot_logs_cpu_features(boot: str, present: bool) -> None:
-    """Real emulated boots (tests/fixtures/vhost): QEMU's max has both, cortex-a76 neither."""
+    """Real emulated boots (tests/fixtures/vhost): QEMU's max has both, cortex-a76 neither;
+    cortex-a76 (not max) gets 6.1.176's REPEAT_TLBI workaround ("Broken broadcast TLBI
+    completion")."""
     log = (Path(__file__).parent / "fixtures" / "vhost" / boot).read_text()
-    features = logged_features(cpu_feature_lines(log))
-    assert {k: v["present"] for k, v in features.items()} == {"tlbirange": present, "fwb": present}
+    features = logged_features(log)
+    assert {k: v["present"] for k, v in features.items()} == {
+        "tlbirange": present,
+        "fwb": present,
+        "repeat_tlbi": not present,
+    }
     if present:
         assert str(features["fwb"]["evidence"]).endswith("detected: Stage-2 Force Write-Back")
-    rotated = logged_features(cpu_feature_lines("Booting Linux\n"))
-    assert [v["present"] for v in rotated.values()] == [None, None]
+        assert str(features["tlbirange"]["evidence"]).startswith("the CPU has it")
+    rotated = logged_features("Booting Linux\n")
+    assert [v["present"] for v in rotated.values()] == [None, None, None]
+    # Rotated part-way: the late "detected:" lines survive, the early ones (the
+    # erratum's, at 0.000000) are gone: unknown, never "no".
+    late = "\n".join(line for line in log.splitlines() if not line.startswith("[    0.000000]"))
+    assert all(v["present"] in (None, True) for v in logged_features(late).values())
+
+
+def test_range_tlbis_need_the_kernel_config_as_well_as_the_cpu() -> None:
+    """system_supports_tlb_range(): the CPU's FEAT_TLBIRANGE and CONFIG_ARM64_TLB_RANGE."""
+    log = (Path(__file__).parent / "fixtures" / "vhost" / "dmesg-bookworm-max-vhe.txt").read_text()
+    assert logged_features(log)["tlbirange"]["kernel_uses"] is None
+    off = logged_features(log, {"CONFIG_ARM64_TLB_RANGE": "n"})["tlbirange"]
+    assert off["present"] is True and off["kernel_uses"] is False
+    assert logged_features(log, {"CONFIG_ARM64_TLB_RANGE": "y"})["tlbirange"]["kernel_uses"]
 
 
 def test_thp_modes_and_idle_state_usage_from_sysfs(tmp_path: Path) -> None:
@@ -146,7 +166,11 @@ def test_thp_modes_and_idle_state_usage_from_sysfs(tmp_path: Path) -> None:
         state.mkdir(parents=True)
         (state / "name").write_text(f"{name}\n")
         (state / "usage").write_text(f"{usage}\n")
-    assert read_idle_usage([1, 2], sys_cpu=tmp_path) == {"cpu1/WFI": 120, "cpu1/cpu-sleep": 7}
+    # WFI loses nothing (no CPU_PM): left out; CPU 2 has no cpuidle and says so.
+    assert read_idle_usage([1, 2], sys_cpu=tmp_path) == {
+        "cpu1/cpu-sleep": 7,
+        "cpu2/no-cpuidle-WFI-only": 0,
+    }
 
 
 # --- this machine's own files ---------------------------------------------------------------

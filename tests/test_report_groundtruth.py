@@ -30,7 +30,9 @@ def gt_bundle(
         "kvm": {"mode": kvm_mode},
         "cpus": [{"name": "Cortex-A76"}] * 4,
     }
-    options = {"guest_cpus": [1], "after_guest": "none", "scenario": "main"}
+    # backing as collect records it (the run signatures require 4k); the fixture's own
+    # VMM ran with its default backing, before --backing existed.
+    options = {"guest_cpus": [1], "after_guest": "none", "scenario": "main", "backing": "4k"}
     writer = BundleWriter.create(root, Manifest(host=host, options=options))
     shutil.copy(FIXTURE / "vmm.txt", writer.path("runs/guest/vmm.txt"))
     run = RunRecord(

@@ -197,7 +197,7 @@ register_vhost_check(
     "groundtruth_vms",
     "G=/tracekit/reproducer/build/gtmark; "
     "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-start; "
-    f"/tracekit/reproducer/build/vmm --cpus 1 --repeat {GT_VMS} "
+    f"/tracekit/reproducer/build/vmm --cpus 1 --backing 4k --repeat {GT_VMS} "
     "/tracekit/reproducer/build/guests/mmu-on.elf > vmm.txt; status=$?; "
     "$G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > window-end; "
     "cat /sys/devices/system/cpu/online > online; exit $status",
@@ -306,7 +306,7 @@ LIFECYCLE_HOTPLUG = (
     "G=/tracekit/reproducer/build/gtmark; "
     "mark() { $G --cpus 0 --rounds 1 | tee -a /out/vhost-gtmark.txt > $1; }; "
     "mark window-start; "
-    f"/tracekit/reproducer/build/vmm --cpus 1 --repeat {GT_VMS} "
+    f"/tracekit/reproducer/build/vmm --cpus 1 --backing 4k --repeat {GT_VMS} "
     "/tracekit/reproducer/build/guests/mmu-on.elf > vmm.txt; status=$?; "
     "mark window-vms-end; "
     "echo 0 > /sys/devices/system/cpu/cpu1/online && "

@@ -82,6 +82,7 @@ FIELD_LABELS = {
     "isolation": "rt isolation",
     "tlbirange": "FEAT_TLBIRANGE",
     "fwb": "FEAT_FWB",
+    "repeat_tlbi": "REPEAT_TLBI erratum",
     "thp": "host THP",
     "host": "host",
     "freshness": "host freshness",
@@ -117,6 +118,9 @@ class Condition:
     # write-back (without it the guest's VM-register writes trap): yes, no, or unknown.
     tlbirange: str = field(default_factory=Unknown)
     fwb: str = field(default_factory=Unknown)
+    # The "Broken broadcast TLBI completion" workaround (boot log): yes, no, or unknown.
+    # Active, every broadcast TLBI's completion repeats a TLBI VALE1IS/VALE2IS + DSB ISH.
+    repeat_tlbi: str = field(default_factory=Unknown)
     thp: str = field(default_factory=Unknown)  # transparent_hugepage/enabled: always, ...
     host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
     freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
@@ -168,6 +172,7 @@ def bundle_condition(manifest: Manifest) -> Condition:
         isolation=rt_isolation(manifest),
         tlbirange=cpu_feature(manifest, "tlbirange"),
         fwb=cpu_feature(manifest, "fwb"),
+        repeat_tlbi=cpu_feature(manifest, "repeat_tlbi"),
         thp=_known((manifest.host.get("thp") or {}).get("enabled")),
         host=host_kind(manifest),
         freshness=_known((manifest.host.get("freshness") or {}).get("state")),

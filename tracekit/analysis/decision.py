@@ -187,9 +187,12 @@ RULES: tuple[Rule, ...] = (
     _rule("after_guest", "none", PRESENT, "hotplug", ABSENT,
           "cleared by hotplugging the guest CPU (PSCI CPU_OFF, CPU_ON)",
           "a power cycle of the guest CPU (in QEMU a CPU reset) removes it, or what then"
-          " runs there: " + _REPLUG + "; on 6.12 the guest CPU's power-down idle exits"
-          " before the after phase also re-run that EL2 init (CPU_PM), so none vs"
-          " hotplug is confounded with the guest CPU's idle"),
+          " runs there: " + _REPLUG + ". On 6.12 a power-down idle exit re-runs that"
+          " EL2 init too (CPU_PM, virtualisation enabled with no VM alive; on 6.1 only"
+          " while a VM is alive), in a none run as in a hotplug run: a confound only"
+          " where the guest CPU's power-down idle entries (not WFI) differ between the"
+          " two; and a 6.12 none PRESENT after such entries already shows that an"
+          " ALLE2 + ALLE1 on the guest CPU alone did not clear it"),
     _rule("after_guest", "none", PRESENT, "hotplug", PRESENT,
           "not cleared by hotplugging the guest CPU",
           "neither a power cycle of the guest CPU nor what then runs there ("

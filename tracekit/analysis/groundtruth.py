@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.conditions import Unknown
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
 from tracekit.cpus import format_cpu_list as format_cpus
 
@@ -30,6 +31,8 @@ STEP_SCHEMA = {
     "step": pl.String,
     "start": pl.Int64,
     "end": pl.Int64,
+    "vcpus": pl.Int64,  # the VM's vCPUs (null for an action step, or not recorded)
+    "backing": pl.String,  # the VMM's guest RAM backing (null: action step, not recorded)
 }
 
 
@@ -71,13 +74,15 @@ def vm_steps(vms: pl.DataFrame, run_id: str) -> pl.DataFrame:
         }
         for step, (start, end) in windows.items():
             if start is not None and end is not None:
-                rows.append((run_id, index, step, start, end))
+                rows.append((run_id, index, step, start, end, vm.get("vcpus"), vm.get("backing")))
     return pl.DataFrame(rows, schema=STEP_SCHEMA, orient="row")
 
 
 def action_step(run_id: str, action: str, start: int, end: int) -> pl.DataFrame:
     """An after-guest action's run window as one step (vm null)."""
-    return pl.DataFrame([(run_id, None, action, start, end)], schema=STEP_SCHEMA, orient="row")
+    return pl.DataFrame(
+        [(run_id, None, action, start, end, None, None)], schema=STEP_SCHEMA, orient="row"
+    )
 
 
 def in_step(rows: pl.DataFrame, step: dict[str, object]) -> pl.DataFrame:
@@ -166,17 +171,21 @@ def check_steps(
     kvm_mode: str,
     cpu_model: str,
     context: StepContext,
+    facts: dict[str, str] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Every step with a signature checked (CHECK_SCHEMA rows), and the steps no signature
-    covers for this kernel series, KVM mode and CPU model (named, never silently passed)."""
+    covers for this kernel series, KVM mode and CPU model, or whose bundle is outside the
+    signature's conditions (`facts`: the bundle's condition fields; named, never
+    silently passed, never a contradiction)."""
     frames = [pl.DataFrame(schema=CHECK_SCHEMA)]
     uncovered: set[str] = set()
-    owned = _action_owned(steps, signatures, (series, kvm_mode, cpu_model))
+    setup = (series, kvm_mode, cpu_model)
+    owned = _action_owned(steps, signatures, setup, facts or {})
     by_run = answerable(rows, steps, owned)
     for step in steps.iter_rows(named=True):
-        signature = signatures.find(series, kvm_mode, cpu_model, step["step"])
+        signature, outside = choose(signatures, setup, step, facts or {})
         if signature is None:
-            uncovered.add(step["step"])
+            uncovered.add(f"{step['step']} ({outside})" if outside else step["step"])
             continue
         unknown = [e.cpus for e in signature.expect if not _expected(e, context)]
         if unknown:
@@ -187,19 +196,50 @@ def check_steps(
     return pl.concat(frames), sorted(uncovered)
 
 
+def choose(
+    signatures: Signatures,
+    setup: tuple[str, str, str],
+    step: dict[str, object],
+    facts: dict[str, str],
+) -> tuple[Signature | None, str | None]:
+    """The first signature of the step whose conditions the step and bundle meet, or
+    None and why the first one is not met (None: no signature at all)."""
+    found = signatures.candidates(*setup, str(step["step"]))
+    reasons = [unmet(s, step, facts) for s in found]
+    for signature, reason in zip(found, reasons, strict=True):
+        if reason is None:
+            return signature, None
+    return None, reasons[0] if reasons else None
+
+
+def unmet(signature: Signature, step: dict[str, object], facts: dict[str, str]) -> str | None:
+    """Why a step is outside its signature's conditions (`requires`), or None: a step's
+    own field (its VM's vcpus and backing, from the VMM) first, else the bundle's; an
+    unrecorded one is not met either."""
+    for name, allowed in signature.requires:
+        value = step.get(name)
+        value = facts.get(name) if value is None else value
+        if value is None or isinstance(value, Unknown):
+            return f"condition not checked: the bundle does not record its {name}"
+        if str(value) not in allowed:
+            return (
+                f"condition not met: {name} {value}, the signature holds for {' or '.join(allowed)}"
+            )
+    return None
+
+
 def answerable(
     rows: pl.DataFrame, steps: pl.DataFrame, owned: dict[str, list[str]]
 ) -> dict[tuple[str, bool], pl.DataFrame]:
     """Per (run_id, is an action step), the rows such a step is answerable for (before
     its window is applied). An action's run may create and run VMs (a rollover's): what
-    runs inside their steps is theirs, except what the action's own signature expects
-    (`owned`: its ALLE1IS runs inside some VM's run step), which is the action's."""
-    if "pair" not in rows.columns:
-        rows = rows.with_columns(pair=_pair())
+    runs inside their steps is theirs, except the invalidations of the functions the
+    action's own signature expects (`owned`: its __kvm_flush_vm_context runs inside some
+    VM's run step), which are the action's."""
     out = {}
     for run_id in steps["run_id"].unique().to_list():
         mine = rows.filter(pl.col("run_id") == run_id) if "run_id" in rows.columns else rows
-        is_owned = pl.col("pair").is_in(owned.get(run_id, []))
+        is_owned = pl.col("function").is_in(owned.get(run_id, []))
         out[(run_id, False)] = mine.filter(~is_owned)
         vm = steps.filter(pl.col("run_id") == run_id, pl.col("step").is_in(VM_STEPS))
         inside = pl.Series(_inside(mine["ts"].to_numpy(), vm))
@@ -216,21 +256,24 @@ def _inside(ts: np.ndarray, steps: pl.DataFrame) -> np.ndarray:
     return found & (ts <= ends[np.maximum(index, 0)]) if len(starts) else np.zeros(len(ts), bool)
 
 
-def _pair() -> pl.Expr:
-    """'operation|function' of a row, as _action_owned names them."""
-    return pl.concat_str("operation", pl.col("function").fill_null(""), separator="|")
-
-
 def _action_owned(
-    steps: pl.DataFrame, signatures: Signatures, setup: tuple[str, str, str]
+    steps: pl.DataFrame,
+    signatures: Signatures,
+    setup: tuple[str, str, str],
+    facts: dict[str, str] | None = None,
 ) -> dict[str, list[str]]:
-    """Per run, the 'operation|function' pairs its after-guest action's signature expects."""
+    """Per run, the functions its after-guest action owns: every invalidation of a
+    function its signature expects, not only the expected operations (a rollover's
+    __kvm_flush_vm_context also runs the REPEAT_TLBI erratum's VALE2IS)."""
     owned: dict[str, list[str]] = {}
     for step in steps.filter(~pl.col("step").is_in(VM_STEPS)).iter_rows(named=True):
-        signature = signatures.find(*setup, step["step"])
-        if signature is not None:
-            pairs = [f"{e.operation}|{e.function}" for e in signature.expect]
-            owned.setdefault(step["run_id"], []).extend(pairs)
+        signature, _ = choose(signatures, setup, step, facts or {})
+        # Outside every candidate's conditions the action still runs its flushes: they
+        # stay its own (unchecked), never a contradiction of the VM step they fall in.
+        found = [signature] if signature else signatures.candidates(*setup, step["step"])
+        functions = {e.function for s in found for e in s.expect}
+        if functions:
+            owned.setdefault(step["run_id"], []).extend(sorted(functions))
     return owned
 
 
@@ -262,37 +305,93 @@ PROBE_SCHEMA = {
     "probe": pl.String,
     "path": pl.String,
     "fired": pl.Int64,
-    "executed": pl.Int64,
+    "calls_closed": pl.Int64,  # entry-to-return windows (a return probe recorded)
+    "inside": pl.Int64,  # the path's invalidations inside those windows, same CPU
+    "not_attributable": pl.Int64,  # the path's invalidations outside every window
     "verdict": pl.String,
 }
+# A probe's calls: the CPU each started on and its entry and return times (CALL_SCHEMA's
+# cpu, start_ts, end_ts; end_ts null without a return).
+WINDOW_COLUMNS = ("cpu", "start_ts", "end_ts")
 
 
 def probe_checks(
-    rows: pl.DataFrame, probes: dict[str, int], paths: dict[str, tuple[str, ...]]
+    rows: pl.DataFrame,
+    probes: dict[str, int],
+    paths: dict[str, tuple[str, ...]],
+    calls: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
-    """For each placed kprobe named after a path: how often it fired (`probes`: name ->
-    hits) against the invalidations the path's functions (`paths`: probe -> functions)
-    executed in the same runs (PROBE_SCHEMA). A probe that never fired while its path
-    executed cannot see it (e.g. an nVHE EL2 function, whose kernel copy is the VHE one)."""
+    """For each placed kprobe named after a path (`paths`: probe -> functions): its hits
+    (`probes`) against the path's invalidations, counted for the probe only inside one of
+    its calls' entry-to-return windows on the same CPU (`calls`: probe -> WINDOW_COLUMNS).
+    An EL2 call is a synchronous HVC on the calling CPU, so that is where its flushes run;
+    one outside every window is someone else's (not attributable), never the probe's."""
     out = []
     for probe, hits in sorted(probes.items()):
         functions = paths.get(probe)
         if functions is None:
             continue
-        executed = rows.filter(pl.col("function").is_in(functions)).height
-        out.append((probe, ", ".join(functions), hits, executed, _probe_verdict(hits, executed)))
+        path = rows.filter(pl.col("function").is_in(functions))
+        windows = _closed((calls or {}).get(probe))
+        inside = int(_in_windows(path, windows).sum())
+        own = path.filter(pl.col("function") == probe).height
+        verdict = _probe_verdict(hits, windows.height, inside, path.height - inside, own)
+        out.append(
+            (
+                probe,
+                ", ".join(functions),
+                hits,
+                windows.height,
+                inside,
+                path.height - inside,
+                verdict,
+            )
+        )
     return pl.DataFrame(out, schema=PROBE_SCHEMA, orient="row")
 
 
-def _probe_verdict(hits: int, executed: int) -> str:
-    """What a probe's hits mean beside the path's executed invalidations."""
-    if hits == 0 and executed:
-        return "blind: the path executed invalidations, the probe never fired"
-    if hits and not executed:
-        return "fired, no invalidation of its path executed (it does not stand for one)"
-    if hits:
-        return "fired while its path executed invalidations"
-    return "never fired, its path executed none"
+def _closed(calls: pl.DataFrame | None) -> pl.DataFrame:
+    """The calls with a return, as cpu, start_ts, end_ts."""
+    if calls is None:
+        return pl.DataFrame(schema={"cpu": pl.Int64, "start_ts": pl.Int64, "end_ts": pl.Int64})
+    found = calls.select(*WINDOW_COLUMNS).filter(pl.col("end_ts").is_not_null())
+    return found.cast({"cpu": pl.Int64, "start_ts": pl.Int64, "end_ts": pl.Int64})
+
+
+def _in_windows(rows: pl.DataFrame, windows: pl.DataFrame) -> np.ndarray:
+    """Whether each row's ts is inside a window of its own CPU (windows of one CPU nest
+    or follow one another, so the latest start before ts is the one to test)."""
+    found = np.zeros(rows.height, bool)
+    if windows.is_empty() or rows.is_empty():
+        return found
+    cpus, ts = rows["cpu"].to_numpy(), rows["ts"].to_numpy()
+    for cpu in np.unique(cpus):
+        mine = windows.filter(pl.col("cpu") == int(cpu))
+        at = cpus == cpu
+        if mine.height:
+            found[at] = _inside(ts[at], mine.rename({"start_ts": "start", "end_ts": "end"}))
+    return found
+
+
+def _probe_verdict(hits: int, closed: int, inside: int, outside: int, own: int) -> str:
+    """What a probe's hits and windows mean beside the path's executed invalidations."""
+    if hits == 0 and own:
+        return "blind: its own function executed invalidations, the probe never fired"
+    if hits == 0:
+        if outside:
+            return (
+                f"never fired; {outside} invalidation(s) of its path ran outside any call of "
+                "it (not attributable to it)"
+            )
+        return "never fired, its path executed none"
+    if not closed:
+        return (
+            "fired, with no return recorded: the path's invalidations cannot be attributed "
+            "to its calls"
+        )
+    if inside:
+        return f"fired, and its calls executed {inside} invalidation(s) of its path"
+    return "fired, no invalidation of its path inside its calls"
 
 
 def entry_probes(definitions: Iterable[str]) -> list[str]:
@@ -328,30 +427,33 @@ def summarise(
     context: StepContext,
     probe_hits: dict[str, int],
     traced_runs: Iterable[str],
+    probe_calls: dict[str, pl.DataFrame] | None = None,
+    facts: dict[str, str] | None = None,
 ) -> GroundTruthSummary:
     """A bundle's ground truth (rows given to its runs) against its steps and signatures.
 
-    `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by.
+    `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by;
+    `probe_calls`: each probe's calls in the traced runs (probe_checks); `facts`: the
+    bundle's condition fields a signature's `requires` names (unmet).
     """
     series, mode, model = setup
-    rows = with_action_phase(invalidations(given), steps).with_columns(pair=_pair())
-    checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context)
+    rows = with_action_phase(invalidations(given), steps)
+    checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
-    used = sorted({s for s in steps["step"]})
-    lines = [
-        f"{series} {mode} {s.summary()} [{s.when}]"
-        for step in used
-        if (s := signatures.find(series, mode, model, step)) is not None
-    ]
+    lines = []
+    for step in steps.unique("step", keep="first").sort("step").iter_rows(named=True):
+        chosen, _ = choose(signatures, setup, step, facts or {})
+        if chosen is not None:
+            lines.append(f"{series} {mode} {chosen.summary()} [{chosen.when}]")
     return GroundTruthSummary(
         by_phase=counts(rows, ("phase", "run_id", "cpu", "where", "reach")),
         by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
-        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup)),
+        by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup, facts)),
         checks=checked,
         findings=findings(checked, series, mode),
         uncovered=uncovered,
-        probes=probe_checks(traced, placed, signatures.probe_paths),
+        probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls),
         signature_lines=lines,
     )
 

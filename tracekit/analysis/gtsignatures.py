@@ -19,10 +19,15 @@ STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover", "r
 WATCHES = ("hyp", "kvm")
 KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
+# The conditions a signature can require (`requires`): a VM step's own vcpus, else the
+# bundle's condition field (tracekit.analysis.conditions.Condition) of that name.
+REQUIRE_FIELDS = ("vcpus", "backing", "scenario", "variant", "after_guest", "repeat_tlbi")
+_OPTIONAL = {"cpu_models", "requires"}
 _FIELDS = {
     "kernel",
     "kvm_mode",
     "cpu_models",
+    "requires",
     "step",
     "watch",
     "exact",
@@ -56,6 +61,8 @@ class Signature:
     when: str
     expect: tuple[Expect, ...]
     rests_on: tuple[str, ...]
+    # (condition, allowed values as text): outside them the step is not checked.
+    requires: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def summary(self) -> str:
         """One line: the step and what it should execute."""
@@ -77,13 +84,20 @@ class Signatures:
     # kprobe function -> the functions whose invalidations its path stands for.
     probe_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    def candidates(self, series: str, kvm_mode: str, cpu_model: str, step: str) -> list[Signature]:
+        """The signatures of a step on this kernel series, KVM mode and CPU model, in file
+        order (several when they differ in `requires`, e.g. per erratum state)."""
+        return [
+            entry
+            for entry in self.entries
+            if (entry.kernel, entry.kvm_mode, entry.step) == (series, kvm_mode, step)
+            and (not entry.cpu_models or cpu_model in entry.cpu_models)
+        ]
+
     def find(self, series: str, kvm_mode: str, cpu_model: str, step: str) -> Signature | None:
-        """The signature of a step on this kernel series, KVM mode and CPU model, or None."""
-        for entry in self.entries:
-            models_ok = not entry.cpu_models or cpu_model in entry.cpu_models
-            if (entry.kernel, entry.kvm_mode, entry.step) == (series, kvm_mode, step) and models_ok:
-                return entry
-        return None
+        """The first signature of a step on this kernel series, KVM mode and CPU model."""
+        found = self.candidates(series, kvm_mode, cpu_model, step)
+        return found[0] if found else None
 
 
 def kernel_series(release: str) -> str:
@@ -97,7 +111,7 @@ def _problems_of(number: int, raw: object) -> list[str]:
     if not isinstance(raw, dict):
         return [f"{where}: not a table"]
     bad = [f"{where}: unknown field {name!r}" for name in sorted(set(raw) - _FIELDS)]
-    for name in sorted(_FIELDS - {"cpu_models"} - set(raw)):
+    for name in sorted(_FIELDS - _OPTIONAL - set(raw)):
         bad.append(f"{where}: no {name!r}")
     checks = (
         ("step", STEPS),
@@ -107,6 +121,7 @@ def _problems_of(number: int, raw: object) -> list[str]:
     for name, allowed in checks:
         if name in raw and raw[name] not in allowed:
             bad.append(f"{where}: {name} {raw[name]!r} is not one of {', '.join(allowed)}")
+    bad += _requires_problems(where, raw.get("requires", {}))
     if "exact" in raw and not isinstance(raw["exact"], bool):
         bad.append(f"{where}: exact must be true or false")
     if "rests_on" in raw and (not isinstance(raw["rests_on"], list) or not raw["rests_on"]):
@@ -117,6 +132,22 @@ def _problems_of(number: int, raw: object) -> list[str]:
         bad += _expect_problems(f"{where} expect {index}", item)
     if "expect" in raw and not isinstance(raw["expect"], list):
         bad.append(f"{where}: expect must be a list")
+    return bad
+
+
+def _requires_problems(where: str, requires: object) -> list[str]:
+    """What is wrong with a signature's `requires` table."""
+    if not isinstance(requires, dict):
+        return [f"{where}: requires must be a table of condition = [allowed values]"]
+    bad = [
+        f"{where}: requires {name!r} is not one of {', '.join(REQUIRE_FIELDS)}"
+        for name in sorted(set(requires) - set(REQUIRE_FIELDS))
+    ]
+    bad += [
+        f"{where}: requires {name} must list its allowed values"
+        for name, allowed in requires.items()
+        if not isinstance(allowed, list) or not allowed
+    ]
     return bad
 
 
@@ -146,7 +177,13 @@ def parse_signatures(text: str, source: str = SIGNATURE_FILE) -> Signatures:
     if not isinstance(host, list) or not all(isinstance(n, str) for n in host):
         problems.append(f"{source}: [kvm] host_functions must be a list of function names")
     keys = [
-        (r.get("kernel"), r.get("kvm_mode"), tuple(r.get("cpu_models", ())), r.get("step"))
+        (
+            r.get("kernel"),
+            r.get("kvm_mode"),
+            tuple(r.get("cpu_models", ())),
+            r.get("step"),
+            repr(r.get("requires", {})),
+        )
         for r in raw
         if isinstance(r, dict)
     ]
@@ -178,6 +215,10 @@ def _signature(raw: dict) -> Signature:
         when=raw["when"],
         expect=tuple(Expect(**item) for item in raw["expect"]),
         rests_on=tuple(raw["rests_on"]),
+        requires=tuple(
+            (name, tuple(str(v) for v in allowed))
+            for name, allowed in raw.get("requires", {}).items()
+        ),
     )
 
 

@@ -53,14 +53,17 @@ from tracekit.host.probes import (
     remove_leftovers,
 )
 from tracekit.host.protocol import (
+    EL2_CALLER_RETURNS,
     PlannedRun,
     Roles,
     Scenario,
     ScenarioParams,
+    action_cpus,
     format_ints,
     host_side,
     plan_runs,
     scenario_named,
+    user_probes_unseen,
 )
 from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
@@ -358,6 +361,8 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 "guest_revision": variant.revision,
                 "guest_preset": variant.preset,
                 "backing": options.backing,
+                # The CPUs the after-guest action acts on (its signatures' "target").
+                "action_cpus": list(action_cpus(options.after_guest, roles)),
                 "guest": str(guest_path),
                 "parameters": jsonable(asdict(params)),
                 "capture": capture_record(options.capture, tools.trace_cmd),
@@ -445,13 +450,14 @@ class Session:
         instance.record_task_names()
         symbols = KernelSymbols.load(self.tracefs)
         mode = str(writer.manifest.host.get("kvm", {}).get("mode", "unknown"))
-        kprobed, unseen = host_side(self.scenario.kprobes, mode)
+        kprobed, unseen = host_side(self.scenario.kprobes, mode, symbols.kallsyms)
         graph = GraphChoice("none", [], reason="--function-graph not given")
         if self.options.function_graph:
-            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode)
+            graphed, unseen_graph = host_side(self.scenario.graph_functions, mode, symbols.kallsyms)
             unseen |= unseen_graph
             graph = choose_graph(instance, symbols, graphed)
             self.echo(f"function graph: {graph.method} on {', '.join(graph.functions) or '-'}")
+        unseen |= user_probes_unseen(self.options.kprobes, mode, symbols.kallsyms)
         for function, why in unseen.items():
             self.echo(f"{function}: {why}")
         probes = self._kprobe_definitions(symbols, graph, kprobed)
@@ -479,7 +485,7 @@ class Session:
         """Entry (and return) probes on the functions the kernel offers (host-side ones)."""
         # The function-graph fallback adds entry and return probes on its functions.
         functions = [*kprobed, *graph.kprobe_functions()]
-        returns = {*self.scenario.return_probes, *graph.kprobe_functions()}
+        returns = {*self.scenario.return_probes, *graph.kprobe_functions(), *EL2_CALLER_RETURNS}
         fetch = kprobe_fetch_args(self.options.probe_args)
         lines = kprobe_lines(functions, returns, fetch, symbols, platform.release())
         return [*self.options.kprobes, *lines]

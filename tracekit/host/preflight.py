@@ -216,29 +216,45 @@ def cpu_feature_lines(log: str) -> list[str]:
 # capabilities print "CPU features: detected: <desc>" (arch/arm64/kernel/cpufeature.c,
 # 6.1 and 6.12). FEAT_TLBIRANGE decides whether range/munmap probes issue range TLBIs;
 # without FEAT_FWB KVM traps the guest's VM-register writes and kvm_toggle_cache runs.
+# Errata workarounds print the same way: ARM64_WORKAROUND_REPEAT_TLBI ("Broken broadcast
+# TLBI completion", 6.1.176 cpu_errata.c: Cortex-A55 2441007 and Cortex-A76 4118414 at all
+# revisions, A77/A78/X1/N1..., A510 r0p0-r1p1) makes every DSB ISH completing a broadcast
+# TLBI issue one more TLBI VALE1IS (host) or VALE2IS (hyp code), XZR, and one more DSB ISH
+# (asm/tlbflush.h __tlbi_sync_s1ish[_hyp]): KVM's broadcast flushes and the probe's
+# syscalls execute it. The emulated cortex-a76 matches it (QEMU's MIDR), max and
+# cortex-a53 do not.
 LOGGED_FEATURES = {
     "tlbirange": "TLB range maintenance instructions",  # ARM64_HAS_TLB_RANGE
     "fwb": "Stage-2 Force Write-Back",  # ARM64_HAS_STAGE2_FWB
+    "repeat_tlbi": "Broken broadcast TLBI completion",  # ARM64_WORKAROUND_REPEAT_TLBI
 }
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
-def logged_features(feature_lines: list[str]) -> dict[str, dict[str, object]]:
+def logged_features(log: str, config: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
     """Each LOGGED_FEATURES entry present (True), absent (False) or unknown (None), and why.
 
-    Absent only when the log still holds the boot's "CPU features: detected:" lines;
-    without any the log has rotated and nothing can be said.
+    What the CPU (or, for an erratum, the kernel's workaround) has, as the boot log says.
+    Absent only when the log demonstrably starts at boot ("Booting Linux") and holds
+    "CPU features: detected:" lines: a log rotated part-way keeps the later lines and
+    loses the early ones (ID registers' TLB and FWB fields are hidden from user space, so
+    nothing else can say). FEAT_TLBIRANGE present also says whether this kernel issues
+    range TLBIs: system_supports_tlb_range() needs CONFIG_ARM64_TLB_RANGE too (`config`).
     """
-    detected = [line for line in feature_lines if "CPU features: detected:" in line]
+    detected = [line for line in cpu_feature_lines(log) if "CPU features: detected:" in line]
+    from_boot = "Booting Linux" in log
     out: dict[str, dict[str, object]] = {}
     for key, desc in LOGGED_FEATURES.items():
         found = [line for line in detected if line.endswith(desc)]
         if found:
-            out[key] = {"present": True, "evidence": found[0]}
-        elif detected:
+            out[key] = {"present": True, "evidence": f"the CPU has it: {found[0]}"}
+        elif detected and from_boot:
             out[key] = {"present": False, "evidence": f"no 'CPU features: detected: {desc}' line"}
         else:
-            out[key] = {"present": None, "evidence": "no CPU features lines in the kernel log"}
+            out[key] = {"present": None, "evidence": "the kernel log does not start at boot"}
+    if out["tlbirange"]["present"]:
+        built = (config or {}).get("CONFIG_ARM64_TLB_RANGE")
+        out["tlbirange"]["kernel_uses"] = None if built is None else built == "y"
     return out
 
 
@@ -252,14 +268,27 @@ def read_thp(thp: Path = THP) -> dict[str, str | None]:
     return modes
 
 
+# The name arm64's cpuidle drivers give state 0 (6.1 cpuidle-psci.c, cpuidle-arm.c): WFI
+# keeps the TLBs and gets no CPU_PM notification, so it says nothing of lost TLB state.
+WFI_STATE = "WFI"
+# Recorded for a CPU with no power-down idle state (QEMU's virt machine has no cpuidle
+# driver): so that an empty record reads "no cpuidle: WFI only", not "0 entries".
+NO_CPUIDLE = "no-cpuidle-WFI-only"
+
+
 def read_idle_usage(cpus: list[int], sys_cpu: Path = SYS_CPU) -> dict[str, int]:
-    """How often each CPU entered each cpuidle state so far ("cpuN/NAME" -> usage)."""
+    """How often each CPU entered each power-down cpuidle state so far ("cpuN/NAME" ->
+    usage; WFI left out), or "cpuN/no-cpuidle-WFI-only" -> 0 when it has none."""
     usage: dict[str, int] = {}
     for cpu in cpus:
+        found = False
         for state in sorted((sys_cpu / f"cpu{cpu}" / "cpuidle").glob("state*")):
             name, count = _read(state / "name"), _read(state / "usage")
-            if name and count and count.isdigit():
+            if name and name != WFI_STATE and count and count.isdigit():
                 usage[f"cpu{cpu}/{name}"] = int(count)
+                found = True
+        if not found:
+            usage[f"cpu{cpu}/{NO_CPUIDLE}"] = 0
     return usage
 
 
@@ -542,7 +571,7 @@ def read_host_facts(isolated_cpus: list[int]) -> HostFacts:
         cpus=cpus,
         cpu_features=cpu_feature_lines(log),
         isolation=[read_isolation(cpu) for cpu in isolated_cpus],
-        features=logged_features(cpu_feature_lines(log)),
+        features=logged_features(log, info.config),
         thp=read_thp(),
         power=[read_cpu_power(core.cpu) for core in cpus],
         thermal=read_thermal(),

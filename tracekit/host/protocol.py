@@ -8,6 +8,7 @@ runs once, traced, between the "before" and "after" phases.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from tracekit.bundle import RunKind
@@ -76,31 +77,61 @@ STAGE2_TEARDOWN_PATH: tuple[str, ...] = (
 # kvm_toggle_cache and kvm_set_way_flush call stage2_flush_vm: a walk of the whole VM.
 CACHE_FLUSH_PATH: tuple[str, ...] = ("kvm_toggle_cache", "kvm_set_way_flush", "stage2_flush_vm")
 
-# Hypervisor functions that outside VHE run at EL2, where kprobes cannot reach: kallsyms
-# names only their VHE copies (the nVHE ones are __kvm_nvhe_ symbols in .hyp.text), which
-# never run in nVHE, hVHE or protected mode, so a probe on them never fires there.
+# Hypervisor calls: outside VHE they run at EL2, where kprobes cannot reach. kallsyms
+# tells which functions these are: each has an nVHE hypercall handler,
+# __kvm_nvhe_handle_NAME (hyp/nvhe/hyp-main.c, 6.1 and 6.12), and its unprefixed symbol
+# is the VHE copy, which never runs in nVHE, hVHE or protected mode. A bare __kvm_nvhe_
+# twin is not enough: pgtable.c, memcpy and the like are built into both, and the host
+# runs its own copy of kvm_pgtable_stage2_map in nVHE.
 EL2_MODES = ("nvhe", "hvhe", "protected")
-# Each one's host-side callers, the kvm_call_hyp sites that kprobes do see (6.1: mmu.c
-# kvm_flush_remote_tlbs; 6.12: mmu.c kvm_arch_flush_remote_tlbs and pgtable.c
-# kvm_tlb_flush_vmid_range, the fallback without FEAT_TLBIRANGE; both: pgtable.c's
-# break-before-make, static, inside kvm_pgtable_stage2_map/unmap. The rollover's
-# __kvm_flush_vm_context is called by vmid.c's static flush_context from new_vmid, so
-# from kvm_arm_vmid_update.) What EL2 then executes is unseen by ftrace.
+HYPCALL_HANDLER = "__kvm_nvhe_handle_"
+# Without kallsyms, the hypercalls tracekit's own lists name.
+KNOWN_HYPCALLS = (
+    "__kvm_tlb_flush_vmid",
+    "__kvm_tlb_flush_vmid_ipa",
+    "__kvm_tlb_flush_vmid_ipa_nsh",
+    "__kvm_tlb_flush_vmid_range",
+    "__kvm_flush_vm_context",
+    "__kvm_flush_cpu_context",
+)
+# The host-side callers of those probed in their place, the kvm_call_hyp sites kprobes
+# do see (6.1: mmu.c kvm_flush_remote_tlbs, and pgtable.c's break-before-make inside
+# kvm_pgtable_stage2_map, stage2_map_walk_table_pre replacing a table by a block; 6.12:
+# mmu.c kvm_arch_flush_remote_tlbs and pgtable.c kvm_tlb_flush_vmid_range, the fallback
+# without FEAT_TLBIRANGE. The rollover's __kvm_flush_vm_context is called by vmid.c's
+# static flush_context from new_vmid, so from kvm_arm_vmid_update.) What EL2 then
+# executes is unseen by ftrace.
 EL2_CALLERS: dict[str, tuple[str, ...]] = {
     "__kvm_tlb_flush_vmid": (
         "kvm_flush_remote_tlbs",
         "kvm_arch_flush_remote_tlbs",
         "kvm_tlb_flush_vmid_range",
+        "kvm_pgtable_stage2_map",
     ),
     "__kvm_flush_vm_context": ("kvm_arm_vmid_update",),
 }
 
+# Their return is probed too: the ground truth counts an EL2 flush for a caller only
+# inside its entry-to-return window on the same CPU (analysis/groundtruth.probe_checks).
+EL2_CALLER_RETURNS = tuple(dict.fromkeys(c for cs in EL2_CALLERS.values() for c in cs))
 
-def host_side(functions: tuple[str, ...], kvm_mode: str) -> tuple[list[str], dict[str, str]]:
+
+def el2_only(function: str, kallsyms: Collection[str]) -> bool:
+    """Whether a function is a hypercall (EL2 code outside VHE): kallsyms has its nVHE
+    handler; without kallsyms, whether it is one of KNOWN_HYPCALLS."""
+    if kallsyms:
+        return f"{HYPCALL_HANDLER}{function}" in kallsyms
+    return function in KNOWN_HYPCALLS
+
+
+def host_side(
+    functions: tuple[str, ...], kvm_mode: str, kallsyms: Collection[str] = ()
+) -> tuple[list[str], dict[str, str]]:
     """The functions to probe in this KVM mode, and what each EL2-only one left out means.
 
-    Outside VHE an EL2-only function is replaced by its host-side callers. An unknown
-    mode keeps it (it fires if the host is VHE), and says so.
+    Outside VHE an EL2-only function (el2_only) is replaced by its host-side callers, or
+    left out when none is known. An unknown mode keeps it (it fires if the host is VHE),
+    and says so.
     """
     mode = kvm_mode.rstrip("?")
     if mode not in EL2_MODES and mode != "unknown":
@@ -108,20 +139,45 @@ def host_side(functions: tuple[str, ...], kvm_mode: str) -> tuple[list[str], dic
     kept: list[str] = []
     unseen: dict[str, str] = {}
     for function in functions:
-        callers = EL2_CALLERS.get(function)
-        if callers is None:
+        if not el2_only(function, kallsyms):
             kept.append(function)
             continue
         if mode == "unknown":
             kept.append(function)
             unseen[function] = "KVM's mode is unknown: probed, but it fires only with VHE"
             continue
+        callers = EL2_CALLERS.get(function, ())
         kept += callers
+        instead = (
+            f"its host-side callers are probed instead: {', '.join(callers)}"
+            if callers
+            else "no host-side caller is known to tracekit: not probed"
+        )
         unseen[function] = (
             f"runs at EL2 in {mode} mode, unseen by ftrace (kallsyms names only its VHE "
-            f"copy); its host-side callers are probed instead: {', '.join(callers)}"
+            f"copy); {instead}"
         )
     return list(dict.fromkeys(kept)), unseen
+
+
+def user_probes_unseen(
+    lines: Iterable[str], kvm_mode: str, kallsyms: Collection[str]
+) -> dict[str, str]:
+    """The user's --kprobe lines on an EL2-only function in a mode where it never fires:
+    placed as asked, and named as unseen (target -> why)."""
+    mode = kvm_mode.rstrip("?")
+    if mode not in EL2_MODES:
+        return {}
+    unseen = {}
+    for line in lines:
+        fields = line.split()
+        target = fields[1].split(":")[-1].split("+")[0] if len(fields) > 1 else ""
+        if target and el2_only(target, kallsyms):
+            unseen[target] = (
+                f"your --kprobe {fields[0]}: runs at EL2 in {mode} mode, so this probe "
+                "(on its VHE copy) never fires; probe a host-side caller instead"
+            )
+    return unseen
 
 
 # hotplug-other: the negative control of hotplug, a stress CPU that never ran the guest;
@@ -505,6 +561,18 @@ def _measure_runs(
 def after_guest_run_id(action: str) -> str:
     """The after-guest run's id: `tlbi:alle1@guest-cpu` has characters a run id may not."""
     return "after-guest-" + action.replace(":", "-").replace("@", "-")
+
+
+def action_cpus(after_guest: str, roles: Roles) -> tuple[int, ...]:
+    """The CPUs an after-guest action acts on (the manifest records them): hotplug's the
+    guest's, hotplug-other's the control's, a tlbi: action's the one it is issued on."""
+    if after_guest in TLBI_ACTIONS:
+        return (tlbi_cpu(after_guest, roles),)
+    if after_guest == "hotplug":
+        return roles.guest_cpus
+    if after_guest == "hotplug-other":
+        return control_cpus(roles)
+    return ()
 
 
 def control_cpus(roles: Roles) -> tuple[int, ...]:

@@ -38,7 +38,12 @@ from tracekit.host.afterguest import (
 )
 from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
 from tracekit.host.instance import Instance
-from tracekit.host.protocol import PlannedRun, ScenarioParams, control_cpus, tlbi_cpu
+from tracekit.host.protocol import (
+    PlannedRun,
+    ScenarioParams,
+    action_cpus,
+    tlbi_cpu,
+)
 
 if TYPE_CHECKING:
     from tracekit.host.collect import Session
@@ -248,8 +253,7 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
         ctx.path(RunFile.MAINT).write_text("\n".join(issue_maint(request, session.now)) + "\n")
         return
     if action in ("hotplug", "hotplug-other"):
-        cpus = session.roles.guest_cpus if action == "hotplug" else control_cpus(session.roles)
-        log = hotplug(cpus, session.stack, session.now)
+        log = hotplug(action_cpus(action, session.roles), session.stack, session.now)
         ctx.path(RunFile.HOTPLUG).write_text("\n".join(log) + "\n")
         return
     watch = open_vmid_watch(session.tracefs)

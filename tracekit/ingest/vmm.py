@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _PAIR = re.compile(r"(\w+)=(\S*)")
 # Parameters of the `run` record copied onto each of its VMs.
-RUN_KEYS = ("variant", "vcpus", "ram_mb", "touch_kb", "clock")
+RUN_KEYS = ("variant", "vcpus", "ram_mb", "touch_kb", "clock", "backing")
 VM_SCHEMA = {
     "batch": pl.Int32,
     "vm": pl.Int32,
@@ -40,6 +40,7 @@ VM_SCHEMA = {
     "ram_mb": pl.Int32,
     "touch_kb": pl.Int64,
     "clock": pl.String,
+    "backing": pl.String,  # the run record's (default, 4k, thp, hugetlb); null before it
 }
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import groundtruth as gt
-from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures
-from tracekit.bundle import RunKind
+from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.conditions import bundle_condition
+from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packaged_signatures
+from tracekit.bundle import PROBE_GROUP, RunKind
 from tracekit.cpus import parse_cpu_list
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated, kvm_mode
@@ -52,8 +54,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables += _tables(label, summary)
         unknowns += [
             f"{label}: the {step} step is not checked against a signature (none for this "
-            "kernel and KVM mode, or it needs CPUs the bundle does not name): what it "
-            "executed is shown, not checked"
+            "kernel and KVM mode, the bundle is outside its conditions, or it needs CPUs "
+            "the bundle does not name): what it executed is shown, not checked"
             for step in summary.uncovered
         ]
         findings += [
@@ -86,12 +88,13 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     online = (
         tuple(parse_cpu_list(str(host.get("online_cpus", "")))) if host.get("online_cpus") else ()
     )
-    context = gt.StepContext(online, guest, guest if action == "hotplug" else ())
+    context = gt.StepContext(online, guest, target_cpus(manifest.scenario, action, guest))
     steps, hits, traced = (
         [],
         dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
         [],
     )
+    windows: dict[str, list[pl.DataFrame]] = {}
     for run in manifest.runs:
         found = data.run(run)
         vmm = found.vmm
@@ -105,6 +108,8 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
             for name, count in _probe_counts(trace.events).items():
                 if name in hits:
                     hits[name] += count
+            for name, calls in _probe_calls(trace.events, hits).items():
+                windows.setdefault(name, []).append(calls)
     frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
     cpus = host.get("cpus") or [{}]
     setup = (
@@ -112,7 +117,35 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         kvm_mode(data).rstrip("?"),
         str(cpus[0].get("name", "?")).lower(),
     )
-    return gt.summarise(given, frame, packaged_signatures(), setup, context, hits, traced)
+    calls = {name: pl.concat(found) for name, found in windows.items()}
+    condition = bundle_condition(manifest)
+    facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
+    signatures = packaged_signatures()
+    return gt.summarise(given, frame, signatures, setup, context, hits, traced, calls, facts)
+
+
+def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.DataFrame]:
+    """Each named probe's calls in one trace (pair_calls of NAME and NAME_ret)."""
+    ours = events.filter(pl.col("system") == PROBE_GROUP).with_columns(
+        pl.col("event").cast(pl.String)
+    )
+    if "common_pid" not in ours.columns:
+        ours = ours.rename({"pid": "common_pid"})
+    found = {}
+    for name in names:
+        entries = ours.filter(pl.col("event") == name)
+        if entries.height:
+            found[name] = pair_calls(entries, ours.filter(pl.col("event") == f"{name}_ret"))[0]
+    return found
+
+
+def target_cpus(scenario: dict, action: str, guest: tuple[int, ...]) -> tuple[int, ...]:
+    """The after-guest action's CPUs as the manifest records them; bundles from before
+    that record them: the guest's for hotplug, none (unknown) for anything else."""
+    recorded = scenario.get("action_cpus")
+    if recorded is not None:
+        return tuple(int(c) for c in recorded)
+    return guest if action == "hotplug" else ()
 
 
 def _probe_counts(events: pl.DataFrame) -> dict[str, int]:
@@ -164,8 +197,9 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
             Table(
                 f"{label}: kprobes named after a path, against the ground truth",
                 summary.probes,
-                "fired: entry-probe hits in the traced runs; executed: the path's "
-                "invalidations there",
+                "fired: entry-probe hits in the traced runs; inside: the path's "
+                "invalidations inside the probe's entry-to-return windows on the same CPU; "
+                "not_attributable: the path's invalidations outside them",
             )
         )
     return tables
