@@ -222,7 +222,8 @@ def summarise(work: Path, log: Path, status: int, minutes: float, plan, cell_id:
     print(f"lava-run exit status {status} after {minutes:.1f} min (log {log.name})")
     for line in log.read_text(errors="replace").splitlines():
         try:
-            entry = json.loads(line)
+            # The dispatcher logs test-case line numbers with a YAML tag (`! "542"`).
+            entry = json.loads(line.replace(': ! "', ': "'))
         except ValueError:
             continue
         if entry.get("lvl") == "results" and isinstance(entry.get("msg"), dict):
