@@ -161,3 +161,20 @@ def test_bad_input_is_one_line(
     assert result.exit_code != 0
     assert message in result.output and result.output.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+def test_an_emulated_bundles_ground_truth_counts_are_a_table(tmp_path: Path) -> None:
+    """The plugin's invalidations, counted as analysis/groundtruth.py counts them."""
+    from test_report_groundtruth import gt_bundle
+
+    from tracekit.analysis import groundtruth as gt
+
+    bundle = gt_bundle(tmp_path / "camp" / "gt")
+    add_campaigns([tmp_path / "camp"], tmp_path / "ds")
+    (path,) = (tmp_path / "ds" / "groundtruth").rglob("*.parquet")
+    table = pl.read_parquet(path)
+    _, given = load_bundle(bundle).ground_truth() or (None, pl.DataFrame())
+    assert table["count"].sum() == gt.invalidations(given).height > 0
+    assert {"run_id", "phase", "cpu", "operation", "where", "reach", "kvm_mode"} <= set(
+        table.columns
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from tracekit.analysis import groundtruth as gt
 from tracekit.analysis.conditions import Condition, Unknown, bundle_condition
 from tracekit.analysis.runs import run_metrics
 from tracekit.bundle import MANIFEST, RunRecord, find_bundles
@@ -35,8 +36,8 @@ from tracekit.ingest.dataset import (
 from tracekit.ingest.probe import probe_samples
 
 # Table columns renamed where a condition field has the same name (the VMM's per-VM
-# variant is what that VM ran; the condition's is the bundle's guest).
-_RENAMED = {"vm_steps": {"variant": "vmm_variant"}}
+# variant and backing are what that VM ran with; the condition's are the bundle's).
+_RENAMED = {"vm_steps": {"variant": "vmm_variant", "backing": "vmm_backing"}}
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ def bundle_tables(data: BundleData) -> dict[str, pl.DataFrame]:
         "probe_samples": probe_samples(data),
         "vm_steps": _vm_steps(data),
         "lost": _lost(data),
+        "groundtruth": _ground_truth(data),
     }
 
 
@@ -172,6 +174,17 @@ def _lost(data: BundleData) -> pl.DataFrame:
         rows += [(run.run_id, run.phase, run.kind, cpu, n) for cpu, n in sorted(per_cpu.items())]
     schema = {"run_id": pl.String, "phase": pl.String, "kind": pl.String}
     return pl.DataFrame(rows, schema=schema | {"cpu": pl.Int32, "lost": pl.Int64}, orient="row")
+
+
+def _ground_truth(data: BundleData) -> pl.DataFrame:
+    """An emulated bundle's executed invalidations counted per run, phase, CPU, operation,
+    where and reach (analysis/groundtruth.py); none without the plugin's log."""
+    found = data.ground_truth()
+    if found is None:
+        return pl.DataFrame()
+    _, given = found
+    keys = ["run_id", "phase", "cpu", "operation", "where", "regime", "reach", "function"]
+    return gt.counts(gt.invalidations(given), keys)
 
 
 def _traced(data: BundleData, run: RunRecord) -> bool:

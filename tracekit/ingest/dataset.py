@@ -48,6 +48,7 @@ TABLES = (
     "probe_samples",
     "vm_steps",
     "lost",
+    "groundtruth",
 )
 # A table with no rows has no file; it reads back with the schema load_bundle gives it.
 EMPTY = {"latencies": LATENCY_SCHEMA, "stress": STRESS_SCHEMA, "cycles": CYCLES_SCHEMA}
