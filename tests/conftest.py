@@ -96,7 +96,16 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
 OPT_IN = {
     "kbuild": "needs tracekit's kernel build: select with -m kbuild",
     "simboot": "the simulated-mechanism boot (~20 min): select with -m simboot",
+    "unproven": "a boot check that has not yet passed in a boot: select with -m unproven",
 }
+# The opt-in markers this session's -m names (set before test modules register checks).
+_CHOSEN: set[str] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Note which opt-in markers -m selects, so their boot checks are registered."""
+    chosen = config.getoption("-m") or ""
+    _CHOSEN.update(marker for marker in OPT_IN if marker in chosen)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -114,14 +123,19 @@ _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}
 _LATE: set[str] = set()
 
 
-def register_vhost_check(config: str, name: str, script: str, late: bool = False) -> None:
+def register_vhost_check(
+    config: str, name: str, script: str, late: bool = False, opt_in: str | None = None
+) -> None:
     """Add a shell check to `config`'s single boot (call at module import time).
 
     `late`: run it after every check that is not (it leaves the host dirty, and the
-    collect checks that need a fresh host do not pass --allow-dirty).
+    collect checks that need a fresh host do not pass --allow-dirty). `opt_in`: an OPT_IN
+    marker; the check joins the boot only when -m selects it.
     """
     if config not in _CHECKS:
         raise KeyError(f"unknown vhost test config {config!r}; add it to VHOST_CONFIGS")
+    if opt_in is not None and opt_in not in _CHOSEN:
+        return
     _CHECKS[config][name] = script
     if late:
         _LATE.add(name)

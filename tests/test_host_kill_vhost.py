@@ -29,6 +29,7 @@ register_vhost_check(
     BOOT,
     "kill_matrix_cells",
     f"python3 /tracekit/scripts/vhost_kill_matrix.py inside {' '.join(CELLS)} --roles '{ROLES}'",
+    opt_in="unproven",  # not yet passed in a boot; CI runs it once it has
 )
 
 
@@ -41,6 +42,7 @@ def _cells(boot: VhostBoot) -> dict[str, dict[str, object]]:
 
 
 @pytest.mark.vhost
+@pytest.mark.unproven
 def test_sigkill_in_a_traced_run_is_undone_by_cleanup(
     vhost_boot: Callable[[str], VhostBoot],
 ) -> None:
@@ -54,6 +56,7 @@ def test_sigkill_in_a_traced_run_is_undone_by_cleanup(
 
 
 @pytest.mark.vhost
+@pytest.mark.unproven
 def test_sigterm_in_the_hotplug_leaves_nothing(vhost_boot: Callable[[str], VhostBoot]) -> None:
     cell = _cells(vhost_boot(BOOT))["term-hotplug"]
     assert cell["point"] in ("cpu offline", "hotplug started") and cell["exit"] == 143
