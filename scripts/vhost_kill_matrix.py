@@ -2,7 +2,7 @@
 
 Run from the repository root, under the machine's vhost lock (it boots twice):
 
-    flock /work/locks/vhost.lock python scripts/vhost_kill_matrix.py --out DIR
+    python scripts/vhost_kill_matrix.py --out DIR
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
