@@ -121,15 +121,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 _CHECKS: dict[str, dict[str, str]] = {name: {} for name in VHOST_CONFIGS}
 _LATE: set[str] = set()
+_FIRST: set[str] = set()
 
 
 def register_vhost_check(
-    config: str, name: str, script: str, late: bool = False, opt_in: str | None = None
+    config: str,
+    name: str,
+    script: str,
+    late: bool = False,
+    opt_in: str | None = None,
+    first: bool = False,
 ) -> None:
     """Add a shell check to `config`'s single boot (call at module import time).
 
     `late`: run it after every check that is not (it leaves the host dirty, and the
-    collect checks that need a fresh host do not pass --allow-dirty). `opt_in`: an OPT_IN
+    collect checks that need a fresh host do not pass --allow-dirty). `first`: run it
+    before every check that is not (it asserts on what the boot did before any other
+    check ran a VM: EL2's boot-time work, a fresh VMID generation). `opt_in`: an OPT_IN
     marker; the check joins the boot only when -m selects it.
     """
     if config not in _CHECKS:
@@ -139,11 +147,13 @@ def register_vhost_check(
     _CHECKS[config][name] = script
     if late:
         _LATE.add(name)
+    if first:
+        _FIRST.add(name)
 
 
 def _in_order(checks: dict[str, str]) -> dict[str, str]:
-    """The checks in the order they run: registration order, late ones last."""
-    return dict(sorted(checks.items(), key=lambda item: item[0] in _LATE))
+    """The checks in the order they run: first ones, then by registration, late ones last."""
+    return dict(sorted(checks.items(), key=lambda item: (item[0] not in _FIRST, item[0] in _LATE)))
 
 
 def registered_checks(config: str) -> tuple[str, ...]:

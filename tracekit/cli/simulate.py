@@ -24,16 +24,16 @@ def models() -> None:
 
 @simulate.command("predict")
 @click.argument("model")
-@click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("plan", type=click.Path(dir_okay=False, path_type=Path))
 def predict(model: str, plan: Path) -> None:
     """What each condition of a campaign PLAN should show under MODEL, before running."""
     from tracekit.campaign.plan import load_plan
     from tracekit.simulate.model import load_model
     from tracekit.simulate.predict import predict_plan
 
-    chosen = load_model(model)
+    chosen, conditions = load_model(model), load_plan(plan)
     click.echo(f"predictions of {chosen.label} for {plan}:")
-    for p in predict_plan(chosen, load_plan(plan)):
+    for p in predict_plan(chosen, conditions):
         c = p.condition
         where = f"{c.variant}, after-guest {c.after_guest}, KVM {c.kvm_mode}, {c.kernel}"
         extra = "" if c.knobs == "none" else f", {c.knobs}"
