@@ -2,6 +2,7 @@
 /* Helpers shared by the VMM and the probe: CPU lists, pinning, clocks, trace markers. */
 #define _GNU_SOURCE
 #include "common.h"
+#include "gtmark.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +14,23 @@
 #include <unistd.h>
 
 static const char *program_name = "tracekit";
+
+/*
+ * The sync marker: HINT #0x77 at slot GT_SYNC_SLOT of a 512-byte aligned block, so the
+ * plugin's logged VA ((VA >> 3) & 63) tells it from gtmark's per-CPU ones. Reached by a
+ * direct BL (never BLR), so it needs no `bti c` in binaries built with branch protection.
+ */
+__asm__(".pushsection .text\n"
+	".balign 512\n"
+	".skip " GT_SYNC_OFFSET_STR "\n"
+	".type gt_sync_entry, %function\n"
+	"gt_sync_entry:\n"
+	"hint #" GT_HINT_STR "\n"
+	"ret\n"
+	".size gt_sync_entry, . - gt_sync_entry\n"
+	".popsection\n");
+
+void gt_sync_entry(void);
 
 /* Set the name that prefixes error lines. */
 void set_program_name(const char *name)
@@ -202,4 +220,25 @@ void trace_marker(int fd, const char *fmt, ...)
 				strerror(errno));
 		warned = true;
 	}
+}
+
+/* Execute the sync marker between two CLOCK_BOOTTIME reads, noting the CPU. */
+void gt_sync_mark(struct gt_sync *out)
+{
+	int before = sched_getcpu();
+
+	out->t0 = now_ns(CLOCK_BOOTTIME);
+	gt_sync_entry();
+	out->t1 = now_ns(CLOCK_BOOTTIME);
+	out->cpu = sched_getcpu() == before ? before : -1;
+}
+
+/* One record=sync line on stdout; a marker never executed (t1 == 0) prints nothing. */
+void gt_sync_print(const char *source, long long vm, const char *event,
+		   const struct gt_sync *sync)
+{
+	if (!sync->t1)
+		return;
+	printf("record=sync source=%s vm=%lld event=%s cpu=%d t0=%llu t1=%llu\n", source, vm,
+	       event, sync->cpu, (unsigned long long)sync->t0, (unsigned long long)sync->t1);
 }

@@ -81,4 +81,20 @@ int trace_marker_open(const char *path);
 /* Write one formatted marker line (one write(), so lines never interleave). */
 void trace_marker(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* One ground-truth sync marker: CLOCK_BOOTTIME just before and just after it, and the CPU
+ * it ran on (-1 if the thread moved across it). t1 == 0: never executed. */
+struct gt_sync {
+	uint64_t t0;
+	uint64_t t1;
+	int cpu;
+};
+
+/* Execute the ground-truth marker at the sync slot (gtmark.h) and time it. A NOP on a
+ * board; in the emulated host the QEMU plugin logs it, so the clock fit gains a point. */
+void gt_sync_mark(struct gt_sync *out);
+
+/* Print one `record=sync` line (reproducer/README.md) for a marker that was executed. */
+void gt_sync_print(const char *source, long long vm, const char *event,
+		   const struct gt_sync *sync);
+
 #endif /* TRACEKIT_COMMON_H */

@@ -7,8 +7,9 @@
  * CPU each marker was pinned to checks QEMU's vCPU index -> Linux CPU mapping.
  *
  * The marker's identity travels in its address: a table of 64 "hint #0x77; ret" pairs,
- * 512-byte aligned, entered at slot (cpu % 64), so the plugin's logged VA gives
- * (VA >> 3) & 63 without reading any register. The entries, reached by BLR, have no
+ * 512-byte aligned, entered at slot (cpu % 63), so the plugin's logged VA gives
+ * (VA >> 3) & 63 without reading any register (slot 63 is the VMM's and the probe's
+ * sync marker, common.c gt_sync_mark). The entries, reached by BLR, have no
  * `bti c` (it would not fit the 8-byte slot), so gtmark is built with
  * -mbranch-protection=none (Makefile): never mapped PROT_BTI, even on FEAT_BTI cores.
  *
@@ -106,7 +107,7 @@ int main(int argc, char **argv)
 	marker_fd = trace_marker_open(marker_path);
 	for (i = 0; i < cpus.count; i++) {
 		int cpu = cpus.cpus[i];
-		unsigned int slot = (unsigned int)cpu % GT_SLOTS;
+		unsigned int slot = (unsigned int)cpu % GT_CPU_SLOTS;
 
 		err = pin_to_cpu(cpu);
 		if (err)

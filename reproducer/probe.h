@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common.h"
+
 #define PROBE_MAGIC		"TKPROBE\0"
 /* Version 2 added each sample's direction (version 1: 16-byte records without it). */
 #define PROBE_VERSION		2
@@ -64,8 +66,15 @@ const char *probe_mode_name(enum probe_mode mode);
 void probe_write_file(const char *path, const struct probe_header *header,
 		      const struct probe_sample *samples);
 
-/* Print the one-line JSON summary and log2 histogram of the durations. */
+/* The ground-truth sync markers around the samples (reproducer/README.md). */
+struct probe_sync {
+	struct gt_sync start;	/* just before the first sample */
+	struct gt_sync stop;	/* just after the last */
+};
+
+/* Print the one-line JSON summary (with the sync markers) and log2 histogram. */
 void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
-			 const char *thp, const struct probe_sample *samples);
+			 const char *thp, const struct probe_sample *samples,
+			 const struct probe_sync *sync);
 
 #endif /* TRACEKIT_PROBE_H */

@@ -78,10 +78,23 @@ static void print_histogram(FILE *out, const uint64_t *sorted, uint64_t count)
 	fprintf(out, "]");
 }
 
-/* Print count, percentiles, mean and the log2 histogram as one JSON line. */
-void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
-			 const char *thp, const struct probe_sample *samples)
+/* One sync marker as a JSON object, if it was executed. */
+static void print_sync(FILE *out, const char *event, const struct gt_sync *sync, bool *first)
 {
+	if (!sync->t1)
+		return;
+	fprintf(out, "%s{\"event\":\"%s\",\"cpu\":%d,\"t0\":%llu,\"t1\":%llu}",
+		*first ? "" : ",", event, sync->cpu, (unsigned long long)sync->t0,
+		(unsigned long long)sync->t1);
+	*first = false;
+}
+
+/* Print count, percentiles, mean, sync markers and the log2 histogram as one JSON line. */
+void probe_print_summary(FILE *out, const struct probe_header *header, const char *helpers,
+			 const char *thp, const struct probe_sample *samples,
+			 const struct probe_sync *sync)
+{
+	bool first = true;
 	uint64_t count = header->count;
 	uint64_t *sorted = malloc((count ? count : 1) * sizeof(*sorted));
 	long double sum = 0;
@@ -98,6 +111,10 @@ void probe_print_summary(FILE *out, const struct probe_header *header, const cha
 		"\"count\":%llu",
 		probe_mode_name(header->mode), header->cpu, helpers, header->pages, thp,
 		(unsigned long long)header->counter_hz, (unsigned long long)count);
+	fprintf(out, ",\"sync\":[");
+	print_sync(out, "start", &sync->start, &first);
+	print_sync(out, "stop", &sync->stop, &first);
+	fprintf(out, "]");
 	if (count) {
 		fprintf(out, ",\"min_ns\":%llu,\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"
 			"\"p99_9_ns\":%llu,\"max_ns\":%llu,\"mean_ns\":%.1Lf,\"histogram\":",

@@ -300,6 +300,7 @@ int main(int argc, char **argv)
 	struct helper_shared shared = { 0 };
 	struct sample_buffer buf = { 0 };
 	struct probe_header header = { .magic = PROBE_MAGIC };
+	struct probe_sync sync = { 0 };
 	struct helper *helpers;
 	unsigned char *region, *live_page;
 	uint64_t hz = read_cntfrq();
@@ -328,7 +329,10 @@ int main(int argc, char **argv)
 	trace_marker(opts.trace_fd, "tracekit-probe: event=start mode=%s cpu=%d pages=%llu "
 		     "helpers=%s", probe_mode_name(opts.mode), opts.cpu,
 		     (unsigned long long)opts.pages, helper_text[0] ? helper_text : "none");
+	/* Pinned: both markers run on the probe CPU, bracketing the samples. */
+	gt_sync_mark(&sync.start);
 	measure(&opts, region, hz, &buf);
+	gt_sync_mark(&sync.stop);
 	trace_marker(opts.trace_fd, "tracekit-probe: event=stop count=%llu",
 		     (unsigned long long)buf.count);
 
@@ -343,6 +347,6 @@ int main(int argc, char **argv)
 	};
 	if (opts.out_path)
 		probe_write_file(opts.out_path, &header, buf.samples);
-	probe_print_summary(stdout, &header, helper_text, thp_state, buf.samples);
+	probe_print_summary(stdout, &header, helper_text, thp_state, buf.samples, &sync);
 	return EXIT_OK;
 }

@@ -32,6 +32,7 @@ struct vcpu {
 	pthread_t thread;
 	bool started;
 	bool finished;
+	struct gt_sync sync;		/* the sync marker at its first entry (on its CPU) */
 };
 
 /* One VM and the state its vCPU threads share under LOCK. */
@@ -378,6 +379,7 @@ static void *vcpu_thread(void *arg)
 	else {
 		trace_marker(vm->opts->trace_fd, "tracekit-vmm: vm=%d event=enter vcpu=%d cpu=%d",
 			     vm->index, vcpu->index, vcpu->cpu);
+		gt_sync_mark(&vcpu->sync);
 		vcpu_loop(vcpu);
 	}
 	pthread_mutex_lock(&vm->lock);
@@ -576,6 +578,7 @@ struct vm_result vm_run_one(const struct kvm_host *host, const struct vmm_option
 
 	trace_marker(opts->trace_fd, "tracekit-vmm: vm=%d event=create ipa_bits=%d vcpus=%d",
 		     index, ipa_bits ? ipa_bits : 40, opts->vcpus);
+	gt_sync_mark(&timing->create_sync);
 	t0 = now_ns(opts->clock);
 	if (vm_create(vm, ipa_bits)) {
 		t1 = now_ns(opts->clock);
@@ -597,6 +600,8 @@ struct vm_result vm_run_one(const struct kvm_host *host, const struct vmm_option
 	}
 	t2 = vm->powered_off ? vm->poweroff_at : now_ns(opts->clock);
 	trace_marker(opts->trace_fd, "tracekit-vmm: vm=%d event=teardown-start", index);
+	gt_sync_mark(&timing->teardown_sync);
+	timing->run_sync = vm->vcpus[0].sync;
 	timing->create_start = t0;
 	timing->create_ns = t1 - t0;
 	timing->run_ns = t2 > t1 ? t2 - t1 : 0;

@@ -373,6 +373,9 @@ static void print_vm_line(uint64_t index, int bits, const struct vm_timing *t,
 
 	const uint64_t *r = result->results;
 
+	gt_sync_print("vmm", (long long)index, "create", &t->create_sync);
+	gt_sync_print("vmm", (long long)index, "run", &t->run_sync);
+	gt_sync_print("vmm", (long long)index, "teardown", &t->teardown_sync);
 	printf("record=vm vm=%llu ipa_bits=%d create_start_ns=%llu create_ns=%llu run_ns=%llu "
 	       "teardown_ns=%llu teardown_end_ns=%llu result=%s",
 	       (unsigned long long)index, bits ? bits : 40, (unsigned long long)t->create_start,

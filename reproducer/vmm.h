@@ -101,6 +101,10 @@ struct vm_timing {
 	uint64_t run_ns;
 	uint64_t teardown_ns;
 	uint64_t teardown_end;
+	/* Ground-truth sync markers: before creation, vCPU 0's first entry, teardown. */
+	struct gt_sync create_sync;
+	struct gt_sync run_sync;
+	struct gt_sync teardown_sync;
 };
 
 /* The host's KVM: the /dev/kvm fd and the limits the VMM checks options against. */

@@ -509,3 +509,100 @@ def test_bundle_rows_given_to_their_runs(tmp_path: Path) -> None:
     board = generate(tmp_path / "board", Spec(runs=2))
     with pytest.raises(TracekitError, match="no ground truth"):
         gt.bundle_ground_truth(board)
+
+
+def _sync_copies(records: pl.DataFrame, placed: list[tuple[int, int]]) -> pl.DataFrame:
+    """The log's records plus copies of its first marker moved to the sync slot (63), one
+    per (host ns, vCPU) in `placed`: what the VMM's and the probe's markers log as."""
+    marker = records.filter(pl.col("kind") == "marker").head(1)
+    base = (marker["vaddr"][0] // 512) * 512 + 8 * gtalign.SYNC_SLOT
+    copies = [
+        marker.with_columns(
+            ts_host=pl.lit(ts, pl.Int64), vcpu=pl.lit(vcpu, pl.Int32), vaddr=pl.lit(base, pl.UInt64)
+        )
+        for ts, vcpu in placed
+    ]
+    return pl.concat([records, *copies]).sort("ts_host")
+
+
+def _line(fit: gtalign.ClockFit, host: int, cpu: int, shift: int = 3_000) -> tuple:
+    """A sync line as the VMM prints it for a marker logged at `host`: a 4 us bracket whose
+    midpoint is `shift` ns off what the gtmark fit says."""
+    trace = round(fit.offset + fit.slope * (host - fit.host0)) + shift
+    return ("vmm test", cpu, trace - 2_000, trace + 2_000)
+
+
+def test_sync_markers_pair_by_time_and_cpu_and_join_the_fit(truth: gt.GroundTruth) -> None:
+    """The VMM's and the probe's markers (slot 63) are not gtmark's: gtmark's pairing skips
+    them; each sync line pairs with the one sync marker on its CPU near its bracket under
+    the gtmark fit, and the fit then holds both, the gtmark-only error printed apart. Two
+    candidates, another CPU or no marker near: unpaired, counted."""
+    records = gt.read_log(FIXTURE / gt.GT_LOG).records
+    gtmark = gt.parse_gtmark((FIXTURE / gt.GT_MARKERS).read_text())
+    first = gtalign.fit_clock(gtalign.pair_markers(records, gtmark))
+    low, high = records["ts_host"].min(), records["ts_host"].max()
+    h1, h2 = low + (high - low) // 3, low + 2 * (high - low) // 3
+    # h2 + 10 us on vCPU 2 is another CPU: no ambiguity with h2 on vCPU 1.
+    h3 = h1 + 20_000_000
+    placed = [(h1, 1), (h2, 1), (h2 + 10_000, 2), (h1 + 5_000_000, 3), (h1 + 5_050_000, 3)]
+    placed.append((h3, 0))
+    logged_records = _sync_copies(records, placed)
+    paired = gtalign.pair_markers(logged_records, gtmark)
+    assert paired.height == gtmark.height  # the sync markers are left to pair_sync
+    lines = pl.DataFrame(
+        [
+            _line(first, h1, 1),
+            _line(first, h2, 1),
+            _line(first, h2 + 10_000, 2),
+            _line(first, h1 + 5_000_000, 3),  # two sync markers within 100 us: ambiguous
+            _line(first, h1, 2),  # right time, wrong CPU
+            _line(first, h1 + 90_000_000, 0),  # no marker near
+            _line(first, h2 + 10_000, -1),  # moved across it: time alone, and h2 is near too
+            _line(first, h3, 0),  # h3 is claimed by this line and the next: both dropped
+            _line(first, h3, -1),
+        ],
+        schema=gtalign.SYNC_SCHEMA,
+        orient="row",
+    )
+    seen = gtalign.sync_markers(logged_records, truth.vcpu_to_cpu)
+    assert seen.height == len(placed)
+    synced = gtalign.pair_sync(seen, first, lines)
+    assert sorted(synced["ts_host"].to_list()) == [h1, h2, h2 + 10_000]
+    final = gtalign.fit_clock(paired, synced)
+    check = gtalign.sync_check(first, final, synced, lines.height, seen.height)
+    assert (check.lines, check.paired, check.logged) == (9, 3, 6)
+    assert 2_900 <= check.max_error_ns <= 3_100  # the 3 us the lines were shifted by
+    assert check.max_residual_ns < check.max_error_ns
+    assert final.markers == gtmark.height + 3 and final.heldout == first.heldout
+    text = check.summary()
+    assert "3 of 9 printed paired (6 logged)" in text and "gtmark-only fit's error" in text
+
+
+def test_bundle_sync_lines_from_vmm_and_probe(tmp_path: Path) -> None:
+    """A bundle's VMM `sync` records and probe summaries' `sync` lists reach the clock fit;
+    the fixture's log has no sync marker, so none pairs and the summary says so."""
+    from tracekit.bundle import RunFile, run_path
+
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "bundle", Spec(runs=2))
+    add_to_bundles(out)
+    runs = read_manifest(bundle).runs
+    vmm = run_path(bundle, runs[0].run_id, RunFile.VMM)
+    vmm.write_text(
+        "record=run format=1 guest=g variant=mmu-on vcpus=1 clock=boottime\n"
+        "record=sync source=vmm vm=0 event=create cpu=0 t0=100 t1=200\n"
+        "record=sync source=vmm vm=0 event=run cpu=1 t0=300 t1=400\n"
+    )
+    probe = run_path(bundle, runs[1].run_id, RunFile.PROBE_SUMMARY)
+    probe.write_text(
+        '{"record":"tlbiprobe","count":0,"sync":[{"event":"start","cpu":2,"t0":5,"t1":6}]}\n'
+    )
+    lines = gt.bundle_sync_lines(bundle, runs)
+    assert lines.select("cpu", "t0", "t1").rows() == [(0, 100, 200), (1, 300, 400), (2, 5, 6)]
+    assert lines["source"][1] == f"vmm {runs[0].run_id} vm=0 run"
+    truth, _ = gt.bundle_ground_truth(bundle)
+    assert truth.fit.sync is not None and (truth.fit.sync.lines, truth.fit.sync.paired) == (3, 0)
+    assert "sync markers: none of 3 printed paired" in truth.fit.summary()
+    probe.write_text('{"record":"tlbiprobe","sync":[{"event":"start","cpu":2}]}\n')
+    with pytest.raises(TracekitError, match="without integer cpu, t0 and t1"):
+        gt.bundle_sync_lines(bundle, runs)

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import polars as pl
 import pytest
 from conftest import VhostBoot, register_vhost_check
 from elftools.elf.elffile import ELFFile
@@ -272,6 +273,51 @@ def test_probe_samples_match_summary(
     histogram = summary["histogram"]
     assert sum(bucket["count"] for bucket in histogram) == 301
     assert all(b["hi_ns"] == 2 * b["lo_ns"] for b in histogram if b["lo_ns"])
+
+
+def _plugin(tmp_path: Path) -> Path | None:
+    """The ground-truth plugin built here from the cached header, None without it."""
+    from tracekit.vhost import groundtruth
+
+    try:
+        header = groundtruth.header_dir(groundtruth.installed_qemu()) / groundtruth.HEADER
+    except TracekitError:
+        return None
+    if not header.is_file():
+        return None
+    make = ["make", "-s", "-C", str(groundtruth.plugin_source_dir())]
+    subprocess.run([*make, f"QEMU_PLUGIN_INCLUDE={header.parent}", f"O={tmp_path}"], check=True)
+    return tmp_path / groundtruth.PLUGIN
+
+
+@needs_qemu_user
+def test_probe_runs_the_sync_marker_around_its_samples(build: Path, tmp_path: Path) -> None:
+    """The probe executes the ground-truth marker from the sync slot (63) just before its
+    first sample and after its last, and prints both in its summary; under QEMU's
+    user-mode emulator the real plugin logs exactly those two, at slot 63, as far apart
+    in the host's clock as the probe's own brackets say (CLOCK_BOOTTIME and the host's
+    CLOCK_MONOTONIC advance together here)."""
+    from tracekit.ingest.groundtruth import read_log
+    from tracekit.ingest.gtalign import SYNC_SLOT, marker_slot
+
+    plugin = _plugin(tmp_path)
+    if plugin is None:
+        pytest.skip("run `tracekit vhost build --ground-truth` (the plugin header)")
+    log = tmp_path / "probe.tkgt"
+    argv = [QEMU_USER, "-plugin", f"file={plugin},out={log},limit=4096"]
+    done = subprocess.run(
+        [*argv, str(build / "tlbiprobe"), "--samples", "50"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    sync = json.loads(done.stdout.splitlines()[0])["sync"]
+    assert [(s["event"], s["cpu"]) for s in sync] == [("start", 0), ("stop", 0)]
+    assert all(s["t0"] <= s["t1"] for s in sync) and sync[0]["t1"] <= sync[1]["t0"]
+    markers = read_log(log).records.filter(pl.col("kind") == "marker")
+    assert markers.select(marker_slot())["vaddr"].to_list() == [SYNC_SLOT] * 2
+    logged_gap = markers["ts_host"][1] - markers["ts_host"][0]
+    outer = sync[1]["t1"] - sync[0]["t0"]
+    inner = sync[1]["t0"] - sync[0]["t1"]
+    assert inner <= logged_gap <= outer
 
 
 @needs_qemu_user

@@ -8,8 +8,8 @@
  * The log is a file of fixed 32-byte records behind a 64-byte header (format in
  * docs/tables.md, "Ground-truth log"), mapped shared and filled lock-free: a slot is
  * reserved with one atomic add, so vCPU threads never wait for each other. The file
- * holds at most `limit` records, the last 4096 slots kept for markers (so a full log
- * still aligns its clock); reservations past either bound are counted, never lost
+ * holds at most `limit` records, the last TKGT_MARKER_SLOTS (65536) kept for markers (so
+ * a full log still aligns its clock); reservations past either bound are counted, never lost
  * silently, and the header says how many. At exit the markers move up behind the other
  * records and the file is cut after them.
  *

@@ -16,7 +16,9 @@
 #define TKGT_DEFAULT_LIMIT (16u << 20)	/* records: 512 MiB of log */
 #define TKGT_MAX_LIMIT (1ull << 28)	/* 8 GiB: refuse anything larger */
 /* Markers have slots of their own, so a full log still aligns its clock. */
-#define TKGT_MARKER_SLOTS 4096u
+/* 65536: gtmark's, plus three sync markers per VM the VMM runs (a 256-VM rollover adds
+ * 768) and two per probe slot; 2 MiB of the default 512 MiB log. */
+#define TKGT_MARKER_SLOTS 65536u
 
 /* HINT #0x77 (CRm=0b1110, op2=0b111): unallocated, so a NOP on every Armv8/v9 core. */
 #define TKGT_MARKER 0xd5032effu

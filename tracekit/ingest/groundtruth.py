@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -21,6 +23,9 @@ from tracekit.errors import TracekitError
 from tracekit.ingest import gtalign
 from tracekit.symbols.kallsyms import read_kallsyms
 from tracekit.vhost import runner
+
+if TYPE_CHECKING:
+    from tracekit.bundle import RunRecord
 
 # The files `vhost run --ground-truth` leaves in --out.
 GT_LOG = runner.GROUND_TRUTH_LOG
@@ -428,12 +433,17 @@ class GroundTruth:
 
 
 def load_ground_truth(
-    directory: str | os.PathLike[str], kvm_mode: str | None = None, vhe: bool | None = None
+    directory: str | os.PathLike[str],
+    kvm_mode: str | None = None,
+    vhe: bool | None = None,
+    sync: pl.DataFrame | None = None,
 ) -> GroundTruth:
     """A `vhost run --ground-truth` output directory as one table on the trace clock.
 
     The KVM mode the kernel initialised comes from vhost-run.json unless given; whether the
-    host kernel ran with VHE from the boot log, or `vhe` where the log cannot say.
+    host kernel ran with VHE from the boot log, or `vhe` where the log cannot say. `sync`:
+    the VMM's and the probe's sync lines (gtalign.SYNC_SCHEMA, e.g. bundle_sync_lines),
+    fitted beside gtmark's markers.
     """
     out = Path(directory)
     need = [GT_LOG, GT_KALLSYMS, GT_MARKERS, GT_DMESG] + ([] if kvm_mode else [GT_RUN])
@@ -455,8 +465,57 @@ def load_ground_truth(
         dmesg,
         log.header.vcpus,
         host_vhe,
+        sync,
     )
     return GroundTruth(table, fit, mapping, log.header, log.unfilled, kvm_mode, host_vhe)
+
+
+def bundle_sync_lines(bundle: Path, runs: Iterable[RunRecord]) -> pl.DataFrame:
+    """The sync markers the bundle's VMM runs (vmm.txt `sync` records) and probe slots
+    (probe.json `sync`) printed, as gtalign.SYNC_SCHEMA rows (trace clock: CLOCK_BOOTTIME)."""
+    from tracekit.bundle import RunFile, run_path
+    from tracekit.ingest.vmm import read_vmm_output
+
+    rows: list[tuple[str, int, int, int]] = []
+    for run in runs:
+        vmm = run_path(bundle, run.run_id, RunFile.VMM)
+        if vmm.is_file():
+            for line in read_vmm_output(vmm).syncs:
+                source = f"vmm {run.run_id} vm={line.get('vm')} {line.get('event')}"
+                rows.append(_sync_row(source, line, vmm))
+        probe = run_path(bundle, run.run_id, RunFile.PROBE_SUMMARY)
+        if probe.is_file():
+            for line in _probe_syncs(probe):
+                rows.append(_sync_row(f"probe {run.run_id} {line.get('event')}", line, probe))
+    return pl.DataFrame(rows, schema=gtalign.SYNC_SCHEMA, orient="row")
+
+
+def sync_lines_of(bundles: Iterable[Path]) -> pl.DataFrame | None:
+    """Every bundle's sync lines together (one boot's bundles), None without a bundle."""
+    from tracekit.bundle import read_manifest
+
+    found = [bundle_sync_lines(root, read_manifest(root).runs) for root in bundles]
+    return pl.concat(found) if found else None
+
+
+def _probe_syncs(path: Path) -> list[dict[str, object]]:
+    """The `sync` list of a probe summary (none in summaries from before it)."""
+    try:
+        summary = json.loads(path.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError) as err:
+        raise TracekitError(f"{path}: not the probe's JSON summary ({err})") from None
+    return list(summary.get("sync", []))
+
+
+def _sync_row(source: str, line: dict, path: Path) -> tuple[str, int, int, int]:
+    """One sync line as (source, cpu, t0, t1); one error line if a field is missing."""
+    try:
+        return source, int(line["cpu"]), int(line["t0"]), int(line["t1"])
+    except (KeyError, ValueError, TypeError):
+        raise TracekitError(
+            f"{path}: a sync marker line without integer cpu, t0 and t1 ({line}); give the "
+            "tool's output unchanged"
+        ) from None
 
 
 def has_ground_truth(root: str | os.PathLike[str]) -> bool:
@@ -477,10 +536,11 @@ def bundle_ground_truth(root: str | os.PathLike[str]) -> tuple[GroundTruth, pl.D
             f"{bundle}: no ground truth ({runner.GT_BUNDLE_DIR}/): only bundles collected in "
             "`tracekit vhost run --ground-truth` have one; a board has none"
         )
-    truth = load_ground_truth(where)
+    manifest = read_manifest(bundle)
+    truth = load_ground_truth(where, sync=bundle_sync_lines(bundle, manifest.runs))
     runs = [
         (run.run_id, run.phase, run.start_ns, run.end_ns)
-        for run in read_manifest(bundle).runs
+        for run in manifest.runs
         if run.start_ns is not None and run.end_ns is not None
     ]
     windows = pl.DataFrame(

@@ -28,6 +28,7 @@ Where (no register reads in QEMU 7.2's plugin API, so the exception level is inf
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -43,9 +44,15 @@ KERNEL_HALF = 1 << 63
 GUEST_WINDOW = (0x4000_0000, 0x4100_0000)
 # QEMU 7.2 virt with GICv3: MPIDR Aff0 = vCPU index % 16, Aff1 = index / 16.
 QEMU_AFF0_CPUS = 16
-# gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned.
+# gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned; gtmark uses slots
+# 0-62 (CPU % 63), the VMM's and the probe's sync marker slot 63 (reproducer/gtmark.h).
 MARKER_SLOTS = 64
 MARKER_SLOT_BYTES = 8
+SYNC_SLOT = 63
+# A sync line pairs with the one sync marker on its CPU that the gtmark-only fit puts
+# within this distance of its [t0, t1] (the residual target); none or several: unpaired.
+SYNC_MATCH_NS = 100_000
+SYNC_SCHEMA = {"source": pl.String, "cpu": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
 # KVM's VHE TLB maintenance runs in the kernel with HCR_EL2.TGE cleared and the guest's
 # VTTBR loaded (arch/arm64/kvm/hyp/vhe/tlb.c): its EL1-form TLBIs act on the guest's EL1&0.
 VHE_GUEST_CONTEXT = "__kvm_"
@@ -91,6 +98,8 @@ class ClockFit:
     # The check the residual cannot give (it is over the fitted points): an offset fitted
     # on the markers before the command alone, slope 1, predicting the markers after it.
     heldout: HeldOut | None = None
+    # The VMM's and the probe's sync markers (None: no sync line was given).
+    sync: SyncCheck | None = None
 
     @property
     def slope_ppm(self) -> float:
@@ -108,12 +117,13 @@ class ClockFit:
     def summary(self) -> str:
         """One line for the user: markers, residual, bracket, slope, the held-out error."""
         held = self.heldout.summary() if self.heldout else HeldOut.NONE
+        sync = self.sync.summary() if self.sync else SyncCheck.NONE
         return (
             f"clock fit over {self.markers} markers: trace = host x {self.slope:.9f} + offset "
             f"(slope {self.slope_ppm:+.4f} ppm from 1); max residual at the fitted markers "
             f"{self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} with a "
             f"bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's bracket "
-            f"{self.max_outside_ns / 1000:.1f} us; {held}; {CLOCK_CONDITIONS}"
+            f"{self.max_outside_ns / 1000:.1f} us; {held}; {sync}; {CLOCK_CONDITIONS}"
         )
 
 
@@ -142,6 +152,35 @@ class HeldOut:
             f"(slope 1), error at the {self.left_out} after it max "
             f"{self.max_error_ns / 1000:.1f} us ({self.max_outside_ns / 1000:.1f} us outside "
             "a bracket)"
+        )
+
+
+@dataclass(frozen=True)
+class SyncCheck:
+    """The VMM's and the probe's sync markers: how many paired, and the clock error there."""
+
+    NONE = "no VMM or probe sync markers given"
+
+    lines: int  # sync lines the bundle's VMM and probe printed
+    paired: int  # of them, paired with one logged sync marker (and fitted)
+    logged: int  # sync markers in the log (other bundles' of the same boot included)
+    # At the paired ones: the gtmark-only fit's error (they were not in it: an
+    # independent check), and the residual of the final fit, which includes them.
+    max_error_ns: float
+    max_residual_ns: float
+
+    def summary(self) -> str:
+        """One clause: paired of printed, the independent error, the residual."""
+        if not self.paired:
+            return (
+                f"sync markers: none of {self.lines} printed paired with one of the "
+                f"{self.logged} logged within {SYNC_MATCH_NS // 1000} us"
+            )
+        return (
+            f"sync markers (VMM, probe): {self.paired} of {self.lines} printed paired "
+            f"({self.logged} logged), gtmark-only fit's error there max "
+            f"{self.max_error_ns / 1000:.1f} us, residual after fitting them too max "
+            f"{self.max_residual_ns / 1000:.1f} us"
         )
 
 
@@ -293,9 +332,16 @@ def vcpu_to_cpu(vcpus: int, mpidrs: dict[int, int]) -> dict[int, int]:
     return mapping
 
 
+def marker_slot() -> pl.Expr:
+    """The table slot a logged marker ran at: (VA >> 3) % 64."""
+    return (pl.col("vaddr") // MARKER_SLOT_BYTES) % MARKER_SLOTS
+
+
 def pair_markers(records: pl.DataFrame, gtmark: pl.DataFrame) -> pl.DataFrame:
-    """The plugin's markers beside gtmark's lines, in order; checked by slot."""
-    seen = records.filter(pl.col("kind") == "marker").sort("ts_host")
+    """The plugin's gtmark markers (every slot but the sync one) beside gtmark's lines,
+    in order; checked by slot."""
+    markers = records.filter(pl.col("kind") == "marker")
+    seen = markers.filter(marker_slot() != SYNC_SLOT).sort("ts_host")
     lines = gtmark.sort("seq")
     if seen.height != lines.height:
         raise TracekitError(
@@ -321,7 +367,71 @@ def check_cpu_map(paired: pl.DataFrame, mapping: dict[int, int]) -> list[int]:
     return paired.filter(mapped != paired["cpu"])["seq"].to_list()
 
 
-def fit_clock(paired: pl.DataFrame) -> ClockFit:
+def sync_markers(records: pl.DataFrame, mapping: dict[int, int]) -> pl.DataFrame:
+    """The logged sync markers (slot 63): ts_host, vcpu and the Linux cpu, in time order."""
+    seen = records.filter((pl.col("kind") == "marker") & (marker_slot() == SYNC_SLOT))
+    cpu = pl.col("vcpu").replace_strict(mapping, default=None, return_dtype=pl.Int64)
+    return seen.select("ts_host", "vcpu", cpu=cpu).sort("ts_host")
+
+
+def pair_sync(seen: pl.DataFrame, fit: ClockFit, lines: pl.DataFrame) -> pl.DataFrame:
+    """Each sync line (SYNC_SCHEMA) beside the one logged sync marker on its CPU that `fit`
+    puts within SYNC_MATCH_NS of its [t0, t1]; lines with none or several, and markers
+    two lines claim, are left out. Columns: ts_host, vcpu, t0, t1, source."""
+    predicted = seen.select(trace=fit.apply(pl.col("ts_host")))["trace"].to_numpy()
+    order = np.argsort(predicted, kind="stable")
+    times = predicted[order]
+    cpus = seen["cpu"].to_numpy()[order]
+    claims: dict[int, list[int]] = {}
+    for index, (cpu, t0, t1) in enumerate(lines.select("cpu", "t0", "t1").iter_rows()):
+        low = np.searchsorted(times, t0 - SYNC_MATCH_NS, side="left")
+        high = np.searchsorted(times, t1 + SYNC_MATCH_NS, side="right")
+        # A line whose thread moved across the marker (cpu -1) matches on time alone.
+        near = [k for k in range(low, high) if cpu < 0 or cpus[k] == cpu]
+        if len(near) == 1:
+            claims.setdefault(near[0], []).append(index)
+    pairs = [(int(order[k]), owners[0]) for k, owners in claims.items() if len(owners) == 1]
+    markers = seen.select(pl.col("ts_host", "vcpu").gather([marker for marker, _ in pairs]))
+    printed = lines.select(pl.col("t0", "t1", "source").gather([line for _, line in pairs]))
+    return pl.concat([markers, printed], how="horizontal").sort("ts_host")
+
+
+def fit_clock(paired: pl.DataFrame, synced: pl.DataFrame | None = None) -> ClockFit:
+    """The gtmark fit (fit_line) refitted with the paired sync markers too, if any."""
+    first = fit_line(paired)
+    if synced is None or synced.height == 0:
+        return first
+    points = pl.concat([paired.select("ts_host", "t0", "t1"), synced.select("ts_host", "t0", "t1")])
+    final = fit_line(points.sort("ts_host"))
+    return ClockFit(
+        host0=final.host0,
+        offset=final.offset,
+        slope=final.slope,
+        markers=final.markers,
+        max_residual_ns=final.max_residual_ns,
+        max_outside_ns=final.max_outside_ns,
+        tight_markers=final.tight_markers,
+        heldout=first.heldout,
+    )
+
+
+def sync_check(
+    first: ClockFit, final: ClockFit, synced: pl.DataFrame, lines: int, logged: int
+) -> SyncCheck:
+    """How far the gtmark-only fit and the final fit are from the paired sync markers."""
+    if synced.height == 0:
+        return SyncCheck(lines, 0, logged, 0.0, 0.0)
+    mid = ((synced["t0"] + synced["t1"]) / 2).to_numpy()
+
+    def error(fit: ClockFit) -> float:
+        """The largest distance of `fit` from the markers' bracket midpoints."""
+        at = synced.select(t=fit.apply(pl.col("ts_host")))["t"].to_numpy()
+        return float(np.max(np.abs(at - mid)))
+
+    return SyncCheck(lines, synced.height, logged, error(first), error(final))
+
+
+def fit_line(paired: pl.DataFrame) -> ClockFit:
     """Weighted least-squares line from the plugin's host time to the midpoint of [t0, t1].
 
     A marker's bracket is its uncertainty: the first marker of a fresh gtmark process can
@@ -451,10 +561,13 @@ def ground_truth_table(
     dmesg: str,
     vcpus: int,
     vhe: bool,
+    sync: pl.DataFrame | None = None,
 ) -> tuple[pl.DataFrame, ClockFit, dict[int, int]]:
     """Every record with ts on the trace clock, Linux cpu, where and regime; the fit; the map.
 
     `vhe`: whether the host kernel ran with VHE (host_vhe decides it from the boot log).
+    `sync`: the VMM's and the probe's sync lines (SYNC_SCHEMA), paired with the logged
+    sync markers under the gtmark fit and then fitted with gtmark's.
     """
     mapping = vcpu_to_cpu(vcpus, mpidrs_from_dmesg(dmesg))
     paired = pair_markers(records, gtmark)
@@ -465,6 +578,12 @@ def ground_truth_table(
             f"{wrong[0]}): the vCPU -> CPU mapping from dmesg does not hold"
         )
     fit = fit_clock(paired)
+    if sync is not None:
+        logged = sync_markers(records, mapping)
+        synced = pair_sync(logged, fit, sync)
+        final = fit_clock(paired, synced)
+        check = sync_check(fit, final, synced, sync.height, logged.height)
+        fit = dataclasses.replace(final, sync=check)
     located = locate(records, layout)
     table = effective(located, vhe).with_columns(
         ts=fit.apply(pl.col("ts_host")),

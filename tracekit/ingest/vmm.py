@@ -9,7 +9,7 @@ gets one flat table. Lines that are not records are counted, never dropped silen
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,8 @@ class VmmOutput:
     vms: pl.DataFrame  # VM_SCHEMA: one row per `vm` record, in file order
     summaries: list[dict[str, str]]
     skipped: list[str]  # lines that were not key=value records
+    # The ground-truth sync markers (`sync` records: source, vm, event, cpu, t0, t1).
+    syncs: list[dict[str, str]] = field(default_factory=list)
 
 
 def _unescape(value: str) -> str:
@@ -96,6 +98,7 @@ def parse_vmm_output(text: str, source: str = "VMM output") -> VmmOutput:
     vms: list[dict[str, object]] = []
     summaries: list[dict[str, str]] = []
     skipped: list[str] = []
+    syncs: list[dict[str, str]] = []
     for n, line in enumerate(text.splitlines(), 1):
         fields = _record(line.strip())
         if fields is None:
@@ -120,13 +123,16 @@ def parse_vmm_output(text: str, source: str = "VMM output") -> VmmOutput:
             )
         elif kind == "summary":
             summaries.append(fields)
+        elif kind == "sync":
+            syncs.append(fields)
         else:
             skipped.append(f"{source}: line {n}: unknown record kind {kind!r}")
     if not runs:
         raise TracekitError(
             f"{source}: no record=run line; this is not the output of reproducer/build/vmm"
         )
-    return VmmOutput(runs, pl.DataFrame(vms, schema=VM_SCHEMA, orient="row"), summaries, skipped)
+    vm_table = pl.DataFrame(vms, schema=VM_SCHEMA, orient="row")
+    return VmmOutput(runs, vm_table, summaries, skipped, syncs)
 
 
 def read_vmm_output(path: Path) -> VmmOutput:

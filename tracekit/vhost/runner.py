@@ -307,9 +307,14 @@ def add_to_bundles(out: Path) -> list[Path]:
     each recorded in the manifest with its checksum and what it is. The log covers the
     whole boot; a run's rows are those inside the run's start and end in the manifest.
     """
+    return [root for root in bundles_under(out) if add_ground_truth(out, root)]
+
+
+def bundles_under(out: Path) -> list[Path]:
+    """The bundles (a readable manifest) the command left under `out`, in path order."""
     from tracekit.bundle import MANIFEST, read_manifest
 
-    added = []
+    found = []
     for manifest in sorted(out.rglob(MANIFEST)):
         root = manifest.parent
         if any(part.startswith(".") for part in root.relative_to(out).parts):
@@ -318,9 +323,8 @@ def add_to_bundles(out: Path) -> list[Path]:
             read_manifest(root)
         except TracekitError:
             continue
-        if add_ground_truth(out, root):
-            added.append(root)
-    return added
+        found.append(root)
+    return found
 
 
 def add_ground_truth(out: Path, bundle: Path) -> bool:
@@ -390,11 +394,12 @@ def ground_truth_note(log: Path) -> str:
 
 
 def _alignment_note(out: Path, kvm_mode: str) -> str:
-    """The clock fit of this boot's markers (and the vCPU map check), or why it failed."""
-    from tracekit.ingest.groundtruth import load_ground_truth
+    """The clock fit of this boot's markers, gtmark's and the sync markers of every bundle
+    left under `out` (and the vCPU map check), or why it failed."""
+    from tracekit.ingest.groundtruth import load_ground_truth, sync_lines_of
 
     try:
-        truth = load_ground_truth(out, kvm_mode)
+        truth = load_ground_truth(out, kvm_mode, sync=sync_lines_of(bundles_under(out)))
     except TracekitError as exc:
         return f"ground truth NOT aligned to the trace clock: {exc}"
     cpus = ", ".join(f"{v}->{c}" for v, c in sorted(truth.vcpu_to_cpu.items()))
