@@ -61,6 +61,14 @@ def test_matching_bundle_has_counts_and_no_contradiction(tmp_path: Path) -> None
     assert any("per VM step" in t for t in titles) and any("expected against" in t for t in titles)
     checks = next(t.frame for t in section.tables if "expected against" in t.title)
     assert checks["ok"].all() and checks["seen_total"].sum() == 10
+    # The bundle's guest run holds no trace: the first-run flush's VMID is not known
+    # (the VM is named from the VMM's window); the init's VMALLS12E1 is 0 by the source.
+    vmids = next(t.frame for t in section.tables if "by VMID" in t.title)
+    by = {(r["operation"], r["vmid_basis"]): r for r in vmids.iter_rows(named=True)}
+    assert by[("TLBI VMALLE1", "untraced")]["vmid"] is None
+    assert by[("TLBI VMALLS12E1", "source")]["vmid"] == 0
+    assert by[("TLBI ALLE2", "not-vmid-scoped")]["vmid"] is None
+    assert any("never read" in u for u in section.unknowns)
 
 
 CONTRADICTS = "CONTRADICTS THE SETUP"

@@ -5,8 +5,9 @@ table (tracekit.ingest.groundtruth; with run_id and phase when given to a bundle
 runs) and the steps of a run: each VM's create, run and teardown windows from the VMM's
 output, each after-guest action's run window. The expected signatures are data
 (gtsignatures.toml, parsed by tracekit.analysis.gtsignatures); a step whose watched
-invalidations differ from its signature is a finding. VMIDs are not known here: the
-plugin reads no registers (QEMU 7.2's API has none).
+invalidations differ from its signature is a finding. VMIDs are never read (QEMU 7.2's
+plugin API reads no registers): tracekit.analysis.gtvmid attributes them from the host
+trace, and the summary counts them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis import gtvmid
 from tracekit.analysis.conditions import Unknown
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
 from tracekit.cpus import format_cpu_list as format_cpus
@@ -417,6 +419,9 @@ class GroundTruthSummary:
     uncovered: list[str]  # steps no signature covers here
     probes: pl.DataFrame  # PROBE_SCHEMA
     signature_lines: list[str]
+    # EL2 invalidations per run, function, operation, VMID and basis (gtvmid.vmid_counts):
+    # the VMID attributed from the host trace, never read.
+    vmids: pl.DataFrame | None = None
 
 
 def summarise(
@@ -429,12 +434,14 @@ def summarise(
     traced_runs: Iterable[str],
     probe_calls: dict[str, pl.DataFrame] | None = None,
     facts: dict[str, str] | None = None,
+    vmid_inputs: gtvmid.VmidInputs | None = None,
 ) -> GroundTruthSummary:
     """A bundle's ground truth (rows given to its runs) against its steps and signatures.
 
     `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by;
     `probe_calls`: each probe's calls in the traced runs (probe_checks); `facts`: the
-    bundle's condition fields a signature's `requires` names (unmet).
+    bundle's condition fields a signature's `requires` names (unmet); `vmid_inputs`: the
+    traced runs' vCPU spans and VMID readings the EL2 invalidations' VMIDs come from.
     """
     series, mode, model = setup
     rows = with_action_phase(invalidations(given), steps)
@@ -455,7 +462,16 @@ def summarise(
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls),
         signature_lines=lines,
+        vmids=_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs()),
     )
+
+
+def _vmids(rows: pl.DataFrame, steps: pl.DataFrame, inputs: gtvmid.VmidInputs) -> pl.DataFrame:
+    """The EL2 invalidations counted by attributed VMID (gtvmid)."""
+    attributed = gtvmid.attribute_vmids(
+        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits
+    )
+    return gtvmid.vmid_counts(attributed)
 
 
 def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

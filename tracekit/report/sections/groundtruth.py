@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import groundtruth as gt
+from tracekit.analysis import gtvmid, vm
 from tracekit.analysis.calls import pair_calls
 from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packaged_signatures
@@ -19,13 +20,16 @@ from tracekit.cpus import parse_cpu_list
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated, kvm_mode
 from tracekit.report.model import Section, Table
+from tracekit.report.sections.vmruns import open_vm_run
 
 EMULATED_TRUTH = (
     "emulated ground truth from a QEMU TCG plugin: what the emulated CPUs executed, not hardware"
 )
 NO_VMID = (
-    "the VMID each invalidation acted on: the plugin reads no registers (QEMU 7.2's plugin "
-    "API has none); only the source says it (e.g. ___kvm_hyp_init's VMALLS12E1 is VMID 0)"
+    "the VMID each EL2 invalidation acted on is never read (QEMU 7.2's plugin API reads no "
+    "registers): the vmid column is inferred from the host trace (the VM whose vCPU was on "
+    "that CPU, its kvm_arm_vmid_update readings) or stated by the source, each row saying "
+    "which (vmid_basis), and null wherever neither tells"
 )
 
 
@@ -121,7 +125,37 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     condition = bundle_condition(manifest)
     facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
     signatures = packaged_signatures()
-    return gt.summarise(given, frame, signatures, setup, context, hits, traced, calls, facts)
+    inputs = _vmid_inputs(data)
+    return gt.summarise(
+        given, frame, signatures, setup, context, hits, traced, calls, facts, inputs
+    )
+
+
+def _vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
+    """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid)."""
+    spans, found, bits = [], [], {}
+    for run in data.manifest.runs:
+        vmm = data.run(run).vmm
+        if vmm is None or data.run(run).trace is None:
+            continue
+        opened = open_vm_run(data, run, vmm, run.run_id)
+        if opened.windows is None or opened.threads is None:
+            continue
+        spans.append(gtvmid.vcpu_spans(run.run_id, opened.windows, opened.threads))
+        for event, at in ((vm.VMID_EVENT, "entry"), (vm.VMID_RETURN_EVENT, "return")):
+            rows = opened.event(event)
+            if rows is not None and "vmid_id" in rows.columns:
+                found.append(gtvmid.readings(run.run_id, opened.give_to_vms(rows), at))
+        updates = vm.vmid_readings(opened.event(vm.VMID_EVENT), opened.event(vm.VMID_RETURN_EVENT))
+        width = vm.vmid_width(updates, data.run(run).vmid_bits) if updates is not None else None
+        if width is not None:
+            bits[run.run_id] = width
+    empty = gtvmid.VmidInputs()
+    return gtvmid.VmidInputs(
+        pl.concat(spans) if spans else empty.spans,
+        pl.concat(found) if found else empty.readings,
+        bits,
+    )
 
 
 def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.DataFrame]:
@@ -190,6 +224,17 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
                 f"{label}: expected against executed, per step",
                 checks,
                 "expected: per step and CPU; ok false = a finding in the report's lead",
+            )
+        )
+    if summary.vmids is not None and not summary.vmids.is_empty():
+        tables.append(
+            Table(
+                f"{label}: EL2 invalidations by VMID (attributed, never read)",
+                summary.vmids,
+                "vmid_basis: inferred (the VM whose vCPU thread was on that CPU, and the VMID "
+                "kvm_arm_vmid_update had given it), source (stated by the kernel source), "
+                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-reading, "
+                "no-width, no-vm)",
             )
         )
     if not summary.probes.is_empty():

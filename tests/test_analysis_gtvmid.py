@@ -1,0 +1,136 @@
+"""The VMID of each EL2 invalidation, attributed from the host trace (never read).
+
+Rows are generated here in the shape analysis.groundtruth.invalidations gives (the
+fixture boot's hyp functions and operations); spans and readings in the shapes
+gtvmid.vcpu_spans and gtvmid.readings give from a traced run's markers and probe.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analysis import gtvmid
+
+ROW_SCHEMA = {
+    "run_id": pl.String,
+    "ts": pl.Int64,
+    "cpu": pl.Int64,
+    "operation": pl.String,
+    "function": pl.String,
+    "where": pl.String,
+    "scope": pl.String,
+    "regime": pl.String,
+}
+FLUSH = ("TLBI VMALLE1", "__kvm_flush_cpu_context", "hyp", "vmid", "EL1&0")
+
+
+def _rows(*rows: tuple) -> pl.DataFrame:
+    """Invalidation rows: (run_id, ts, cpu, operation, function, where, scope, regime)."""
+    return pl.DataFrame(list(rows), schema=ROW_SCHEMA, orient="row")
+
+
+def _spans(*spans: tuple) -> pl.DataFrame:
+    """vCPU spans: (run_id, vm_seq, cpu, start, end)."""
+    return pl.DataFrame(list(spans), schema=gtvmid.SPAN_SCHEMA, orient="row")
+
+
+def _readings(*found: tuple) -> pl.DataFrame:
+    """kvm_arm_vmid_update readings: (run_id, vm_seq, ts, vmid_id, at)."""
+    return pl.DataFrame(list(found), schema=gtvmid.READING_SCHEMA, orient="row")
+
+
+STEPS = pl.DataFrame(
+    [("quiet", 0, "run", 5_000, 6_000, 1, "4k")],
+    schema={
+        "run_id": pl.String,
+        "vm": pl.Int64,
+        "step": pl.String,
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "vcpus": pl.Int64,
+        "backing": pl.String,
+    },
+    orient="row",
+)
+
+
+def _attribute(rows: pl.DataFrame, spans: pl.DataFrame, found: pl.DataFrame) -> list[tuple]:
+    """(ts, vmid, basis) per hyp row, in time order."""
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8})
+    return out.select("ts", "vmid", "vmid_basis").rows()
+
+
+def test_unscoped_and_hyp_init_need_no_trace() -> None:
+    """ALLE2, ALLE1 and IC IALLU carry no VMID; 6.1's init VMALLS12E1 is 0 by the source;
+    host-kernel rows are not EL2 invalidations and are left out."""
+    rows = _rows(
+        ("guest", 10, 0, "TLBI ALLE2", "___kvm_hyp_init", "hyp", "all-el2", "EL2"),
+        ("guest", 11, 0, "TLBI VMALLS12E1", "___kvm_hyp_init", "hyp", "vmid-s12", "EL1&0"),
+        ("guest", 12, 0, "TLBI ALLE1IS", "__kvm_flush_vm_context", "hyp", "all-vmids", "EL1&0"),
+        ("guest", 13, 1, "IC IALLU", "__kvm_flush_cpu_context", "hyp", "icache", None),
+        ("guest", 14, 1, "TLBI VAE1IS", "flush_tlb_mm", "kernel", "va", "EL1&0"),
+    )
+    found = _attribute(rows, _spans(), _readings())
+    assert found == [
+        (10, None, "not-vmid-scoped"),
+        (11, 0, "source"),
+        (12, None, "not-vmid-scoped"),
+        (13, None, "not-vmid-scoped"),
+    ]
+
+
+def test_vmid_from_the_vm_on_that_cpu_and_its_readings() -> None:
+    """The VM whose vCPU thread was on the CPU gives the VMID: its last return reading
+    before, else its next entry reading after (low 8 bits of the 64-bit id; the
+    generation above them is not the VMID); none bracketing it: null."""
+    spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, 1, 300, 400), ("guest", 2, 2, 500, 600))
+    found = _readings(
+        ("guest", 0, 150, 256 + 5, "return"),  # generation 1, VMID 5
+        ("guest", 1, 350, 256 + 6, "entry"),  # the id VM 1 had before this call: in force
+        ("guest", 1, 330, 999, "entry"),  # before the flush: not the next entry
+    )
+    rows = _rows(
+        ("guest", 160, 1, *FLUSH),  # after VM 0's return reading
+        ("guest", 340, 1, *FLUSH),  # before VM 1's next entry
+        ("guest", 550, 2, *FLUSH),  # VM 2: no reading at all
+        ("guest", 550, 3, *FLUSH),  # no VM on CPU 3; outside every VMM window
+        ("quiet", 5_500, 3, *FLUSH),  # inside the untraced run's VMM window
+        ("guest", 120, 1, *FLUSH),  # VM 0's return reading comes after it; no entry after
+    )
+    assert _attribute(rows, spans, found) == [
+        (120, None, "no-reading"),
+        (160, 5, "inferred"),
+        (340, 6, "inferred"),
+        (550, None, "no-reading"),
+        (550, None, "no-vm"),
+        (5_500, None, "untraced"),
+    ]
+
+
+def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
+    """Two vCPU spans on the CPU (or an unpinned one, cpu -1, anywhere): null, ambiguous;
+    a zero id (not yet allocated) is VMID 0 and says so."""
+    spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
+    found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
+    rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8})
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (120, 0, "inferred"),
+        (170, None, "ambiguous"),
+        (240, 9, "inferred"),
+    ]
+    assert "not yet allocated" in out["vmid_how"][0]
+    counts = gtvmid.vmid_counts(out)
+    assert counts["count"].sum() == 3 and set(counts["vmid_basis"]) == {"inferred", "ambiguous"}
+
+
+def test_spans_from_markers_end_at_teardown() -> None:
+    """vcpu_spans: the enter marker to the teardown start (else end), unpinned as -1."""
+    windows = pl.DataFrame(
+        {"vm_seq": [0, 1], "teardown_start_ts": [500, None], "teardown_end_ts": [600, 900]}
+    )
+    threads = pl.DataFrame(
+        {"vm_seq": [0, 1], "vcpu": [0, 0], "pid": [7, 8], "cpu": [1, None], "enter_ts": [100, 700]}
+    )
+    spans = gtvmid.vcpu_spans("guest", windows, threads)
+    assert spans.rows() == [("guest", 0, 1, 100, 500), ("guest", 1, -1, 700, 900)]

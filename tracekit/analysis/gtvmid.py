@@ -1,0 +1,181 @@
+"""The VMID each EL2 invalidation acted on, attributed from the host trace, never read.
+
+QEMU 7.2's plugin API reads no registers, so the ground truth cannot say which VMID an
+EL2 `TLBI VMALLE1`/`VMALLS12E1IS`/`IPAS2E1IS` used (the VMID field of VTTBR_EL2 then).
+This module, the one owner of that column, infers it from what the host trace knows,
+and says how (`vmid_how`), leaving it null where the trace cannot tell:
+
+- an invalidation that no VMID tags (`ALLE1`: every VMID; `ALLE2`, `VAE2`: the EL2
+  regime; `IC IALLU`): null, "not VMID-scoped";
+- 6.1's `___kvm_hyp_init` `VMALLS12E1`: 0, stated by the source (hyp-init.S loads
+  VTTBR_EL2 from the init parameters, which cpu_prepare_hyp_mode sets to 0), not read;
+- any other VMID-scoped one in the hyp text: the VM whose vCPU thread was on that CPU
+  then (from its `enter` marker, pinned, to its teardown) and the VMID
+  kvm_arm_vmid_update had given that VM by then: its last return reading before, else
+  its next entry reading after (an entry reads the id before the call: the one in force
+  since the previous call; the id changes only inside that call, vmid.c `new_vmid`).
+  Two VMs there: null, ambiguous. None there but a VMM window of a run without VMID
+  readings: null, saying which VM ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+# Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
+VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
+HYP_INIT = "___kvm_hyp_init"
+HYP_INIT_HOW = (
+    "0, stated by the source, not read: ___kvm_hyp_init loads VTTBR_EL2 from the init "
+    "parameters (0: cpu_prepare_hyp_mode) just before it (6.1 hyp-init.S)"
+)
+# A VM's vCPU on one CPU: its thread's enter marker to the VM's teardown (traced runs).
+SPAN_SCHEMA = {
+    "run_id": pl.String,
+    "vm_seq": pl.Int64,
+    "cpu": pl.Int64,  # -1: the vCPU thread was not pinned
+    "start": pl.Int64,
+    "end": pl.Int64,
+}
+# kvm_arm_vmid_update's readings given to VMs: `at` is "entry" (the id before the call)
+# or "return" (the id it gave); vmid_id is the 64-bit value (generation above the bits).
+READING_SCHEMA = {
+    "run_id": pl.String,
+    "vm_seq": pl.Int64,
+    "ts": pl.Int64,
+    "vmid_id": pl.Int64,
+    "at": pl.String,
+}
+# vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
+# untraced, no-vm (only `source` and `inferred` give a vmid).
+OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
+
+
+@dataclass(frozen=True)
+class VmidInputs:
+    """What the host trace gives the attribution: vCPU spans, VMID readings, widths."""
+
+    spans: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SPAN_SCHEMA))
+    readings: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=READING_SCHEMA))
+    vmid_bits: dict[str, int] = field(default_factory=dict)  # per traced run
+
+
+def vcpu_spans(run_id: str, windows: pl.DataFrame, threads: pl.DataFrame) -> pl.DataFrame:
+    """SPAN_SCHEMA rows from a trace's VM windows and vCPU threads (analysis.vm)."""
+    joined = threads.join(
+        windows.select("vm_seq", "teardown_start_ts", "teardown_end_ts"), on="vm_seq"
+    )
+    end = pl.coalesce("teardown_start_ts", "teardown_end_ts", pl.lit(2**62, pl.Int64))
+    return joined.select(
+        run_id=pl.lit(run_id),
+        vm_seq=pl.col("vm_seq").cast(pl.Int64),
+        cpu=pl.col("cpu").fill_null(-1).cast(pl.Int64),
+        start=pl.col("enter_ts").cast(pl.Int64),
+        end=end.cast(pl.Int64),
+    )
+
+
+def readings(run_id: str, attributed: pl.DataFrame, at: str) -> pl.DataFrame:
+    """READING_SCHEMA rows from kvm_arm_vmid_update rows given to VMs (vm.attribute)."""
+    mine = attributed.filter(pl.col("vm_seq").is_not_null())
+    return mine.select(
+        run_id=pl.lit(run_id),
+        vm_seq=pl.col("vm_seq").cast(pl.Int64),
+        ts=pl.col("ts").cast(pl.Int64),
+        vmid_id=pl.col("vmid_id").cast(pl.Int64),
+        at=pl.lit(at),
+    )
+
+
+def attribute_vmids(
+    rows: pl.DataFrame,
+    spans: pl.DataFrame,
+    found: pl.DataFrame,
+    steps: pl.DataFrame,
+    vmid_bits: dict[str, int],
+) -> pl.DataFrame:
+    """The EL2 (hyp text) invalidations of `rows` (analysis.groundtruth.invalidations,
+    with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
+    (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
+    each traced run's VMID width. Pure; null wherever the trace cannot tell."""
+    hyp = rows.filter(pl.col("where") == "hyp").sort("ts")
+    out = [_one(row, spans, found, steps, vmid_bits) for row in hyp.iter_rows(named=True)]
+    values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
+    return pl.concat([hyp, values], how="horizontal")
+
+
+def _one(
+    row: dict[str, object],
+    spans: pl.DataFrame,
+    found: pl.DataFrame,
+    steps: pl.DataFrame,
+    vmid_bits: dict[str, int],
+) -> tuple[int | None, str, str]:
+    """(vmid, basis, how) of one hyp-text invalidation."""
+    scoped = row.get("scope") in VMID_SCOPES and row.get("regime") == "EL1&0"
+    if not scoped:
+        what = f"{row.get('scope')}, {row.get('regime') or 'not a TLB'}"
+        return None, "not-vmid-scoped", f"not VMID-scoped ({what})"
+    if row.get("function") == HYP_INIT:
+        return 0, "source", HYP_INIT_HOW
+    ts, cpu, run_id = row["ts"], row["cpu"], row.get("run_id")
+    here = spans.filter(
+        (pl.col("start") <= ts) & (pl.col("end") >= ts) & pl.col("cpu").is_in([cpu, -1])
+    )
+    if here.height > 1:
+        vms = ", ".join(f"{r} VM {v}" for r, v in here.select("run_id", "vm_seq").iter_rows())
+        return None, "ambiguous", f"several VMs' vCPUs were on CPU {cpu} then ({vms})"
+    if here.height == 1:
+        span_run, vm_seq = here.row(0)[:2]
+        return _in_force(found, span_run, vm_seq, ts, cpu, vmid_bits.get(span_run))
+    return _untraced(steps, run_id, ts)
+
+
+def _in_force(
+    found: pl.DataFrame, run_id: str, vm_seq: int, ts: int, cpu: int, bits: int | None
+) -> tuple[int | None, str, str]:
+    """The VMID the VM had at ts: its last return reading before, else next entry after."""
+    mine = found.filter((pl.col("run_id") == run_id) & (pl.col("vm_seq") == vm_seq))
+    before = mine.filter((pl.col("at") == "return") & (pl.col("ts") <= ts)).sort("ts")
+    after = mine.filter((pl.col("at") == "entry") & (pl.col("ts") >= ts)).sort("ts")
+    where = f"VM {vm_seq} of {run_id} had its vCPU thread on CPU {cpu} then"
+    if before.height:
+        value, how = before["vmid_id"][-1], "returned before it"
+    elif after.height:
+        value, how = after["vmid_id"][0], "read at its next entry (the id before that call)"
+    else:
+        return None, "no-reading", f"{where}, but no kvm_arm_vmid_update reading brackets it"
+    if bits is None:
+        return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
+    vmid = int(value) % (1 << bits)
+    zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if int(value) == 0 else ""
+    return vmid, "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
+
+
+def _untraced(steps: pl.DataFrame, run_id: object, ts: int) -> tuple[None, str, str]:
+    """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
+    runs = steps.filter((pl.col("step") == "run") & (pl.col("start") <= ts) & (pl.col("end") >= ts))
+    if run_id is not None and "run_id" in runs.columns:
+        runs = runs.filter(pl.col("run_id") == run_id)
+    if runs.height:
+        vm = runs.row(0, named=True)
+        return (
+            None,
+            "untraced",
+            (
+                f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but the run has "
+                "no VMM markers or kvm_arm_vmid_update readings (not a traced run)"
+            ),
+        )
+    return None, "no-vm", "no VM's vCPU was on that CPU then (no VMM window holds it)"
+
+
+COUNT_KEYS = ("run_id", "function", "operation", "vmid", "vmid_basis")
+
+
+def vmid_counts(attributed: pl.DataFrame) -> pl.DataFrame:
+    """EL2 invalidations per run, function, operation, VMID and basis, for the report."""
+    keys = [k for k in COUNT_KEYS if k in attributed.columns]
+    return attributed.group_by(keys).agg(pl.len().alias("count")).sort(keys, nulls_last=True)
