@@ -114,6 +114,9 @@ def _manifest(spec: Spec, name: str) -> Manifest:
         for key in ("tlbirange", "fwb", "repeat_tlbi")
     }
     host["thp"] = {"enabled": "always", "defrag": "madvise"}
+    # 6.1 has no kvm.enable_virt_at_load; a generated bundle ran without the plugin.
+    host["kvm_params"] = {"enable_virt_at_load": "absent"}
+    host["groundtruth_plugin"] = "no"
     host.pop("boot_id", None)
     if spec.boot_id is not None:
         host["boot_id"] = spec.boot_id or f"generated-boot-of-{name}"

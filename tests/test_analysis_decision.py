@@ -38,7 +38,7 @@ GENERATED = Condition(
     rt_core="Cortex-A76", guest_core="Cortex-A76", placement="rt3/stress0-2/guest2",
     stress_cluster="mixed", isolation="isolcpus+nohz_full+rcu_nocbs", host="qemu-virt",
     freshness="fresh", tlbirange="no", fwb="no", repeat_tlbi="yes", thp="always",
-    protocol="3s@1000us",
+    protocol="3s@1000us", enable_virt_at_load="absent", groundtruth_plugin="no", probe="page",
 )  # fmt: skip
 
 
@@ -198,9 +198,10 @@ def _manifest(cores: str, kvm_mode: str, **scenario: str) -> Manifest:
     host |= {"thp": {"enabled": "always"}}
     host |= {"emulation": {"emulated": True, "kind": "qemu-virt"}}
     host |= {"isolation": [{"cpu": 3, "isolcpus": True}], "freshness": {"state": "fresh"}}
+    host |= {"kvm_params": {"enable_virt_at_load": "yes"}, "groundtruth_plugin": "no"}
     options = {"rt_cpu": 3, "stress_cpus": [0, 1, 2], "guest_cpus": [1], "scenario": "main"}
     options |= {"after_guest": "none", "duration_s": 20, "interval_us": 1000, "knobs": []}
-    scenario |= {"name": "main", "guest": "/g/mmu-on.elf"}
+    scenario |= {"name": "main", "guest": "/g/mmu-on.elf", "probe_modes": ["page"]}
     return Manifest(host=host, options=options, scenario=scenario)
 
 
@@ -434,3 +435,44 @@ def test_cpu_features_and_thp_are_condition_fields_unknown_in_old_bundles() -> N
     for lacking in (bundle_condition(old), bundle_condition(rotated)):
         assert str(lacking.tlbirange) == "unknown" and lacking.differs_only_in(new) is None
         assert str(lacking.repeat_tlbi) == "unknown"
+
+
+def test_plugin_virt_at_load_and_probe_slots_are_condition_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of 15/17 #11 and #6: the ground-truth plugin, kvm.enable_virt_at_load and
+    the probe's modes and page counts are condition fields; where a bundle does not
+    record them they are unknown (a board: no plugin), and the readers behind them say
+    what the host said."""
+    from tracekit.host.facts import groundtruth_plugin
+    from tracekit.host.kvmstate import read_enable_virt_at_load
+
+    base = _manifest("Cortex-A76", "nvhe")
+    c = bundle_condition(base)
+    assert (c.enable_virt_at_load, c.groundtruth_plugin, c.probe) == ("yes", "no", "page")
+    old = _manifest("Cortex-A76", "nvhe")
+    for key in ("kvm_params", "groundtruth_plugin"):
+        old.host.pop(key)
+    old.scenario.pop("probe_modes")
+    unknown = bundle_condition(old)
+    assert {"enable_virt_at_load", "groundtruth_plugin", "probe"} <= set(unknown.differing(c))
+    # Ground truth added to the bundle says the plugin ran, whatever was recorded.
+    old.files["groundtruth/vhost-groundtruth.tkgt"] = {"sha256": "0", "size": 1}
+    assert bundle_condition(old).groundtruth_plugin == "yes"
+    ranged = _manifest("Cortex-A76", "nvhe")
+    ranged.scenario |= {
+        "probe_modes": ["range", "munmap"],
+        "parameters": {"probe_pages": [16, 1024]},
+    }
+    assert bundle_condition(ranged).probe == "range,munmap x 16,1024 pages"
+    param = tmp_path / "enable_virt_at_load"
+    assert read_enable_virt_at_load(param) == "absent"  # 6.1: no such parameter
+    param.write_text("Y\n")
+    assert read_enable_virt_at_load(param) == "yes"
+    param.write_text("N\n")
+    assert read_enable_virt_at_load(param) == "no"
+    monkeypatch.setenv("TRACEKIT_VHOST", "1")
+    monkeypatch.setenv("TRACEKIT_VHOST_GROUND_TRUTH", "1")
+    assert groundtruth_plugin(True) == "yes" and groundtruth_plugin(False) == "no"
+    monkeypatch.delenv("TRACEKIT_VHOST_GROUND_TRUTH")
+    assert groundtruth_plugin(True) == "no"

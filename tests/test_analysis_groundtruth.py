@@ -364,11 +364,15 @@ def test_hotplug_other_checks_the_control_cpu_it_recorded(given, steps) -> None:
             for n, op in enumerate(("TLBI ALLE2", "TLBI ALLE1"))
         )
 
-    def findings(rows: pl.DataFrame, target: tuple[int, ...]) -> g.GroundTruthSummary:
-        """The 6.12 nVHE summary of run h with this target."""
+    def findings(
+        rows: pl.DataFrame, target: tuple[int, ...], virt_at_load: str = "yes"
+    ) -> g.GroundTruthSummary:
+        """The 6.12 nVHE summary of run h with this target (kvm.enable_virt_at_load on)."""
         context = g.StepContext((0, 1, 2, 3), (1,), target)
         setup = ("6.12", "nvhe", "max")
-        return g.summarise(rows, action, packaged_signatures(), setup, context, {}, [])
+        facts = {"enable_virt_at_load": virt_at_load}
+        signatures = packaged_signatures()
+        return g.summarise(rows, action, signatures, setup, context, {}, [], None, facts)
 
     control = target_cpus({"action_cpus": [2]}, "hotplug-other", (1,))
     assert control == (2,)
@@ -378,4 +382,10 @@ def test_hotplug_other_checks_the_control_cpu_it_recorded(given, steps) -> None:
     old = target_cpus({}, "hotplug-other", (1,))
     assert old == () and findings(replug(2), old).uncovered == [
         "hotplug-other (the bundle does not say its target CPUs)"
+    ]
+    # The signature holds with kvm.enable_virt_at_load on (review of 15/17 #6): off, the
+    # step is outside its condition, not checked, never a contradiction.
+    off = findings(replug(1), control, "no")
+    assert off.findings == [] and off.uncovered == [
+        "hotplug-other (condition not met: enable_virt_at_load no, the signature holds for yes)"
     ]

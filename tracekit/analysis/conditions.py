@@ -83,6 +83,9 @@ FIELD_LABELS = {
     "tlbirange": "FEAT_TLBIRANGE",
     "fwb": "FEAT_FWB",
     "repeat_tlbi": "REPEAT_TLBI erratum",
+    "enable_virt_at_load": "kvm.enable_virt_at_load",
+    "groundtruth_plugin": "ground-truth plugin",
+    "probe": "probe slots",
     "thp": "host THP",
     "host": "host",
     "freshness": "host freshness",
@@ -121,6 +124,14 @@ class Condition:
     # The "Broken broadcast TLBI completion" workaround (boot log): yes, no, or unknown.
     # Active, every broadcast TLBI's completion repeats a TLBI VALE1IS/VALE2IS + DSB ISH.
     repeat_tlbi: str = field(default_factory=Unknown)
+    # kvm.enable_virt_at_load (6.12+; "absent" on 6.1): with it, EL2 stays initialised
+    # with no VM alive, so VM creation and CPU onlining run different EL2 code.
+    enable_virt_at_load: str = field(default_factory=Unknown)
+    # QEMU's ground-truth plugin was loaded ("yes"/"no"): its callbacks sit on every TLBI
+    # and DSB of the measured paths, so with and without never pool.
+    groundtruth_plugin: str = field(default_factory=Unknown)
+    # The probe slots' modes and page counts (issue 17: both sides of MAX_TLBI_OPS).
+    probe: str = field(default_factory=Unknown)
     thp: str = field(default_factory=Unknown)  # transparent_hugepage/enabled: always, ...
     host: str = field(default_factory=Unknown)  # "board" or the emulation's kind
     freshness: str = field(default_factory=Unknown)  # fresh or dirty (a VM ran before)
@@ -173,6 +184,11 @@ def bundle_condition(manifest: Manifest) -> Condition:
         tlbirange=cpu_feature(manifest, "tlbirange"),
         fwb=cpu_feature(manifest, "fwb"),
         repeat_tlbi=cpu_feature(manifest, "repeat_tlbi"),
+        enable_virt_at_load=_known(
+            (manifest.host.get("kvm_params") or {}).get("enable_virt_at_load")
+        ),
+        groundtruth_plugin=groundtruth_plugin(manifest),
+        probe=probe_slots(manifest),
         thp=_known((manifest.host.get("thp") or {}).get("enabled")),
         host=host_kind(manifest),
         freshness=_known((manifest.host.get("freshness") or {}).get("state")),
@@ -272,6 +288,31 @@ def cpu_feature(manifest: Manifest, key: str) -> str:
     if present is None:
         return Unknown()
     return "yes" if present else "no"
+
+
+def groundtruth_plugin(manifest: Manifest) -> str:
+    """ "yes" when ground truth was added to the bundle (groundtruth/ files: the plugin ran
+    in its boot), else as the collector recorded it; unrecorded: a board "no", else unknown."""
+    if any(name.startswith("groundtruth/") for name in manifest.files):
+        return "yes"
+    recorded = manifest.host.get("groundtruth_plugin")
+    if recorded is not None:
+        return str(recorded)
+    return "no" if host_kind(manifest) == "board" else Unknown()
+
+
+def probe_slots(manifest: Manifest) -> str:
+    """The probe's modes and page counts, e.g. "page" or "range,munmap x 512,1024 pages"."""
+    modes = manifest.scenario.get("probe_modes")
+    if not isinstance(modes, list):
+        return Unknown()
+    if not modes:
+        return "none"
+    pages = (manifest.scenario.get("parameters") or {}).get("probe_pages") or []
+    if set(modes) == {"page"}:
+        return "page"
+    counts = ",".join(str(n) for n in pages) or "default"
+    return f"{','.join(modes)} x {counts} pages"
 
 
 def host_kind(manifest: Manifest) -> str:

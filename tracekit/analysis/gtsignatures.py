@@ -21,7 +21,15 @@ KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
 # The conditions a signature can require (`requires`): a VM step's own vcpus, else the
 # bundle's condition field (tracekit.analysis.conditions.Condition) of that name.
-REQUIRE_FIELDS = ("vcpus", "backing", "scenario", "variant", "after_guest", "repeat_tlbi")
+REQUIRE_FIELDS = (
+    "vcpus",
+    "backing",
+    "scenario",
+    "variant",
+    "after_guest",
+    "repeat_tlbi",
+    "enable_virt_at_load",
+)
 _OPTIONAL = {"cpu_models", "requires"}
 _FIELDS = {
     "kernel",

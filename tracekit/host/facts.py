@@ -15,7 +15,12 @@ from typing import Any
 from tracekit.cpus import format_cpu_list, parse_cpu_list
 from tracekit.errors import TracekitError
 from tracekit.host import tools as toolbox
-from tracekit.host.kvmstate import detect_el2_tracing, read_ipa_limit, read_vmid_state
+from tracekit.host.kvmstate import (
+    detect_el2_tracing,
+    read_enable_virt_at_load,
+    read_ipa_limit,
+    read_vmid_state,
+)
 from tracekit.host.preflight import read_host_facts
 from tracekit.host.tracefs import Tracefs
 
@@ -56,6 +61,8 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     if tools.trace_cmd:
         facts["tools"]["trace-cmd"] = toolbox.tool_version([tools.trace_cmd, "--version"])
     facts["ipa_limit_bits"] = read_ipa_limit()
+    facts["kvm_params"] = {"enable_virt_at_load": read_enable_virt_at_load()}
+    facts["groundtruth_plugin"] = groundtruth_plugin(facts["emulated"])
     vmids = read_vmid_state(tracefs)
     facts["vmid_bits"] = vmids.bits
     # "fresh", "dirty" or "unknown": every report prints it (the effect lasts until reboot).
@@ -67,6 +74,13 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     }
     facts["el2_tracing"] = detect_el2_tracing(tracefs.root)
     return facts
+
+
+def groundtruth_plugin(emulated: bool) -> str:
+    """ "yes" when `tracekit vhost run --ground-truth` loaded QEMU's plugin under this host
+    (its callbacks sit on every TLBI and DSB the measured paths run), else "no"."""
+    loaded = emulated and os.environ.get("TRACEKIT_VHOST") == "1"
+    return "yes" if loaded and os.environ.get("TRACEKIT_VHOST_GROUND_TRUTH") == "1" else "no"
 
 
 def simulated_model(emulated: bool) -> dict[str, str] | None:

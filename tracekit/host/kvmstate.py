@@ -64,6 +64,24 @@ def read_ipa_limit(dev_kvm: Path = DEV_KVM) -> int | None:
     return limit if limit > 0 else 40
 
 
+# 6.12's kvm module parameter (virt/kvm/kvm_main.c, CONFIG_KVM_GENERIC_HARDWARE_ENABLING):
+# with it on (the default), virtualisation is enabled at module load and stays enabled
+# with no VM alive; 6.1 has no such parameter and enables per first VM.
+ENABLE_VIRT_AT_LOAD = Path("/sys/module/kvm/parameters/enable_virt_at_load")
+
+
+def read_enable_virt_at_load(path: Path = ENABLE_VIRT_AT_LOAD) -> str:
+    """kvm.enable_virt_at_load: "yes", "no", or "absent" when the kernel has no such
+    parameter (or no kvm module); "unknown" when the file cannot be read."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unknown"
+    return {"Y": "yes", "N": "no", "1": "yes", "0": "no"}.get(text, "unknown")
+
+
 def data_symbols(kallsyms: Path = KALLSYMS) -> set[str]:
     """Which of the allocator's variables kallsyms lists (CONFIG_KALLSYMS_ALL)."""
     found: set[str] = set()

@@ -182,6 +182,9 @@ def _write_control(
     token = secrets.token_hex(8)
     (ctl / "token").write_text(token + "\n")
     exports = {"TRACEKIT_VHOST_KERNEL": spec.name}
+    if ground_truth:
+        # The collector records it (host fact groundtruth_plugin): a condition field.
+        exports["TRACEKIT_VHOST_GROUND_TRUTH"] = "1"
     if simulated:
         exports["TRACEKIT_SIMULATED"] = simulated
     if not spec.has_kvm:
