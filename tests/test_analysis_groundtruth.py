@@ -389,3 +389,13 @@ def test_hotplug_other_checks_the_control_cpu_it_recorded(given, steps) -> None:
     assert off.findings == [] and off.uncovered == [
         "hotplug-other (condition not met: enable_virt_at_load no, the signature holds for yes)"
     ]
+
+
+def test_signatures_are_looked_up_by_the_guest_cpus_model() -> None:
+    """big.LITTLE (review of 15/17 #15): the guest CPU's core names the signatures, not
+    CPU 0's; without a guest CPU in the host's list, the first CPU's."""
+    cpus = [{"cpu": 0, "name": "Cortex-A55"}, {"cpu": 4, "name": "Cortex-A76"}]
+    assert g.signature_model(cpus, (4,)) == "cortex-a76"
+    assert g.signature_model(cpus, (9,)) == "cortex-a55"
+    assert g.signature_model(cpus, ()) == "cortex-a55"
+    assert g.signature_model([], (1,)) == "?"

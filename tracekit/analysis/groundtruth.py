@@ -279,6 +279,26 @@ def _action_owned(
     return owned
 
 
+def checks_per_step_kind(checked: pl.DataFrame) -> pl.DataFrame:
+    """Expected against executed per (run, step kind, operation, function, CPU, expected,
+    ok), summed over the step's instances: steps, seen_total (the report's table)."""
+    keys = ["run_id", "step", "operation", "function", "cpu", "expected", "ok"]
+    return (
+        checked.group_by(keys)
+        .agg(pl.len().alias("steps"), pl.col("seen").sum().alias("seen_total"))
+        .sort("run_id", "step", "operation", "cpu", nulls_last=True)
+    )
+
+
+def signature_model(cpus: list[dict[str, object]], guest: tuple[int, ...]) -> str:
+    """The core model signatures are looked up by: the guest CPU's (big.LITTLE hosts
+    differ per CPU; review of 15/17 #15), else the first CPU's; lower case."""
+    by_cpu = {c.get("cpu"): c for c in cpus}
+    chosen = by_cpu.get(guest[0]) if guest else None
+    first = cpus[0] if cpus else {}
+    return str((chosen or first).get("name", "?")).lower()
+
+
 def findings(checked: pl.DataFrame, series: str, kvm_mode: str) -> list[str]:
     """One sentence per (run, step, operation, function, expected, executed) that differs
     from its signature, naming the CPUs and how many of the step's instances differ."""

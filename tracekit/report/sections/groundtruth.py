@@ -115,11 +115,10 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
             for name, calls in _probe_calls(trace.events, hits).items():
                 windows.setdefault(name, []).append(calls)
     frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
-    cpus = host.get("cpus") or [{}]
     setup = (
         kernel_series(str(host.get("kernel_release", "?"))),
         kvm_mode(data).rstrip("?"),
-        str(cpus[0].get("name", "?")).lower(),
+        gt.signature_model(host.get("cpus") or [{}], guest),
     )
     calls = {name: pl.concat(found) for name, found in windows.items()}
     condition = bundle_condition(manifest)
@@ -212,13 +211,7 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
             )
         )
     if not summary.checks.is_empty():
-        checks = (
-            summary.checks.group_by(
-                "run_id", "step", "operation", "function", "cpu", "expected", "ok"
-            )
-            .agg(pl.len().alias("steps"), pl.col("seen").sum().alias("seen_total"))
-            .sort("run_id", "step", "operation", "cpu", nulls_last=True)
-        )
+        checks = gt.checks_per_step_kind(summary.checks)
         tables.append(
             Table(
                 f"{label}: expected against executed, per step",
