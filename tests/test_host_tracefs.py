@@ -507,3 +507,21 @@ def test_kprobe_misses_are_read_per_probe_from_kprobe_profile(tmp_path: Path) ->
     (tmp_path / "kprobe_profile").unlink()
     with CleanupStack() as stack:
         assert read_misses(Tracefs(tmp_path, stack), probes) == {}
+
+
+def test_a_kprobe_name_listed_twice_has_unknown_misses() -> None:
+    """kprobe_profile prints no group: with perf probe's kprobes/kvm_arm_vmid_update beside
+    ours the two lines cannot be told apart, so that probe's misses are left out
+    (unknown), never the other's; names listed once still read."""
+    from tracekit.host.probes import profile_misses
+
+    text = (
+        f"  {'kvm_arm_vmid_update':<44} {812:>15} {0:>15}\n"
+        f"  {'kvm_arm_vmid_update':<44} {3:>15} {5:>15}\n"
+        f"  {'kvm_free_stage2_pgd_ret':<44} {9:>15} {2:>15}\n"
+    )
+    probes = [
+        parse_probe("p:tracekit/kvm_arm_vmid_update kvm_arm_vmid_update"),
+        parse_probe("r:tracekit/kvm_free_stage2_pgd_ret kvm_free_stage2_pgd"),
+    ]
+    assert profile_misses(text, probes) == {"tracekit/kvm_free_stage2_pgd_ret": 2}

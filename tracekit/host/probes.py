@@ -208,16 +208,26 @@ def remove_leftovers(tracefs: Tracefs) -> list[str]:
 
 def read_misses(tracefs: Tracefs, probes: list[ProbeDefinition]) -> dict[str, int]:
     """Each of these kprobes' missed hits so far ("group/event" -> count), kprobe_profile's
-    third column; probes the file does not list (gone, or no kprobe_profile) are left out."""
+    third column; probes the file does not list (gone, or no kprobe_profile) are left out,
+    and so are names it lists twice: it prints no group, so another tool's probe of the
+    same event name (perf probe's kprobes/NAME) cannot be told from ours (review of
+    15/17 #14): unknown, never the other's count."""
     if not probes or not tracefs.exists("kprobe_profile"):
         return {}
-    # "  EVENT  NHIT  NMISSED": the event without its group (trace_kprobe.c).
-    missed = {}
-    for line in tracefs.read("kprobe_profile").splitlines():
+    return profile_misses(tracefs.read("kprobe_profile"), probes)
+
+
+def profile_misses(text: str, probes: list[ProbeDefinition]) -> dict[str, int]:
+    """kprobe_profile's "  EVENT  NHIT  NMISSED" lines (trace_kprobe.c: the event without
+    its group) -> each probe's misses, for the names listed exactly once."""
+    missed: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for line in text.splitlines():
         fields = line.split()
         if len(fields) == 3 and fields[2].isdigit():
             missed[fields[0]] = int(fields[2])
-    return {p.group_event: missed[p.event] for p in probes if p.event in missed}
+            seen[fields[0]] = seen.get(fields[0], 0) + 1
+    return {p.group_event: missed[p.event] for p in probes if seen.get(p.event) == 1}
 
 
 def define_kprobes(tracefs: Tracefs, texts: list[str]) -> ProbeSet:
