@@ -101,3 +101,21 @@ def test_rollover_minus_one_refuses_a_budget_too_small() -> None:
     model = AllocatorModel(16, return_probe=True)
     with pytest.raises(TracekitError, match="needs 65535 VMs"):
         fill_generation(model.run_batch, model.read, 16, 70000 - 10000, lambda _: None)
+
+
+def test_a_known_width_is_used_not_guessed() -> None:
+    """Review of 15/17 #12: 8-bit ids pass 1 << 16 after 255 generations, where the guess
+    reads 16 bits and misses the next rollover; with the width known (kallsyms'
+    kvm_arm_vmid_bits) it is used as given, for the watch and for rollover()."""
+    from tracekit.host.afterguest import rollover
+
+    late = 256 << 8  # generation 256 of 8-bit VMIDs
+    guessed = VmidWatch()
+    guessed.add([late | 1, (late + 256) | 1])
+    assert guessed.bits == 16 and not guessed.rolled_over()
+    known = VmidWatch(bits=8)
+    known.add([late | 1, (late + 256) | 1])
+    assert known.bits == 8 and known.rolled_over()
+    model = AllocatorModel(8, return_probe=True, used=3)
+    watch, _ = rollover(model.run_batch, model.read, 1024, lambda _: None, known_bits=8)
+    assert watch.bits == 8 and watch.rolled_over()

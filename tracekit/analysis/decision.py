@@ -86,8 +86,10 @@ def _rule(
 # - HCR_GUEST_FLAGS (arch/arm64/include/asm/kvm_arm.h) has HCR_FB and HCR_BSU_IS: a
 #   guest's TLBI VMALLE1 is executed as if it were VMALLE1IS, so no guest TLBI is local.
 # - mmu-on vs mmu-off is more than stage 1: without FEAT_FWB the guest's MAIR/TCR/TTBR/
-#   SCTLR writes trap (HCR_EL2.TVM, sys_regs.c access_vm_reg) and, when M and C both go
-#   on, kvm_toggle_cache (mmu.c) flushes the whole stage 2 (stage2_flush_vm).
+#   SCTLR writes trap (HCR_EL2.TVM, set only without FWB: 6.1.176 kvm_emulate.h
+#   vcpu_reset_hcr, sys_regs.c access_vm_reg) and, when M and C both go on,
+#   kvm_toggle_cache (mmu.c) flushes the whole stage 2 (stage2_flush_vm); with FWB only
+#   a set/way operation does (kvm_set_way_flush, while TVM is clear).
 # - EL2 init (nVHE): ___kvm_hyp_init (nvhe/hyp-init.S), local to the CPU that runs it,
 #   differs per kernel (analysis/gtsignatures.toml): 6.1 issues `tlbi alle2; tlbi
 #   vmalls12e1; dsb sy` with VTTBR_EL2 = 0 (VMID 0; read in 6.1.176's source, seen in
@@ -152,9 +154,10 @@ RULES: tuple[Rule, ...] = (
           "created by what an MMU-on guest does and an MMU-off guest does not",
           "something the MMU-on guest does creates the state, among others: its stage-1"
           " translation, its cacheable accesses and table walks, its I-cache on, its"
-          " trapped VM-register writes (without FEAT_FWB) or the stage-2 flush KVM runs"
-          " when its MMU and caches go on; this contrast does not tell which, and a VMID"
-          " that ran is not enough"),
+          " trapped VM-register writes or the stage-2 flush KVM runs when its MMU and"
+          " caches go on (both only without FEAT_FWB: with it nothing traps, and a whole"
+          " stage-2 flush comes only from a set/way operation); this contrast does not"
+          " tell which, and a VMID that ran is not enough"),
     _rule("variant", "mmu-on", PRESENT, "mmu-on-off", PRESENT,
           "created even when the guest turns its MMU off again",
           "the guest's stage 1 need not be on at its power-off and teardown (it still"
@@ -263,7 +266,9 @@ RULES: tuple[Rule, ...] = (
     _rule("after_guest", "rollover-minus-one", PRESENT, "rollover", ABSENT,
           "cleared by the VMID rollover itself, not by the VMs before it",
           "what the rollover adds to its VMs removes it: the allocator's TLBI ALLE1IS"
-          " (__kvm_flush_vm_context) and one VM more"),
+          " (__kvm_flush_vm_context) and one VM more, which after flush_context takes the"
+          " lowest free VMID (vmid.c new_vmid: find_next_zero_bit from 1), often a low one"
+          " and possibly the dead guest's own"),
     _rule("guest_cluster", "same", PRESENT, "other", PRESENT,
           "also when the guest ran in another cluster",
           "the guest need not run in the rt CPU's cluster: the effect reaches the rt CPU"

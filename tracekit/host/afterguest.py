@@ -88,9 +88,12 @@ class VmidWatch:
             if value == 0:
                 continue
             if self.first is None:
-                # VMIDs are 8 or 16 bits wide and every generation is >= 1 (vmid.c starts
-                # at VMID_FIRST_VERSION), so 16-bit ids are never below 1 << 16.
                 self.first = value
+            if self.bits is None:
+                # Only a guess, used when the width is not known (kvm_arm_vmid_bits from
+                # kallsyms): VMIDs are 8 or 16 bits and every generation is >= 1 (vmid.c
+                # VMID_FIRST_VERSION), so 16-bit ids are never below 1 << 16; but 8-bit
+                # ids pass 1 << 16 after 255 generations (review of 15/17 #12).
                 self.bits = 16 if value >= 1 << 16 else 8
             self.seen.append(value)
 
@@ -184,9 +187,11 @@ def rollover(
     read_ids: Callable[[], list[int]],
     max_vms: int,
     echo: Callable[[str], None],
+    known_bits: int | None = None,
 ) -> tuple[VmidWatch, int]:
-    """Run batches of throwaway VMs until the VMID generation changes; returns VMs run."""
-    vmids = VmidWatch()
+    """Run batches of throwaway VMs until the VMID generation changes; returns VMs run.
+    `known_bits`: the host's VMID width where it is known (never guessed then)."""
+    vmids = VmidWatch(bits=known_bits)
     done = 0
     started = time.monotonic()
     while done < max_vms:

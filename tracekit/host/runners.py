@@ -278,11 +278,11 @@ def run_after_guest(session: Session, ctx: RunContext) -> None:
 
     max_vms = session.options.rollover_max_vms
     read = partial(read_vmids, watch)
+    known = ctx.writer.manifest.host.get("vmid_bits")  # kallsyms' kvm_arm_vmid_bits
     if action == "rollover-minus-one":
-        known = ctx.writer.manifest.host.get("vmid_bits")  # kallsyms' kvm_arm_vmid_bits
         vmids, vms = fill_generation(run_batch, read, known, max_vms, session.echo)
     else:
-        vmids, vms = rollover(run_batch, read, max_vms, session.echo)
+        vmids, vms = rollover(run_batch, read, max_vms, session.echo, known)
     record = {"vms": vms, "vmid_bits": vmids.bits, "vmid_ids": vmids.seen}
     record["rolled_over"] = vmids.rolled_over()
     ctx.path(RunFile.ROLLOVER).write_text(json.dumps(record) + "\n")
@@ -312,7 +312,7 @@ def run_vmid_prep(session: Session, ctx: RunContext) -> None:
         proc = session.spawn(argv, ctx.path(RunFile.VMM))
         session.wait(proc, "vmm (vmid prep)", GUEST_TIMEOUT_SECONDS)
         if watch is not None:
-            seen = VmidWatch()
+            seen = VmidWatch(bits=ctx.writer.manifest.host.get("vmid_bits"))
             seen.add(read_vmids(watch))
             record |= {"vmid_bits": seen.bits, "vmid_ids": seen.seen}
     ctx.path(RunFile.VMID_PREP).write_text(json.dumps(record) + "\n")
