@@ -134,3 +134,13 @@ def test_spans_from_markers_end_at_teardown() -> None:
     )
     spans = gtvmid.vcpu_spans("guest", windows, threads)
     assert spans.rows() == [("guest", 0, 1, 100, 500), ("guest", 1, -1, 700, 900)]
+
+
+def test_a_long_span_is_found_behind_shorter_later_ones() -> None:
+    """A VM whose vCPU stayed on the CPU across later, shorter spans (a lookup by start
+    time must look back past them): inside both, ambiguous; after the short one, the
+    long one's VM."""
+    spans = _spans(("guest", 0, 1, 0, 10_000), ("guest", 1, 1, 5_000, 5_100))
+    found = _readings(("guest", 0, 1, 256 + 3, "return"), ("guest", 1, 5_001, 256 + 4, "return"))
+    rows = _rows(("guest", 5_050, 1, *FLUSH), ("guest", 9_000, 1, *FLUSH))
+    assert _attribute(rows, spans, found) == [(5_050, None, "ambiguous"), (9_000, 3, "inferred")]

@@ -20,6 +20,7 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -101,75 +102,113 @@ def attribute_vmids(
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
     each traced run's VMID width. Pure; null wherever the trace cannot tell."""
     hyp = rows.filter(pl.col("where") == "hyp").sort("ts")
-    out = [_one(row, spans, found, steps, vmid_bits) for row in hyp.iter_rows(named=True)]
+    index = _Index(spans, found, steps, vmid_bits)
+    out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
 
 
-def _one(
-    row: dict[str, object],
-    spans: pl.DataFrame,
-    found: pl.DataFrame,
-    steps: pl.DataFrame,
-    vmid_bits: dict[str, int],
-) -> tuple[int | None, str, str]:
-    """(vmid, basis, how) of one hyp-text invalidation."""
-    scoped = row.get("scope") in VMID_SCOPES and row.get("regime") == "EL1&0"
-    if not scoped:
-        what = f"{row.get('scope')}, {row.get('regime') or 'not a TLB'}"
-        return None, "not-vmid-scoped", f"not VMID-scoped ({what})"
-    if row.get("function") == HYP_INIT:
-        return 0, "source", HYP_INIT_HOW
-    ts, cpu, run_id = row["ts"], row["cpu"], row.get("run_id")
-    here = spans.filter(
-        (pl.col("start") <= ts) & (pl.col("end") >= ts) & pl.col("cpu").is_in([cpu, -1])
-    )
-    if here.height > 1:
-        vms = ", ".join(f"{r} VM {v}" for r, v in here.select("run_id", "vm_seq").iter_rows())
-        return None, "ambiguous", f"several VMs' vCPUs were on CPU {cpu} then ({vms})"
-    if here.height == 1:
-        span_run, vm_seq = here.row(0)[:2]
-        return _in_force(found, span_run, vm_seq, ts, cpu, vmid_bits.get(span_run))
-    return _untraced(steps, run_id, ts)
+class _Intervals:
+    """[start, end] intervals with a payload, found by time (bisect, then back over the
+    few that can still reach it: none is longer than the longest)."""
+
+    def __init__(self, rows: list[tuple[int, int, object]]) -> None:
+        self.rows = sorted(rows, key=lambda r: r[0])
+        self.starts = [r[0] for r in self.rows]
+        self.longest = max((r[1] - r[0] for r in self.rows), default=0)
+
+    def holding(self, ts: int) -> list[object]:
+        """The payloads of the intervals holding ts, in start order."""
+        found = []
+        k = bisect.bisect_right(self.starts, ts) - 1
+        while k >= 0 and self.rows[k][0] >= ts - self.longest:
+            if self.rows[k][1] >= ts:
+                found.append(self.rows[k][2])
+            k -= 1
+        return found[::-1]
 
 
-def _in_force(
-    found: pl.DataFrame, run_id: str, vm_seq: int, ts: int, cpu: int, bits: int | None
-) -> tuple[int | None, str, str]:
-    """The VMID the VM had at ts: its last return reading before, else next entry after."""
-    mine = found.filter((pl.col("run_id") == run_id) & (pl.col("vm_seq") == vm_seq))
-    before = mine.filter((pl.col("at") == "return") & (pl.col("ts") <= ts)).sort("ts")
-    after = mine.filter((pl.col("at") == "entry") & (pl.col("ts") >= ts)).sort("ts")
-    where = f"VM {vm_seq} of {run_id} had its vCPU thread on CPU {cpu} then"
-    if before.height:
-        value, how = before["vmid_id"][-1], "returned before it"
-    elif after.height:
-        value, how = after["vmid_id"][0], "read at its next entry (the id before that call)"
-    else:
-        return None, "no-reading", f"{where}, but no kvm_arm_vmid_update reading brackets it"
-    if bits is None:
-        return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
-    vmid = int(value) % (1 << bits)
-    zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if int(value) == 0 else ""
-    return vmid, "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
+class _Index:
+    """The spans, readings and VMM windows, indexed once for every row."""
 
+    def __init__(
+        self,
+        spans: pl.DataFrame,
+        found: pl.DataFrame,
+        steps: pl.DataFrame,
+        vmid_bits: dict[str, int],
+    ) -> None:
+        by_cpu: dict[int, list[tuple[int, int, object]]] = {}
+        for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
+            by_cpu.setdefault(cpu, []).append((start, end, (run_id, vm_seq)))
+        self.spans = {cpu: _Intervals(rows) for cpu, rows in by_cpu.items()}
+        self.readings: dict[tuple[str, int, str], tuple[list[int], list[int]]] = {}
+        for run_id, vm_seq, ts, value, at in found.sort("ts").select(*READING_SCHEMA).iter_rows():
+            times, values = self.readings.setdefault((run_id, vm_seq, at), ([], []))
+            times.append(ts)
+            values.append(value)
+        runs: dict[object, list[tuple[int, int, object]]] = {}
+        for vm in steps.filter(pl.col("step") == "run").iter_rows(named=True):
+            runs.setdefault(vm["run_id"], []).append((vm["start"], vm["end"], vm))
+        self.windows = {run_id: _Intervals(rows) for run_id, rows in runs.items()}
+        self.bits = vmid_bits
 
-def _untraced(steps: pl.DataFrame, run_id: object, ts: int) -> tuple[None, str, str]:
-    """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
-    runs = steps.filter((pl.col("step") == "run") & (pl.col("start") <= ts) & (pl.col("end") >= ts))
-    if run_id is not None and "run_id" in runs.columns:
-        runs = runs.filter(pl.col("run_id") == run_id)
-    if runs.height:
-        vm = runs.row(0, named=True)
-        return (
-            None,
-            "untraced",
-            (
-                f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but the run has "
-                "no VMM markers or kvm_arm_vmid_update readings (not a traced run)"
-            ),
-        )
-    return None, "no-vm", "no VM's vCPU was on that CPU then (no VMM window holds it)"
+    def attribute(self, row: dict[str, object]) -> tuple[int | None, str, str]:
+        """(vmid, basis, how) of one hyp-text invalidation."""
+        scoped = row.get("scope") in VMID_SCOPES and row.get("regime") == "EL1&0"
+        if not scoped:
+            what = f"{row.get('scope')}, {row.get('regime') or 'not a TLB'}"
+            return None, "not-vmid-scoped", f"not VMID-scoped ({what})"
+        if row.get("function") == HYP_INIT:
+            return 0, "source", HYP_INIT_HOW
+        ts, cpu = int(row["ts"]), row["cpu"]
+        here = [
+            found for key in (cpu, -1) if key in self.spans for found in self.spans[key].holding(ts)
+        ]
+        if len(here) > 1:
+            vms = ", ".join(f"{r} VM {v}" for r, v in here)
+            return None, "ambiguous", f"several VMs' vCPUs were on CPU {cpu} then ({vms})"
+        if here:
+            run_id, vm_seq = here[0]
+            return self.in_force(run_id, vm_seq, ts, cpu)
+        return self.untraced(row.get("run_id"), ts)
+
+    def in_force(
+        self, run_id: str, vm_seq: int, ts: int, cpu: object
+    ) -> tuple[int | None, str, str]:
+        """The VMID the VM had at ts: its last return reading before, else next entry after."""
+        where = f"VM {vm_seq} of {run_id} had its vCPU thread on CPU {cpu} then"
+        returns = self.readings.get((run_id, vm_seq, "return"), ([], []))
+        entries = self.readings.get((run_id, vm_seq, "entry"), ([], []))
+        before = bisect.bisect_right(returns[0], ts)
+        after = bisect.bisect_left(entries[0], ts)
+        if before:
+            value, how = returns[1][before - 1], "returned before it"
+        elif after < len(entries[0]):
+            value, how = entries[1][after], "read at its next entry (the id before that call)"
+        else:
+            return None, "no-reading", f"{where}, but no kvm_arm_vmid_update reading brackets it"
+        bits = self.bits.get(run_id)
+        if bits is None:
+            return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
+        zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
+        return value % (1 << bits), "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
+
+    def untraced(self, run_id: object, ts: int) -> tuple[None, str, str]:
+        """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
+        keys = [run_id] if run_id is not None else list(self.windows)
+        held = [vm for key in keys if key in self.windows for vm in self.windows[key].holding(ts)]
+        if held:
+            vm = held[0]
+            return (
+                None,
+                "untraced",
+                (
+                    f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but the run "
+                    "has no VMM markers or kvm_arm_vmid_update readings (not a traced run)"
+                ),
+            )
+        return None, "no-vm", "no VM's vCPU was on that CPU then (no VMM window holds it)"
 
 
 COUNT_KEYS = ("run_id", "function", "operation", "vmid", "vmid_basis")
