@@ -16,6 +16,12 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
   since the previous call; the id changes only inside that call, vmid.c `new_vmid`).
   Two VMs there: null, ambiguous. None there but a VMM window of a run without VMID
   readings: null, saying which VM ran.
+
+Why the VM's id is the VMID the invalidation used (read in 6.1.176): KVM's EL2 TLB
+helpers switch to the VM's stage 2 first (hyp/nvhe/tlb.c __tlb_switch_to_guest ->
+__load_stage2 -> kvm_get_vttbr), whose VMID field is the VM's kvm_vmid.id masked to the
+VMID width (asm/kvm_mmu.h kvm_get_vttbr; 0 while none is allocated); the id is written
+only by new_vmid, called only from kvm_arm_vmid_update (arch/arm64/kvm/vmid.c).
 """
 
 from __future__ import annotations
