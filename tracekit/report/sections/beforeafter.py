@@ -195,11 +195,11 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             quiet.group_by("run_id", "phase")
             .agg((pl.col("latency_ns").quantile(0.999, "higher") / 1000).alias("p99_9_us"))
             .select(
-                (tag + pl.col("run_id")).alias("run"),
+                (tag + pl.col("run_id")).alias("run_id"),
                 (tag + pl.col("phase")).alias("series"),
                 "p99_9_us",
             )
-            .sort(pl.col("series").str.ends_with("after"), "run")
+            .sort(pl.col("series").str.ends_with("after"), "run_id")
         )
     return [
         Plot(
@@ -216,7 +216,7 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             "cyclictest p99.9 per quiet run",
             "bars",
             pl.concat(per_run),
-            x="run",
+            x="run_id",
             y="p99_9_us",
             series="series",
             x_label="run",
