@@ -35,7 +35,7 @@ def test_stdout_holds_only_the_report(tmp_path: Path) -> None:
     bundle = copy_real_bundle(tmp_path / "bundle")
     code, stdout, stderr = _run(str(bundle), "--format", "json", "--progress")
     assert code == 0
-    assert json.loads(stdout)["schema_version"] == 1
+    assert json.loads(stdout)["schema_version"] == 2
     assert "report: beforeafter" in stderr
 
 
