@@ -159,7 +159,7 @@ class HeldOut:
 class SyncCheck:
     """The VMM's and the probe's sync markers: how many paired, and the clock error there."""
 
-    NONE = "no VMM or probe sync markers given"
+    NONE = "no VMM or probe sync markers printed (tools from before them, or none ran)"
 
     lines: int  # sync lines the bundle's VMM and probe printed
     paired: int  # of them, paired with one logged sync marker (and fitted)
@@ -578,7 +578,7 @@ def ground_truth_table(
             f"{wrong[0]}): the vCPU -> CPU mapping from dmesg does not hold"
         )
     fit = fit_clock(paired)
-    if sync is not None:
+    if sync is not None and sync.height:  # no line at all: a VMM and probe without them
         logged = sync_markers(records, mapping)
         synced = pair_sync(logged, fit, sync)
         final = fit_clock(paired, synced)
