@@ -543,9 +543,12 @@ def test_sync_markers_pair_by_time_and_cpu_and_join_the_fit(truth: gt.GroundTrut
     low, high = records["ts_host"].min(), records["ts_host"].max()
     h1, h2 = low + (high - low) // 3, low + 2 * (high - low) // 3
     # h2 + 10 us on vCPU 2 is another CPU: no ambiguity with h2 on vCPU 1.
-    h3 = h1 + 20_000_000
+    h3, h4 = h1 + 20_000_000, h1 + 40_000_000
     placed = [(h1, 1), (h2, 1), (h2 + 10_000, 2), (h1 + 5_000_000, 3), (h1 + 5_050_000, 3)]
-    placed.append((h3, 0))
+    placed += [(h3, 0), (h4, 0)]
+    # A process's first marker: a 2 ms bracket (translation), the marker at its start.
+    trace4 = round(first.offset + first.slope * (h4 - first.host0))
+    wide = ("vmm first", 0, trace4 - 50, trace4 + 2_000_000)
     logged_records = _sync_copies(records, placed)
     paired = gtalign.pair_markers(logged_records, gtmark)
     assert paired.height == gtmark.height  # the sync markers are left to pair_sync
@@ -560,6 +563,7 @@ def test_sync_markers_pair_by_time_and_cpu_and_join_the_fit(truth: gt.GroundTrut
             _line(first, h2 + 10_000, -1),  # moved across it: time alone, and h2 is near too
             _line(first, h3, 0),  # h3 is claimed by this line and the next: both dropped
             _line(first, h3, -1),
+            wide,
         ],
         schema=gtalign.SYNC_SCHEMA,
         orient="row",
@@ -567,15 +571,18 @@ def test_sync_markers_pair_by_time_and_cpu_and_join_the_fit(truth: gt.GroundTrut
     seen = gtalign.sync_markers(logged_records, truth.vcpu_to_cpu)
     assert seen.height == len(placed)
     synced = gtalign.pair_sync(seen, first, lines)
-    assert sorted(synced["ts_host"].to_list()) == [h1, h2, h2 + 10_000]
+    assert sorted(synced["ts_host"].to_list()) == sorted([h1, h2, h2 + 10_000, h4])
     final = gtalign.fit_clock(paired, synced)
     check = gtalign.sync_check(first, final, synced, lines.height, seen.height)
-    assert (check.lines, check.paired, check.logged) == (9, 3, 6)
+    assert (check.lines, check.paired, check.logged) == (10, 4, 7)
+    # Over the tight brackets only (the wide one's midpoint is 1 ms off its marker); the
+    # 3 us shift puts the fit 1 us outside the 4 us brackets, inside the wide one.
+    assert check.tight == 3 and check.max_outside_ns == 1_000
     assert 2_900 <= check.max_error_ns <= 3_100  # the 3 us the lines were shifted by
     assert check.max_residual_ns < check.max_error_ns
-    assert final.markers == gtmark.height + 3 and final.heldout == first.heldout
+    assert final.markers == gtmark.height + 4 and final.heldout == first.heldout
     text = check.summary()
-    assert "3 of 9 printed paired (6 logged)" in text and "gtmark-only fit's error" in text
+    assert "4 of 10 printed paired (7 logged)" in text and "gtmark-only fit's error" in text
 
 
 def test_bundle_sync_lines_from_vmm_and_probe(tmp_path: Path) -> None:

@@ -164,10 +164,14 @@ class SyncCheck:
     lines: int  # sync lines the bundle's VMM and probe printed
     paired: int  # of them, paired with one logged sync marker (and fitted)
     logged: int  # sync markers in the log (other bundles' of the same boot included)
-    # At the paired ones: the gtmark-only fit's error (they were not in it: an
-    # independent check), and the residual of the final fit, which includes them.
+    # At the paired ones with a bracket <= TIGHT_BRACKET_NS (a process's first marker can
+    # take milliseconds to translate): the gtmark-only fit's distance from their midpoints
+    # (they were not in it: an independent check), and the final fit's, which includes
+    # them; and, over all paired, the gtmark-only fit's largest distance outside a bracket.
     max_error_ns: float
     max_residual_ns: float
+    tight: int = 0
+    max_outside_ns: float = 0.0
 
     def summary(self) -> str:
         """One clause: paired of printed, the independent error, the residual."""
@@ -178,9 +182,10 @@ class SyncCheck:
             )
         return (
             f"sync markers (VMM, probe): {self.paired} of {self.lines} printed paired "
-            f"({self.logged} logged), gtmark-only fit's error there max "
-            f"{self.max_error_ns / 1000:.1f} us, residual after fitting them too max "
-            f"{self.max_residual_ns / 1000:.1f} us"
+            f"({self.logged} logged), gtmark-only fit's error at the {self.tight} with a "
+            f"bracket <= {TIGHT_BRACKET_NS // 1000} us max {self.max_error_ns / 1000:.1f} us "
+            f"({self.max_outside_ns / 1000:.1f} us outside a bracket), residual after "
+            f"fitting them too max {self.max_residual_ns / 1000:.1f} us"
         )
 
 
@@ -421,14 +426,26 @@ def sync_check(
     """How far the gtmark-only fit and the final fit are from the paired sync markers."""
     if synced.height == 0:
         return SyncCheck(lines, 0, logged, 0.0, 0.0)
-    mid = ((synced["t0"] + synced["t1"]) / 2).to_numpy()
+    t0, t1 = synced["t0"].to_numpy(), synced["t1"].to_numpy()
+    mid = (t0 + t1) / 2
+    tight = (t1 - t0) <= TIGHT_BRACKET_NS
+    chosen = tight if tight.any() else np.ones_like(tight)
 
-    def error(fit: ClockFit) -> float:
-        """The largest distance of `fit` from the markers' bracket midpoints."""
-        at = synced.select(t=fit.apply(pl.col("ts_host")))["t"].to_numpy()
-        return float(np.max(np.abs(at - mid)))
+    def at(fit: ClockFit) -> np.ndarray:
+        """The markers' trace times by `fit`."""
+        return synced.select(t=fit.apply(pl.col("ts_host")))["t"].to_numpy()
 
-    return SyncCheck(lines, synced.height, logged, error(first), error(final))
+    seen = at(first)
+    outside = np.maximum(np.maximum(t0 - seen, seen - t1), 0)
+    return SyncCheck(
+        lines,
+        synced.height,
+        logged,
+        float(np.max(np.abs(seen - mid)[chosen])),
+        float(np.max(np.abs(at(final) - mid)[chosen])),
+        int(tight.sum()),
+        float(np.max(outside)),
+    )
 
 
 def fit_line(paired: pl.DataFrame) -> ClockFit:
