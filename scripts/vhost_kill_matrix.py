@@ -42,8 +42,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's tracekit
 
 from tracekit.bundle import bundle_problems, read_manifest
-from tracekit.host.cleanup import live_processes
 from tracekit.host.journal import journal_dir
+from tracekit.host.procs import live_processes
 from tracekit.host.tracefs import snapshot
 from tracekit.host.tracefsio import tracefs_mounts
 
