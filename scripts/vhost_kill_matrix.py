@@ -2,7 +2,7 @@
 
 Run from the repository root, under the machine's vhost lock (it boots twice):
 
-    python scripts/vhost_kill_matrix.py --out DIR
+    python scripts/vhost_kill_matrix.py --out DIR [--deadline HH:MM]
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
@@ -18,6 +18,13 @@ traced run whose $TMPDIR and bundle are on a share that stands for the board's d
 boot 2, on the same disk state, compares the fresh kernel's state with boot 1's and runs
 `tracekit cleanup`. Every bundle left is then checked here with `tracekit verify` and
 `tracekit report`: complete, or INCOMPLETE and read without a traceback.
+
+The cells run most needed first (SIGKILL, whose leftovers only the journal can undo, then
+SIGTERM, then SIGINT, which takes SIGTERM's path: cleanup.STOP_SIGNALS); with
+`--deadline` (UTC) boot 1 starts no cell once its share of the time is spent, and the
+power cut and boot 2 still run: the table says which cells were not run. The power cut's
+collect keeps its journal on the disk ($TRACEKIT_JOURNAL_DIR), so boot 2's `tracekit
+cleanup` meets a journal of an earlier boot, as a board with journals on disk would.
 
 Inside the emulated host the same file runs the cells (`inside CELL...`), which is how
 tests/test_host_kill_vhost.py puts two of them into an existing CI boot.
@@ -42,7 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's tracekit
 
 from tracekit.bundle import bundle_problems, read_manifest
-from tracekit.host.journal import journal_dir
+from tracekit.host.journal import JOURNAL_DIR_ENV, journal_dir
 from tracekit.host.procs import live_processes
 from tracekit.host.tracefs import snapshot
 from tracekit.host.tracefsio import tracefs_mounts
@@ -323,27 +330,33 @@ def run_cell(name: str, roles: str, work: Path) -> dict[str, Any]:
     }
 
 
-def run_cells(cells: list[str], roles: str, work: Path, saved: Path) -> None:
+def run_cells(
+    cells: list[str], roles: str, work: Path, saved: Path, budget_s: float | None = None
+) -> None:
     """Each cell in turn (each compared with the state just before it), then all of them.
 
     Each result is appended to `saved` as it comes: a power cut loses none that finished.
+    Once `budget_s` seconds have gone, the cells left are saved as not run.
     """
     first = host_state()
     MAIN_ONLINE["online"] = first["cpus_online"]
     saved.write_text("")
+    began = time.monotonic()
     for name in cells:
-        result = run_cell(name, roles, work)
+        if budget_s is not None and time.monotonic() - began > budget_s:
+            result: dict[str, Any] = {"cell": name, "not_run": "time budget"}
+            print(f"cell {name}: not run (time budget)", flush=True)
+        else:
+            result = run_cell(name, roles, work)
+            print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
         with saved.open("a") as out:
             out.write(json.dumps(result, sort_keys=True) + "\n")
-        print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
     print(f"all cells, then vs before the first: {kinds(differences(first, host_state()))}")
 
 
 def power_cut(roles: str, disk: Path) -> None:
     """Start a collect on the 'disk', reach a traced run, save what is in place, ask for the cut."""
-    tmp = disk / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(tmp)  # the board's /tmp on disk
+    on_disk(disk)
     baseline = host_state()
     collect = Collect.start(roles, disk / "bundle")
     seen = reach("traced", collect)
@@ -354,9 +367,16 @@ def power_cut(roles: str, disk: Path) -> None:
     time.sleep(600)  # QEMU is killed from outside meanwhile
 
 
+def on_disk(disk: Path) -> None:
+    """The board's /tmp and tracekit's journals on its disk (the share), for this process."""
+    for name, env in (("tmp", "TMPDIR"), ("journals", JOURNAL_DIR_ENV)):
+        (disk / name).mkdir(parents=True, exist_ok=True)
+        os.environ[env] = str(disk / name)
+
+
 def after_power_cut(disk: Path) -> dict[str, Any]:
     """In the fresh boot on the same disk: what survived, what cleanup does, the bundle."""
-    os.environ["TMPDIR"] = str(disk / "tmp")
+    on_disk(disk)
     saved = disk / "before-cut.json"
     fresh = host_state()
     if saved.is_file():
@@ -397,8 +417,26 @@ def tracekit_traces(state: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def all_cells() -> list[str]:
-    """Every (signal, point) cell, then SIGKILL during a traced run undone by `tracekit cleanup`."""
-    return [f"{s}-{p}" for s in SIGNALS for p in POINTS] + ["kill-traced-cleanup"]
+    """Every (signal, point) cell, most needed first: SIGKILL, SIGTERM, SIGKILL undone by
+    `tracekit cleanup`, then SIGINT (SIGTERM's path)."""
+    cells = [f"{s}-{p}" for s in ("kill", "term") for p in POINTS] + ["kill-traced-cleanup"]
+    return cells + [f"int-{p}" for p in POINTS[::-1]]  # the points never run with SIGINT first
+
+
+# Of the time to the deadline, what boot 1's cells may not use: QEMU's start, the last
+# cell's overrun (up to ~5 min), the power cut (~3 min), boot 2 (~3 min), the table here.
+RESERVE_S = 13 * 60
+
+
+def budget_until(deadline: str | None) -> float | None:
+    """Seconds boot 1's cells may take to end by `deadline` (HH:MM, UTC, today), or None."""
+    if deadline is None:
+        return None
+    hours, minutes = map(int, deadline.split(":"))
+    now = time.gmtime()
+    left = (hours - now.tm_hour) * 3600 + (minutes - now.tm_min) * 60 - now.tm_sec
+    left = (left + 12 * 3600) % (24 * 3600) - 12 * 3600  # within 12 h either way of now
+    return max(0.0, left - RESERVE_S)
 
 
 def boot(out: Path, disk: Path, command: list[str], on_line: Callable[[str], None]) -> int | str:
@@ -464,13 +502,16 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def outside(out: Path, cells: list[str]) -> None:
+def outside(out: Path, cells: list[str], deadline: str | None) -> None:
     """Both boots, then the table."""
     disk = out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     inside = ["python3", "/tracekit/scripts/vhost_kill_matrix.py"]
-    first = boot(out / "boot1", disk, [*inside, "inside", *cells, "--powercut"], cut_power)
+    budget = budget_until(deadline)
+    limit = [] if budget is None else ["--budget", f"{budget:.0f}"]
+    print(f"cells: {' '.join(cells)}; boot 1's budget: {limit[1:] or 'none'} s", flush=True)
+    first = boot(out / "boot1", disk, [*inside, "inside", *cells, *limit, "--powercut"], cut_power)
     second = boot(out / "boot2", disk, [*inside, "after-power-cut"], cut_power)
     minutes = (time.monotonic() - began) / 60
     print(f"boot 1: {first}; boot 2 (same disk, after the power cut): {second}; {minutes:.0f} min")
@@ -488,6 +529,8 @@ def tabulate(out: Path) -> None:
         row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
         results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
     results += boot_results(out / "boot2")
+    not_run = [r["cell"] for r in results if "not_run" in r]
+    results = [r for r in results if "not_run" not in r]
     for result in results:
         bundle = result.pop("dir")
         result["bundle"] = bundle_state(bundle)
@@ -501,6 +544,8 @@ def tabulate(out: Path) -> None:
         f"cells {len(results)}, left something after recovery {left}, not known {unknown}, "
         f"bundle tracebacks {unread}"
     )
+    if not_run:
+        print(f"not run (time budget): {' '.join(not_run)}")
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:
@@ -558,11 +603,13 @@ def main() -> None:
     parser.add_argument("--roles", default=MAIN_ROLES, help="inside: collect's CPU roles")
     parser.add_argument("--powercut", action="store_true", help="inside: end with the power cut")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
+    parser.add_argument("--deadline", help="outside: HH:MM UTC by which both boots end")
+    parser.add_argument("--budget", type=float, help="inside: seconds after which no cell starts")
     args = parser.parse_args()
     if args.tabulate:
         tabulate(args.out.resolve())
     elif args.mode == "outside":
-        outside(args.out.resolve(), args.cells or all_cells())
+        outside(args.out.resolve(), args.cells or all_cells(), args.deadline)
     elif args.mode == "after-power-cut":
         result = after_power_cut(Path("/share"))
         Path("/out/after-cut.json").write_text(json.dumps(result, sort_keys=True) + "\n")
@@ -572,7 +619,8 @@ def main() -> None:
         if later.is_file():
             run_cells(later.read_text().split(), args.roles, Path.cwd() / "cells", CELLS_JSON)
     else:
-        run_cells(args.cells or all_cells(), args.roles, Path.cwd() / "cells", CELLS_JSON)
+        cells = args.cells or all_cells()
+        run_cells(cells, args.roles, Path.cwd() / "cells", CELLS_JSON, args.budget)
         if args.powercut:
             power_cut(args.roles, Path("/share"))
 

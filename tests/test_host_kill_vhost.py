@@ -14,6 +14,7 @@ phase and the guest first, so expect several minutes more.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -86,3 +87,15 @@ def test_the_matrix_sorts_what_differs_by_kind() -> None:
     assert matrix.kinds(matrix.differences(before, now)) == (
         "cpus_online 1, instances 1, settings 1, tmp_files 1"
     )
+
+
+def test_the_matrix_runs_every_cell_once_sigkill_first_and_keeps_time_for_the_cut() -> None:
+    matrix = load_script("vhost_kill_matrix")
+    cells = matrix.all_cells()
+    expected = {f"{s}-{p}" for s in ("int", "term", "kill") for p in matrix.POINTS}
+    assert sorted(cells) == sorted(expected | {"kill-traced-cleanup"})
+    assert all(c.startswith("kill-") for c in cells[: len(matrix.POINTS)])
+    assert cells.index("int-hotplug") > cells.index("term-probe")  # SIGINT: SIGTERM's path
+    assert matrix.budget_until(None) is None
+    past = time.strftime("%H:%M", time.gmtime(time.time() - 120))
+    assert matrix.budget_until(past) == 0.0  # no cell starts; the power cut still runs
