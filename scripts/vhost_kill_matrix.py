@@ -2,7 +2,7 @@
 
 Run from the repository root, under the machine's vhost lock (it boots twice):
 
-    python scripts/vhost_kill_matrix.py --out DIR [--deadline HH:MM]
+    python scripts/vhost_kill_matrix.py --out DIR [--minutes M]
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
@@ -21,8 +21,9 @@ boot 2, on the same disk state, compares the fresh kernel's state with boot 1's 
 
 The cells run most needed first (SIGKILL, whose leftovers only the journal can undo, then
 SIGTERM, then SIGINT, which takes SIGTERM's path: cleanup.STOP_SIGNALS); with
-`--deadline` (UTC) boot 1 starts no cell once its share of the time is spent, and the
-power cut and boot 2 still run: the table says which cells were not run. The power cut's
+`--minutes M` (the whole run's time, both boots) boot 1 starts a cell only if its
+estimate (CELL_S, scaled by what earlier cells took) fits in its share, and the power cut
+and boot 2 still run: the table says which cells were not run. The power cut's
 collect keeps its journal on the disk ($TRACEKIT_JOURNAL_DIR), so boot 2's `tracekit
 cleanup` meets a journal of an earlier boot, as a board with journals on disk would.
 
@@ -60,7 +61,12 @@ KVM_DEBUGFS = Path("/sys/kernel/debug/kvm")
 # The processes collect starts (the VMM and the probe are the reproducer's).
 TOOLS = ("stress-ng", "cyclictest", "vmm", "tlbiprobe", "perf", "trace-cmd")
 SIGNALS = {"int": signal.SIGINT, "term": signal.SIGTERM, "kill": signal.SIGKILL}
-POINTS = ("preflight", "quiet", "traced", "hotplug", "probe")
+POINTS = ("preflight", "quiet", "traced", "probe", "hotplug")  # in collect's order
+# What a cell takes to reach its point and end, in s (the main case's CI boot: the probe
+# slots come after the traced run, the hotplug after the guest), and a SIGKILL's recovery
+# (the next start's preflight). Scaled in a run by what its cells took.
+CELL_S = {"preflight": 60, "quiet": 90, "traced": 150, "probe": 240, "hotplug": 330}
+RECOVERY_S = 60
 # The brief's main case on 4 CPUs; `--roles` gives a 2-CPU boot its own.
 MAIN_ROLES = "--rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1"
 POWERCUT_LINE = "POWERCUT-NOW"
@@ -341,13 +347,15 @@ def run_cells(
     first = host_state()
     MAIN_ONLINE["online"] = first["cpus_online"]
     saved.write_text("")
-    began = time.monotonic()
+    began, took, estimated = time.monotonic(), 0.0, 0.0
     for name in cells:
-        if budget_s is not None and time.monotonic() - began > budget_s:
+        guess = estimate(name) * max(1.0, took / estimated if estimated else 1.0)
+        if budget_s is not None and time.monotonic() - began + guess > budget_s:
             result: dict[str, Any] = {"cell": name, "not_run": "time budget"}
-            print(f"cell {name}: not run (time budget)", flush=True)
+            print(f"cell {name}: not run (time budget; ~{guess:.0f} s)", flush=True)
         else:
             result = run_cell(name, roles, work)
+            took, estimated = took + result["seconds"], estimated + estimate(name)
             print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
         with saved.open("a") as out:
             out.write(json.dumps(result, sort_keys=True) + "\n")
@@ -365,6 +373,12 @@ def power_cut(roles: str, disk: Path) -> None:
     os.sync()
     print(POWERCUT_LINE, flush=True)
     time.sleep(600)  # QEMU is killed from outside meanwhile
+
+
+def estimate(cell: str) -> float:
+    """A cell's expected seconds before any has run (CELL_S, plus a SIGKILL's recovery)."""
+    sig, point, *_ = cell.split("-")
+    return CELL_S[point] + (RECOVERY_S if sig == "kill" else 0)
 
 
 def on_disk(disk: Path) -> None:
@@ -423,20 +437,14 @@ def all_cells() -> list[str]:
     return cells + [f"int-{p}" for p in POINTS[::-1]]  # the points never run with SIGINT first
 
 
-# Of the time to the deadline, what boot 1's cells may not use: QEMU's start, the last
-# cell's overrun (up to ~5 min), the power cut (~3 min), boot 2 (~3 min), the table here.
-RESERVE_S = 13 * 60
+# Of the run's minutes, what boot 1's cells may not use: QEMU's start (~1.5 min), the
+# power cut (~3.5 min), boot 2 (~3 min), the table here (~1 min).
+RESERVE_S = 9 * 60
 
 
-def budget_until(deadline: str | None) -> float | None:
-    """Seconds boot 1's cells may take to end by `deadline` (HH:MM, UTC, today), or None."""
-    if deadline is None:
-        return None
-    hours, minutes = map(int, deadline.split(":"))
-    now = time.gmtime()
-    left = (hours - now.tm_hour) * 3600 + (minutes - now.tm_min) * 60 - now.tm_sec
-    left = (left + 12 * 3600) % (24 * 3600) - 12 * 3600  # within 12 h either way of now
-    return max(0.0, left - RESERVE_S)
+def cell_budget(minutes: float | None) -> float | None:
+    """Seconds boot 1's cells may take so that the whole run takes `minutes`, or None."""
+    return None if minutes is None else max(0.0, minutes * 60 - RESERVE_S)
 
 
 def boot(out: Path, disk: Path, command: list[str], on_line: Callable[[str], None]) -> int | str:
@@ -502,13 +510,13 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def outside(out: Path, cells: list[str], deadline: str | None) -> None:
+def outside(out: Path, cells: list[str], minutes: float | None) -> None:
     """Both boots, then the table."""
     disk = out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     inside = ["python3", "/tracekit/scripts/vhost_kill_matrix.py"]
-    budget = budget_until(deadline)
+    budget = cell_budget(minutes)
     limit = [] if budget is None else ["--budget", f"{budget:.0f}"]
     print(f"cells: {' '.join(cells)}; boot 1's budget: {limit[1:] or 'none'} s", flush=True)
     first = boot(out / "boot1", disk, [*inside, "inside", *cells, *limit, "--powercut"], cut_power)
@@ -603,13 +611,13 @@ def main() -> None:
     parser.add_argument("--roles", default=MAIN_ROLES, help="inside: collect's CPU roles")
     parser.add_argument("--powercut", action="store_true", help="inside: end with the power cut")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
-    parser.add_argument("--deadline", help="outside: HH:MM UTC by which both boots end")
+    parser.add_argument("--minutes", type=float, help="outside: the whole run's time, both boots")
     parser.add_argument("--budget", type=float, help="inside: seconds after which no cell starts")
     args = parser.parse_args()
     if args.tabulate:
         tabulate(args.out.resolve())
     elif args.mode == "outside":
-        outside(args.out.resolve(), args.cells or all_cells(), args.deadline)
+        outside(args.out.resolve(), args.cells or all_cells(), args.minutes)
     elif args.mode == "after-power-cut":
         result = after_power_cut(Path("/share"))
         Path("/out/after-cut.json").write_text(json.dumps(result, sort_keys=True) + "\n")
