@@ -554,6 +554,10 @@ def tabulate(out: Path) -> None:
     )
     if not_run:
         print(f"not run (time budget): {' '.join(not_run)}")
+    for result in results:
+        if result["cell"].startswith("powercut") and result.get("recovery_said"):
+            print("after the power cut, `tracekit cleanup` in the fresh boot said:")
+            print("\n".join(f"  {line}" for line in result["recovery_said"]))
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:
