@@ -2,7 +2,7 @@
 
 Run from the repository root, under the machine's vhost lock (it boots twice):
 
-    python scripts/vhost_kill_matrix.py --out DIR
+    python scripts/vhost_kill_matrix.py --out DIR [--minutes M]
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
@@ -18,6 +18,14 @@ traced run whose $TMPDIR and bundle are on a share that stands for the board's d
 boot 2, on the same disk state, compares the fresh kernel's state with boot 1's and runs
 `tracekit cleanup`. Every bundle left is then checked here with `tracekit verify` and
 `tracekit report`: complete, or INCOMPLETE and read without a traceback.
+
+The cells run most needed first (SIGKILL, whose leftovers only the journal can undo, then
+SIGTERM, then SIGINT, which takes SIGTERM's path: cleanup.STOP_SIGNALS); with
+`--minutes M` (the whole run's time, both boots) boot 1 starts a cell only if its
+estimate (CELL_S, scaled by what earlier cells took) fits in its share, and the power cut
+and boot 2 still run: the table says which cells were not run. The power cut's
+collect keeps its journal on the disk ($TRACEKIT_JOURNAL_DIR), so boot 2's `tracekit
+cleanup` meets a journal of an earlier boot, as a board with journals on disk would.
 
 Inside the emulated host the same file runs the cells (`inside CELL...`), which is how
 tests/test_host_kill_vhost.py puts two of them into an existing CI boot.
@@ -42,8 +50,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's tracekit
 
 from tracekit.bundle import bundle_problems, read_manifest
-from tracekit.host.cleanup import live_processes
-from tracekit.host.journal import journal_dir
+from tracekit.host.journal import JOURNAL_DIR_ENV, journal_dir
+from tracekit.host.procs import live_processes
 from tracekit.host.tracefs import snapshot
 from tracekit.host.tracefsio import tracefs_mounts
 
@@ -53,7 +61,12 @@ KVM_DEBUGFS = Path("/sys/kernel/debug/kvm")
 # The processes collect starts (the VMM and the probe are the reproducer's).
 TOOLS = ("stress-ng", "cyclictest", "vmm", "tlbiprobe", "perf", "trace-cmd")
 SIGNALS = {"int": signal.SIGINT, "term": signal.SIGTERM, "kill": signal.SIGKILL}
-POINTS = ("preflight", "quiet", "traced", "hotplug", "probe")
+POINTS = ("preflight", "quiet", "traced", "probe", "hotplug")  # in collect's order
+# What a cell takes to reach its point and end, in s (the main case's CI boot: the probe
+# slots come after the traced run, the hotplug after the guest), and a SIGKILL's recovery
+# (the next start's preflight). Scaled in a run by what its cells took.
+CELL_S = {"preflight": 60, "quiet": 90, "traced": 150, "probe": 240, "hotplug": 330}
+RECOVERY_S = 60
 # The brief's main case on 4 CPUs; `--roles` gives a 2-CPU boot its own.
 MAIN_ROLES = "--rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1"
 POWERCUT_LINE = "POWERCUT-NOW"
@@ -323,27 +336,35 @@ def run_cell(name: str, roles: str, work: Path) -> dict[str, Any]:
     }
 
 
-def run_cells(cells: list[str], roles: str, work: Path, saved: Path) -> None:
+def run_cells(
+    cells: list[str], roles: str, work: Path, saved: Path, budget_s: float | None = None
+) -> None:
     """Each cell in turn (each compared with the state just before it), then all of them.
 
     Each result is appended to `saved` as it comes: a power cut loses none that finished.
+    Once `budget_s` seconds have gone, the cells left are saved as not run.
     """
     first = host_state()
     MAIN_ONLINE["online"] = first["cpus_online"]
     saved.write_text("")
+    began, took, estimated = time.monotonic(), 0.0, 0.0
     for name in cells:
-        result = run_cell(name, roles, work)
+        guess = estimate(name) * max(1.0, took / estimated if estimated else 1.0)
+        if budget_s is not None and time.monotonic() - began + guess > budget_s:
+            result: dict[str, Any] = {"cell": name, "not_run": "time budget"}
+            print(f"cell {name}: not run (time budget; ~{guess:.0f} s)", flush=True)
+        else:
+            result = run_cell(name, roles, work)
+            took, estimated = took + result["seconds"], estimated + estimate(name)
+            print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
         with saved.open("a") as out:
             out.write(json.dumps(result, sort_keys=True) + "\n")
-        print(f"cell {name}: {result['seconds']} s, {kinds(result['left_after_recovery'])}")
     print(f"all cells, then vs before the first: {kinds(differences(first, host_state()))}")
 
 
 def power_cut(roles: str, disk: Path) -> None:
     """Start a collect on the 'disk', reach a traced run, save what is in place, ask for the cut."""
-    tmp = disk / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    os.environ["TMPDIR"] = str(tmp)  # the board's /tmp on disk
+    on_disk(disk)
     baseline = host_state()
     collect = Collect.start(roles, disk / "bundle")
     seen = reach("traced", collect)
@@ -354,9 +375,22 @@ def power_cut(roles: str, disk: Path) -> None:
     time.sleep(600)  # QEMU is killed from outside meanwhile
 
 
+def estimate(cell: str) -> float:
+    """A cell's expected seconds before any has run (CELL_S, plus a SIGKILL's recovery)."""
+    sig, point, *_ = cell.split("-")
+    return CELL_S[point] + (RECOVERY_S if sig == "kill" else 0)
+
+
+def on_disk(disk: Path) -> None:
+    """The board's /tmp and tracekit's journals on its disk (the share), for this process."""
+    for name, env in (("tmp", "TMPDIR"), ("journals", JOURNAL_DIR_ENV)):
+        (disk / name).mkdir(parents=True, exist_ok=True)
+        os.environ[env] = str(disk / name)
+
+
 def after_power_cut(disk: Path) -> dict[str, Any]:
     """In the fresh boot on the same disk: what survived, what cleanup does, the bundle."""
-    os.environ["TMPDIR"] = str(disk / "tmp")
+    on_disk(disk)
     saved = disk / "before-cut.json"
     fresh = host_state()
     if saved.is_file():
@@ -397,8 +431,20 @@ def tracekit_traces(state: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def all_cells() -> list[str]:
-    """Every (signal, point) cell, then SIGKILL during a traced run undone by `tracekit cleanup`."""
-    return [f"{s}-{p}" for s in SIGNALS for p in POINTS] + ["kill-traced-cleanup"]
+    """Every (signal, point) cell, most needed first: SIGKILL, SIGTERM, SIGKILL undone by
+    `tracekit cleanup`, then SIGINT (SIGTERM's path)."""
+    cells = [f"{s}-{p}" for s in ("kill", "term") for p in POINTS] + ["kill-traced-cleanup"]
+    return cells + [f"int-{p}" for p in POINTS[::-1]]  # the points never run with SIGINT first
+
+
+# Of the run's minutes, what boot 1's cells may not use: QEMU's start (~1.5 min), the
+# power cut (~3.5 min), boot 2 (~3 min), the table here (~1 min).
+RESERVE_S = 9 * 60
+
+
+def cell_budget(minutes: float | None) -> float | None:
+    """Seconds boot 1's cells may take so that the whole run takes `minutes`, or None."""
+    return None if minutes is None else max(0.0, minutes * 60 - RESERVE_S)
 
 
 def boot(out: Path, disk: Path, command: list[str], on_line: Callable[[str], None]) -> int | str:
@@ -464,13 +510,16 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def outside(out: Path, cells: list[str]) -> None:
+def outside(out: Path, cells: list[str], minutes: float | None) -> None:
     """Both boots, then the table."""
     disk = out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     inside = ["python3", "/tracekit/scripts/vhost_kill_matrix.py"]
-    first = boot(out / "boot1", disk, [*inside, "inside", *cells, "--powercut"], cut_power)
+    budget = cell_budget(minutes)
+    limit = [] if budget is None else ["--budget", f"{budget:.0f}"]
+    print(f"cells: {' '.join(cells)}; boot 1's budget: {limit[1:] or 'none'} s", flush=True)
+    first = boot(out / "boot1", disk, [*inside, "inside", *cells, *limit, "--powercut"], cut_power)
     second = boot(out / "boot2", disk, [*inside, "after-power-cut"], cut_power)
     minutes = (time.monotonic() - began) / 60
     print(f"boot 1: {first}; boot 2 (same disk, after the power cut): {second}; {minutes:.0f} min")
@@ -488,6 +537,8 @@ def tabulate(out: Path) -> None:
         row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
         results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
     results += boot_results(out / "boot2")
+    not_run = [r["cell"] for r in results if "not_run" in r]
+    results = [r for r in results if "not_run" not in r]
     for result in results:
         bundle = result.pop("dir")
         result["bundle"] = bundle_state(bundle)
@@ -501,6 +552,12 @@ def tabulate(out: Path) -> None:
         f"cells {len(results)}, left something after recovery {left}, not known {unknown}, "
         f"bundle tracebacks {unread}"
     )
+    if not_run:
+        print(f"not run (time budget): {' '.join(not_run)}")
+    for result in results:
+        if result["cell"].startswith("powercut") and result.get("recovery_said"):
+            print("after the power cut, `tracekit cleanup` in the fresh boot said:")
+            print("\n".join(f"  {line}" for line in result["recovery_said"]))
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:
@@ -558,11 +615,13 @@ def main() -> None:
     parser.add_argument("--roles", default=MAIN_ROLES, help="inside: collect's CPU roles")
     parser.add_argument("--powercut", action="store_true", help="inside: end with the power cut")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
+    parser.add_argument("--minutes", type=float, help="outside: the whole run's time, both boots")
+    parser.add_argument("--budget", type=float, help="inside: seconds after which no cell starts")
     args = parser.parse_args()
     if args.tabulate:
         tabulate(args.out.resolve())
     elif args.mode == "outside":
-        outside(args.out.resolve(), args.cells or all_cells())
+        outside(args.out.resolve(), args.cells or all_cells(), args.minutes)
     elif args.mode == "after-power-cut":
         result = after_power_cut(Path("/share"))
         Path("/out/after-cut.json").write_text(json.dumps(result, sort_keys=True) + "\n")
@@ -572,7 +631,8 @@ def main() -> None:
         if later.is_file():
             run_cells(later.read_text().split(), args.roles, Path.cwd() / "cells", CELLS_JSON)
     else:
-        run_cells(args.cells or all_cells(), args.roles, Path.cwd() / "cells", CELLS_JSON)
+        cells = args.cells or all_cells()
+        run_cells(cells, args.roles, Path.cwd() / "cells", CELLS_JSON, args.budget)
         if args.powercut:
             power_cut(args.roles, Path("/share"))
 

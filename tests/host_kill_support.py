@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tracekit.host.cleanup import live_processes
+from tracekit.host import procs
 from tracekit.host.tracefs import snapshot
 
 PHASES = ("opened", "instance", "clock", "task_names", "probe", "events", "child", "tracing")
@@ -70,16 +70,7 @@ CHILD_SETUP = textwrap.dedent(
 
 def marked_processes(marker: str) -> list[int]:
     """Live processes whose environment carries the test's marker."""
-    needle = f"TK_KILL_TEST={marker}".encode()
-    found = []
-    for pid, _, _ in live_processes():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(pid)
-    return found
+    return procs.marked_processes("TK_KILL_TEST", marker)
 
 
 def _flat(tree: dict[str, object], prefix: str = "") -> dict[str, object]:

@@ -19,8 +19,9 @@ import pytest
 
 from tracekit.errors import TracekitError
 from tracekit.host import journal
-from tracekit.host.cleanup import CleanupStack, Interrupted, group_members, stop_process_group
+from tracekit.host.cleanup import CleanupStack, Interrupted, stop_process_group
 from tracekit.host.journal import Journal, pending_entries, recover
+from tracekit.host.procs import group_members
 
 
 def test_undo_runs_newest_first_on_success() -> None:

@@ -86,3 +86,16 @@ def test_the_matrix_sorts_what_differs_by_kind() -> None:
     assert matrix.kinds(matrix.differences(before, now)) == (
         "cpus_online 1, instances 1, settings 1, tmp_files 1"
     )
+
+
+def test_the_matrix_runs_every_cell_once_sigkill_first_and_keeps_time_for_the_cut() -> None:
+    matrix = load_script("vhost_kill_matrix")
+    cells = matrix.all_cells()
+    expected = {f"{s}-{p}" for s in ("int", "term", "kill") for p in matrix.POINTS}
+    assert sorted(cells) == sorted(expected | {"kill-traced-cleanup"})
+    assert all(c.startswith("kill-") for c in cells[: len(matrix.POINTS)])
+    assert cells.index("int-hotplug") > cells.index("term-probe")  # SIGINT: SIGTERM's path
+    assert matrix.cell_budget(None) is None
+    assert matrix.cell_budget(25) == 25 * 60 - matrix.RESERVE_S
+    assert matrix.cell_budget(1) == 0.0  # no cell starts; the power cut still runs
+    assert matrix.estimate("kill-hotplug") > matrix.estimate("term-hotplug")  # the recovery

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from tracekit.errors import TracekitError
 from tracekit.host import journal
 from tracekit.host.journal import Entry, Journal
+from tracekit.host.procs import group_members
 
 # The signals that end a run early; each one unwinds the stack before the process exits.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -126,10 +127,15 @@ class CleanupStack:
         """Start a child in its own process group; unwinding stops the whole group.
 
         The child dies with this process even after a SIGKILL (PR_SET_PDEATHSIG); what it
-        started in its group is killed by the next run, from the journal. Call it from
+        started in its group is killed by the next run, from the journal, by the run's mark
+        in its environment (journal.RUN_MARK_ENV). Call it from
         the main thread: the kernel sends the death signal when the spawning THREAD ends.
         """
         with hold_stop_signals():
+            if self.journal:
+                # The mark lets the next run find what the tool started, once the tool is gone.
+                env = popen_kwargs.pop("env", None) or os.environ
+                popen_kwargs["env"] = {**env, journal.RUN_MARK_ENV: self.journal.mark}
             try:
                 proc = subprocess.Popen(
                     list(argv),
@@ -330,28 +336,6 @@ def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_S
         if not _wait_group_gone(pgid, CHILD_GRACE_SECONDS):
             raise OSError(f"processes {group_members(pgid)} of group {pgid} survive SIGKILL")
     proc.wait()
-
-
-def live_processes() -> Iterator[tuple[int, str, list[str]]]:
-    """Every live (not zombie) process in /proc: pid, command name, the stat fields after it.
-
-    The fields start with state, ppid, pgrp (proc(5)); a process gone meanwhile is skipped.
-    """
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z":
-            yield int(entry.name), stat[stat.index("(") + 1 : stat.rindex(")")], fields
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group, found in /proc."""
-    return [pid for pid, _, fields in live_processes() if int(fields[2]) == pgid]
 
 
 def _wait_group_gone(pgid: int, timeout: float) -> bool:

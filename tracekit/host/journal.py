@@ -10,6 +10,13 @@ The journal lives under /run (tmpfs): like tracefs settings, probes and mounts i
 not survive a reboot, and a reboot undoes everything it records. A live run holds an
 exclusive flock on its journal, which the kernel drops however the run dies: a journal
 that can be locked is a dead run's, whatever became of its pid.
+
+A journal kept on disk ($TRACEKIT_JOURNAL_DIR) can outlive a reboot, and then its pids
+are other processes' and its kernel state is gone. So each journal first records the
+boot it was written in, and each process record the process's start time: a process is
+signalled only in the same boot, and only if it is still that process (or, once its
+tool is gone, carries the run's mark in its environment). A journal from an earlier boot
+gets only its files removed.
 """
 
 from __future__ import annotations
@@ -26,12 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.host.procs import boot_id, carries, group_members, process_start
 from tracekit.host.tracefsio import remove_probe, unmount_tracefs, write_once
 
 DEFAULT_JOURNAL_DIR = Path("/run/tracekit")
 # Tests (and a host whose /run is unusable) point the journal elsewhere with this.
 JOURNAL_DIR_ENV = "TRACEKIT_JOURNAL_DIR"
 SUFFIX = ".journal"
+# Every tool a journaled run starts has this in its environment, set to the journal's
+# name; the tool's own children inherit it. Nothing else on the host carries it.
+RUN_MARK_ENV = "TRACEKIT_RUN"
 
 Entry = dict[str, Any]
 
@@ -68,7 +79,14 @@ class Journal:
                 f"cannot write the cleanup journal in {directory}: {err.strerror}; "
                 f"make it writable or set {JOURNAL_DIR_ENV} to a directory on tmpfs"
             ) from None
-        return cls(path, fd)
+        made = cls(path, fd)
+        made._append({"boot": boot_id()})  # before any record: replay trusts none without it
+        return made
+
+    @property
+    def mark(self) -> str:
+        """The value of RUN_MARK_ENV in this run's tools: the journal's name."""
+        return self.path.name.removesuffix(SUFFIX)
 
     def record(self, entry: Entry) -> int:
         """Write one change's undo record and sync it; returns its id for `done`."""
@@ -176,8 +194,11 @@ def _words(entry: Entry, which: int, unknown: str) -> str:
         return unknown
 
 
-def undo(entry: Entry) -> None:
-    """Undo one record; a no-op where the change is already gone (or was never made)."""
+def undo(entry: Entry, mark: str = "") -> None:
+    """Undo one record of this boot; a no-op where the change is already gone (or never made).
+
+    `mark` is the journal's RUN_MARK_ENV value, which the run's tools' children carry.
+    """
     kind = entry.get("kind")
     if kind == "setting":
         write_once(Path(entry["path"]), entry["value"])
@@ -189,7 +210,7 @@ def undo(entry: Entry) -> None:
     elif kind == "mount":
         unmount_tracefs(Path(entry["path"]))
     elif kind == "process":
-        _kill_group(entry["pid"], entry["start"])
+        _kill_group(entry["pid"], entry["start"], mark)
     elif kind == "file":
         Path(entry["path"]).unlink(missing_ok=True)
     elif kind == "expand_buffer":
@@ -200,21 +221,21 @@ def undo(entry: Entry) -> None:
         raise OSError(f"tracekit does not know how to undo {entry!r}")
 
 
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[19])
-
-
-def _kill_group(pid: int, start: int | None) -> None:
-    """SIGKILL a dead run's child group, unless its pid now belongs to another process."""
-    if start is not None and process_start(pid) not in (start, None):
-        return  # the pid was reused: not ours to kill
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+def _kill_group(pid: int, start: int | None, mark: str) -> None:
+    """SIGKILL a dead run's tool group: all of it if its leader is still that tool, else
+    the members that carry the run's mark (what the tool started, after it died)."""
+    now = process_start(pid)
+    if now is not None:
+        if now == start:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        # Else the pid is another process's: no group of ours can have that id while it lives.
+        return
+    # A group's id can be reused once the group is empty; only the mark says it is ours.
+    for member in group_members(pid):
+        if mark and carries(member, RUN_MARK_ENV, mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, signal.SIGKILL)
 
 
 # --- the next run: find dead runs' journals and replay them -------------------------------
@@ -293,20 +314,60 @@ def _recover_one(
 ) -> None:
     """Replay one dead run's journal; remove it when nothing is left."""
     left_before = len(recovery.left)
-    for entry in reversed(pending_entries(path.read_text(errors="replace"))):
-        if entry.get("kind") == "mount" and keep_mounted and keep_mounted(Path(entry["path"])):
-            recovery.adopted.append(Path(entry["path"]))
-        else:
-            try:
-                undo(entry)
-            except (OSError, TracekitError, ValueError, KeyError, TypeError) as err:
-                recovery.left.append(
-                    f"could not {describe(entry)} ({err}); do it with: {by_hand(entry)}"
-                )
-                continue
-            recovery.undone.append(describe(entry))
-        os.write(fd, (json.dumps({"done": entry["id"]}) + "\n").encode())
+    text = path.read_text(errors="replace")
+    now = boot_id()
+    if now is None or journal_boot(text) != now:
+        _recover_earlier_boot(path, fd, pending_entries(text), recovery)
+    else:
+        mark = path.name.removesuffix(SUFFIX)
+        for entry in reversed(pending_entries(text)):
+            kind, where = entry.get("kind"), Path(str(entry.get("path")))
+            if kind == "mount" and keep_mounted and keep_mounted(where):
+                recovery.adopted.append(where)
+                _mark_done(fd, entry)
+            elif _undo_or_say(entry, fd, recovery, mark):
+                recovery.undone.append(describe(entry))
     if len(recovery.left) == left_before:
         path.unlink(missing_ok=True)
     else:
         recovery.left.append(f"then remove the journal {path}")
+
+
+def _undo_or_say(entry: Entry, fd: int, recovery: Recovery, mark: str) -> bool:
+    """Undo one record and mark it done, or add what to do by hand to `recovery.left`."""
+    try:
+        undo(entry, mark)
+    except (OSError, TracekitError, ValueError, KeyError, TypeError) as err:
+        recovery.left.append(f"could not {describe(entry)} ({err}); do it with: {by_hand(entry)}")
+        return False
+    _mark_done(fd, entry)
+    return True
+
+
+def _mark_done(fd: int, entry: Entry) -> None:
+    """Append the record's done line to its journal (the recoverer holds the lock)."""
+    os.write(fd, (json.dumps({"done": entry["id"]}) + "\n").encode())
+
+
+def _recover_earlier_boot(path: Path, fd: int, entries: list[Entry], recovery: Recovery) -> None:
+    """A journal from another boot: its kernel state died with that boot; remove its files.
+
+    Its pids are other processes' now, its instances, probes and settings were reset, and
+    a tracefs mount at its path is this boot's: nothing but its files is touched.
+    """
+    files = [entry for entry in reversed(entries) if entry.get("kind") == "file"]
+    removed = [str(entry["path"]) for entry in files if _undo_or_say(entry, fd, recovery, "")]
+    recovery.undone.append(
+        f"{path.name} is from an earlier boot: kernel state already reset; files it left: "
+        + (f"{', '.join(removed)} (removed)" if removed else "none")
+    )
+
+
+def journal_boot(text: str) -> str | None:
+    """The boot id a journal says it was written in (its first line), or None if it has none."""
+    first = text.partition("\n")[0]
+    try:
+        head = json.loads(first)
+    except ValueError:
+        return None
+    return head.get("boot") if isinstance(head, dict) else None
