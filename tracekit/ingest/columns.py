@@ -8,10 +8,13 @@ per-event Python code except for the rare string that is not valid UTF-8.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import polars as pl
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
 _INT_DTYPES: dict[tuple[int, bool], pl.DataType] = {
@@ -35,6 +38,9 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
     if spec.kind in (Kind.INT_ARRAY, Kind.TAIL_ARRAY, Kind.DYN_ARRAY):
         return pl.List(inner)
     return _INT_DTYPES.get((spec.size, spec.signed), pl.UInt64())
+
+
+WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
 
 
 class Gatherer:
@@ -142,11 +148,31 @@ class Gatherer:
         width = int(count.max()) if len(count) else 0
         if width == 0:
             return pl.Series([""] * len(start), dtype=pl.String)
+        words = self._string_words(start, count, width) if width <= WORDS_MAX else None
+        if words is not None:  # short strings (task and irq names): tracekit/ingest/chars.py
+            return string_column(words, _decode)
         raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
         raw[np.arange(width)[None, :] >= count[:, None]] = 0
         raw[np.logical_or.accumulate(raw == 0, axis=1)] = 0  # everything after the first NUL
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
+
+    def _string_words(self, start: np.ndarray, count: np.ndarray, width: int) -> np.ndarray | None:
+        """(events x ceil(width/8)) u64 words of each string's bytes, those at or past its
+        count set to 0; None where they cannot be read so (the caller's byte path then)."""
+        if sys.byteorder != "little" or self.endian != "<":
+            return None
+        m = self._word_matrix(start, -(-width // 4) * 4)  # aligned starts: a word per read
+        if m is None:
+            if int(start.min()) < 0 or int(start.max()) + width > len(self.buf):
+                return None
+            m = np.ascontiguousarray(self._bytes(start, width))
+            m = np.pad(m, ((0, 0), (0, -width % 4))).view(np.uint32)
+        words = np.zeros((len(m), -(-width // 8)), dtype=np.uint64)
+        words.view(np.uint32)[:, : m.shape[1]] = m
+        for k in range(words.shape[1]):  # bytes past the count (and past the field): 0
+            words[:, k] &= BYTE_MASKS[np.clip(count - 8 * k, 0, 8)]
+        return words
 
     def arrays(self, start: np.ndarray, nbytes: np.ndarray, elem: int, signed: bool) -> pl.Series:
         """Arrays of integers of `elem` bytes: `nbytes` bytes at each absolute offset."""
