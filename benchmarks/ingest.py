@@ -330,11 +330,13 @@ def ensure(shape: str, root: Path, size: Size) -> Path:
 Figures = tuple[float, float, int, str]
 
 
-def measure(argv: list[str], stdout: Path | None = None) -> Figures:
-    """Run argv; return (wall seconds, CPU seconds, peak RSS in bytes, its stderr)."""
+def measure(argv: list[str], stdout: Path | None = None, source: Path | None = None) -> Figures:
+    """Run argv (with `source` first on PYTHONPATH); return (wall seconds, CPU seconds, peak
+    RSS in bytes, its stderr)."""
     out = open(stdout, "w") if stdout else subprocess.DEVNULL  # noqa: SIM115
+    env = dict(os.environ, PYTHONPATH=str(source)) if source else None
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     err = proc.stderr.read() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
@@ -352,26 +354,28 @@ TRACEKIT_CHILD = (
 BASELINE_CHILD = "import tracekit, polars"
 
 
-def runs(
-    contenders: list[tuple[list[str], Path | None]], repeat: int, warm: bool
-) -> list[list[Figures]]:
+Contender = tuple[list[str], Path | None, Path | None]  # argv, its stdout, its tracekit
+
+
+def runs(contenders: list[Contender], repeat: int, warm: bool) -> list[list[Figures]]:
     """Each contender once to warm up (unless not warm), then `repeat` times taking turns."""
     if warm:
-        for argv, stdout in contenders:
-            measure(argv, stdout)
+        for c in contenders:
+            measure(*c)
     done: list[list[Figures]] = [[] for _ in contenders]
     for _ in range(max(repeat, 1)):
-        for (argv, stdout), got in zip(contenders, done, strict=True):
-            got.append(measure(argv, stdout))
+        for c, got in zip(contenders, done, strict=True):
+            got.append(measure(*c))
             os.sync()  # written output goes back to disk now, not under the next contender
     return done
 
 
 @dataclass
 class Row:
-    """One shape's figures."""
+    """One shape's figures with one tracekit source."""
 
     shape: str
+    source: str
     events: int
     ref_events: int
     data_bytes: int
@@ -390,18 +394,23 @@ def reference_events(text: Path) -> int:
         return sum(1 for line in f if not line.startswith((b"cpus=", b"#", b"version =")))
 
 
-def bench(shape: str, root: Path, size: Size, repeat: int, warm: bool) -> Row:
-    """Time trace-cmd report and tracekit on one shape."""
+def bench(
+    shape: str, root: Path, size: Size, repeat: int, warm: bool, sources: dict[str, Path]
+) -> list[Row]:
+    """Time trace-cmd report and each tracekit source on one shape."""
     path = ensure(shape, root, size)
     ref = ensure("sched-mix", root, size) if shape == "rawcap" else path
     text = root / f"{shape}.report.txt"
-    tc, tk = runs(
-        [(["trace-cmd", "report", str(ref)], text),
-         ([sys.executable, "-c", TRACEKIT_CHILD, str(path)], None)],
+    tc, *tks = runs(
+        [(["trace-cmd", "report", str(ref)], text, None)]
+        + [([sys.executable, "-c", TRACEKIT_CHILD, str(path)], None, s) for s in sources.values()],
         repeat, warm,
     )  # fmt: skip
-    events, data_bytes = (int(x) for x in tk[-1][3].split()[-2:])
-    return Row(shape, events, reference_events(text), data_bytes, tc, tk)
+    rows = []
+    for name, tk in zip(sources, tks, strict=True):
+        events, data_bytes = (int(x) for x in tk[-1][3].split()[-2:])
+        rows.append(Row(shape, name, events, reference_events(text), data_bytes, tc, tk))
+    return rows
 
 
 def _spread(values: list[float]) -> str:
@@ -413,9 +422,9 @@ def report(rows: list[Row], baseline: int, repeat: int) -> None:
     """The table of ratios and memory."""
     print(f"medians of {repeat} runs; load average {os.getloadavg()[0]:.2f} "
           f"{os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at the end")  # fmt: skip
-    head = ("shape", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
+    head = ("shape", "tracekit", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
             "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data")  # fmt: skip
-    widths = (10, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
+    widths = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
     print(
         "".join(
             f"{h:>{w}}" if i else f"{h:<{w}}"
@@ -425,7 +434,7 @@ def report(rows: list[Row], baseline: int, repeat: int) -> None:
     for r in rows:
         peak = statistics.median(f[2] for f in r.tk)
         cells = (
-            f"{r.shape:<10}", f"{r.events:>10}", f"{r.ref_events:>10}",
+            f"{r.shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
             f"{r.data_bytes / 1e6:>8.1f}", f"{statistics.median(f[0] for f in r.tc):>8.2f}",
             f"{statistics.median(f[0] for f in r.tk):>8.2f}",
             f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
@@ -445,6 +454,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per contender (medians)")
     ap.add_argument("--quick", action="store_true", help="small traces, one run, no warm-up")
     ap.add_argument("--record-only", action="store_true", help="make the traces, time nothing")
+    ap.add_argument(
+        "--tracekit",
+        action="append",
+        metavar="NAME=DIR",
+        help="time the tracekit package under DIR (repeat for a before/after table, e.g. an "
+        "older commit's tree from git archive); default: this checkout's",
+    )
     args = ap.parse_args()
     if shutil.which("trace-cmd") is None:
         sys.exit("benchmarks/ingest.py needs trace-cmd (apt-get install trace-cmd)")
@@ -455,7 +471,9 @@ def main() -> None:
             print(shape, ensure(shape, root, size))
         return
     repeat = 1 if args.quick else args.repeat
-    rows = [bench(s, root, size, repeat, warm=not args.quick) for s in shapes]
+    sources = {n: Path(d).resolve() for n, _, d in (t.partition("=") for t in args.tracekit or [])}
+    sources = sources or {"this": Path(__file__).resolve().parents[1]}
+    rows = [r for s in shapes for r in bench(s, root, size, repeat, not args.quick, sources)]
     baseline = measure([sys.executable, "-c", BASELINE_CHILD])[2]
     report(rows, baseline, repeat)
 
