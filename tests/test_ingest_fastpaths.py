@@ -84,3 +84,30 @@ def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) 
     rng = np.random.default_rng(3)
     buf, start, count, want = _generated(rng, 3000, 16, 4)
     assert Gatherer(buf, start, count).strings(start, count).to_list() == want
+
+
+def test_keys_sharing_a_slot_are_told_apart_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chars, "SLOT_BITS", 1)  # two slots for forty names
+    rng = np.random.default_rng(4)
+    buf, start, count, want = _generated(rng, 3000, 16, 40, aligned=True)
+    assert Gatherer(buf, start, count).strings(start, count).to_list() == want
+
+
+@pytest.mark.parametrize("nbytes", [4, 8, 12, 16, 56, 128])
+def test_word_gather_reads_each_events_words(nbytes: int) -> None:
+    rng = np.random.default_rng(nbytes)
+    buf = rng.integers(0, 256, 4096).astype(np.uint8)
+    addr = np.sort(rng.integers(0, (4096 - nbytes) // 4 + 1, 500)) * 4
+    got = Gatherer(buf, addr, np.full(500, nbytes))._word_matrix(addr, nbytes)
+    words = buf.view(np.uint32)
+    want = np.stack([words[a // 4 : a // 4 + nbytes // 4] for a in addr])
+    assert got is not None and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("width", [1, 3, 16, 100])
+def test_byte_gather_reads_each_events_bytes(width: int) -> None:
+    rng = np.random.default_rng(width)
+    buf = rng.integers(0, 256, 4099).astype(np.uint8)
+    offset = rng.integers(0, 4099 - width + 1, 500)
+    got = Gatherer(buf, offset, np.full(500, width))._bytes(offset, width)
+    assert np.array_equal(got, np.stack([buf[o : o + width] for o in offset]))

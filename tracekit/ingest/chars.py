@@ -57,18 +57,43 @@ def _deduplicated(words: np.ndarray, decode: Callable[[pl.Series], pl.Series]) -
     """The strings of the words, each distinct row decoded once; None when the rows are too
     varied for that to pay, or when two different rows share a key."""
     n, k = words.shape
-    key = words[:, 0].copy()
+    key = words[:, 0] * MIX
     for j in range(1, k):
-        key ^= words[:, j] * (MIX + np.uint64(2 * j))
+        key ^= words[:, j]
         key *= MIX
-    distinct = np.sort(pl.Series(key).unique().to_numpy())
-    if len(distinct) * DISTINCT_SHARE > n:
+    code, first = _by_slot(key)
+    if not _same_rows(words, first[code]):  # distinct keys in one slot: sort them out
+        code, first = _by_key(key)
+    if len(first) * DISTINCT_SHARE > n or not _same_rows(words, first[code]):
         return None
+    names = decode(pl.Series(np.ascontiguousarray(words[first]).view(f"S{8 * k}").ravel()))
+    return names[code]
+
+
+SLOT_BITS = 18  # 256k slots: a few hundred distinct keys rarely share one
+
+
+def _by_slot(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's code and each code's first row, by the key's top bits: numpy only (a
+    polars unique costs a query per column), exact unless two keys share a slot."""
+    slot = (key >> np.uint64(64 - SLOT_BITS)).astype(np.intp)
+    lut = np.full(1 << SLOT_BITS, -1, dtype=np.int32)
+    lut[slot[::-1]] = np.arange(len(key) - 1, -1, -1, dtype=np.int32)  # first rows win
+    used = np.flatnonzero(lut >= 0)
+    rank = np.zeros(1 << SLOT_BITS, dtype=np.int32)
+    rank[used] = np.arange(len(used), dtype=np.int32)
+    return rank[slot], lut[used].astype(np.int64)
+
+
+def _by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's code and each code's first row, by the whole key."""
+    distinct = np.sort(pl.Series(key).unique().to_numpy())
     code = np.searchsorted(distinct, key)
     first = np.empty(len(distinct), dtype=np.int64)
-    first[code[::-1]] = np.arange(n - 1, -1, -1)  # the last write wins: first occurrences
-    rep = words[first]
-    if not all((words[:, j] == rep[code, j]).all() for j in range(k)):
-        return None  # two different rows share a key
-    names = decode(pl.Series(np.ascontiguousarray(rep).view(f"S{8 * k}").ravel()))
-    return names.gather(code)
+    first[code[::-1]] = np.arange(len(key) - 1, -1, -1)  # the last write wins: first rows
+    return code, first
+
+
+def _same_rows(words: np.ndarray, rep: np.ndarray) -> bool:
+    """Every row equals the row its code stands for."""
+    return all((words[:, j] == words[rep, j]).all() for j in range(words.shape[1]))

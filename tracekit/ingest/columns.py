@@ -12,7 +12,6 @@ import sys
 
 import numpy as np
 import polars as pl
-from numpy.lib.stride_tricks import sliding_window_view
 
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
@@ -90,8 +89,12 @@ class Gatherer:
     def _bytes(self, offset: np.ndarray, width: int) -> np.ndarray:
         """An (events x width) matrix of the bytes at each absolute offset."""
         if len(offset) and int(offset.min()) >= 0 and int(offset.max()) + width <= len(self.buf):
-            # One index per event into a sliding window: no (events x width) index matrix.
-            return sliding_window_view(self.buf, width)[offset]
+            # One index per event into an array of overlapping width-byte items: no (events x
+            # width) index matrix, and each event's bytes copied in one piece.
+            rows = np.ndarray(
+                (len(self.buf) - width + 1,), np.dtype((np.void, width)), self.buf, 0, (1,)
+            )
+            return rows[offset].view(np.uint8).reshape(len(offset), width)
         idx = np.minimum(offset[:, None] + np.arange(width), len(self.buf) - 1)
         return self.buf[idx]
 
@@ -127,8 +130,13 @@ class Gatherer:
         base = addr >> 2
         if nbytes == 4:
             return words[base][:, None]
-        # Each row of the sliding window is nbytes/4 consecutive words: one index per event.
-        return sliding_window_view(words, nbytes // 4)[base]
+        # Row r of this array is the nbytes at word r, as one opaque item: the gather then
+        # copies each event's bytes in one piece (a sliding window of u32 rows, as before,
+        # copies them a word at a time, half as fast on sched-sized events).
+        rows = np.ndarray(
+            (len(words) - nbytes // 4 + 1,), np.dtype((np.void, nbytes)), self.buf, 0, (4,)
+        )
+        return rows[base].view(np.uint32).reshape(len(base), nbytes // 4)
 
     def _from_words(self, addr: np.ndarray, size: int) -> np.ndarray | None:
         """Read little-endian fields through 32-bit words (no per-byte index matrix)."""
