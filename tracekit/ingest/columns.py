@@ -66,13 +66,18 @@ class Gatherer:
 
     def fixed_words(self, rel: int, nbytes: int) -> np.ndarray | None:
         """(events x nbytes/4) words at payload offset rel from the prefetched matrix."""
+        view = self._fixed_view(rel, nbytes)
+        return None if view is None else np.ascontiguousarray(view)
+
+    def _fixed_view(self, rel: int, nbytes: int) -> np.ndarray | None:
+        """The prefetched matrix's columns of payload bytes [rel, rel+nbytes) (a view)."""
         if self.fixed is None or rel % 4 or nbytes % 4:
             return None
         lo, m = self.fixed
         if rel < lo or rel + nbytes > lo + 4 * m.shape[1]:
             return None
         k = (rel - lo) // 4
-        return np.ascontiguousarray(m[:, k : k + nbytes // 4])
+        return m[:, k : k + nbytes // 4]
 
     def _from_fixed(self, rel: int, size: int) -> np.ndarray | None:
         """An unsigned field of `size` bytes from the prefetched matrix (None: not in it)."""
@@ -151,12 +156,13 @@ class Gatherer:
         shifted = self.buf.view(np.uint32)[addr >> 2] >> (lane * 8).astype(np.uint32)
         return (shifted & np.uint32((1 << (8 * size)) - 1)).astype(np.dtype(f"u{size}"))
 
-    def strings(self, start: np.ndarray, count: np.ndarray) -> pl.Series:
-        """NUL-terminated strings of at most `count` bytes at each absolute offset."""
+    def strings(self, start: np.ndarray, count: np.ndarray, rel: int = -1) -> pl.Series:
+        """NUL-terminated strings of at most `count` bytes at each absolute offset (at payload
+        offset `rel` of every event, when it is one: the prefetched words may hold them)."""
         width = int(count.max()) if len(count) else 0
         if width == 0:
             return pl.Series([""] * len(start), dtype=pl.String)
-        words = self._string_words(start, count, width) if width <= WORDS_MAX else None
+        words = self._string_words(start, count, width, rel) if width <= WORDS_MAX else None
         if words is not None:  # short strings (task and irq names): tracekit/ingest/chars.py
             return string_column(words, _decode)
         raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
@@ -165,12 +171,16 @@ class Gatherer:
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
 
-    def _string_words(self, start: np.ndarray, count: np.ndarray, width: int) -> np.ndarray | None:
+    def _string_words(
+        self, start: np.ndarray, count: np.ndarray, width: int, rel: int
+    ) -> np.ndarray | None:
         """(events x ceil(width/8)) u64 words of each string's bytes, those at or past its
         count set to 0; None where they cannot be read so (the caller's byte path then)."""
         if sys.byteorder != "little" or self.endian != "<":
             return None
-        m = self._word_matrix(start, -(-width // 4) * 4)  # aligned starts: a word per read
+        m = self._fixed_view(rel, -(-width // 4) * 4) if rel >= 0 else None
+        if m is None:  # not prefetched; aligned starts: a word per read
+            m = self._word_matrix(start, -(-width // 4) * 4)
         if m is None:
             if int(start.min()) < 0 or int(start.max()) + width > len(self.buf):
                 return None
@@ -240,7 +250,7 @@ def _field_values(
     if k == Kind.CONST_STR:
         return _resolve(g.ints(spec.offset, spec.size, False), printk)
     if k == Kind.CHARS:
-        return g.strings(g.payload + spec.offset, np.full(len(g.payload), spec.size))
+        return g.strings(g.payload + spec.offset, np.full(len(g.payload), spec.size), spec.offset)
     if k in (Kind.TAIL_STR, Kind.TAIL_ARRAY):
         rest = np.maximum(g.length - spec.offset, 0)
         if k == Kind.TAIL_STR:
@@ -276,19 +286,24 @@ def common_columns(g: Gatherer, fmt: EventFormat) -> dict[str, np.ndarray]:
     return out
 
 
-FIXED_KINDS = (Kind.INT, Kind.POINTER, Kind.BOOL, Kind.CONST_STR, Kind.INT_ARRAY)
+# char[N] too: sched_switch's comms sit between its integers, so one gather reads all.
+FIXED_KINDS = (Kind.INT, Kind.POINTER, Kind.BOOL, Kind.CONST_STR, Kind.INT_ARRAY, Kind.CHARS)
 PREFETCH_MAX = 128  # bytes: a wider span would mostly gather bytes no field uses
 
 
 def fixed_span(fmt: EventFormat) -> tuple[int, int] | None:
-    """The payload bytes holding the format's fixed-size integer fields, when there are
-    at least two (else a prefetch saves nothing)."""
-    specs = [s for s in fmt.own if s.kind in FIXED_KINDS and s.size > 0]
-    if len(specs) < 2:
-        return None
-    lo = min(s.offset for s in specs)
-    hi = max(s.offset + s.size for s in specs)
-    return (lo, hi) if hi - lo <= PREFETCH_MAX else None
+    """The payload bytes holding the format's fixed-size fields (its char arrays left out
+    when they would make it too wide), when there are at least two (else a prefetch saves
+    nothing)."""
+    for kinds in (FIXED_KINDS, FIXED_KINDS[:-1]):
+        specs = [s for s in fmt.own if s.kind in kinds and s.size > 0]
+        if len(specs) < 2:
+            continue
+        lo = min(s.offset for s in specs)
+        hi = max(s.offset + s.size for s in specs)
+        if hi - lo <= PREFETCH_MAX:
+            return lo, hi
+    return None
 
 
 STANDARD_COMMON = (
