@@ -54,7 +54,7 @@ from pathlib import Path
 
 TRACEFS = Path("/sys/kernel/tracing")
 INSTANCE = "tk-ingest-bench"
-SHAPES = ("v6", "v7-zstd", "sched-mix", "large", "rawcap", "funcgraph")
+SHAPES = ("sched-mix", "v7-zstd", "v6", "large", "rawcap", "funcgraph")  # the issue's first
 
 
 @dataclass
@@ -68,8 +68,9 @@ class Size:
     graph_events: int  # per CPU, generated
 
 
-FULL = Size(buffer_kb=48 * 1024, dd_bytes=2_500_000, pipe_loops=250_000, seconds=5.0,
-            graph_events=1_500_000)  # fmt: skip
+# Full: a few million events per shape, as users record them (the issue's trace: 4.19 M).
+FULL = Size(buffer_kb=96 * 1024, dd_bytes=2_500_000, pipe_loops=500_000, seconds=8.0,
+            graph_events=2_000_000)  # fmt: skip
 QUICK = Size(buffer_kb=1024, dd_bytes=20_000, pipe_loops=3_000, seconds=0.2, graph_events=20_000)
 
 
@@ -134,6 +135,7 @@ def _sched_mix(size: Size) -> None:
     end = time.monotonic() + size.seconds
     while time.monotonic() < end and pipe.poll() is None:
         time.sleep(50e-6)
+    pipe.terminate()  # the recording lasts `seconds` (or until the buffer is full)
     pipe.wait()
 
 
@@ -154,6 +156,7 @@ def _large(inst: Path, size: Size) -> None:
             n += 1
     finally:
         os.close(fd)
+        pipe.terminate()
         pipe.wait()
 
 
@@ -418,33 +421,43 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):5.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def report(rows: list[Row], baseline: int, repeat: int) -> None:
-    """The table of ratios and memory."""
-    print(f"medians of {repeat} runs; load average {os.getloadavg()[0]:.2f} "
-          f"{os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} at the end")  # fmt: skip
-    head = ("shape", "tracekit", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
-            "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data")  # fmt: skip
-    widths = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
-    print(
-        "".join(
-            f"{h:>{w}}" if i else f"{h:<{w}}"
-            for i, (h, w) in enumerate(zip(head, widths, strict=True))
-        )
-    )
-    for r in rows:
-        peak = statistics.median(f[2] for f in r.tk)
-        cells = (
-            f"{r.shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
-            f"{r.data_bytes / 1e6:>8.1f}", f"{statistics.median(f[0] for f in r.tc):>8.2f}",
-            f"{statistics.median(f[0] for f in r.tk):>8.2f}",
-            f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
-            f"{_spread(r.ratios(1)):>18}", f"{peak / 1e6:>8.0f}",
-            f"{peak / max(r.data_bytes, 1):>10.2f}",
-        )  # fmt: skip
-        print("".join(cells))
+HEAD = ("shape", "tracekit", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
+        "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data")  # fmt: skip
+WIDTHS = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
+
+
+def header(repeat: int) -> None:
+    """The table's head (rows follow shape by shape, as they are measured)."""
+    print(f"medians of {repeat} runs; load average {_load()} at the start")
+    cells = zip(HEAD, WIDTHS, strict=True)
+    print("".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, w) in enumerate(cells)), flush=True)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_row(r: Row) -> None:
+    """One shape's figures with one tracekit source."""
+    peak = statistics.median(f[2] for f in r.tk)
+    cells = (
+        f"{r.shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
+        f"{r.data_bytes / 1e6:>8.1f}", f"{statistics.median(f[0] for f in r.tc):>8.2f}",
+        f"{statistics.median(f[0] for f in r.tk):>8.2f}",
+        f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
+        f"{_spread(r.ratios(1)):>18}", f"{peak / 1e6:>8.0f}",
+        f"{peak / max(r.data_bytes, 1):>10.2f}",
+    )  # fmt: skip
+    print("".join(cells), flush=True)
+
+
+def footer(baseline: int) -> None:
+    """What the columns mean, the interpreter's own memory, the load at the end."""
     print(f"baseline RSS (a process that only imports tracekit, polars): {baseline / 1e6:.0f} MB")
-    print("ref ev: trace-cmd report's event lines (a leaf call's entry+exit is one line; "
-          "rawcap: the sched-mix file's)")  # fmt: skip
+    print("ref ev: trace-cmd report's event lines (a leaf call's entry+exit is one line, a "
+          "kernel stack several; rawcap: the sched-mix file's)")  # fmt: skip
+    print(f"load average at the end: {_load()}")
 
 
 def main() -> None:
@@ -473,9 +486,11 @@ def main() -> None:
     repeat = 1 if args.quick else args.repeat
     sources = {n: Path(d).resolve() for n, _, d in (t.partition("=") for t in args.tracekit or [])}
     sources = sources or {"this": Path(__file__).resolve().parents[1]}
-    rows = [r for s in shapes for r in bench(s, root, size, repeat, not args.quick, sources)]
-    baseline = measure([sys.executable, "-c", BASELINE_CHILD])[2]
-    report(rows, baseline, repeat)
+    header(repeat)
+    for shape in shapes:
+        for row in bench(shape, root, size, repeat, not args.quick, sources):
+            print_row(row)
+    footer(measure([sys.executable, "-c", BASELINE_CHILD])[2])
 
 
 if __name__ == "__main__":
