@@ -69,7 +69,7 @@ def _generated(
     return buf, start, count, want
 
 
-@pytest.mark.parametrize("width", [1, 7, 8, 13, 16, 20, 64])
+@pytest.mark.parametrize("width", [1, 7, 8, 13, 16, 20, 64, 65, 300])  # past 64: bytes
 @pytest.mark.parametrize("names", [3, 5000])  # deduplicated, and too varied for it
 @pytest.mark.parametrize("aligned", [True, False])  # read as words, or as bytes
 def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool) -> None:

@@ -166,8 +166,11 @@ class Gatherer:
         if words is not None:  # short strings (task and irq names): tracekit/ingest/chars.py
             return string_column(words, _decode)
         raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
-        raw[np.arange(width)[None, :] >= count[:, None]] = 0
-        raw[np.logical_or.accumulate(raw == 0, axis=1)] = 0  # everything after the first NUL
+        nul = raw == 0
+        first = nul.argmax(axis=1)  # the first NUL of each row; 0 also when there is none
+        first[~nul[np.arange(len(raw)), first]] = width
+        del nul
+        raw *= np.arange(width)[None, :] < np.minimum(first, count)[:, None]  # from it on: 0
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
 
