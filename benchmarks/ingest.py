@@ -350,6 +350,8 @@ def measure(argv: list[str], stdout: Path | None = None, source: Path | None = N
     return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, err
 
 
+# Children run with -P: without it `python -c` puts the working directory first on
+# sys.path, and a checkout there would shadow the tracekit given by PYTHONPATH.
 TRACEKIT_CHILD = (
     "import sys, tracekit; t = tracekit.open(sys.argv[1], use_cache=False); "
     "print(t.events.height, t.meta.get('cpu_bytes', 0), file=sys.stderr)"
@@ -404,9 +406,10 @@ def bench(
     path = ensure(shape, root, size)
     ref = ensure("sched-mix", root, size) if shape == "rawcap" else path
     text = root / f"{shape}.report.txt"
+    child = [sys.executable, "-P", "-c", TRACEKIT_CHILD, str(path)]
     tc, *tks = runs(
         [(["trace-cmd", "report", str(ref)], text, None)]
-        + [([sys.executable, "-c", TRACEKIT_CHILD, str(path)], None, s) for s in sources.values()],
+        + [(child, None, source) for source in sources.values()],
         repeat, warm,
     )  # fmt: skip
     rows = []
@@ -490,7 +493,7 @@ def main() -> None:
     for shape in shapes:
         for row in bench(shape, root, size, repeat, not args.quick, sources):
             print_row(row)
-    footer(measure([sys.executable, "-c", BASELINE_CHILD])[2])
+    footer(measure([sys.executable, "-P", "-c", BASELINE_CHILD])[2])
 
 
 if __name__ == "__main__":
