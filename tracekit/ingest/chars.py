@@ -2,11 +2,13 @@
 
 sched_switch, sched_waking, sched_stat_runtime and their kin carry one or two 16-byte
 comms per event (`char comm[16]` or a `__data_loc char[]`), so on a sched-heavy trace
-these columns are most of the decode. Their values repeat (a few
-hundred tasks for millions of events), so each row's bytes, cut at the first NUL, are
-read as 64-bit words, a row's words hashed to one key, and only the distinct rows are
-turned into strings, then gathered per row. A key shared by two different rows (a hash
-collision) is detected, never trusted: the caller then decodes every row.
+these columns are most of the decode. Their values repeat (a few hundred tasks for
+millions of events), so each row's bytes, cut at the first NUL, are read as 64-bit
+words, a row's words mixed into one key, rows grouped by the key's top bits, and only
+one row of each group turned into a string, then gathered per row. Every row is then
+checked against the row standing for it: keys sharing a slot are told apart by the
+whole key, and whole keys shared by different rows (a collision) make the caller
+decode every row. Nothing is trusted unchecked.
 """
 
 from __future__ import annotations
