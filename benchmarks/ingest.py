@@ -1,89 +1,348 @@
 #!/usr/bin/env python3
-"""Ingest benchmark: trace-cmd report vs tracekit binary ingest vs tracekit text ingest.
+"""Ingest benchmark: tracekit's binary ingest vs `trace-cmd report`, on several shapes.
 
-Records a large real trace on this machine's tracefs (an instance of its own with
-syscall, sched, timer and irq events and a big buffer, then `trace-cmd extract`; run
-as root), or uses the trace.dat given with --dat. Each contender runs in its own
-process so that its peak memory (ru_maxrss) is its own: once to warm up, then --repeat
-times, the contenders taking turns (a shared machine's speed drifts, and memory a VM
-touches first costs more); the figures are the medians. Prints events per second (wall
-clock: what a user waits; tracekit uses every core, trace-cmd one) and per CPU second
-(the work done, whatever the cores), the ratio to trace-cmd on both, peak RSS, and the
-binary ingest's peak RSS over the ring-buffer data with and without the fixed cost of
-the interpreter and its libraries (RSS of a process that only imports tracekit and
-polars): the target is on the plain ratio, the other shows what grows with the trace.
-Data goes under $TRACEKIT_CACHE or ~/.cache/tracekit/bench, never into the repo.
+Each shape is a trace recorded on this machine or generated here, cached under
+$TRACEKIT_CACHE or ~/.cache/tracekit/bench (never in the repo), and timed against
+`trace-cmd report` on the same file:
 
-    python3 benchmarks/ingest.py [--dat FILE] [--buffer-mb 160] [--seconds 8] [--repeat 3]
+- v6: `dd bs=1` x2 (raw_syscalls, sched, timer, irq) into an instance of its own,
+  `trace-cmd extract`, then `trace-cmd convert --file-version 6` (uncompressed).
+- v7-zstd: the same recording as extracted: trace.dat v7, zstd (trace-cmd's default).
+- sched-mix: `perf bench sched pipe` beside a 50 us sleep loop (sched, irq, timer, tlb:
+  many small events), extracted (v7 zstd).
+- large: 2 KB trace_marker writes beside context switches with the stacktrace option
+  (print, kernel_stack, sched_switch: a few large event types), extracted (v7 zstd).
+- rawcap: the sched-mix workload captured by tracekit.host.rawcapture
+  (docs/raw-capture.md). trace-cmd cannot read it, so its reference is `trace-cmd
+  report` on the sched-mix file, compared per event; its own text (the instance's
+  `trace` file, read before the capture) is kept beside it (rawcap.txt).
+- funcgraph: generated. This kernel has no function_graph tracer, so a trace.dat v6 is
+  written here with this machine's header_page, ftrace formats and kallsyms and per-CPU
+  pages of funcgraph_entry/exit records (nested calls of real kernel text symbols, 60%
+  leaves, whose entry and exit trace-cmd prints as one line).
 
---seconds is the workload size: millions of bytes copied by each of two 1-byte `dd`s.
-The defaults fill the buffers (about 6.5 million events, 320 MB of ring buffer on this
-2-CPU machine; the rest are counted as dropped), so that the fixed cost of the
-interpreter and libraries is a small share of the peak memory.
+Recording needs root and tracefs; `trace-cmd record` does not work on this machine,
+`extract` does. Each contender runs in its own process so that its peak memory
+(ru_maxrss) is its own: once to warm up, then --repeat times taking turns (a shared
+machine's speed drifts); the figures are medians, and the spread (min-max of the ratio)
+is printed. The ratio is trace-cmd's time over tracekit's per event (the same as wall
+over wall where both read the same file), in wall time (what a user waits; tracekit
+uses every core, trace-cmd one) and CPU time (the work). Peak RSS is set against the
+trace's decompressed ring-buffer data.
+
+    python3 benchmarks/ingest.py [--shape NAME ...] [--repeat 3] [--quick] [--record-only]
+
+--quick makes small traces (a smoke test: no warm-up, one run) in their own cache
+directory. Run timings under the shared lock (flock /work/locks/vhost.lock ...) so that
+they do not overlap a boot; --record-only makes the traces first, outside the lock.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 TRACEFS = Path("/sys/kernel/tracing")
 INSTANCE = "tk-ingest-bench"
+SHAPES = ("sched-mix", "v7-zstd", "v6", "large", "rawcap", "funcgraph")  # the issue's first
 
 
-def cache_root() -> Path:
-    """Where big benchmark files go."""
+@dataclass
+class Size:
+    """How big the recordings are (full or quick)."""
+
+    buffer_kb: int  # per CPU
+    dd_bytes: int  # per dd, for the syscall recording
+    pipe_loops: int  # perf bench sched pipe loops
+    seconds: float  # sleep loop / marker loop duration
+    graph_events: int  # per CPU, generated
+
+
+# Full: a few million events per shape, as users record them (the issue's trace: 4.19 M).
+FULL = Size(buffer_kb=96 * 1024, dd_bytes=2_500_000, pipe_loops=500_000, seconds=8.0,
+            graph_events=2_000_000)  # fmt: skip
+QUICK = Size(buffer_kb=1024, dd_bytes=20_000, pipe_loops=3_000, seconds=0.2, graph_events=20_000)
+
+
+def cache_root(quick: bool) -> Path:
+    """Where the benchmark's traces go (quick ones apart)."""
     base = os.environ.get("TRACEKIT_CACHE") or str(Path.home() / ".cache" / "tracekit")
-    out = Path(base) / "bench"
+    out = Path(base) / "bench" / ("quick" if quick else "full")
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-def record(out: Path, buffer_mb: int, seconds: float) -> None:
-    """Fill an instance's buffer with function-tracer events, then trace-cmd extract it."""
+# -- recording ---------------------------------------------------------------------------
+def _instance(events: list[str], buffer_kb: int, options: dict[str, str]) -> Path:
+    """A fresh instance of its own with these events and options, not yet tracing."""
     inst = TRACEFS / "instances" / INSTANCE
     if inst.exists():
         inst.rmdir()
     inst.mkdir()
+    (inst / "buffer_size_kb").write_text(str(buffer_kb))
+    (inst / "options" / "overwrite").write_text("0")  # stop when full: no overruns
+    for name, value in options.items():
+        (inst / "options" / name).write_text(value)
+    for spec in events:
+        (inst / "events" / spec / "enable").write_text("1")
+    return inst
+
+
+def _traced(inst: Path, workload: Callable[[], None]) -> None:
+    """Run the workload with the instance tracing (the instance goes if it fails)."""
+    (inst / "tracing_on").write_text("1")
     try:
-        (inst / "buffer_size_kb").write_text(str(buffer_mb * 1024))
-        (inst / "options" / "overwrite").write_text("0")  # stop when full: no overruns
-        for system in ("raw_syscalls", "sched", "timer", "irq"):
-            (inst / "events" / system / "enable").write_text("1")
-        (inst / "tracing_on").write_text("1")
-        # dd with 1-byte blocks: two syscalls (four events) per byte, on both CPUs.
-        dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", f"count={int(seconds * 1e6)}"]
-        procs = [subprocess.Popen(dd, stderr=subprocess.DEVNULL) for _ in range(2)]
-        for p in procs:
-            p.wait()
+        workload()
+    except BaseException:
         (inst / "tracing_on").write_text("0")
+        inst.rmdir()
+        raise
+    (inst / "tracing_on").write_text("0")
+
+
+def _extract(inst: Path, out: Path) -> None:
+    """trace-cmd extract the instance into out, then remove the instance."""
+    try:
         subprocess.run(["trace-cmd", "extract", "-B", INSTANCE, "-o", str(out)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     finally:
         if inst.exists():
-            (inst / "tracing_on").write_text("0")
             inst.rmdir()
 
 
-def measure(argv: list[str], stdout: Path | None = None) -> tuple[float, float, int, str]:
-    """Run argv; return (wall seconds, CPU seconds, peak RSS in bytes, its stderr).
+def _dd(size: Size) -> None:
+    """Two `dd bs=1`: two syscalls (four raw_syscalls events) per byte, on both CPUs."""
+    dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=1", f"count={size.dd_bytes}"]
+    procs = [subprocess.Popen(dd, stderr=subprocess.DEVNULL) for _ in range(2)]
+    for p in procs:
+        p.wait()
 
-    Both times are kept: wall time is what a user waits (and what using both cores
-    buys), CPU time (user + system) the work done, which moves less with whatever else
-    this shared machine runs.
-    """
+
+def _sched_mix(size: Size) -> None:
+    """Context switches (perf bench sched pipe) beside a 50 us sleep loop (hrtimers)."""
+    pipe = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", str(size.pipe_loops)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    end = time.monotonic() + size.seconds
+    while time.monotonic() < end and pipe.poll() is None:
+        time.sleep(50e-6)
+    pipe.terminate()  # the recording lasts `seconds` (or until the buffer is full)
+    pipe.wait()
+
+
+def _large(inst: Path, size: Size) -> None:
+    """2 KB marker writes beside context switches (each with a kernel stack)."""
+    pipe = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", str(size.pipe_loops // 4)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    text = ("tracekit-bench " * 140)[:2000]
+    end = time.monotonic() + size.seconds
+    fd = os.open(inst / "trace_marker", os.O_WRONLY)  # no O_TRUNC: tracefs refuses it
+    try:
+        n = 0
+        while time.monotonic() < end:
+            try:
+                os.write(fd, f"{n} {text}".encode())
+            except OSError:  # EBADF: the buffer is full (the kernel reserves no room)
+                break
+            n += 1
+    finally:
+        os.close(fd)
+        pipe.terminate()
+        pipe.wait()
+
+
+SCHED_MIX_EVENTS = ["sched", "irq", "timer", "tlb"]
+
+
+def record_syscalls(root: Path, size: Size) -> None:
+    """v7-zstd (as extracted) and v6 (converted) of one dd recording."""
+    inst = _instance(["raw_syscalls", "sched", "timer", "irq"], size.buffer_kb, {})
+    _traced(inst, lambda: _dd(size))
+    _extract(inst, root / "v7-zstd.dat")
+    subprocess.run(["trace-cmd", "convert", "--file-version", "6", "-i", str(root / "v7-zstd.dat"),
+                    "-o", str(root / "v6.dat")], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def record_sched_mix(root: Path, size: Size) -> None:
+    """The sched/irq/timer/tlb mix, extracted."""
+    inst = _instance(SCHED_MIX_EVENTS, size.buffer_kb, {})
+    _traced(inst, lambda: _sched_mix(size))
+    _extract(inst, root / "sched-mix.dat")
+
+
+def record_large(root: Path, size: Size) -> None:
+    """print, kernel_stack and sched_switch, extracted."""
+    inst = _instance(["sched/sched_switch"], size.buffer_kb, {"stacktrace": "1"})
+    _traced(inst, lambda: _large(inst, size))
+    _extract(inst, root / "large.dat")
+
+
+def record_rawcap(root: Path, size: Size) -> None:
+    """The sched-mix workload as a tracekit raw capture, and its own text beside it."""
+    from tracekit.host.cleanup import CleanupStack
+    from tracekit.host.instance import Instance
+    from tracekit.host.rawcapture import RawCapture
+    from tracekit.host.tracefs import Tracefs
+
+    out = root / "rawcap"
+    if out.exists():
+        shutil.rmtree(out)
+    with CleanupStack() as stack:
+        instance = Instance.create(Tracefs.open(stack))
+        instance.set_buffer_size_kb(size.buffer_kb)
+        instance.set_trace_clock()
+        instance.record_task_names()
+        instance.enable_events(SCHED_MIX_EVENTS)
+        capture = RawCapture(instance, out)
+        capture.start()
+        instance.start()
+        _sched_mix(size)
+        instance.stop()
+        with open(instance.path / "trace", "rb") as src, open(root / "rawcap.txt", "wb") as dst:
+            shutil.copyfileobj(src, dst)  # the text first: the capture consumes the pages
+        capture.finish()
+
+
+# -- the generated function_graph trace ----------------------------------------------------
+def _fmt_id(text: str) -> int:
+    """The ID: line of a format file."""
+    return int(next(line for line in text.splitlines() if line.startswith("ID:")).split()[1])
+
+
+def _text_symbols(kallsyms: bytes) -> list[int]:
+    """Addresses of kernel text symbols (t/T) of the kernel proper."""
+    out = []
+    for line in kallsyms.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in (b"t", b"T") and int(parts[0], 16):
+            out.append(int(parts[0], 16))
+    return out[: 1 << 16]
+
+
+def _graph_records(n: int, pid: int, funcs: list[int], ids: tuple[int, int],
+                   rng: random.Random) -> list[tuple[int, bytes]]:  # fmt: skip
+    """n funcgraph records of one task: (time delta, payload), nested calls, depth < 12."""
+    entry_id, exit_id = ids
+    out: list[tuple[int, bytes]] = []
+    stack: list[tuple[int, int]] = []  # (func, calltime)
+    now = 1_000_000
+    while len(out) < n:
+        now += rng.randint(80, 900)
+        if stack and (len(stack) >= 12 or rng.random() < 0.45):
+            func, called = stack.pop()
+            body = struct.pack("<HBBiQIIQQ", exit_id, 1, 0, pid, func, len(stack), 0, called, now)
+            out.append((now, body))
+            continue
+        func = rng.choice(funcs)
+        out.append((now, struct.pack("<HBBiQII", entry_id, 1, 0, pid, func, len(stack), 0)))
+        if rng.random() < 0.6:  # a leaf: its exit follows at once (one line in the report)
+            now += rng.randint(80, 400)
+            body = struct.pack(
+                "<HBBiQIIQQ", exit_id, 1, 0, pid, func, len(stack), 0, now - 200, now
+            )
+            out.append((now, body))
+        else:
+            stack.append((func, now))
+    return out
+
+
+def _pages(records: list[tuple[int, bytes]], page_size: int) -> bytes:
+    """Ring-buffer pages (8-byte stamp, 8-byte commit, data) holding the records in order."""
+    pages: list[bytes] = []
+    i = 0
+    while i < len(records):
+        page_ts, last, body = records[i][0], records[i][0], bytearray()
+        while i < len(records) and 16 + len(body) + 4 + len(records[i][1]) <= page_size:
+            ts, payload = records[i]
+            body += struct.pack("<I", ((ts - last) << 5) | (len(payload) // 4)) + payload
+            last, i = ts, i + 1
+        pages.append(struct.pack("<QQ", page_ts, len(body)) + body.ljust(page_size - 16, b"\0"))
+    return b"".join(pages)
+
+
+def _section(data: bytes, size_fmt: str) -> bytes:
+    """A size-prefixed block of a trace.dat v6."""
+    return struct.pack("<" + size_fmt, len(data)) + data
+
+
+def generate_funcgraph(root: Path, size: Size) -> None:
+    """A trace.dat v6 of generated funcgraph_entry/exit pages on two CPUs (see module doc)."""
+    events = TRACEFS / "events"
+    ftrace = sorted(p for p in (events / "ftrace").iterdir() if (p / "format").exists())
+    formats = {p.name: (p / "format").read_bytes() for p in ftrace}
+    ids = (
+        _fmt_id(formats["funcgraph_entry"].decode()),
+        _fmt_id(formats["funcgraph_exit"].decode()),
+    )
+    kallsyms = Path("/proc/kallsyms").read_bytes()
+    funcs = _text_symbols(kallsyms)
+    if not funcs:
+        sys.exit("benchmarks/ingest.py: /proc/kallsyms shows no addresses (run as root)")
+    rng = random.Random(23)
+    cpu_pages = [_pages(_graph_records(size.graph_events, 4000 + c, funcs, ids, rng), 4096)
+                 for c in range(2)]  # fmt: skip
+    head = b"\x17\x08\x44tracing6\0" + bytes([0, 8]) + struct.pack("<I", 4096)
+    head += b"header_page\0" + _section((events / "header_page").read_bytes(), "Q")
+    head += b"header_event\0" + _section((events / "header_event").read_bytes(), "Q")
+    head += struct.pack("<I", len(formats)) + b"".join(_section(f, "Q") for f in formats.values())
+    head += struct.pack("<I", 0)  # no other event systems
+    head += _section(kallsyms, "I") + _section(b"", "I")  # kallsyms, printk formats
+    head += _section(b"4000 bench-graph\n4001 bench-graph\n", "Q")
+    head += struct.pack("<I", 2) + b"options  \0" + struct.pack("<H", 0) + b"flyrecord\0"
+    data_at = -(-(len(head) + 32) // 4096) * 4096
+    table, at = b"", data_at
+    for pages in cpu_pages:
+        table += struct.pack("<QQ", at, len(pages))
+        at += len(pages)
+    out = root / "funcgraph.dat"
+    out.write_bytes((head + table).ljust(data_at, b"\0") + b"".join(cpu_pages))
+
+
+MAKERS: dict[str, tuple[str, Callable[[Path, Size], None]]] = {
+    "v6": ("v6.dat", record_syscalls),
+    "v7-zstd": ("v7-zstd.dat", record_syscalls),
+    "sched-mix": ("sched-mix.dat", record_sched_mix),
+    "large": ("large.dat", record_large),
+    "rawcap": ("rawcap", record_rawcap),
+    "funcgraph": ("funcgraph.dat", generate_funcgraph),
+}
+
+
+def ensure(shape: str, root: Path, size: Size) -> Path:
+    """The shape's trace, made if the cache does not hold it."""
+    name, make = MAKERS[shape]
+    path = root / name
+    if not path.exists() or (shape == "rawcap" and not (path / "capture.json").exists()):
+        if os.geteuid() != 0 and shape != "funcgraph":
+            sys.exit(f"benchmarks/ingest.py: recording {shape} needs root (tracefs)")
+        make(root, size)
+    return path
+
+
+# -- measuring -------------------------------------------------------------------------------
+Figures = tuple[float, float, int, str]
+
+
+def measure(argv: list[str], stdout: Path | None = None, source: Path | None = None) -> Figures:
+    """Run argv (with `source` first on PYTHONPATH); return (wall seconds, CPU seconds, peak
+    RSS in bytes, its stderr)."""
     out = open(stdout, "w") if stdout else subprocess.DEVNULL  # noqa: SIM115
+    env = dict(os.environ, PYTHONPATH=str(source)) if source else None
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
+    err = proc.stderr.read() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    err = proc.stderr.read() if proc.stderr else ""
     if stdout:
         out.close()  # type: ignore[union-attr]
     if os.waitstatus_to_exitcode(status) != 0:
@@ -91,98 +350,150 @@ def measure(argv: list[str], stdout: Path | None = None) -> tuple[float, float, 
     return elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, err
 
 
-BASELINE_CHILD = "import tracekit, polars"
-
+# Children run with -P: without it `python -c` puts the working directory first on
+# sys.path, and a checkout there would shadow the tracekit given by PYTHONPATH.
 TRACEKIT_CHILD = (
     "import sys, tracekit; t = tracekit.open(sys.argv[1], use_cache=False); "
     "print(t.events.height, t.meta.get('cpu_bytes', 0), file=sys.stderr)"
 )
+BASELINE_CHILD = "import tracekit, polars"
 
 
-Figures = tuple[float, float, int, str]
+Contender = tuple[list[str], Path | None, Path | None]  # argv, its stdout, its tracekit
 
 
-def medians(contenders: list[tuple[list[str], Path | None]], repeat: int) -> list[Figures]:
-    """measure() each contender once to warm up, then `repeat` times taking turns, so that a
-    machine whose speed drifts (shared, throttled) slows every contender alike; per
-    contender the median wall, CPU and peak RSS (and the last run's stderr).
-
-    In order: the text contender reads what trace-cmd report (the first) wrote.
-    """
-    for argv, stdout in contenders:  # one warm-up each, not counted: caches, first touch
-        measure(argv, stdout)
-    runs: list[list[Figures]] = [[] for _ in contenders]
+def runs(contenders: list[Contender], repeat: int, warm: bool) -> list[list[Figures]]:
+    """Each contender once to warm up (unless not warm), then `repeat` times taking turns."""
+    if warm:
+        for c in contenders:
+            measure(*c)
+    done: list[list[Figures]] = [[] for _ in contenders]
     for _ in range(max(repeat, 1)):
-        for (argv, stdout), done in zip(contenders, runs, strict=True):
-            done.append(measure(argv, stdout))
+        for c, got in zip(contenders, done, strict=True):
+            got.append(measure(*c))
             os.sync()  # written output goes back to disk now, not under the next contender
-    return [
-        (
-            statistics.median(r[0] for r in done),
-            statistics.median(r[1] for r in done),
-            int(statistics.median(r[2] for r in done)),
-            done[-1][3],
-        )
-        for done in runs
-    ]
+    return done
+
+
+@dataclass
+class Row:
+    """One shape's figures with one tracekit source."""
+
+    shape: str
+    source: str
+    events: int
+    ref_events: int
+    data_bytes: int
+    tc: list[Figures]
+    tk: list[Figures]
+
+    def ratios(self, k: int) -> list[float]:
+        """Per run pair, trace-cmd's time per event over tracekit's (k: 0 wall, 1 CPU)."""
+        return [(a[k] / self.ref_events) / (b[k] / self.events)
+                for a, b in zip(self.tc, self.tk, strict=True)]  # fmt: skip
+
+
+def reference_events(text: Path) -> int:
+    """Lines of trace-cmd report's output that are events (not its cpus= header)."""
+    with open(text, "rb") as f:
+        return sum(1 for line in f if not line.startswith((b"cpus=", b"#", b"version =")))
+
+
+def bench(
+    shape: str, root: Path, size: Size, repeat: int, warm: bool, sources: dict[str, Path]
+) -> list[Row]:
+    """Time trace-cmd report and each tracekit source on one shape."""
+    path = ensure(shape, root, size)
+    ref = ensure("sched-mix", root, size) if shape == "rawcap" else path
+    text = root / f"{shape}.report.txt"
+    child = [sys.executable, "-P", "-c", TRACEKIT_CHILD, str(path)]
+    tc, *tks = runs(
+        [(["trace-cmd", "report", str(ref)], text, None)]
+        + [(child, None, source) for source in sources.values()],
+        repeat, warm,
+    )  # fmt: skip
+    rows = []
+    for name, tk in zip(sources, tks, strict=True):
+        events, data_bytes = (int(x) for x in tk[-1][3].split()[-2:])
+        rows.append(Row(shape, name, events, reference_events(text), data_bytes, tc, tk))
+    return rows
+
+
+def _spread(values: list[float]) -> str:
+    """median (min-max)."""
+    return f"{statistics.median(values):5.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+HEAD = ("shape", "tracekit", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
+        "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data")  # fmt: skip
+WIDTHS = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
+
+
+def header(repeat: int) -> None:
+    """The table's head (rows follow shape by shape, as they are measured)."""
+    print(f"medians of {repeat} runs; load average {_load()} at the start")
+    cells = zip(HEAD, WIDTHS, strict=True)
+    print("".join(f"{h:>{w}}" if i else f"{h:<{w}}" for i, (h, w) in enumerate(cells)), flush=True)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_row(r: Row) -> None:
+    """One shape's figures with one tracekit source."""
+    peak = statistics.median(f[2] for f in r.tk)
+    cells = (
+        f"{r.shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
+        f"{r.data_bytes / 1e6:>8.1f}", f"{statistics.median(f[0] for f in r.tc):>8.2f}",
+        f"{statistics.median(f[0] for f in r.tk):>8.2f}",
+        f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
+        f"{_spread(r.ratios(1)):>18}", f"{peak / 1e6:>8.0f}",
+        f"{peak / max(r.data_bytes, 1):>10.2f}",
+    )  # fmt: skip
+    print("".join(cells), flush=True)
+
+
+def footer(baseline: int) -> None:
+    """What the columns mean, the interpreter's own memory, the load at the end."""
+    print(f"baseline RSS (a process that only imports tracekit, polars): {baseline / 1e6:.0f} MB")
+    print("ref ev: trace-cmd report's event lines (a leaf call's entry+exit is one line, a "
+          "kernel stack several; rawcap: the sched-mix file's)")  # fmt: skip
+    print(f"load average at the end: {_load()}")
 
 
 def main() -> None:
-    """Record (or take) a trace, run the three contenders, print the figures."""
+    """Make (or take from the cache) each shape, time both readers, print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dat", type=Path, help="use this trace.dat instead of recording one")
-    ap.add_argument("--buffer-mb", type=int, default=160, help="per-CPU buffer when recording")
-    ap.add_argument(
-        "--seconds",
-        type=float,
-        default=8.0,
-        help="workload size when recording (millions of dd bytes)",
-    )
+    ap.add_argument("--shape", action="append", choices=SHAPES, help="default: every shape")
     ap.add_argument("--repeat", type=int, default=3, help="runs per contender (medians)")
+    ap.add_argument("--quick", action="store_true", help="small traces, one run, no warm-up")
+    ap.add_argument("--record-only", action="store_true", help="make the traces, time nothing")
+    ap.add_argument(
+        "--tracekit",
+        action="append",
+        metavar="NAME=DIR",
+        help="time the tracekit package under DIR (repeat for a before/after table, e.g. an "
+        "older commit's tree from git archive); default: this checkout's",
+    )
     args = ap.parse_args()
     if shutil.which("trace-cmd") is None:
         sys.exit("benchmarks/ingest.py needs trace-cmd (apt-get install trace-cmd)")
-    root = cache_root()
-    dat = args.dat or root / "bench.dat"
-    if args.dat is None:
-        record(dat, args.buffer_mb, args.seconds)
-    text = root / "bench.report.txt"
-    tc, binary, txt, baseline = medians(
-        [
-            (["trace-cmd", "report", str(dat)], text),
-            ([sys.executable, "-c", TRACEKIT_CHILD, str(dat)], None),
-            ([sys.executable, "-c", TRACEKIT_CHILD, str(text)], None),
-            ([sys.executable, "-c", BASELINE_CHILD], None),
-        ],
-        args.repeat,
-    )
-    events, data_bytes = (int(x) for x in binary[3].split()[-2:])
-    base = baseline[2]
-    text_events = int(txt[3].split()[-2])
-    print(
-        f"trace: {dat} ({dat.stat().st_size / 1e6:.1f} MB file, "
-        f"{data_bytes / 1e6:.1f} MB ring-buffer data, {events} events; "
-        f"medians of {args.repeat} runs)"
-    )
-    head = ("contender", "wall s", "CPU s", "events/s", "events/CPU s", "peak RSS MB",
-            "x wall", "x CPU")  # fmt: skip
-    widths = (26, 8, 8, 12, 14, 13, 8, 7)
-    cells = zip(head[1:], widths[1:], strict=True)
-    print(f"{head[0]:<{widths[0]}}" + "".join(f"{h:>{w}}" for h, w in cells))
-    rows = [
-        ("trace-cmd report (text)", tc, events),
-        ("tracekit binary ingest", binary, events),
-        ("tracekit text ingest", txt, text_events),
-    ]
-    for name, (wall, cpu, mem, _), n in rows:
-        print(
-            f"{name:<26}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{n / cpu:>14,.0f}"
-            f"{mem / 1e6:>13.0f}{tc[0] / wall:>7.1f}x{tc[1] / cpu:>6.1f}x"
-        )
-    m_bin, data = binary[2], max(data_bytes, 1)
-    print(f"baseline RSS (a process that only imports tracekit, polars): {base / 1e6:.0f} MB")
-    print(f"binary ingest peak RSS / ring-buffer data: {m_bin / data:.2f}")
-    print(f"binary ingest (peak RSS - baseline) / ring-buffer data: {(m_bin - base) / data:.2f}")
+    size, root = (QUICK if args.quick else FULL), cache_root(args.quick)
+    shapes = args.shape or list(SHAPES)
+    if args.record_only:
+        for shape in shapes:
+            print(shape, ensure(shape, root, size))
+        return
+    repeat = 1 if args.quick else args.repeat
+    sources = {n: Path(d).resolve() for n, _, d in (t.partition("=") for t in args.tracekit or [])}
+    sources = sources or {"this": Path(__file__).resolve().parents[1]}
+    header(repeat)
+    for shape in shapes:
+        for row in bench(shape, root, size, repeat, not args.quick, sources):
+            print_row(row)
+    footer(measure([sys.executable, "-P", "-c", BASELINE_CHILD])[2])
 
 
 if __name__ == "__main__":

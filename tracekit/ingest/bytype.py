@@ -115,6 +115,11 @@ def typed_tables(
     when block k's rows are decoded (to release the bytes behind them).
     """
     names = table_names(dec.formats)
+    # polars imports numpy lazily, through a proxy that two threads must not resolve at
+    # once (its _import copies numpy's namespace, numpy._globals included, over its own
+    # _globals, and the second thread's assignment then raises TypeError): resolve it
+    # here, before the pieces are decoded on several threads.
+    pl.Series(np.zeros(0, np.int64))
     pieces: dict[int, list[pl.DataFrame]] = {}
     id_name: dict[int, tuple[str, str]] = {}
     for k, lo in enumerate(range(0, len(ids), rows_per_block)):

@@ -11,7 +11,7 @@ copy when it has one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +60,9 @@ class AddressIndex:
     span_lo: np.ndarray  # uint64, sorted; span_hi[i] ends span i (excluded)
     span_hi: np.ndarray
     shift: int = 0
+    # Names already decoded, by symbol: an address column is named block by block, and a
+    # function_graph trace names the same tens of thousands of functions in every block.
+    decoded: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_table(cls, table: SymbolTable) -> AddressIndex:
@@ -111,8 +114,10 @@ class AddressIndex:
         at = np.searchsorted(self.addresses, link, side="right") - 1
         span = np.searchsorted(self.span_lo, link, side="right") - 1
         inside = (span >= 0) & (link < self.span_hi[np.maximum(span, 0)]) & (at >= 0)
+        known, name = self.decoded, self.name
         return [
-            self.name(i) if ok else None for ok, i in zip(inside.tolist(), at.tolist(), strict=True)
+            (known.get(i) or known.setdefault(i, name(i))) if ok else None
+            for ok, i in zip(inside.tolist(), at.tolist(), strict=True)
         ]
 
 

@@ -1,0 +1,113 @@
+"""The ingest's fast paths give exactly what the paths they short-cut give.
+
+Every held trace (trace.dat files and raw captures under tests/fixtures, the public
+corpus when it is there) is decoded twice, with and without the fast path, and every
+table must be equal. Generated rows cover what real traces rarely hold: bytes after a
+string's NUL, strings of every length up to their field, widths that are no multiple of
+a word, and rows whose keys collide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+import tracekit
+from tracekit.ingest import chars, columns
+from tracekit.ingest.columns import Gatherer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+HELD = sorted(FIXTURES.rglob("*.dat")) + sorted(p.parent for p in FIXTURES.rglob("capture.json"))
+CORPUS_DATS = sorted(CORPUS.glob("*.trace.dat")) if CORPUS.is_dir() else []
+
+
+def _tables(path: Path) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+    """The events table and every per-event table of one trace."""
+    trace = tracekit.open(path, use_cache=False)
+    return trace.events, {name: trace.event(name) for name in trace.event_names}
+
+
+@pytest.mark.parametrize("path", HELD + CORPUS_DATS, ids=lambda p: p.name)
+def test_string_words_equal_the_byte_path(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast_events, fast = _tables(path)
+    monkeypatch.setattr(columns, "WORDS_MAX", 0)  # every string through the byte path
+    slow_events, slow = _tables(path)
+    assert fast_events.equals(slow_events)
+    assert fast.keys() == slow.keys()
+    for name, table in slow.items():
+        assert fast[name].equals(table), name
+
+
+def _generated(
+    rng: np.random.Generator, rows: int, width: int, names: int, aligned: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """A buffer of `rows` fields of `width` bytes (names from a pool, garbage after the
+    NUL), their start offsets (4-aligned or not), byte counts, and the strings they must
+    decode to."""
+    pool = [
+        rng.integers(33, 127, rng.integers(0, width + 1)).astype(np.uint8).tobytes()
+        for _ in range(names)
+    ]
+    pick = rng.integers(0, names, rows)
+    stride = -(-width // 4) * 4 + 4
+    buf = rng.integers(0, 256, rows * stride + 64).astype(np.uint8)
+    start = np.arange(rows, dtype=np.int64) * stride
+    if not aligned:
+        start += rng.integers(0, 3, rows)
+    count = rng.integers(0, width + 1, rows)
+    want = []
+    for i, p in enumerate(pick):
+        text = pool[p]
+        buf[start[i] : start[i] + len(text)] = np.frombuffer(text, np.uint8)
+        if len(text) < width:
+            buf[start[i] + len(text)] = 0  # the NUL; what follows stays garbage
+        want.append(text[: count[i]].decode())
+    return buf, start, count, want
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 13, 16, 20, 64, 65, 300])  # past 64: bytes
+@pytest.mark.parametrize("names", [3, 5000])  # deduplicated, and too varied for it
+@pytest.mark.parametrize("aligned", [True, False])  # read as words, or as bytes
+def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool) -> None:
+    rng = np.random.default_rng(width * 7 + names)
+    buf, start, count, want = _generated(rng, 6000, width, names, aligned)
+    got = Gatherer(buf, start, count).strings(start, count)
+    assert got.dtype == pl.String and got.to_list() == want
+
+
+def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chars, "MIX", np.uint64(0))  # every row of 2+ words has key 0
+    rng = np.random.default_rng(3)
+    buf, start, count, want = _generated(rng, 3000, 16, 4)
+    assert Gatherer(buf, start, count).strings(start, count).to_list() == want
+
+
+def test_keys_sharing_a_slot_are_told_apart_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chars, "SLOT_BITS", 1)  # two slots for forty names
+    rng = np.random.default_rng(4)
+    buf, start, count, want = _generated(rng, 3000, 16, 40, aligned=True)
+    assert Gatherer(buf, start, count).strings(start, count).to_list() == want
+
+
+@pytest.mark.parametrize("nbytes", [4, 8, 12, 16, 56, 128])
+def test_word_gather_reads_each_events_words(nbytes: int) -> None:
+    rng = np.random.default_rng(nbytes)
+    buf = rng.integers(0, 256, 4096).astype(np.uint8)
+    addr = np.sort(rng.integers(0, (4096 - nbytes) // 4 + 1, 500)) * 4
+    got = Gatherer(buf, addr, np.full(500, nbytes))._word_matrix(addr, nbytes)
+    words = buf.view(np.uint32)
+    want = np.stack([words[a // 4 : a // 4 + nbytes // 4] for a in addr])
+    assert got is not None and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("width", [1, 3, 16, 100])
+def test_byte_gather_reads_each_events_bytes(width: int) -> None:
+    rng = np.random.default_rng(width)
+    buf = rng.integers(0, 256, 4099).astype(np.uint8)
+    offset = rng.integers(0, 4099 - width + 1, 500)
+    got = Gatherer(buf, offset, np.full(500, width))._bytes(offset, width)
+    assert np.array_equal(got, np.stack([buf[o : o + width] for o in offset]))
