@@ -126,17 +126,13 @@ def _integers(
     if intern is not None and dtype.is_integer():
         return _interned(column, intern), np.ones(column.len(), bool)
     if dtype == pl.Boolean or (proto.type == _T.TYPE_BOOL and dtype.is_integer()):
-        return (column.fill_null(0).cast(pl.Int64) != 0).cast(pl.Int64).to_numpy(), np.ones(
-            column.len(), bool
-        )
+        return (wire.ints(column) != 0).astype(np.int64), np.ones(column.len(), bool)
     if not dtype.is_integer():  # text states, mask words: converted value by value
         return _converted(column, convert, proto, coded)
     low, high = _RANGES.get(proto.type, (-(2**63), 2**64 - 1))
-    filled = column.fill_null(0) if column.null_count() else column
+    signed = wire.ints(column)
     if dtype == pl.UInt64:
-        unsigned = filled.to_numpy()
-        return unsigned.view(np.int64), unsigned <= np.uint64(high)
-    signed = filled.to_numpy().astype(np.int64, copy=False)
+        return signed, signed.view(np.uint64) <= np.uint64(high)
     if dtype.is_signed_integer() and low <= -(2**31) and high >= 2**31 - 1 and dtype != pl.Int64:
         return signed, np.ones(signed.size, bool)  # a 32-bit or narrower column fits
     return signed, (signed >= low) & (signed <= min(high, 2**63 - 1))
@@ -176,7 +172,7 @@ def _converted(
 
 def _interned(column: pl.Series, intern: Intern) -> npt.NDArray[np.int64]:
     """Addresses replaced by their symbol iids (each distinct address interned once)."""
-    values = column.fill_null(0).cast(pl.UInt64).to_numpy()
+    values = wire.ints(column).view(np.uint64)
     unique, inverse = np.unique(values, return_inverse=True)
     iids = np.array([intern(int(address)) for address in unique], dtype=np.int64)
     return iids[inverse.reshape(-1)]
@@ -199,7 +195,7 @@ def _generic(table: pl.DataFrame, plan: EventPlan, texts: TableTexts) -> Piece:
         elif kind == "str_value":
             value = wire.field(number, wire.texts(_texts([convert(v) for v in column.to_list()])))
         else:
-            value = wire.varints(_plain_ints(column), wire.tag(number, wire.WIRE_VARINT))
+            value = wire.varints(wire.ints(column), wire.tag(number, wire.WIRE_VARINT))
         parts.append(wire.spread(wire.message(2, [head, value]), have, n))
     return wire.message(_GENERIC, parts)
 
@@ -209,11 +205,3 @@ def _texts(values: list[str]) -> Texts:
     index: dict[str, int] = {}
     codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
     return Texts(codes, [t.encode() for t in index])
-
-
-def _plain_ints(column: pl.Series) -> npt.NDArray[np.int64]:
-    """An integer or boolean column as int64 bit patterns (nulls as 0: not written)."""
-    filled = column.fill_null(0)
-    if filled.dtype == pl.UInt64:
-        return filled.to_numpy().view(np.int64)
-    return filled.cast(pl.Int64).to_numpy()

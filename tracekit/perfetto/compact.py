@@ -98,12 +98,6 @@ class ChunkOrder:
         return cls(order, rank, out_cpus, ts[order], cpu_start)
 
 
-def _ints(column: pl.Series) -> Ints:
-    """An integer column as int64 (nulls as 0; they are checked apart)."""
-    filled = column.fill_null(0) if column.null_count() else column
-    return filled.to_numpy().astype(np.int64, copy=False)
-
-
 def _not_null(table: pl.DataFrame, columns: tuple[str, ...]) -> npt.NDArray[np.bool_]:
     """Rows with a value in every one of COLUMNS."""
     if not any(table[c].null_count() for c in columns):
@@ -118,6 +112,15 @@ def _state_of(values: Mapping[int, int], cpus: Ints, missing: int = -1) -> Ints:
         if 0 <= cpu < table.size:
             table[cpu] = value
     return table[cpus]
+
+
+def in_output_order(where: Ints, n: int) -> tuple[Ints, Ints]:
+    """Output positions WHERE (distinct, of N) sorted, and the index into WHERE of each
+    (by marking them: no sort)."""
+    back = np.full(n, -1, dtype=np.int64)
+    back[where] = np.arange(where.size)
+    ordered = np.flatnonzero(back >= 0)
+    return ordered, back[ordered]
 
 
 def _first_per_cpu(cpus: Ints) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
@@ -152,8 +155,8 @@ def compact_switches(
     """A chunk's sched_switch rows (chunk rows AT) that are lossless as compact; updates
     STATE with every switch. COMMS: next_comm, prev_comm and STATE's comms, coded."""
     m = table.height
-    perm = np.argsort(chunk.rank[at], kind="stable")  # the switches in output order
-    cols = {c: _ints(table[c])[perm] for c in ("prev_pid", "prev_prio", "next_pid", "next_prio",
+    _, perm = in_output_order(chunk.rank[at], chunk.rank.size)  # the switches in output order
+    cols = {c: wire.ints(table[c])[perm] for c in ("prev_pid", "prev_prio", "next_pid", "next_prio",
                                                "common_pid", "prev_state")}  # fmt: skip
     next_comm, prev_comm = comms.codes[:m][perm], comms.codes[m : 2 * m][perm]
     carried_comm = comms.codes[2 * m :]
@@ -213,15 +216,15 @@ def compact_wakings(
     since = np.where(ours, switch_ts[np.minimum(picked, switch_ts.size - 1)],
                      _state_of(state.switch_ts, cpus))  # fmt: skip
     ts = chunk.ts[where]
-    fields = [_ints(table[c]) for c in ("pid", "target_cpu", "prio")]
+    fields = [wire.ints(table[c]) for c in ("pid", "target_cpu", "prio")]
     good = (
-        (_ints(table["common_pid"]) == running) & (since >= 0) & (ts > since)
+        (wire.ints(table["common_pid"]) == running) & (since >= 0) & (ts > since)
         & _not_null(table, (*WAKING_FIELDS, "common_pid"))
     )  # fmt: skip
     for values in fields:
         good &= _in(values, _INT32)
     keep = np.flatnonzero(good)
-    keep = keep[np.argsort(where[keep], kind="stable")]
+    keep = keep[in_output_order(where[keep], chunk.rank.size)[1]]
     columns = [ts, *fields, flags[at]]
     return Compact(where[keep], [c[keep] for c in columns], comms[keep])
 
@@ -231,22 +234,33 @@ def _in(values: npt.NDArray[np.int64], bounds: tuple[int, int]) -> npt.NDArray[n
     return (values >= bounds[0]) & (values <= bounds[1])
 
 
+def _distinct(keys: Ints, bound: int) -> tuple[Ints, Ints]:
+    """Sorted distinct KEYS (all below BOUND) and each key's index among them: by marking
+    when BOUND is small, else by sorting."""
+    if bound > 8 * keys.size + (1 << 16):
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    seen = np.zeros(bound, dtype=bool)
+    seen[keys] = True
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[keys]
+
+
 class CompactChunk:
     """A chunk's compact events, encoded once; each bundle's compact_sched is slices."""
 
     def __init__(self, kinds: Mapping[str, Compact], comms: Texts, bundle_of: Ints) -> None:
         self._kinds = {k: c for k, c in kinds.items() if c.rows.size}
-        self._comms = comms
         self._encoded: dict[str, tuple[list[tuple[wire.Bytes, Ints]], Ints]] = {}
         width = max(len(comms.distinct), 1)
         keys = {k: bundle_of[c.rows] * width + c.comms for k, c in self._kinds.items()}
         every = np.concatenate([*keys.values(), np.zeros(0, np.int64)])
-        distinct, inverse = np.unique(every, return_inverse=True)
-        inverse = inverse.reshape(-1)
         bundles = int(bundle_of.max(initial=-1)) + 1
-        # Where each bundle's comms begin among the distinct (bundle, comm) keys.
+        distinct, inverse = _distinct(every, bundles * width)
+        # Where each bundle's comms begin among the distinct (bundle, comm) keys, and
+        # every bundle's intern_table fields end to end.
         self._table_at = np.searchsorted(distinct, np.arange(bundles + 1) * width)
-        self._table = distinct % width
+        names = wire.texts(Texts(distinct % width, comms.distinct))
+        self._tables = wire.assemble(wire.field(_C["intern_table"].number, names))
         at = 0
         for kind, compact in self._kinds.items():
             local = inverse[at : at + compact.rows.size]
@@ -271,10 +285,8 @@ class CompactChunk:
         lo, hi = int(self._table_at[bundle]), int(self._table_at[bundle + 1])
         if lo == hi:
             return b""
-        body = b"".join(
-            wire.len_field(_C["intern_table"].number, self._comms.distinct[int(c)])
-            for c in self._table[lo:hi]
-        )
+        data, starts = self._tables
+        body = data[starts[lo] : starts[hi]].tobytes()
         for kind, (columns, bounds) in self._encoded.items():
             first, last = int(bounds[bundle]), int(bounds[bundle + 1])
             if first == last:
@@ -308,14 +320,13 @@ def decide(
     through = (2 * switch[0].height if switch is not None else 0) + len(carried)
     kinds: dict[str, Compact] = {}
     if switch is not None:
-        where = chunk.rank[switch[1]]
-        perm = np.argsort(where, kind="stable")
-        switches = (where[perm], _ints(switch[0]["next_pid"])[perm])
+        where, perm = in_output_order(chunk.rank[switch[1]], chunk.rank.size)
+        switches = (where, wire.ints(switch[0]["next_pid"])[perm])
     else:
         switches = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if waking is not None and not flags.null_count():
         kinds["waking"] = compact_wakings(
-            *waking, chunk, state, switches, _ints(flags), comms.codes[through:]
+            *waking, chunk, state, switches, wire.ints(flags), comms.codes[through:]
         )
     if switch is not None:
         kinds["switch"] = compact_switches(

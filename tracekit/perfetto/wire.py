@@ -128,6 +128,16 @@ def varints(values: npt.NDArray[np.generic], prefix: bytes = b"") -> Piece:
     return Piece(sizes + len(prefix), write)
 
 
+def ints(column: pl.Series) -> Ints:
+    """An integer or boolean column as int64 bit patterns (nulls as 0: the caller says
+    which rows have a value); numpy straight from the column when it has no null."""
+    filled = column.fill_null(0) if column.null_count() else column
+    values = filled.to_numpy()
+    if values.dtype == np.uint64:
+        return values.view(np.int64)
+    return values.astype(np.int64, copy=False)
+
+
 @dataclass
 class Texts:
     """A text column as codes into its distinct values' UTF-8 bytes."""
@@ -154,7 +164,7 @@ def text_codes(column: pl.Series) -> Texts:
     lookup[present] = np.arange(present.size)
     some = np.empty(lookup.size, dtype=np.int64)  # a row of each distinct text (any one)
     some[physical] = np.arange(physical.size)
-    distinct = cats.gather(some[present]).cast(pl.String).to_list()
+    distinct = cats[some[present]].cast(pl.String).to_list()
     return Texts(lookup[physical], [t.encode() for t in distinct])
 
 
