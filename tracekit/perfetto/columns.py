@@ -61,6 +61,14 @@ def encode_rows(
     return wire.interleave(n, [(good, dedicated), (rest, generic)])
 
 
+def symbol_column(plan: EventPlan) -> str | None:
+    """The column whose addresses the plan writes as interned kernel symbols, if any."""
+    for index, proto_name, _ in plan.setters:
+        if proto_name == plan.symbol_field:
+            return plan.columns[index]
+    return None
+
+
 def _dedicated(
     table: pl.DataFrame, plan: EventPlan, intern: Intern | None, texts: TableTexts
 ) -> tuple[list[Column], Mask]:

@@ -19,6 +19,8 @@ import bisect
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,15 @@ import polars as pl
 
 from tracekit.perfetto import wire
 from tracekit.perfetto.columns import encode_rows as columns_encode
-from tracekit.perfetto.compact import ChunkOrder, CompactChunk, SchedState, can_compact, decide
+from tracekit.perfetto.columns import symbol_column
+from tracekit.perfetto.compact import (
+    ChunkOrder,
+    Compact,
+    CompactChunk,
+    SchedState,
+    can_compact,
+    decide,
+)
 from tracekit.perfetto.events import EventPlan, plan_event
 from tracekit.perfetto.protos import FtraceEventBundle, FtraceStats, TracePacket, pb
 from tracekit.perfetto.system import kernel_release
@@ -207,14 +217,24 @@ def write_ftrace(
     compactable = can_compact(tables)
     columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
     rows = {name: table["row"].to_numpy() for name, table in tables.items()}
-    for start in range(0, columns.height, CHUNK_ROWS):
-        chunk = columns.slice(start, CHUNK_ROWS)
-        own = _own_rows(chunk, tables, rows)
-        for name, (table, _) in own.items():
-            counts[name] += table.height
-        _write_chunk(chunk, own, plans, bundles, interner, sequence, compactable)
-        if progress is not None:
-            progress(start + chunk.height, columns.height)
+    # Two threads: one chunk encoded (numpy and polars, mostly without the GIL) while the
+    # next is prepared and the one before written; the bytes are those of one thread.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting: tuple[_Chunk, Future[Any]] | None = None
+        for start in range(0, columns.height, CHUNK_ROWS):
+            chunk = columns.slice(start, CHUNK_ROWS)
+            own = _own_rows(chunk, tables, rows)
+            for name, (table, _) in own.items():
+                counts[name] += table.height
+            ready = _prepare(chunk, own, plans, bundles, interner, sequence, compactable)
+            encoding = pool.submit(_encode, ready, plans, interner)
+            if waiting is not None:
+                bundles.write(waiting[0].cut, waiting[0].full, *waiting[1].result())
+            waiting = (ready, encoding)
+            if progress is not None:
+                progress(start + chunk.height, columns.height)
+        if waiting is not None:
+            bundles.write(waiting[0].cut, waiting[0].full, *waiting[1].result())
     if stats:
         write_stats(writer, lost)
     return counts
@@ -246,7 +266,20 @@ def _own_rows(
     return own
 
 
-def _write_chunk(
+@dataclass
+class _Chunk:
+    """A chunk decided (order, bundles, which rows go compact), ready to encode."""
+
+    chunk: pl.DataFrame
+    own: Mapping[str, tuple[pl.DataFrame, wire.Ints]]
+    texts: dict[str, wire.TableTexts]
+    order: ChunkOrder
+    cut: list[tuple[int, int, int, bool]]
+    full: npt.NDArray[np.bool_]  # per output position: written as a full event
+    compact: tuple[dict[str, Compact], wire.Texts] | None
+
+
+def _prepare(
     chunk: pl.DataFrame,
     own: Mapping[str, tuple[pl.DataFrame, wire.Ints]],
     plans: Mapping[str, EventPlan],
@@ -254,28 +287,44 @@ def _write_chunk(
     interner: KernelSymbols,
     sequence: FtraceSequence,
     compactable: bool,
-) -> None:
-    """Write one chunk of events (consecutive rows) as per-CPU bundles: the full events
-    encoded straight into their places in per-CPU time order, the rest compact."""
+) -> _Chunk:
+    """What must run in order, chunk after chunk: the bundles, the compact sched state,
+    the symbols interned (so their iids do not depend on threads)."""
     ts = chunk["ts"].to_numpy().astype(np.int64)
     order = ChunkOrder.of(chunk["cpu"].to_numpy().astype(np.int64), ts)
-    cut = bundles.cut(order)
-    full = np.ones(ts.size, dtype=bool)  # per output position
-    compact = None
     texts = {name: wire.TableTexts(table) for name, (table, _) in own.items()}
+    full = np.ones(ts.size, dtype=bool)
+    compact = None
     if compactable:
-        kinds, comms = decide(own, texts, chunk["flags"], order, sequence.sched)
-        bundle_of = np.empty(ts.size, dtype=np.int64)
-        for index, (_, first, end, _) in enumerate(cut):
+        compact = decide(own, texts, chunk["flags"], order, sequence.sched)
+        for kind in compact[0].values():
+            full[kind.rows] = False
+    for name, (table, _) in own.items():
+        column = symbol_column(plans[name])
+        if column is not None and table[column].dtype.is_integer():
+            for address in np.unique(wire.ints(table[column]).view(np.uint64)).tolist():
+                interner.intern(address)
+    return _Chunk(chunk, own, texts, order, bundles.cut(order), full, compact)
+
+
+def _encode(
+    ready: _Chunk, plans: Mapping[str, EventPlan], interner: KernelSymbols
+) -> tuple[wire.Bytes, wire.Ints, CompactChunk | None]:
+    """A chunk's full events straight into their places in per-CPU time order, and its
+    compact events (the bulk of the work: numpy, run beside the next chunk's _prepare)."""
+    order, full = ready.order, ready.full
+    compact = None
+    if ready.compact is not None:
+        bundle_of = np.empty(full.size, dtype=np.int64)
+        for index, (_, first, end, _) in enumerate(ready.cut):
             bundle_of[first:end] = index
-        compact = CompactChunk(kinds, comms, bundle_of)
-        full[compact.rows()] = False
+        compact = CompactChunk(*ready.compact, bundle_of)
     place = np.cumsum(full) - 1  # output position -> place among the full events
     parts = []
-    for name, (table, at) in own.items():
+    for name, (table, at) in ready.own.items():
         where = order.rank[at]
         keep = full[where]
-        coded = texts[name]
+        coded = ready.texts[name]
         if not keep.all():
             kept = np.flatnonzero(keep)
             table, where = table[kept], where[kept]
@@ -284,25 +333,16 @@ def _write_chunk(
             piece = columns_encode(table, plans[name], interner.intern, coded)
             parts.append((place[where], piece))
     shown = order.order[full]
-    pids = wire.ints(chunk["pid"])[shown]
     entries = wire.message(
         _EVENT,
         [
-            wire.varints(ts[shown], wire.tag(1, wire.WIRE_VARINT)),
-            wire.varints(pids, wire.tag(2, wire.WIRE_VARINT)),
+            wire.varints(order.ts[full], wire.tag(1, wire.WIRE_VARINT)),
+            wire.varints(wire.ints(ready.chunk["pid"])[shown], wire.tag(2, wire.WIRE_VARINT)),
             wire.interleave(shown.size, parts),
         ],
     )
     data, starts = wire.assemble(entries)
-    bundles.write(cut, full, data, starts, compact)
-
-
-def _rows_between(table: pl.DataFrame, first: int, last: int) -> pl.DataFrame:
-    """The rows of a typed table for event rows first..last."""
-    rows = table["row"]
-    lo = rows.search_sorted(first, side="left")
-    hi = rows.search_sorted(last, side="right")
-    return table.slice(lo, hi - lo)
+    return data, starts, compact
 
 
 def _loss_points(lost: pl.DataFrame) -> dict[int, list[int]]:

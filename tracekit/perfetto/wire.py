@@ -207,20 +207,24 @@ def texts(values: Texts) -> Piece:
 
     def write(data: Bytes, at: Ints) -> None:
         """Short texts column by column from a padded table, long ones byte by byte."""
+        blob = np.frombuffer(b"".join(values.distinct), dtype=np.uint8)
+        starts = np.cumsum(widths) - widths
         if longest <= _SHORT_TEXT:
             table = np.zeros((len(values.distinct), max(longest, 1)), dtype=np.uint8)
-            for i, text in enumerate(values.distinct):
-                table[i, : len(text)] = np.frombuffer(text, dtype=np.uint8)
+            table[np.repeat(np.arange(widths.size), widths), _ramp(widths, starts)] = blob
             rows = table[values.codes]
             _put_columns(data, at, lambda j: rows[:, j], lengths)
             return
-        blob = np.frombuffer(b"".join(values.distinct), dtype=np.uint8)
-        starts = np.cumsum(widths) - widths
         total = int(lengths.sum())
         ramp = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         data[np.repeat(at, lengths) + ramp] = blob[np.repeat(starts[values.codes], lengths) + ramp]
 
     return Piece(lengths, write)
+
+
+def _ramp(widths: Ints, starts: Ints) -> Ints:
+    """0..w-1 for each width, end to end (STARTS: where each begins)."""
+    return np.arange(int(widths.sum()), dtype=np.int64) - np.repeat(starts, widths)
 
 
 def seq(parts: Sequence[Piece]) -> Piece:
