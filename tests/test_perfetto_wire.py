@@ -50,3 +50,25 @@ def test_interleave_places_each_piece_at_its_rows() -> None:
     even = wire.constant(b"ab", 2)
     piece = wire.interleave(4, [(np.array([1, 3]), odd), (np.array([0, 2]), even)])
     assert _rows(piece) == [b"ab", b"\x08\x01", b"ab", b"\x08\xac\x02"]
+
+
+def test_generic_list_field_is_the_per_value_text() -> None:
+    """A list of integers (syscall args) as one text per row, the way events._list_text
+    writes it, whether polars joins the column (no null item) or Python does (one)."""
+    from tracekit.perfetto import columns, events
+    from tracekit.perfetto.protos import FtraceEvent
+
+    lists = [[1, 2, 2**64 - 1], [], None, [7]]
+    for args in (lists, [*lists, [None, 3]]):
+        n = len(args)
+        table = pl.DataFrame(
+            {"row": range(n), "ts": range(n), "cpu": [0] * n, "common_pid": [1] * n,
+             "args": pl.Series(args, dtype=pl.List(pl.UInt64))}
+        )  # fmt: skip
+        plan = events.plan_event("sys_enter_x", table.schema)
+        got = [
+            FtraceEvent.FromString(r).generic for r in _rows(columns.encode_rows(table, plan, None))
+        ]
+        for row, values in zip(got, args, strict=True):
+            want = [] if values is None else [events._list_text(values)]
+            assert [f.str_value for f in row.field] == want

@@ -200,12 +200,26 @@ def _generic(table: pl.DataFrame, plan: EventPlan, texts: TableTexts) -> Piece:
         if kind == "str_value" and column.dtype in (pl.String, pl.Categorical):
             coded = texts(plan.columns[index])
             value = wire.field(number, wire.texts(coded if have.size == n else coded.pick(have)))
+        elif kind == "str_value" and _joinable(column):
+            # as events._list_text writes each list (decimal values, comma-separated),
+            # joined by polars for the whole column
+            joined = column.cast(pl.List(pl.String)).list.join(",")
+            value = wire.field(number, wire.texts(wire.text_codes(joined)))
         elif kind == "str_value":
             value = wire.field(number, wire.texts(_texts([convert(v) for v in column.to_list()])))
         else:
             value = wire.varints(wire.ints(column), wire.tag(number, wire.WIRE_VARINT))
         parts.append(wire.spread(wire.message(2, [head, value]), have, n))
     return wire.message(_GENERIC, parts)
+
+
+def _joinable(column: pl.Series) -> bool:
+    """A list of integers without null items (syscall args, arrays): polars writes each
+    value as str() does."""
+    dtype = column.dtype
+    if not isinstance(dtype, pl.List) or dtype.inner is None or not dtype.inner.is_integer():
+        return False
+    return bool((column.list.drop_nulls().list.len() == column.list.len()).all())
 
 
 def _texts(values: list[str]) -> Texts:
