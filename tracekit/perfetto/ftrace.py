@@ -215,7 +215,7 @@ def write_ftrace(
     bundles = FtraceBundleWriter(writer, _loss_points(lost), interner, sequence)
     counts: Counter[str] = Counter()
     compactable = can_compact(tables)
-    columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
+    columns = events.select("row", "ts", "cpu", "common_pid", "event", "flags")
     rows = {name: table["row"].to_numpy() for name, table in tables.items()}
     # Two threads: one chunk encoded (numpy and polars, mostly without the GIL) while the
     # next is prepared and the one before written; the bytes are those of one thread.
@@ -332,13 +332,13 @@ def _encode(
         if table.height:
             piece = columns_encode(table, plans[name], interner.intern, coded)
             parts.append((place[where], piece))
-    shown = order.order[full]
+    pids = wire.ints(ready.chunk["common_pid"])[order.order[full]]
     entries = wire.message(
         _EVENT,
         [
             wire.varints(order.ts[full], wire.tag(1, wire.WIRE_VARINT)),
-            wire.varints(wire.ints(ready.chunk["pid"])[shown], wire.tag(2, wire.WIRE_VARINT)),
-            wire.interleave(shown.size, parts),
+            wire.varints(pids, wire.tag(2, wire.WIRE_VARINT)),
+            wire.interleave(pids.size, parts),
         ],
     )
     data, starts = wire.assemble(entries)
