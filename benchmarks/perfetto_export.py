@@ -62,14 +62,26 @@ def cache_root() -> Path:
 
 
 class GeneratedTrace:
-    """The parts of tracekit's Trace that the export reads, filled with generated data."""
+    """The parts of tracekit's Trace that the export reads, filled with generated data.
 
-    def __init__(self, n: int, cpus: int, seed: int = 1, start_ts: int = 10**12) -> None:
+    CHAINED (as a kernel records them): each CPU's switches chain (prev is the previous
+    next, by pid, comm and prio) and every event's pid is the task its CPU runs, so
+    compact sched is lossless; unchained, pids are random and every switch is written
+    as a full event (the export's worst case).
+    """
+
+    def __init__(
+        self, n: int, cpus: int, seed: int = 1, start_ts: int = 10**12, chained: bool = True
+    ) -> None:
         rng = np.random.default_rng(seed)
         names = np.array([m[0] for m in MIX])
         kinds = rng.choice(len(MIX), size=n, p=[m[1] for m in MIX])
         ts = np.cumsum(rng.integers(50, 2000, size=n)) + start_ts
+        cpu = rng.integers(0, cpus, size=n).astype(np.int32)
+        self._next = rng.integers(1, 400, size=n).astype(np.int32)  # a switch's next task
         pid = rng.integers(1, 400, size=n).astype(np.int32)
+        if chained:
+            pid = _running(cpu, names[kinds] == "sched_switch", self._next)
         self.path = Path("<generated>")
         self.meta: dict[str, Any] = {
             "uname": "Linux bench 6.1.0 aarch64",
@@ -79,7 +91,7 @@ class GeneratedTrace:
             {
                 "row": np.arange(n),
                 "ts": ts,
-                "cpu": rng.integers(0, cpus, size=n).astype(np.int32),
+                "cpu": cpu,
                 "common_pid": pid,
                 "tgid": pl.Series([None] * n, dtype=pl.Int32),
                 "comm": pl.Series(["bench"] * n, dtype=pl.Categorical),
@@ -103,23 +115,25 @@ class GeneratedTrace:
 
     def _fields(self, name: str, rng: np.random.Generator) -> pl.DataFrame:
         """A typed table for NAME: common columns plus plausible own fields."""
-        base = self.events.filter(pl.col("event") == name).select("row", "ts", "cpu", "common_pid")
+        mine = (self.events["event"] == name).to_numpy()
+        base = self.events.filter(mine).select("row", "ts", "cpu", "common_pid")
         k = base.height
         other = rng.integers(1, 400, size=k).astype(np.int32)
         own: dict[str, Any]
         if name == "sched_switch":
+            nxt = self._next[mine]
             own = {
-                "prev_comm": ["bench"] * k,
+                "prev_comm": _comms(base["common_pid"].to_numpy()),
                 "prev_pid": base["common_pid"],
                 "prev_prio": [120] * k,
                 "prev_state": rng.integers(0, 2, size=k),
-                "next_comm": ["worker"] * k,
-                "next_pid": other,
+                "next_comm": _comms(nxt),
+                "next_pid": nxt,
                 "next_prio": [120] * k,
             }
         elif name in ("sched_waking", "sched_wakeup"):
             own = {
-                "comm": ["worker"] * k,
+                "comm": _comms(other),
                 "pid": other,
                 "prio": [120] * k,
                 "target_cpu": rng.integers(0, 4, size=k).astype(np.int32),
@@ -133,6 +147,21 @@ class GeneratedTrace:
         else:
             own = {"ip": np.zeros(k, dtype=np.uint64), "buf": ["tracekit-bench tick\n"] * k}
         return base.with_columns(**{c: pl.Series(v) for c, v in own.items()})
+
+
+def _running(cpu: np.ndarray, switch: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """Per event, the task its CPU runs: the last earlier switch's next task there (a
+    CPU's first events: a task of its own, 400 + CPU)."""
+    frame = pl.DataFrame({"cpu": cpu, "next": np.where(switch, nxt, -1)})
+    ran = frame.select(
+        pl.col("next").replace(-1, None).shift(1).forward_fill().over("cpu")
+    ).to_series()
+    return ran.fill_null(400 + pl.Series(cpu)).to_numpy().astype(np.int32)
+
+
+def _comms(pids: np.ndarray) -> pl.Series:
+    """A task's name from its pid (so a switch's prev_comm is its previous next_comm)."""
+    return pl.DataFrame({"pid": pids}).select(pl.format("task-{}", "pid")).to_series()
 
 
 def current_rss_mb() -> float:
@@ -167,13 +196,15 @@ class RssSampler:
         self.peak = max(self.peak, current_rss_mb())
 
 
-def generated_parts(events: int, cpus: int, runs: int, spent: list[float]) -> Iterator[TracePart]:
+def generated_parts(
+    events: int, cpus: int, runs: int, spent: list[float], chained: bool
+) -> Iterator[TracePart]:
     """RUNS generated traces, one after another in time, each made only when the export
     asks for it; the seconds spent generating are appended to SPENT."""
     start = 10**12
     for k in range(runs):
         began = time.perf_counter()
-        trace = GeneratedTrace(events // runs, cpus, seed=k + 1, start_ts=start)
+        trace = GeneratedTrace(events // runs, cpus, seed=k + 1, start_ts=start, chained=chained)
         spent.append(time.perf_counter() - began)
         start = int(trace.events["ts"].max()) + 10**9  # type: ignore[arg-type]
         yield TracePart(trace, run={"run_id": f"run{k}"})  # type: ignore[arg-type]
@@ -215,6 +246,9 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--runs", type=int, default=1, help="split into this many traces")
     parser.add_argument("--keep", action="store_true", help="keep the .pftrace")
+    parser.add_argument(
+        "--unchained", action="store_true", help="random pids: no switch can go compact"
+    )
     parser.add_argument("--tracedat", type=Path, help="time this trace.dat against trace-cmd")
     parser.add_argument("--turns", type=int, default=5, help="with --tracedat: runs per side")
     args = parser.parse_args()
@@ -223,14 +257,16 @@ def main() -> None:
         return
     out = cache_root() / "perfetto_export.pftrace"
     spent: list[float] = []
-    trace = GeneratedTrace(args.events, args.cpus) if args.runs == 1 else None
+    chained = not args.unchained
+    trace = GeneratedTrace(args.events, args.cpus, chained=chained) if args.runs == 1 else None
     before = current_rss_mb()
     with RssSampler() as sampler:
         start, cpu = time.perf_counter(), time.process_time()
         if trace is not None:
             result = export_trace(trace, out)  # type: ignore[arg-type]
         else:
-            result = export_parts(generated_parts(args.events, args.cpus, args.runs, spent), out)
+            parts = generated_parts(args.events, args.cpus, args.runs, spent, chained)
+            result = export_parts(parts, out)
         seconds = time.perf_counter() - start - sum(spent)
         cpu_seconds = time.process_time() - cpu
     after = sampler.peak

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ import numpy as np
 import polars as pl
 import pytest
 from perfetto_support import read_export
+from test_report_groundtruth import gt_bundle
 from trace_processor_support import Imported, require_shell
+from vm_bundles import KERNELS, during_tlbi_loop_bundle, make_vm_bundle
 
 import tracekit
 from tracekit.ingest.tables import LOST_SCHEMA
@@ -31,10 +34,21 @@ from tracekit.perfetto.protos import CounterDescriptor
 
 INGEST = Path(__file__).parent / "fixtures" / "ingest"
 BUNDLE = Path(__file__).parent / "fixtures" / "perfetto" / "nvhe-a76-kprobes"
+
+
+def _scenario(name: str, scenario: str) -> Callable[[Path], Path]:
+    """A bundle around one of the VM fixtures, as its scenario's collect lays it out."""
+    kernel = KERNELS.get(name, "6.1.0-50-arm64")
+    return lambda root: make_vm_bundle(root, {"guest": name}, kernel, scenario=scenario)
+
+
 # name -> what it is: a trace.dat (x86 VM, and a real arm64 KVM host), a raw capture,
 # a text trace, a trace with lost events, a whole bundle's timeline with its scenario
-# tracks (VM lifecycle, teardown kprobes, stage-2 flushes, cyclictest, TLBI probe).
-EXPORTS = {
+# tracks (VM lifecycle, teardown kprobes, stage-2 flushes, cyclictest, TLBI probe); then
+# bundles made around fixtures (callables): each scenario's tracks (teardown on 6.1 and
+# 6.12, cache toggle, guest broadcast) and the ground truth's per-CPU EL2 and broadcast
+# invalidation tracks (issue 15).
+EXPORTS: dict[str, Path | Callable[[Path], Path]] = {
     "tracedat": INGEST / "small.v7.dat",
     "arm64": INGEST / "arm64-nvhe.dat",
     "graph": INGEST / "arm64-nvhe-graph.dat",
@@ -42,6 +56,11 @@ EXPORTS = {
     "text": INGEST / "small.trace.txt",
     "lost": INGEST / "overrun.v7zstd.dat",
     "bundle": BUNDLE,
+    "teardown-6.1": _scenario("teardown-6.1-a76", "teardown"),
+    "teardown-6.12": _scenario("teardown-6.12-max", "teardown"),
+    "cache-toggle": _scenario("cacheflush-2vcpu", "cache-toggle"),
+    "guest-broadcast": during_tlbi_loop_bundle,
+    "groundtruth": gt_bundle,
 }
 # An error stat that the recorded data itself causes, checked against the data below.
 SWITCH_MISMATCH = "mismatched_sched_switch_tids"
@@ -67,9 +86,12 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     shell = require_shell()
     source = EXPORTS[request.param]
     out = tmp_path_factory.mktemp("tp") / f"{request.param}.pftrace"
-    if source == BUNDLE:
+    if source == BUNDLE or callable(source):
         root = out.parent / "bundle"
-        shutil.copytree(source, root)
+        if callable(source):
+            source(root)
+        else:
+            shutil.copytree(source, root)
         result, _ = export_bundle(root, out)
         trace = tracekit.open(root, use_cache=False)
     else:
@@ -131,11 +153,13 @@ def test_sched_field_values_equal_ingest(case: Case, event: str) -> None:
 
 
 def test_every_track_and_counter_is_imported(case: Case) -> None:
-    """Each tracekit track by name, each counter with its unit and sample count."""
+    """Each tracekit track by name with its slices, each counter with its unit and sample
+    count."""
     export = read_export(case.out)
     rows = case.imported.query(
         "select t.name name, ifnull(ct.unit, '') unit, "
-        "(select count(*) from counter c where c.track_id = t.id) samples "
+        "(select count(*) from counter c where c.track_id = t.id) samples, "
+        "(select count(*) from slice s where s.track_id = t.id) slices "
         "from track t left join counter_track ct using (id)"
     )
     got = Counter(r["name"] for r in rows)
@@ -147,6 +171,11 @@ def test_every_track_and_counter_is_imported(case: Case) -> None:
     units = {r["name"]: r["unit"] for r in rows if r["unit"]}
     for name, values in export.counters.items():
         assert samples[name] == len(values), case.say(f"{name}: {samples[name]} samples")
+    slices: Counter[str] = Counter()
+    for r in rows:
+        slices[r["name"]] += int(r["slices"])
+    for name, spans in export.slices.items():
+        assert slices[name] == len(spans), case.say(f"{name}: {slices[name]} slices")
     for packet in export.packets:
         descriptor = packet.track_descriptor
         counter = packet.HasField("track_descriptor") and descriptor.HasField("counter")

@@ -9,10 +9,10 @@ from typing import Any
 import polars as pl
 import pytest
 from perfetto_support import Export, read_export
+from vm_bundles import during_tlbi_loop_bundle
 
 import tracekit
 from tracekit.analysis.cacheflush import BY_NEIGHBOUR, BY_PROBE
-from tracekit.bundle import BundleWriter, Manifest, RunRecord
 from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.bundle import export_bundle
 from tracekit.perfetto.timeline import write_trace_tracks
@@ -187,19 +187,8 @@ def test_overlapping_spans_go_to_extra_lanes(tmp_path: Path) -> None:
 
 def test_during_phase_guest_spans_its_phase(tmp_path: Path) -> None:
     """A guest kept running through a phase is drawn from guest-start to guest-stop."""
-    writer = BundleWriter.create(tmp_path / "b", Manifest(options={"guest_cpus": [1]}))
-    start = writer.start_run(RunRecord("during-guest-start", "during", "guest-start", 0, 100, 200))
-    (tmp_path / "b" / "runs" / "during-guest-start").mkdir(parents=True)
-    vmm = "record=run format=1 variant=tlbi-loop tlbi_count=4294967295 vcpus=1\n"
-    (tmp_path / "b" / "runs" / "during-guest-start" / "vmm.txt").write_text(vmm)
-    writer.end_run(start)
-    writer.end_run(writer.start_run(RunRecord("during-quiet-0", "during", "quiet", 0, 300, 900)))
-    writer.end_run(
-        writer.start_run(RunRecord("during-guest-stop", "during", "guest-stop", 0, 950, 990))
-    )
-    writer.finish()
     out = tmp_path / "d.pftrace"
-    export_bundle(tmp_path / "b", out)
+    export_bundle(during_tlbi_loop_bundle(tmp_path / "b"), out)
     assert validate_file(out).ok
     (span,) = read_export(out).slices["CPU 1: guest TLBI loop (phase during)"]
     assert (span.start, span.end, span.args["tlbi_count"]) == (100, 990, "4294967295")

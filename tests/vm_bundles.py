@@ -35,6 +35,22 @@ def make_vm_bundle(
     return root
 
 
+def during_tlbi_loop_bundle(root: Path) -> Path:
+    """A guest-broadcast bundle's during phase: the TLBI-loop guest started (its VMM
+    record) and stopped around a quiet run, no run traced."""
+    options = {"guest_cpus": [1], "scenario": "guest-broadcast"}
+    writer = BundleWriter.create(root, Manifest(options=options))
+    start = writer.start_run(RunRecord("during-guest-start", "during", "guest-start", 0, 100, 200))
+    vmm = "record=run format=1 variant=tlbi-loop tlbi_count=4294967295 vcpus=1\n"
+    writer.path("runs/during-guest-start/vmm.txt").write_text(vmm)
+    writer.end_run(start)
+    writer.end_run(writer.start_run(RunRecord("during-quiet-0", "during", "quiet", 0, 300, 900)))
+    stop = RunRecord("during-guest-stop", "during", "guest-stop", 0, 950, 990)
+    writer.end_run(writer.start_run(stop))
+    writer.finish()
+    return root
+
+
 def open_fixture(name: str) -> Trace:
     """One fixture trace, ingested without writing a cache beside it."""
     return tracekit.open(FIXTURES / f"{name}.trace", use_cache=False)

@@ -8,6 +8,7 @@ is written generic, like the per-row path did, so nothing recorded is altered.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,9 +20,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from tracekit.perfetto import wire
 from tracekit.perfetto.events import EventPlan, is_atrace
 from tracekit.perfetto.protos import FtraceEvent, GenericFtraceEvent
+from tracekit.perfetto.wire import Ints, Piece, TableTexts, Texts
 
 Intern = Callable[[int], int]
 Mask = npt.NDArray[np.bool_]
+# One dedicated field of every row: (proto field number, ints or texts, present).
+Column = tuple[int, "npt.NDArray[np.int64] | Texts", Mask]
 
 _GENERIC = FtraceEvent.DESCRIPTOR.fields_by_name["generic"].number
 _FIELD = GenericFtraceEvent.Field.DESCRIPTOR.fields_by_name
@@ -36,123 +40,190 @@ _RANGES = {
 }
 
 
-def encode_rows(table: pl.DataFrame, plan: EventPlan, intern: Intern | None) -> wire.Rows:
-    """Each row's FtraceEvent event field (dedicated message or generic), in row order."""
+def encode_rows(
+    table: pl.DataFrame, plan: EventPlan, intern: Intern | None, texts: TableTexts | None = None
+) -> Piece:
+    """Each row's FtraceEvent event field (dedicated message or generic), in row order.
+    TEXTS: the table's text columns, coded (coded here when not given)."""
     n = table.height
+    texts = texts or TableTexts(table)
     if plan.dedicated is None:
-        return _generic(table, plan)
-    body, fits = _dedicated(table, plan, intern)
+        return _generic(table, plan, texts)
+    columns, fits = _dedicated(table, plan, intern, texts)
     if plan.text_column is not None:
-        fits &= np.array([is_atrace(t) for t in table[plan.columns[plan.text_column]]], bool)
+        fits &= _atrace(table[plan.columns[plan.text_column]], texts)
     number = FtraceEvent.DESCRIPTOR.fields_by_name[plan.dedicated].number
-    dedicated = wire.message(number, body, fits)
     if fits.all():
-        return dedicated
-    rest = np.flatnonzero(~fits)
-    generic = _generic(table[rest], plan)
-    spread = np.full(n, -1)
-    spread[rest] = np.arange(rest.size)
-    placed = wire.take(generic, np.maximum(spread, 0), spread >= 0) if rest.size else generic
-    return wire.join([dedicated, placed])
+        return wire.message(number, _pieces(columns, None, n))
+    good, rest = np.flatnonzero(fits), np.flatnonzero(~fits)
+    dedicated = wire.message(number, _pieces(columns, good, good.size))
+    generic = _generic(table[rest], plan, texts.pick(rest, table[rest]))
+    return wire.interleave(n, [(good, dedicated), (rest, generic)])
+
+
+def symbol_column(plan: EventPlan) -> str | None:
+    """The column whose addresses the plan writes as interned kernel symbols, if any."""
+    for index, proto_name, _ in plan.setters:
+        if proto_name == plan.symbol_field:
+            return plan.columns[index]
+    return None
 
 
 def _dedicated(
-    table: pl.DataFrame, plan: EventPlan, intern: Intern | None
-) -> tuple[list[wire.Rows], Mask]:
+    table: pl.DataFrame, plan: EventPlan, intern: Intern | None, texts: TableTexts
+) -> tuple[list[Column], Mask]:
     """The dedicated message's fields of every row, and which rows' values fit it."""
     message = getattr(FtraceEvent(), plan.dedicated or "").DESCRIPTOR
     fits = np.ones(table.height, dtype=bool)
-    parts = []
+    columns: list[Column] = []
     for index, proto_name, convert in plan.setters:
         column = table[plan.columns[index]]
         proto = message.fields_by_name[proto_name]
-        present = column.is_not_null().to_numpy()
+        present = _present(column)
         if proto.type == _T.TYPE_STRING:
-            parts.append(wire.field(proto.number, wire.text_column(column), 2, present))
+            columns.append((proto.number, texts(plan.columns[index]), present))
             continue
-        values, ok = _integers(
-            column, convert, proto, intern if proto_name == plan.symbol_field else None
-        )
+        symbols = intern if proto_name == plan.symbol_field else None
+        coded = functools.partial(texts, plan.columns[index])
+        values, ok = _integers(column, convert, proto, symbols, coded)
         fits &= ok | ~present
-        parts.append(wire.int_field(proto.number, values, present & ok))
-    return parts or [wire.constant(b"", table.height)], fits
+        columns.append((proto.number, values, present & ok))
+    return columns, fits
+
+
+def _present(column: pl.Series) -> Mask:
+    """Which rows have a value."""
+    if not column.null_count():
+        return np.ones(column.len(), dtype=bool)
+    return column.is_not_null().to_numpy()
+
+
+def _pieces(columns: list[Column], rows: Ints | None, n: int) -> list[Piece]:
+    """Each column's field of the N rows at ROWS (all rows if None), absent values left out."""
+    parts = []
+    for number, values, present in columns:
+        if rows is not None:
+            present = present[rows]
+            values = values.pick(rows) if isinstance(values, Texts) else values[rows]
+        have = np.flatnonzero(present)
+        if isinstance(values, Texts):
+            piece = wire.field(number, wire.texts(values.pick(have) if have.size < n else values))
+        else:
+            kept = values[have] if have.size < n else values
+            piece = wire.varints(kept, wire.tag(number, wire.WIRE_VARINT))
+        parts.append(wire.spread(piece, have, n))
+    return parts or [wire.constant(b"", n)]
+
+
+def _atrace(column: pl.Series, texts: TableTexts) -> Mask:
+    """Which prints are atrace text (each distinct text checked once)."""
+    coded = texts(column.name)
+    ok = np.array([is_atrace(t.decode()) for t in coded.distinct], dtype=bool)
+    return ok[coded.codes] & _present(column) if ok.size else np.zeros(column.len(), bool)
 
 
 def _integers(
-    column: pl.Series, convert: Callable[[Any], Any], proto: Any, intern: Intern | None
+    column: pl.Series,
+    convert: Callable[[Any], Any],
+    proto: Any,
+    intern: Intern | None,
+    coded: Callable[[], Texts],
 ) -> tuple[npt.NDArray[np.int64], Mask]:
     """A column as int64 bit patterns for a varint field, and which values fit it."""
     dtype = column.dtype
     if intern is not None and dtype.is_integer():
         return _interned(column, intern), np.ones(column.len(), bool)
     if dtype == pl.Boolean or (proto.type == _T.TYPE_BOOL and dtype.is_integer()):
-        return (column.fill_null(0).cast(pl.Int64) != 0).cast(pl.Int64).to_numpy(), np.ones(
-            column.len(), bool
-        )
+        return (wire.ints(column) != 0).astype(np.int64), np.ones(column.len(), bool)
     if not dtype.is_integer():  # text states, mask words: converted value by value
-        return _converted(column, convert, proto)
+        return _converted(column, convert, proto, coded)
     low, high = _RANGES.get(proto.type, (-(2**63), 2**64 - 1))
-    filled = column.fill_null(0)
+    signed = wire.ints(column)
     if dtype == pl.UInt64:
-        unsigned = filled.to_numpy()
-        return unsigned.view(np.int64), unsigned <= np.uint64(high)
-    signed = filled.cast(pl.Int64).to_numpy()
+        return signed, signed.view(np.uint64) <= np.uint64(high)
+    if dtype.is_signed_integer() and low <= -(2**31) and high >= 2**31 - 1 and dtype != pl.Int64:
+        return signed, np.ones(signed.size, bool)  # a 32-bit or narrower column fits
     return signed, (signed >= low) & (signed <= min(high, 2**63 - 1))
 
 
 def _converted(
-    column: pl.Series, convert: Callable[[Any], Any], proto: Any
+    column: pl.Series, convert: Callable[[Any], Any], proto: Any, coded: Callable[[], Texts]
 ) -> tuple[npt.NDArray[np.int64], Mask]:
-    """Values converted one by one (text states, mask words); a failure does not fit."""
+    """Values converted one by one (text states, mask words; each distinct text once); a
+    failure does not fit."""
     low, high = _RANGES.get(proto.type, (0, 1))
-    out = np.zeros(column.len(), dtype=np.int64)
-    ok = np.ones(column.len(), dtype=bool)
-    for i, value in enumerate(column.to_list()):
-        if value is None:
-            continue
+
+    def one(value: Any) -> tuple[int, bool]:
+        """One value's bit pattern and whether it fits."""
         try:
             number = int(convert(value))
         except (ValueError, TypeError, OverflowError):
-            ok[i] = False
-            continue
-        ok[i] = low <= number <= high
-        out[i] = np.uint64(number % 2**64).view(np.int64) if ok[i] else 0
+            return 0, False
+        if not low <= number <= high:
+            return 0, False
+        return int(np.uint64(number % 2**64).view(np.int64)), True
+
+    if column.dtype in (pl.String, pl.Categorical):
+        texts = coded()
+        done = [one(t.decode()) for t in texts.distinct]
+        values = np.array([v for v, _ in done], dtype=np.int64)[texts.codes]
+        ok = np.array([f for _, f in done], dtype=bool)[texts.codes]
+        present = _present(column)
+        return np.where(present, values, 0), ok | ~present
+    out = np.zeros(column.len(), dtype=np.int64)
+    ok = np.ones(column.len(), dtype=bool)
+    for i, value in enumerate(column.to_list()):
+        if value is not None:
+            out[i], ok[i] = one(value)
     return out, ok
 
 
 def _interned(column: pl.Series, intern: Intern) -> npt.NDArray[np.int64]:
     """Addresses replaced by their symbol iids (each distinct address interned once)."""
-    values = column.fill_null(0).cast(pl.UInt64).to_numpy()
+    values = wire.ints(column).view(np.uint64)
     unique, inverse = np.unique(values, return_inverse=True)
     iids = np.array([intern(int(address)) for address in unique], dtype=np.int64)
-    return iids[inverse]
+    return iids[inverse.reshape(-1)]
 
 
-def _generic(table: pl.DataFrame, plan: EventPlan) -> wire.Rows:
+def _generic(table: pl.DataFrame, plan: EventPlan, texts: TableTexts) -> Piece:
     """GenericFtraceEvent of every row: its name and each non-null field."""
     n = table.height
-    name = wire.tag(1, wire.WIRE_LEN) + wire.varint_bytes(len(plan.name.encode()))
-    parts = [wire.constant(name + plan.name.encode(), n)]
+    parts = [wire.constant(wire.len_field(1, plan.name.encode()), n)]
     for index, column_name, kind, convert in plan.generic:
         column = table[plan.columns[index]]
-        present = column.is_not_null().to_numpy()
-        key = column_name.encode()
-        head = wire.constant(wire.tag(1, wire.WIRE_LEN) + wire.varint_bytes(len(key)) + key, n)
+        have = np.flatnonzero(_present(column))
+        if have.size < n:
+            column = column.gather(have)
+        head = wire.constant(wire.len_field(1, column_name.encode()), have.size)
         number = _FIELD[kind].number
         if kind == "str_value" and column.dtype in (pl.String, pl.Categorical):
-            value = wire.field(number, wire.text_column(column), wire.WIRE_LEN)
+            coded = texts(plan.columns[index])
+            value = wire.field(number, wire.texts(coded if have.size == n else coded.pick(have)))
+        elif kind == "str_value" and _joinable(column):
+            # as events._list_text writes each list (decimal values, comma-separated),
+            # joined by polars for the whole column
+            joined = column.cast(pl.List(pl.String)).list.join(",")
+            value = wire.field(number, wire.texts(wire.text_codes(joined)))
         elif kind == "str_value":
-            texts = [None if v is None else convert(v) for v in column.to_list()]
-            value = wire.field(number, wire.texts(texts), wire.WIRE_LEN)
+            value = wire.field(number, wire.texts(_texts([convert(v) for v in column.to_list()])))
         else:
-            value = wire.int_field(number, _plain_ints(column))
-        parts.append(wire.message(2, [head, value], present))
+            value = wire.varints(wire.ints(column), wire.tag(number, wire.WIRE_VARINT))
+        parts.append(wire.spread(wire.message(2, [head, value]), have, n))
     return wire.message(_GENERIC, parts)
 
 
-def _plain_ints(column: pl.Series) -> npt.NDArray[np.int64]:
-    """An integer or boolean column as int64 bit patterns (nulls as 0: not written)."""
-    filled = column.fill_null(0)
-    if filled.dtype == pl.UInt64:
-        return filled.to_numpy().view(np.int64)
-    return filled.cast(pl.Int64).to_numpy()
+def _joinable(column: pl.Series) -> bool:
+    """A list of integers without null items (syscall args, arrays): polars writes each
+    value as str() does."""
+    dtype = column.dtype
+    if not isinstance(dtype, pl.List) or dtype.inner is None or not dtype.inner.is_integer():
+        return False
+    return bool((column.list.drop_nulls().list.len() == column.list.len()).all())
+
+
+def _texts(values: list[str]) -> Texts:
+    """Python texts as codes into their distinct values."""
+    index: dict[str, int] = {}
+    codes = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+    return Texts(codes, [t.encode() for t in index])

@@ -1,6 +1,7 @@
 """Kernel events -> FtraceEventBundle packets, per CPU, in bounded memory.
 
-Events are read in chunks of rows (time order) and written as bundles of at most
+Events are read in chunks of rows (time order), encoded a chunk at a time from their
+columns (wire.py, columns.py, compact.py), and written as bundles of at most
 `BUNDLE_EVENTS` events of one CPU. A bundle that follows lost events (a ring-buffer page
 flagged as having missed events) starts at the loss and has `lost_events` set, so the UI
 and trace_processor know the gap is real. Loss counters (overrun, dropped) go into one
@@ -18,7 +19,8 @@ import bisect
 import itertools
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,14 @@ import polars as pl
 
 from tracekit.perfetto import wire
 from tracekit.perfetto.columns import encode_rows as columns_encode
+from tracekit.perfetto.columns import symbol_column
 from tracekit.perfetto.compact import (
-    CompactBuffer,
+    ChunkOrder,
+    Compact,
+    CompactChunk,
     SchedState,
     can_compact,
-    compact_switches,
-    running_before,
+    decide,
 )
 from tracekit.perfetto.events import EventPlan, plan_event
 from tracekit.perfetto.protos import FtraceEventBundle, FtraceStats, TracePacket, pb
@@ -92,8 +96,7 @@ class KernelSymbols:
         for iid, name in self._pending:
             data.kernel_symbols.add(iid=iid, str=name.encode())
         self._pending.clear()
-        body = data.SerializeToString()
-        return wire.tag(_INTERNED, wire.WIRE_LEN) + wire.varint_bytes(len(body)) + body
+        return wire.len_field(_INTERNED, data.SerializeToString())
 
 
 class FtraceSequence:
@@ -116,18 +119,9 @@ class FtraceSequence:
         return self.symbols
 
 
-@dataclass
-class _Bundle:
-    """One CPU's bundle being filled: encoded events, compact events, count, loss flag."""
-
-    lost: bool
-    events: list[bytes] = field(default_factory=list)
-    compact: CompactBuffer = field(default_factory=CompactBuffer)
-    size: int = 0
-
-
 class FtraceBundleWriter:
-    """Fills per-CPU bundles and writes each when full, at a loss, or at the end."""
+    """Cuts a chunk's events (in output order) into per-CPU bundles and writes each: at
+    most BUNDLE_EVENTS events, a new one at each loss (flagged), none across chunks."""
 
     def __init__(
         self,
@@ -140,145 +134,61 @@ class FtraceBundleWriter:
         self._lost_at = {cpu: np.array(points, dtype=np.int64) for cpu, points in lost_at.items()}
         self._losses_seen: dict[int, int] = {}
         self._symbols = symbols
-        self._open: dict[int, _Bundle] = {}
         self._sequence = sequence
 
-    def add_cpu(
+    def cut(self, chunk: ChunkOrder) -> list[tuple[int, int, int, bool]]:
+        """The chunk's bundles: (CPU, first and end output position, follows a loss)."""
+        bundles = []
+        edges = [*np.flatnonzero(np.diff(chunk.cpus)) + 1, chunk.cpus.size]
+        start = 0
+        for stop in (int(e) for e in edges):
+            cpu = int(chunk.cpus[start])
+            points = self._lost_at.get(cpu)
+            if points is None:
+                runs = [(start, stop, 0)]
+            else:
+                segment = np.searchsorted(points, chunk.ts[start:stop], side="right")
+                cuts = [0, *(np.flatnonzero(np.diff(segment)) + 1).tolist(), stop - start]
+                pairs = itertools.pairwise(cuts)
+                runs = [(start + a, start + b, int(segment[a])) for a, b in pairs]
+            for first, end, seen in runs:
+                lost = seen > self._losses_seen.get(cpu, 0)
+                if lost:
+                    self._losses_seen[cpu] = seen
+                for at in range(first, end, BUNDLE_EVENTS):
+                    bundles.append((cpu, at, min(end, at + BUNDLE_EVENTS), lost and at == first))
+            start = stop
+        return bundles
+
+    def write(
         self,
-        cpu: int,
-        ts: npt.NDArray[np.int64],
-        entries: wire.Rows,
-        compact: Mapping[str, tuple[npt.NDArray[np.bool_], CompactColumns]],
+        bundles: list[tuple[int, int, int, bool]],
+        full: npt.NDArray[np.bool_],
+        data: wire.Bytes,
+        starts: wire.Ints,
+        compact: CompactChunk | None,
     ) -> None:
-        """One CPU's events of a chunk, in time order: ENTRIES are the encoded bundle
-        entries (empty for compact rows); COMPACT says per kind which rows it holds."""
-        points = self._lost_at.get(cpu)
-        segment = np.searchsorted(points, ts, side="right") if points is not None else None
-        starts = entries.starts
-        at = 0
-        while at < ts.size:
-            seen = self._losses_seen.get(cpu, 0)
-            if segment is not None and segment[at] > seen:
-                self._losses_seen[cpu] = int(segment[at])
-                self.flush(cpu)
-                self._open[cpu] = _Bundle(lost=True)
-            bundle = self._open.setdefault(cpu, _Bundle(lost=False))
-            stop = min(ts.size, at + BUNDLE_EVENTS - bundle.size)
-            if segment is not None:
-                stop = at + int(np.searchsorted(segment[at:stop], segment[at], side="right"))
-            first, last = int(starts[at]), int(starts[stop - 1] + entries.lengths[stop - 1])
-            bundle.events.append(entries.data[first:last].tobytes())
-            for kind, (rows, columns) in compact.items():
-                picked = np.flatnonzero(rows[at:stop]) + at
-                if picked.size:
-                    bundle.compact.add(
-                        kind,
-                        [c[picked] for c in columns.ints],
-                        columns.comms[picked],
-                        columns.names,
-                    )
-            bundle.size += stop - at
-            at = stop
-            if bundle.size >= BUNDLE_EVENTS:
-                self.flush(cpu)
-
-    def flush(self, cpu: int) -> None:
-        """Write CPU's open bundle, if it has any event."""
-        bundle = self._open.pop(cpu, None)
-        if bundle is None or not bundle.size:
-            return
-        body = wire.tag(1, wire.WIRE_VARINT) + wire.varint_bytes(cpu) + b"".join(bundle.events)
-        if bundle.lost:
-            body += wire.tag(_LOST, wire.WIRE_VARINT) + b"\x01"
-        body += bundle.compact.encode()
-        flags = SEQ_NEEDS_INCREMENTAL_STATE
-        if self._sequence.first:
-            flags |= SEQ_INCREMENTAL_STATE_CLEARED
-            self._sequence.first = False
-        packet = (
-            wire.tag(_BUNDLE, wire.WIRE_LEN) + wire.varint_bytes(len(body)) + body
-            + wire.tag(_SEQUENCE_ID, wire.WIRE_VARINT) + wire.varint_bytes(FTRACE_SEQUENCE)
-            + wire.tag(_FLAGS, wire.WIRE_VARINT) + wire.varint_bytes(flags)
-            + self._symbols.take_pending()
-        )  # fmt: skip
-        self._writer.write_raw(packet)
-
-    def close(self) -> None:
-        """Write every open bundle."""
-        for cpu in sorted(self._open):
-            self.flush(cpu)
-
-
-@dataclass
-class CompactColumns:
-    """A kind's compact columns over a chunk's rows (ints in field order, comms)."""
-
-    ints: list[npt.NDArray[np.int64]]
-    comms: npt.NDArray[np.int64]  # indices into names
-    names: list[str]
-
-    def pick(self, rows: npt.NDArray[np.int64]) -> CompactColumns:
-        """The columns at ROWS."""
-        return CompactColumns([c[rows] for c in self.ints], self.comms[rows], self.names)
-
-
-def _compact_rows(
-    chunk: pl.DataFrame,
-    own: Mapping[str, tuple[pl.DataFrame, npt.NDArray[np.int64]]],
-    state: SchedState,
-    ts: npt.NDArray[np.int64],
-    cpus: npt.NDArray[np.int64],
-) -> dict[str, tuple[npt.NDArray[np.bool_], CompactColumns]]:
-    """Per kind (switch, waking): which chunk rows go compact, and their columns."""
-    n = ts.size
-    out: dict[str, tuple[npt.NDArray[np.bool_], CompactColumns]] = {}
-    switch_at, next_pid = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
-    switch = own.get("sched_switch")
-    if switch is not None:
-        switch_at[switch[1]] = True
-        next_pid[switch[1]] = switch[0]["next_pid"].to_numpy()
-    running, since = running_before(cpus, ts, switch_at, next_pid, state)
-    if switch is not None:
-        table, at = switch
-        mask = np.zeros(n, dtype=bool)
-        mask[at] = compact_switches(table, state)
-        ints = [ts] + [_spread(table[c], at, n) for c in ("prev_state", "next_pid", "next_prio")]
-        out["switch"] = (mask, CompactColumns(ints, *_spread_text(table["next_comm"], at, n)))
-    waking = own.get("sched_waking")
-    flags = chunk["flags"]
-    if waking is not None and flags.null_count() == 0:
-        table, at = waking
-        fields = [table[c] for c in ("pid", "target_cpu", "prio")]
-        good = (
-            (table["common_pid"].to_numpy() == running[at])
-            & (since[at] >= 0) & (ts[at] > since[at])
-            & table.select(pl.all_horizontal(pl.all().is_not_null())).to_series().to_numpy()
-        )  # fmt: skip
-        for f in fields:
-            values = f.fill_null(0).cast(pl.Int64).to_numpy()
-            good &= (values >= -(2**31)) & (values < 2**31)
-        mask = np.zeros(n, dtype=bool)
-        mask[at] = good
-        ints = [ts] + [_spread(f, at, n) for f in fields] + [flags.cast(pl.Int64).to_numpy()]
-        out["waking"] = (mask, CompactColumns(ints, *_spread_text(table["comm"], at, n)))
-    return out
-
-
-def _spread(column: pl.Series, at: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
-    """A kind's column placed at its chunk rows (0 elsewhere)."""
-    out = np.zeros(n, dtype=np.int64)
-    out[at] = column.fill_null(0).cast(pl.Int64).to_numpy()
-    return out
-
-
-def _spread_text(
-    column: pl.Series, at: npt.NDArray[np.int64], n: int
-) -> tuple[npt.NDArray[np.int64], list[str]]:
-    """A kind's text column at its chunk rows as indices into its distinct texts."""
-    filled = column.fill_null("")
-    out = np.zeros(n, dtype=np.int64)
-    out[at] = (filled.rank("dense") - 1).cast(pl.Int64).to_numpy()
-    return out, filled.unique().sort().to_list()
+        """Write each bundle: its full events' bytes (FULL: which output positions have
+        one, in DATA from STARTS), its loss flag and its compact events."""
+        before = np.concatenate([[0], np.cumsum(full)])
+        for index, (cpu, first, end, lost) in enumerate(bundles):
+            lo, hi = int(starts[before[first]]), int(starts[before[end]])
+            body = wire.tag(1, wire.WIRE_VARINT) + wire.varint_bytes(cpu) + data[lo:hi].tobytes()
+            if lost:
+                body += wire.tag(_LOST, wire.WIRE_VARINT) + b"\x01"
+            if compact is not None:
+                body += compact.encode(index)
+            flags = SEQ_NEEDS_INCREMENTAL_STATE
+            if self._sequence.first:
+                flags |= SEQ_INCREMENTAL_STATE_CLEARED
+                self._sequence.first = False
+            packet = (
+                wire.len_field(_BUNDLE, body)
+                + wire.tag(_SEQUENCE_ID, wire.WIRE_VARINT) + wire.varint_bytes(FTRACE_SEQUENCE)
+                + wire.tag(_FLAGS, wire.WIRE_VARINT) + wire.varint_bytes(flags)
+                + self._symbols.take_pending()
+            )  # fmt: skip
+            self._writer.write_raw(packet)
 
 
 def write_ftrace(
@@ -306,79 +216,133 @@ def write_ftrace(
     counts: Counter[str] = Counter()
     compactable = can_compact(tables)
     columns = events.select("row", "ts", "cpu", "common_pid", "event", "flags")
-    for start in range(0, columns.height, CHUNK_ROWS):
-        chunk = columns.slice(start, CHUNK_ROWS)
-        _write_chunk(chunk, tables, plans, bundles, counts, interner, sequence, compactable)
-        if progress is not None:
-            progress(start + chunk.height, columns.height)
-    bundles.close()
+    rows = {name: table["row"].to_numpy() for name, table in tables.items()}
+    # Two threads: one chunk encoded (numpy and polars, mostly without the GIL) while the
+    # next is prepared and the one before written; the bytes are those of one thread.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting: tuple[_Chunk, Future[Any]] | None = None
+        for start in range(0, columns.height, CHUNK_ROWS):
+            chunk = columns.slice(start, CHUNK_ROWS)
+            own = _own_rows(chunk, tables, rows)
+            for name, (table, _) in own.items():
+                counts[name] += table.height
+            ready = _prepare(chunk, own, plans, bundles, interner, sequence, compactable)
+            encoding = pool.submit(_encode, ready, plans, interner)
+            if waiting is not None:
+                bundles.write(waiting[0].cut, waiting[0].full, *waiting[1].result())
+            waiting = (ready, encoding)
+            if progress is not None:
+                progress(start + chunk.height, columns.height)
+        if waiting is not None:
+            bundles.write(waiting[0].cut, waiting[0].full, *waiting[1].result())
     if stats:
         write_stats(writer, lost)
     return counts
 
 
-def _write_chunk(
+def _own_rows(
+    chunk: pl.DataFrame, tables: Mapping[str, pl.DataFrame], rows: Mapping[str, wire.Ints]
+) -> dict[str, tuple[pl.DataFrame, wire.Ints]]:
+    """Per event type in a chunk of consecutive events: its typed rows, and the chunk row
+    of each (the typed tables and the events table must agree row for row)."""
+    ids = chunk["row"].to_numpy()
+    first, last = int(ids[0]), int(ids[-1])
+    # Row numbers are mostly first..last, one each: a typed row's place is then its number.
+    dense = last - first == ids.size - 1 and bool((np.diff(ids) == 1).all())
+    own = {}
+    for name, numbers in rows.items():
+        lo, hi = np.searchsorted(numbers, [first, last + 1])
+        if lo == hi:
+            continue
+        mine = rows[name][lo:hi]
+        at = mine - first if dense else np.searchsorted(ids, mine)
+        if not dense and (
+            (at >= ids.size).any() or (ids[np.minimum(at, ids.size - 1)] != mine).any()
+        ):
+            raise AssertionError(f"event table {name} out of step with events ({first}..{last})")
+        own[name] = (tables[name].slice(int(lo), int(hi - lo)), at)
+    if sum(at.size for _, at in own.values()) != ids.size:
+        raise AssertionError(f"event tables and the events table differ ({first}..{last})")
+    return own
+
+
+@dataclass
+class _Chunk:
+    """A chunk decided (order, bundles, which rows go compact), ready to encode."""
+
+    chunk: pl.DataFrame
+    own: Mapping[str, tuple[pl.DataFrame, wire.Ints]]
+    texts: dict[str, wire.TableTexts]
+    order: ChunkOrder
+    cut: list[tuple[int, int, int, bool]]
+    full: npt.NDArray[np.bool_]  # per output position: written as a full event
+    compact: tuple[dict[str, Compact], wire.Texts] | None
+
+
+def _prepare(
     chunk: pl.DataFrame,
-    tables: Mapping[str, pl.DataFrame],
+    own: Mapping[str, tuple[pl.DataFrame, wire.Ints]],
     plans: Mapping[str, EventPlan],
     bundles: FtraceBundleWriter,
-    counts: Counter[str],
     interner: KernelSymbols,
     sequence: FtraceSequence,
     compactable: bool,
-) -> None:
-    """Write one chunk of events (consecutive rows) into the per-CPU bundles."""
-    rows = chunk["row"].to_numpy()
-    first, last = int(rows[0]), int(rows[-1])
-    names = chunk["event"].cast(pl.String).unique(maintain_order=True).to_list()
-    parts, where, own = [], [], {}
-    for name in names:
-        table = _rows_between(tables[name], first, last)
-        at = np.searchsorted(rows, table["row"].to_numpy())
-        if (
-            at.size != table.height
-            or (at >= rows.size).any()
-            or (rows[np.minimum(at, rows.size - 1)] != table["row"].to_numpy()).any()
-        ):
-            raise AssertionError(f"event table {name} out of step with events ({first}..{last})")
-        parts.append(columns_encode(table, plans[name], interner.intern))
-        where.append(at)
-        own[name] = (table, at)
-        counts[name] += table.height
-    if sum(a.size for a in where) != rows.size:
-        raise AssertionError(f"event tables and the events table differ ({first}..{last})")
-    # Encoded straight into per-CPU order (time order within a CPU): each CPU's
-    # bundle entries are then one contiguous run of bytes.
+) -> _Chunk:
+    """What must run in order, chunk after chunk: the bundles, the compact sched state,
+    the symbols interned (so their iids do not depend on threads)."""
     ts = chunk["ts"].to_numpy().astype(np.int64)
-    cpus = chunk["cpu"].to_numpy().astype(np.int64)
-    by_cpu = np.argsort(cpus, kind="stable")
-    in_chunk = np.empty(rows.size, dtype=np.int64)
-    in_chunk[np.concatenate(where)] = np.arange(rows.size)
-    payload = wire.take(wire.concat(parts), in_chunk[by_cpu])
-    compact = _compact_rows(chunk, own, sequence.sched, ts, cpus) if compactable else {}
-    full = np.ones(rows.size, dtype=bool)
-    for mask, _ in compact.values():
-        full &= ~mask
-    pids = chunk["common_pid"].fill_null(0).to_numpy()[by_cpu]
-    fields = [wire.int_field(1, ts[by_cpu]), wire.int_field(2, pids), payload]
-    entries = wire.message(_EVENT, fields, full[by_cpu])
-    sorted_cpus = cpus[by_cpu]
-    bounds = [0, *(np.flatnonzero(np.diff(sorted_cpus)) + 1).tolist(), rows.size]
-    for start, stop in itertools.pairwise(bounds):
-        if stop <= start:
-            continue
-        group = by_cpu[start:stop]
-        kinds = {kind: (mask[group], cols.pick(group)) for kind, (mask, cols) in compact.items()}
-        cpu_entries = wire.cut(entries, start, stop)
-        bundles.add_cpu(int(sorted_cpus[start]), ts[group], cpu_entries, kinds)
+    order = ChunkOrder.of(chunk["cpu"].to_numpy().astype(np.int64), ts)
+    texts = {name: wire.TableTexts(table) for name, (table, _) in own.items()}
+    full = np.ones(ts.size, dtype=bool)
+    compact = None
+    if compactable:
+        compact = decide(own, texts, chunk["flags"], order, sequence.sched)
+        for kind in compact[0].values():
+            full[kind.rows] = False
+    for name, (table, _) in own.items():
+        column = symbol_column(plans[name])
+        if column is not None and table[column].dtype.is_integer():
+            for address in np.unique(wire.ints(table[column]).view(np.uint64)).tolist():
+                interner.intern(address)
+    return _Chunk(chunk, own, texts, order, bundles.cut(order), full, compact)
 
 
-def _rows_between(table: pl.DataFrame, first: int, last: int) -> pl.DataFrame:
-    """The rows of a typed table for event rows first..last."""
-    rows = table["row"]
-    lo = rows.search_sorted(first, side="left")
-    hi = rows.search_sorted(last, side="right")
-    return table.slice(lo, hi - lo)
+def _encode(
+    ready: _Chunk, plans: Mapping[str, EventPlan], interner: KernelSymbols
+) -> tuple[wire.Bytes, wire.Ints, CompactChunk | None]:
+    """A chunk's full events straight into their places in per-CPU time order, and its
+    compact events (the bulk of the work: numpy, run beside the next chunk's _prepare)."""
+    order, full = ready.order, ready.full
+    compact = None
+    if ready.compact is not None:
+        bundle_of = np.empty(full.size, dtype=np.int64)
+        for index, (_, first, end, _) in enumerate(ready.cut):
+            bundle_of[first:end] = index
+        compact = CompactChunk(*ready.compact, bundle_of)
+    place = np.cumsum(full) - 1  # output position -> place among the full events
+    parts = []
+    for name, (table, at) in ready.own.items():
+        where = order.rank[at]
+        keep = full[where]
+        coded = ready.texts[name]
+        if not keep.all():
+            kept = np.flatnonzero(keep)
+            table, where = table[kept], where[kept]
+            coded = coded.pick(kept, table)
+        if table.height:
+            piece = columns_encode(table, plans[name], interner.intern, coded)
+            parts.append((place[where], piece))
+    pids = wire.ints(ready.chunk["common_pid"])[order.order[full]]
+    entries = wire.message(
+        _EVENT,
+        [
+            wire.varints(order.ts[full], wire.tag(1, wire.WIRE_VARINT)),
+            wire.varints(pids, wire.tag(2, wire.WIRE_VARINT)),
+            wire.interleave(pids.size, parts),
+        ],
+    )
+    data, starts = wire.assemble(entries)
+    return data, starts, compact
 
 
 def _loss_points(lost: pl.DataFrame) -> dict[int, list[int]]:

@@ -32,9 +32,6 @@ _NAMING_FIELDS = (
 )
 
 
-_CHUNK_ROWS = 65536
-
-
 @dataclass
 class Tasks:
     """What the trace tells about tasks: names, thread groups, parents, exec'd files."""
@@ -104,13 +101,10 @@ def collect_tasks(events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]) -> T
 
 
 def _last_per_pid(frame: pl.DataFrame, pid: str, *columns: str) -> Iterator[tuple[Any, ...]]:
-    """(pid, columns...) of each pid's last row, chunk by chunk so memory stays bounded.
-
-    A pid may come out once per chunk; later chunks come later, so the last one wins.
-    """
-    for start in range(0, frame.height, _CHUNK_ROWS):
-        chunk = frame.slice(start, _CHUNK_ROWS).select(pid, *columns)
-        yield from chunk.unique(subset=[pid], keep="last", maintain_order=True).iter_rows()
+    """(pid, columns...) of each pid's last row, in one hashed pass (its memory is the
+    number of distinct pids, not of rows)."""
+    last = frame.lazy().group_by(pid).agg(pl.col(*columns).last()).collect()
+    yield from last.select(pid, *columns).iter_rows()
 
 
 def process_tree_packet(tasks: Tasks, first_ts: int | None) -> TracePacket | None:
