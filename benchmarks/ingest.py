@@ -33,8 +33,8 @@ trace's decompressed ring-buffer data.
     python3 benchmarks/ingest.py [--shape NAME ...] [--repeat 3] [--quick] [--record-only]
 
 --quick makes small traces (a smoke test: no warm-up, one run) in their own cache
-directory. Run timings under the shared lock (flock /work/locks/vhost.lock ...) so that
-they do not overlap a boot; --record-only makes the traces first, outside the lock.
+directory. On a shared machine, run timings when no emulated-host boot runs beside them;
+--record-only makes the traces first, so the timed run does only the timing.
 """
 
 from __future__ import annotations
