@@ -30,6 +30,7 @@ CROSS_COMPILE = "aarch64-linux-gnu-"
 # Bump when the trimming or the build recipe changes in a way the config hash misses.
 RECIPE_VERSION = 1
 BUILD_RECORD = "tracekit-build.json"
+BUILD_LOG = "tracekit-build.log"
 CACHE_CAP_ENV = "TRACEKIT_KBUILD_CACHE_GB"
 DEFAULT_CACHE_CAP_GB = 20.0
 
@@ -285,8 +286,10 @@ def _build(
         progress(f"kernel build: starting from {seed.name} of {seed.parent.name}")
         subprocess.run(["cp", "-a", str(seed), str(build)], check=True)
         (build / BUILD_RECORD).unlink()
+        # The log is this build's own: the seed's warnings are not the series'.
+        (build / BUILD_LOG).unlink(missing_ok=True)
     build.mkdir(exist_ok=True)
-    log = build / "tracekit-build.log"
+    log = build / BUILD_LOG
     _write_if_changed(build / ".config", config)
     suffix = release_suffix(digest, patch_hash)
     env = _reproducible_env(suffix)
