@@ -302,3 +302,14 @@ def test_series_warnings_are_those_in_files_the_series_writes() -> None:
         "../arch/arm64/include/asm/kvm_host.h",
     ]
     assert kcustom.series_warnings("../drivers/base/core.c:1:1: warning: x\n", touched) == []
+
+
+def test_object_counts_tell_a_seeded_copy_from_what_was_compiled(tmp_path: Path) -> None:
+    """Objects are counted in all and by mtime: a copied one is old, a recompiled one new."""
+    (tmp_path / "kernel").mkdir()
+    for name in ("a.o", "b.o", "kernel/c.o"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "kernel" / ".c.o.cmd").write_text("")
+    os.utime(tmp_path / "a.o", (1000, 1000))
+    assert kbuild._objects(tmp_path) == 3
+    assert kbuild._objects(tmp_path, since=2000) == 2
