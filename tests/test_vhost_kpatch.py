@@ -19,6 +19,8 @@ build: long, cold), 2 CPUs each:
 What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API reads no
 registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
 operation ran are not witnessed (the s2=0 and s2=1 requests assert the same thing).
+
+Not yet run: the kernel was first built whole on 2026-12-02 and has not been booted.
 """
 
 from __future__ import annotations
