@@ -58,7 +58,8 @@ def main() -> None:
         shutil.rmtree(built.directory)
     print(
         f"cold build of {built.release} ({args.suite}, config {built.config_hash}): "
-        f"{elapsed:.0f} s wall at nice 19 on {os.cpu_count()} CPUs; Image {size_mb:.1f} MB; "
+        f"{elapsed:.0f} s wall at nice 19 on {os.cpu_count()} CPUs ({built.cpu_s:.0f} CPU-s, "
+        f"{built.objects} objects); Image {size_mb:.1f} MB; "
         f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}"
     )
 

@@ -90,8 +90,25 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         kvm_mode="nvhe",
         cpu_model="cortex-a76",
         smp=2,
+        timeout_s=1500,
+        ground_truth=True,
+    ),
+    # The same kernel in VHE (its __kvm_debug_maint runs in kernel text) and protected
+    # mode (refused): kbuild tests only, like nvhe-kpatch.
+    "vhe-kpatch": VhostConfig(
+        kernel="bookworm:kpatch",
+        kvm_mode="vhe",
+        cpu_model="max",
+        smp=2,
         timeout_s=900,
         ground_truth=True,
+    ),
+    "protected-kpatch": VhostConfig(
+        kernel="bookworm:kpatch",
+        kvm_mode="protected",
+        cpu_model="cortex-a76",
+        smp=2,
+        timeout_s=900,
     ),
 }
 

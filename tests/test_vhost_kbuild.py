@@ -282,3 +282,34 @@ def test_a_finished_build_is_taken_from_the_cache(tmp_path: Path) -> None:
     (build / kbuild.BUILD_RECORD).write_text(json.dumps(record))
     kernel = kbuild.build_kernel(build.parent, config, "1.0-1", "", lambda m: None)
     assert (kernel.directory, kernel.release, kernel.build_s) == (build, "1.0-tkx", 12.5)
+
+
+def test_series_warnings_are_those_in_files_the_series_writes() -> None:
+    """A warning in a file the series writes is found; one elsewhere and notes are not."""
+    log = (
+        "  CC      arch/arm64/kvm/debug_maint.o\n"
+        "../arch/arm64/kvm/debug_maint.c:12:5: warning: unused variable 'x' [-Wunused]\n"
+        "In file included from ../arch/arm64/kvm/arm.c:9:\n"
+        "../arch/arm64/include/asm/kvm_host.h:861:6: warning: no previous prototype\n"
+        "../drivers/base/core.c:1:1: warning: not ours\n"
+        "../arch/arm64/kvm/mmu.c:3:1: note: declared here\n"
+    )
+    touched = ["arch/arm64/kvm/debug_maint.c", "arch/arm64/include/asm/kvm_host.h"]
+    touched.append("arch/arm64/kvm/mmu.c")
+    found = kcustom.series_warnings(log, touched)
+    assert [line.split(":")[0] for line in found] == [
+        "../arch/arm64/kvm/debug_maint.c",
+        "../arch/arm64/include/asm/kvm_host.h",
+    ]
+    assert kcustom.series_warnings("../drivers/base/core.c:1:1: warning: x\n", touched) == []
+
+
+def test_object_counts_tell_a_seeded_copy_from_what_was_compiled(tmp_path: Path) -> None:
+    """Objects are counted in all and by mtime: a copied one is old, a recompiled one new."""
+    (tmp_path / "kernel").mkdir()
+    for name in ("a.o", "b.o", "kernel/c.o"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "kernel" / ".c.o.cmd").write_text("")
+    os.utime(tmp_path / "a.o", (1000, 1000))
+    assert kbuild._objects(tmp_path) == 3
+    assert kbuild._objects(tmp_path, since=2000) == 2

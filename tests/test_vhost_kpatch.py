@@ -1,28 +1,48 @@
-"""reproducer/kpatch in the emulated host: each EL2 operation, and the teardown switch.
+"""reproducer/kpatch in the emulated host: each EL2 operation, the teardown switch, refusals.
 
-One boot of bookworm:kpatch (nVHE, 2 x cortex-a76, the ground-truth plugin), behind the
-kbuild marker: its kernel is tracekit's own build (long, cold). Each operation runs on
-CPU 1 between two gtmark markers on CPU 0; the plugin must see the named instruction
-once, on CPU 1, in nVHE hyp text, from the series' __kvm_debug_maint. Then one MMU-on VM
-per teardown_flush choice: `off` issues no ALLE1(IS) at EL2 in its window, `alle1is` one
-TLBI ALLE1IS from __kvm_flush_vm_context, `last-ran` one local TLBI ALLE1 on CPU 1.
-Then each refused request (an offline CPU, a VMID too wide, a missing or extra VMID, an
-unknown operation or switch choice) must fail with its errno.
+Three boots of bookworm:kpatch, behind the kbuild marker (its kernel is tracekit's own
+build: long, cold), 2 CPUs each:
+- nVHE on cortex-a76 with the ground-truth plugin: each operation runs on CPU 1 between
+  two gtmark markers on CPU 0; the plugin must see the named instruction once, on CPU 1,
+  in nVHE hyp text, from the series' __kvm_debug_maint, and, since no VM is alive, 6.1's
+  EL2 bring-up on CPU 1 only (___kvm_hyp_init's TLBI ALLE2 and VMALLS12E1). Then one
+  MMU-on VM per teardown_flush choice: `off` issues no ALLE1(IS) at EL2 in its window,
+  `alle1is` one TLBI ALLE1IS from __kvm_flush_vm_context, `last-ran` one local TLBI ALLE1
+  on CPU 1, each after the guest's last instruction the plugin logged. Then each refused
+  request (an offline CPU, a VMID too wide, a missing or extra VMID, an unknown operation
+  or switch choice) must fail with its errno. cortex-a76 is QEMU's r4p1, outside the
+  repeat-TLBI erratum: a broadcast operation is one TLBI (a55 would add a VALE2IS).
+- VHE on `max` with the plugin: the same operations, issued directly in kernel text
+  (`__kvm_debug_maint`, no hypercall); the switch refuses all but `off`.
+- protected on cortex-a76: every operation refused with EPERM, the switch with EOPNOTSUPP.
 
-Written before any kpatch kernel was built: it has not run yet.
+What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API reads no
+registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
+operation ran are not witnessed (the s2=0 and s2=1 requests assert the same thing).
+
+Not yet run: the kernel was first built whole on 2026-12-02 and has not been booted.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import polars as pl
 import pytest
 from conftest import register_vhost_check
 
-from tracekit.ingest.groundtruth import load_ground_truth, parse_gtmark
+from tracekit.bundle import read_manifest
+from tracekit.host.protocol import after_guest_run_id
+from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, parse_gtmark
 
 CONFIG = "nvhe-kpatch"
+VHE = "vhe-kpatch"
+PROTECTED = "protected-kpatch"
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 HYP_MAINT = "__kvm_nvhe___kvm_debug_maint"
+VHE_MAINT = "__kvm_debug_maint+"
+HYP_INIT = "__kvm_nvhe____kvm_hyp_init"
+HYP_FLUSH_VM = "__kvm_nvhe___kvm_flush_vm_context"
 # (request written to `op`, the instruction the plugin must see once)
 OPERATIONS = (
     ("alle1 1", "TLBI ALLE1"),
@@ -46,6 +66,18 @@ REFUSED = (
     ("op", "bogus 1", "EINVAL"),
     ("teardown_flush", "bogus", "EINVAL"),
 )
+# Outside nVHE the switch would do nothing: every choice but `off` is refused.
+SWITCH_INACTIVE = (
+    ("teardown_flush", "alle1is", "EOPNOTSUPP"),
+    ("teardown_flush", "last-ran", "EOPNOTSUPP"),
+    ("teardown_flush", "off", "ok"),
+)
+# Protected mode: the host does not own EL2, every operation is refused.
+PROTECTED_REFUSED = (
+    *(("op", request, "EPERM") for request, _ in OPERATIONS),
+    ("op", "bogus 1", "EINVAL"),
+    *SWITCH_INACTIVE,
+)
 # One write of argv[2] to argv[1]; prints the errno's name, or "ok" (busybox's and
 # dash's echo do not say which errno a failed write got).
 _WRITE_ERRNO = (
@@ -54,6 +86,7 @@ _WRITE_ERRNO = (
     "try:\n    os.write(fd, sys.argv[2].encode() + b'\\n'); print('ok')\n"
     'except OSError as e:\n    print(errno.errorcode[e.errno])"'
 )
+_VMM = "/tracekit/reproducer/build/vmm --cpus 1 /tracekit/reproducer/build/guests/mmu-on.elf"
 
 
 def _windowed(name: str, command: str) -> str:
@@ -62,52 +95,191 @@ def _windowed(name: str, command: str) -> str:
     return f"{mark} > {name}-start; {command}; {mark} > {name}-end; "
 
 
-_SCRIPT = "set -e; cat " + MAINT + "/op > op-read; "
-for _index, (_request, _) in enumerate(OPERATIONS):
-    _SCRIPT += _windowed(f"op{_index}", f"echo '{_request}' > {MAINT}/op")
-for _policy in POLICIES:
-    _SCRIPT += f"echo {_policy} > {MAINT}/teardown_flush; " + _windowed(
-        f"teardown-{_policy}",
-        "/tracekit/reproducer/build/vmm --cpus 1 /tracekit/reproducer/build/guests/mmu-on.elf"
-        f" > vmm-{_policy}.txt",
+def _operations_script() -> str:
+    """Read `op`, then each operation in its own marker window."""
+    script = f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read; "
+    for index, (request, _) in enumerate(OPERATIONS):
+        script += _windowed(f"op{index}", f"echo '{request}' > {MAINT}/op")
+    return script
+
+
+def _refusals_script(refused: tuple[tuple[str, str, str], ...]) -> str:
+    """Each refused request's errno name into refusedN."""
+    return "".join(
+        f"; {_WRITE_ERRNO} {MAINT}/{file} '{request}' > refused{index}"
+        for index, (file, request, _) in enumerate(refused)
     )
-_SCRIPT += f"cat {MAINT}/teardown_flush > teardown-read; echo off > {MAINT}/teardown_flush"
-for _index, (_file, _request, _) in enumerate(REFUSED):
-    _SCRIPT += f"; {_WRITE_ERRNO} {MAINT}/{_file} '{_request}' > refused{_index}"
-register_vhost_check(CONFIG, "kpatch", _SCRIPT)
 
 
-def _window(here, name: str) -> pl.Expr:
+def _nvhe_script() -> str:
+    """Operations, one VM per switch choice, then the refusals."""
+    script = _operations_script()
+    for policy in POLICIES:
+        script += f"echo {policy} > {MAINT}/teardown_flush; "
+        script += _windowed(f"teardown-{policy}", f"{_VMM} > vmm-{policy}.txt")
+    script += f"cat {MAINT}/teardown_flush > teardown-read; echo off > {MAINT}/teardown_flush"
+    return script + _refusals_script(REFUSED)
+
+
+_VHE_REFUSED = REFUSED + SWITCH_INACTIVE
+register_vhost_check(CONFIG, "kpatch", _nvhe_script())
+# The collector's after-guest action through the same interface, after the check above
+# (its VMs make the host dirty): 2 CPUs leave no control CPU, so the guest CPU's ALLE1.
+AFTER_GUEST = "tlbi:alle1@guest-cpu"
+register_vhost_check(
+    CONFIG,
+    "kpatch_collect",
+    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
+    f"--traced-runs 0 --duration 2 --after-guest {AFTER_GUEST} --allow-dirty -o bundle",
+)
+register_vhost_check(
+    VHE, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
+)
+register_vhost_check(
+    PROTECTED,
+    "kpatch",
+    f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read"
+    + _refusals_script(PROTECTED_REFUSED),
+)
+
+
+def _window(here: Path, name: str) -> pl.Expr:
     """Rows between the NAME-start marker's t0 and the NAME-end marker's t1."""
     start = parse_gtmark((here / f"{name}-start").read_text())["t0"][0]
     end = parse_gtmark((here / f"{name}-end").read_text())["t1"][0]
     return pl.col("ts").is_between(start, end)
 
 
-@pytest.mark.kbuild
-@pytest.mark.vhost
-def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
-    """Each operation: its instruction once, on CPU 1, at EL2; the switch changes teardown."""
-    boot = vhost_boot(CONFIG)
+def _invalidations(frame: pl.DataFrame) -> pl.DataFrame:
+    """The TLBI and IC rows of `frame`, in time order."""
+    return frame.filter(pl.col("kind").is_in(["tlbi", "ic"])).sort("ts")
+
+
+def _checked_boot(vhost_boot, config: str, mode: str) -> Path:
+    """Boot `config`; its kpatch check passed and the interface named `mode`: the check's
+    directory."""
+    boot = vhost_boot(config)
     check = boot.checks["kpatch"]
     assert check.status == 0, check.stderr
     here = boot.result.out_dir / "checks" / "kpatch"
-    assert "mode: nvhe" in (here / "op-read").read_text()
-    truth = load_ground_truth(boot.result.out_dir)
+    assert f"mode: {mode}" in (here / "op-read").read_text()
+    return here
+
+
+def _complete_truth(here: Path) -> pl.DataFrame:
+    """The boot's ground-truth table, which must hold every record the plugin took."""
+    truth = load_ground_truth(here.parent.parent)
     assert truth.header.not_written == 0 and truth.header.complete
-    hyp = truth.table.filter(pl.col("where") == "hyp")
-    for index, (request, operation) in enumerate(OPERATIONS):
-        mine = hyp.filter(_window(here, f"op{index}"), pl.col("symbol").str.starts_with(HYP_MAINT))
-        invalidations = mine.filter(pl.col("kind").is_in(["tlbi", "ic"]))
-        assert invalidations["operation"].to_list() == [operation], request
-        assert invalidations["cpu"].to_list() == [1], request
-    alle1 = pl.col("operation").is_in(["TLBI ALLE1", "TLBI ALLE1IS"])
-    seen = {policy: hyp.filter(_window(here, f"teardown-{policy}"), alle1) for policy in POLICIES}
-    assert seen["off"].height == 0
-    assert seen["alle1is"]["operation"].to_list() == ["TLBI ALLE1IS"]
-    assert seen["alle1is"]["symbol"][0].startswith("__kvm_nvhe___kvm_flush_vm_context")
-    assert seen["last-ran"]["operation"].to_list() == ["TLBI ALLE1"]
-    assert seen["last-ran"]["cpu"].to_list() == [1]
-    assert "flushes: 2" in (here / "teardown-read").read_text()
-    for index, (file, request, name) in enumerate(REFUSED):
+    return truth.table
+
+
+def _issued(here: Path, frame: pl.DataFrame, index: int, symbol: str) -> pl.DataFrame:
+    """Operation `index`'s window: the invalidations of `frame` from `symbol`, and all."""
+    mine = frame.filter(_window(here, f"op{index}"))
+    issued = _invalidations(mine.filter(pl.col("symbol").str.starts_with(symbol)))
+    request, operation = OPERATIONS[index]
+    assert issued["operation"].to_list() == [operation], request
+    assert issued["cpu"].to_list() == [1], request
+    return mine
+
+
+def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> None:
+    """Each refused request got its errno (or "ok" where it must be accepted)."""
+    for index, (file, request, name) in enumerate(refused):
         assert (here / f"refused{index}").read_text().strip() == name, (file, request)
+
+
+def _nvhe_operations(here: Path, hyp: pl.DataFrame) -> None:
+    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only."""
+    for index, (request, _) in enumerate(OPERATIONS):
+        mine = _issued(here, hyp, index, HYP_MAINT)
+        # 6.1 leaves EL2 to the hyp stub with no VM alive: the interface brings it up on
+        # the target CPU alone, first (its VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there).
+        init = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_INIT)))
+        assert init["operation"].to_list() == ["TLBI ALLE2", "TLBI VMALLS12E1"], request
+        assert init["cpu"].to_list() == [1, 1], request
+        ours = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_MAINT)))
+        assert init["ts"].max() < ours["ts"][0], request
+        assert _invalidations(mine).height == 3, request
+
+
+def _nvhe_teardowns(here: Path, table: pl.DataFrame) -> None:
+    """`off`: no flush; `alle1is`/`last-ran`: theirs, after the guest's last instruction."""
+    hyp = table.filter(pl.col("where") == "hyp")
+    alle1 = pl.col("operation").is_in(["TLBI ALLE1", "TLBI ALLE1IS"])
+    for policy in POLICIES:
+        window = _window(here, f"teardown-{policy}")
+        guest = table.filter(window, pl.col("where") == "guest")
+        assert guest.height > 0, policy  # the MMU-on guest's own TLBI VMALLE1 and DSBs
+        seen = hyp.filter(window, alle1)
+        assert seen.filter(pl.col("ts") < guest["ts"].max()).height == 0, policy
+        if policy == "off":
+            assert seen.height == 0
+            ours = pl.col("symbol").str.starts_with(HYP_MAINT)
+            flush_vm = pl.col("symbol").str.starts_with(HYP_FLUSH_VM)
+            assert hyp.filter(window, ours | flush_vm).height == 0
+        elif policy == "alle1is":
+            assert seen["operation"].to_list() == ["TLBI ALLE1IS"]
+            assert seen["symbol"][0].startswith(HYP_FLUSH_VM)
+        else:
+            assert seen["operation"].to_list() == ["TLBI ALLE1"]
+            assert seen["cpu"].to_list() == [1]
+            assert seen["symbol"][0].startswith(HYP_MAINT)
+
+
+@pytest.mark.kbuild
+@pytest.mark.vhost
+def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
+    """nVHE: each operation once, on CPU 1, at EL2; the switch changes what teardown runs."""
+    here = _checked_boot(vhost_boot, CONFIG, "nvhe")
+    assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
+    table = _complete_truth(here)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"))
+    _nvhe_teardowns(here, table)
+    read = (here / "teardown-read").read_text()
+    assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
+    _assert_refused(here, REFUSED)
+
+
+@pytest.mark.kbuild
+@pytest.mark.vhost
+def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot) -> None:
+    """VHE: each operation once, on CPU 1, from __kvm_debug_maint (no hyp text); no switch."""
+    here = _checked_boot(vhost_boot, VHE, "vhe")
+    assert "(inactive: vhe)" in (here / "switch-read").read_text().splitlines()[0]
+    table = _complete_truth(here)
+    assert table.filter(pl.col("where") == "hyp").height == 0
+    for index in range(len(OPERATIONS)):
+        _issued(here, table.filter(pl.col("where") == "kernel"), index, VHE_MAINT)
+    _assert_refused(here, _VHE_REFUSED)
+
+
+@pytest.mark.kbuild
+@pytest.mark.vhost
+def test_vhost_kpatch_protected_refuses(vhost_boot) -> None:
+    """Protected mode: the interface says so, every operation EPERM, the switch EOPNOTSUPP."""
+    here = _checked_boot(vhost_boot, PROTECTED, "protected (refused)")
+    assert "(inactive: protected)" in (here / "switch-read").read_text().splitlines()[0]
+    _assert_refused(here, PROTECTED_REFUSED)
+
+
+@pytest.mark.kbuild
+@pytest.mark.vhost
+def test_vhost_kpatch_after_guest_tlbi_in_a_collect(vhost_boot) -> None:
+    """tracekit collect --after-guest tlbi:alle1@guest-cpu: one TLBI ALLE1 at EL2, on the
+    guest's CPU, inside the after-guest run and nowhere else; the bundle names the series."""
+    boot = vhost_boot(CONFIG)
+    check = boot.checks["kpatch_collect"]
+    assert check.status == 0, check.stdout + check.stderr
+    bundle = boot.result.out_dir / "checks" / "kpatch_collect" / "bundle"
+    manifest = read_manifest(bundle)
+    assert "-kp" in manifest.host["kernel_release"]
+    assert manifest.host["kpatch"]["mode"] == "nvhe"
+    assert manifest.host["kpatch"]["teardown_flush"] == "off"
+    _, given = bundle_ground_truth(bundle)
+    ours = _invalidations(
+        given.filter(pl.col("where") == "hyp", pl.col("symbol").str.starts_with(HYP_MAINT))
+    )
+    assert ours["operation"].to_list() == ["TLBI ALLE1"]
+    assert ours["run_id"].to_list() == [after_guest_run_id(AFTER_GUEST)]
+    assert ours["cpu"].to_list() == manifest.options["guest_cpus"] == [0]

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -30,6 +31,7 @@ CROSS_COMPILE = "aarch64-linux-gnu-"
 # Bump when the trimming or the build recipe changes in a way the config hash misses.
 RECIPE_VERSION = 1
 BUILD_RECORD = "tracekit-build.json"
+BUILD_LOG = "tracekit-build.log"
 CACHE_CAP_ENV = "TRACEKIT_KBUILD_CACHE_GB"
 DEFAULT_CACHE_CAP_GB = 20.0
 
@@ -102,6 +104,12 @@ class BuiltKernel:
     patch_hash: str  # "" for the unpatched tree
     config_hash: str
     build_s: float  # wall seconds of the make run that finished it (a resumed build: its part)
+    # CPU seconds of that make run (all its processes), objects in the build and how many
+    # that run compiled: on a shared machine the wall time alone says little. None in
+    # records written before they were kept.
+    cpu_s: float | None = None
+    objects: int | None = None
+    objects_built: int | None = None
 
     @property
     def image(self) -> Path:
@@ -173,6 +181,17 @@ def check_tools() -> None:
             f"building a kernel needs {', '.join(missing)}: "
             f"`apt-get install {' '.join(missing)} libssl-dev`"
         )
+
+
+def _objects(build: Path, since: float = 0.0) -> int:
+    """How many object files a build directory holds (written at or after `since`)."""
+    return sum(1 for path in build.rglob("*.o") if path.stat().st_mtime >= since)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's finished children (the make runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _make(build: Path, args: list[str], log: Path) -> None:
@@ -285,17 +304,21 @@ def _build(
         progress(f"kernel build: starting from {seed.name} of {seed.parent.name}")
         subprocess.run(["cp", "-a", str(seed), str(build)], check=True)
         (build / BUILD_RECORD).unlink()
+        # The log is this build's own: the seed's warnings are not the series'.
+        (build / BUILD_LOG).unlink(missing_ok=True)
     build.mkdir(exist_ok=True)
-    log = build / "tracekit-build.log"
+    log = build / BUILD_LOG
     _write_if_changed(build / ".config", config)
     suffix = release_suffix(digest, patch_hash)
     env = _reproducible_env(suffix)
-    started = time.monotonic()
+    # Wall time for the object count: a recompiled object of a seeded copy counts too.
+    started, cpu, wall = time.monotonic(), _children_cpu_s(), time.time()
     _make(build, [*env, "olddefconfig"], log)
     _check_required((build / ".config").read_text())
     progress(f"kernel build: {tree.name} {suffix} (nice 19; log {log})")
     _make(build, [*env, "Image", "modules.builtin"], log)
     elapsed = round(time.monotonic() - started, 1)
+    objects, compiled = _objects(build), _objects(build, since=wall)
     # Kbuild writes the release it built with here (no second make, no other compiler).
     release = (build / "include" / "config" / "kernel.release").read_text().strip()
     record = {
@@ -304,9 +327,15 @@ def _build(
         "patch_hash": patch_hash,
         "config_hash": digest,
         "build_s": elapsed,
+        "cpu_s": round(_children_cpu_s() - cpu, 1),
+        "objects": objects,
+        "objects_built": compiled,
     }
     (build / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-    progress(f"kernel build: {release} built in {elapsed:.0f} s")
+    progress(
+        f"kernel build: {release} built in {elapsed:.0f} s ({record['cpu_s']:.0f} CPU-s; "
+        f"{compiled} of its {objects} objects compiled)"
+    )
     return BuiltKernel(build, **record)
 
 

@@ -93,6 +93,7 @@ def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.
             patched, wanted, version, ksource.series_hash(patches), progress, seed=base.directory
         )
         _check_series_on(result)
+        _check_series_warnings(result, ksource.touched_files(patches))
     kbuild.enforce_cap(ksource.source_root(), [base.directory, result.directory], progress)
     return result
 
@@ -105,6 +106,29 @@ def _check_series_on(kernel: kbuild.BuiltKernel) -> None:
         raise TracekitError(
             f"the patched kernel's config has no {', '.join(lost)}: the series did not add "
             "its Kconfig symbol (check reproducer/kpatch/ against this source)"
+        )
+
+
+def series_warnings(log_text: str, touched: list[str]) -> list[str]:
+    """The compiler's warnings in a build log that name a file the series writes."""
+    # Kbuild names sources relative to the build directory (`../PATH`), headers too.
+    names = {f"../{path}" for path in touched} | set(touched)
+    found = []
+    for line in log_text.splitlines():
+        where, sep, _ = line.partition(": warning: ")
+        if sep and where.split(":", 1)[0] in names:
+            found.append(line)
+    return found
+
+
+def _check_series_warnings(kernel: kbuild.BuiltKernel, touched: list[str]) -> None:
+    """One line if compiling the series warned (the kernel's own -Werror is off)."""
+    log = kernel.directory / kbuild.BUILD_LOG
+    found = series_warnings(log.read_text(errors="replace"), touched) if log.is_file() else []
+    if found:
+        raise TracekitError(
+            f"the patched kernel built, but the series warns ({len(found)}: {found[0]}): "
+            f"fix reproducer/kpatch/ (full log: {log})"
         )
 
 
