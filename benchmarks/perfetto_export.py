@@ -208,6 +208,7 @@ def generated_parts(
         spent.append(time.perf_counter() - began)
         start = int(trace.events["ts"].max()) + 10**9  # type: ignore[arg-type]
         yield TracePart(trace, run={"run_id": f"run{k}"})  # type: ignore[arg-type]
+        del trace  # the next is made without this one still held
 
 
 def versus_trace_cmd(path: Path, turns: int) -> None:

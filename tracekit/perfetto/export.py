@@ -151,6 +151,7 @@ def export_parts(
                 if run_tracks is not None and part.run is not None:
                     parent = run_group(tracks, root, part.run, runs)
                     run_tracks(tracks, parent, part, _tables(part.trace, window))
+            del part  # not held while the next trace is made: one trace at a time
         if losts:
             write_stats(writer, pl.concat(losts, how="vertical_relaxed"))
         if extra is not None:
