@@ -300,3 +300,43 @@ def varying_fields(conditions: list[Condition]) -> tuple[str, ...]:
         if len({getattr(c, name) for c in conditions}) > 1
         or any(isinstance(getattr(c, name), Unknown) for c in conditions)
     )
+
+
+# The setup facts the lead states beside the host line's cores (issue 17, point 13): the CPU
+# features, THP and guest backing that decide what a TLBI or a stage-2 mapping is.
+SETUP_FIELDS = ("tlbirange", "fwb", "repeat_tlbi", "thp", "backing")
+
+
+def setup_facts(manifest: Manifest) -> list[str]:
+    """The condition's host and guest facts as "label value" phrases, for the setup; the
+    ones the manifest lacks as one "not recorded: ..." phrase (all: one short phrase).
+
+    FEAT_TLBIRANGE adds whether the kernel issues range TLBIs (CONFIG_ARM64_TLB_RANGE) and
+    host THP its defrag mode, where recorded.
+    """
+    condition = bundle_condition(manifest)
+    extra = {"tlbirange": _tlbirange_use(manifest), "thp": _thp_defrag(manifest)}
+    known = [n for n in SETUP_FIELDS if not isinstance(getattr(condition, n), Unknown)]
+    if not known:
+        return ["none recorded (CPU features, THP, guest backing)"]
+    said = [f"{FIELD_LABELS[n]} {getattr(condition, n)}{extra.get(n, '')}" for n in known]
+    missing = [FIELD_LABELS[n] for n in SETUP_FIELDS if n not in known]
+    return said + ([f"not recorded: {', '.join(missing)}"] if missing else [])
+
+
+def _tlbirange_use(manifest: Manifest) -> str:
+    """ " (the kernel issues range TLBIs)" or " (... does not)" where the CPU has it."""
+    uses = ((manifest.host.get("features") or {}).get("tlbirange") or {}).get("kernel_uses")
+    if uses is None:
+        return ""
+    return (
+        " (the kernel issues range TLBIs)"
+        if uses
+        else " (the kernel, built without them, does not use them)"
+    )
+
+
+def _thp_defrag(manifest: Manifest) -> str:
+    """ " (defrag MODE)" when recorded."""
+    defrag = (manifest.host.get("thp") or {}).get("defrag")
+    return f" (defrag {defrag})" if defrag else ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tracekit.analysis.conditions import guest_variant, simulated_label
+from tracekit.analysis.conditions import guest_variant, setup_facts, simulated_label
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -130,7 +130,7 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         data = bundles[0]
         # The bundle's name leads its host line (one line where it fits), as several
         # bundles' lines do.
-        return [f"{data.path.name}; {host_line(data)}", protocol_line(data)]
+        return [f"{data.path.name}; {host_line(data)}", facts_line(data), protocol_line(data)]
     lines = [f"{len(bundles)} bundles:"]
     for data in bundles:
         release = data.manifest.host.get("kernel_release", "?")
@@ -142,7 +142,20 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         if not data.manifest.complete:
             line += "; INCOMPLETE"
         lines.append(line)
-    return lines
+    return lines + _facts_lines(bundles)
+
+
+def facts_line(data: BundleData) -> str:
+    """The facts a comparison depends on: cores, CPU features, THP, guest backing."""
+    return "facts: " + ", ".join(setup_facts(data.manifest))
+
+
+def _facts_lines(bundles: list[BundleData]) -> list[str]:
+    """One facts line when every bundle has the same, else one per bundle."""
+    lines = {bundle_label(b): facts_line(b) for b in bundles}
+    if len(set(lines.values())) == 1:
+        return [f"{next(iter(lines.values()))} (every bundle)"]
+    return [f"{label}: {line}" for label, line in lines.items()]
 
 
 # What each scenario was collected to answer ({guest}: the guest and its CPU).

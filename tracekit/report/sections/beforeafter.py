@@ -12,6 +12,7 @@ from dataclasses import replace
 import polars as pl
 
 from tracekit.analysis.beforeafter import (
+    idle_after_guest,
     latency_comparisons,
     phase_summary,
     saturated_phases,
@@ -47,6 +48,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
         controls += [prefix + f for f in _observer_effect(data)]
+        idle = idle_after_guest(data.manifest.runs)
+        controls += [prefix + idle] if idle else []
     tables = [
         Table(
             "cyclictest on the rt CPU, mean of per-run values (us)",
