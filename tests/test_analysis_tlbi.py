@@ -289,3 +289,14 @@ def test_probe_samples_carry_the_headers_page_count(tmp_path: Path) -> None:
     samples = probe_samples(data)
     assert samples.height > 0 and set(samples["pages"]) == {1}
     assert samples.schema["pages"] == pl.Int32
+
+
+def test_what_el2_hid_from_the_probes_is_said() -> None:
+    """scenario.el2_unseen (collect, nVHE/protected): one line per function, with why."""
+    from tracekit.analysis.tlbi import el2_unseen
+
+    why = "runs at EL2 in nvhe mode; its host-side callers are probed instead: kvm_arm_vmid_update"
+    assert el2_unseen({"el2_unseen": {"__kvm_flush_vm_context": why}}) == [
+        f"__kvm_flush_vm_context: {why}"
+    ]
+    assert el2_unseen({}) == []

@@ -274,3 +274,12 @@ def flush_summary(durations: pl.DataFrame, missed: pl.DataFrame | None = None) -
         pl.when(count.is_null().any()).then(None).otherwise(count.sum()).alias("missed_returns")
     )
     return summary.join(per_phase, on=["function", "phase"], how="left", maintain_order="left")
+
+
+def el2_unseen(scenario: dict[str, object]) -> list[str]:
+    """What the flush-path probes could not see in the bundle's KVM mode (the manifest's
+    scenario.el2_unseen: function -> why), one line each; none recorded: nothing."""
+    unseen = scenario.get("el2_unseen")
+    if not isinstance(unseen, dict):
+        return []
+    return [f"{function}: {why}" for function, why in sorted(unseen.items())]

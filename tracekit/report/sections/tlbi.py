@@ -14,6 +14,7 @@ import polars as pl
 from tracekit.analysis.compare import Comparison
 from tracekit.analysis.tlbi import (
     FUNCGRAPH_EXIT,
+    el2_unseen,
     flush_missed,
     flush_summary,
     funcgraph_durations,
@@ -67,6 +68,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             )
         flush = _flush(data, prefix)
         if flush is not None:
+            unknowns += [prefix + line for line in el2_unseen(data.manifest.scenario)]
             table, lines, lost, missing = flush
             tables += [table] if table is not None else []
             findings += lines

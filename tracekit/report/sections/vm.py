@@ -191,8 +191,10 @@ def _rollover_finding(updates: pl.DataFrame, bits: int, bits_from: str, label: s
 
 
 def _count(value: int | None, what: str) -> str:
-    """'3 guest faults', or 'guest faults not recorded'."""
-    return f"{what} not recorded" if value is None else f"{value} {what}"
+    """'3 guest faults', '1 guest fault', or 'guest faults not recorded'."""
+    if value is None:
+        return f"{what} not recorded"
+    return f"{value} {what.removesuffix('s') if value == 1 else what}"
 
 
 def _ms(ns: int | None) -> str:
