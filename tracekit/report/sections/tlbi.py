@@ -194,7 +194,8 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
         return None, lines, lost, None
     summary = flush_summary(pl.concat(frames), pl.concat(missed))
     table = Table(
-        f"{prefix}flush paths: entry -> return per call (us, trace clock)",
+        f"{prefix}probed KVM paths (flush callers, teardown, VMID, stage-2 map): entry ->"
+        " return per call (us, trace clock)",
         summary.select(
             "function",
             "phase",
