@@ -208,7 +208,8 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
         note=(
             "kprobe entry/return pairs (tracekit group) or function_graph; tracing adds cost;"
             " missed: returns the function's kretprobe missed in the phase's runs, on any CPU"
-            " (kprobe_profile), calls these durations cannot include (null: not recorded)"
+            " (kprobe_profile), calls these durations cannot include (null: not recorded, or"
+            " timed by function_graph)"
         ),
     )
     return table, lines, lost, None
