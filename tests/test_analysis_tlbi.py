@@ -196,6 +196,9 @@ def test_missed_returns_are_said_with_the_flush_durations_they_change() -> None:
     fn = ["kvm_free_stage2_pgd"]
     two_runs = pl.concat([flush_missed(fn, "guest", misses), flush_missed(fn, "guest", misses)])
     assert flush_summary(got, two_runs)["missed_returns"].to_list() == [2]
+    # A third run timed no call of it, but its kretprobe missed one there too.
+    untimed = pl.concat([two_runs, flush_missed([], "guest", misses)])
+    assert flush_summary(got, untimed)["missed_returns"].to_list() == [3]
     unknown = pl.concat([flush_missed(fn, "guest", misses), flush_missed(fn, "guest", None)])
     assert flush_summary(got, unknown)["missed_returns"].to_list() == [None]
 

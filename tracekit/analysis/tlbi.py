@@ -211,12 +211,21 @@ def flush_missed(
     functions: list[str], phase: str, probe_misses: dict[str, int] | None
 ) -> pl.DataFrame:
     """function, phase, missed_returns: each function's kretprobe misses in one run (null:
-    the run did not record them); each is a call the durations cannot include."""
+    the run did not record them); each is a call the durations cannot include. Functions
+    timed in the run and those whose kretprobe the run's misses list are both given, so a
+    run that timed no call of a function still adds its misses to the phase's count."""
+    prefix, suffix = f"{PROBE_GROUP}/", "_ret"
+    listed = [
+        key.removeprefix(prefix).removesuffix(suffix)
+        for key in probe_misses or {}
+        if key.startswith(prefix) and key.endswith(suffix)
+    ]
+    every = sorted({*functions, *listed})
     return pl.DataFrame(
         {
-            "function": functions,
-            "phase": [phase] * len(functions),
-            "missed_returns": [returns_missed(probe_misses, f) for f in functions],
+            "function": every,
+            "phase": [phase] * len(every),
+            "missed_returns": [returns_missed(probe_misses, f) for f in every],
         },
         schema={"function": pl.String, "phase": pl.String, "missed_returns": pl.Int64},
     )
