@@ -80,7 +80,7 @@ class GeneratedTrace:
                 "row": np.arange(n),
                 "ts": ts,
                 "cpu": rng.integers(0, cpus, size=n).astype(np.int32),
-                "pid": pid,
+                "common_pid": pid,
                 "tgid": pl.Series([None] * n, dtype=pl.Int32),
                 "comm": pl.Series(["bench"] * n, dtype=pl.Categorical),
                 "event": pl.Series(names[kinds], dtype=pl.Categorical),
@@ -103,9 +103,7 @@ class GeneratedTrace:
 
     def _fields(self, name: str, rng: np.random.Generator) -> pl.DataFrame:
         """A typed table for NAME: common columns plus plausible own fields."""
-        base = self.events.filter(pl.col("event") == name).select(
-            "row", "ts", "cpu", pl.col("pid").alias("common_pid")
-        )
+        base = self.events.filter(pl.col("event") == name).select("row", "ts", "cpu", "common_pid")
         k = base.height
         other = rng.integers(1, 400, size=k).astype(np.int32)
         own: dict[str, Any]

@@ -63,7 +63,7 @@ def real_runs() -> list[np.ndarray]:
     frame = pl.read_csv(SAMPLES)
     return [
         rows["latency_ns"].to_numpy()
-        for _, rows in frame.group_by("phase", "run", maintain_order=True)
+        for _, rows in frame.group_by("phase", "run_id", maintain_order=True)
     ]
 
 

@@ -6,7 +6,7 @@ from tracekit.analysis.calls import pair_calls
 
 
 def _events(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
-    """(row, ts, cpu, pid) rows as an ingest table."""
+    """(row, ts, cpu, common_pid) rows as an ingest table."""
     return pl.DataFrame(rows, schema=["row", "ts", "cpu", "common_pid"], orient="row")
 
 

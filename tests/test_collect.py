@@ -152,7 +152,7 @@ def test_ingest_of_the_collected_bundle(vhost_boot) -> None:  # type: ignore[no-
     assert result.output.startswith("EMULATED HOST")
     trace = tracekit.open(bundle)  # from the caches the command left in the bundle
     assert trace.from_cache
-    with_trace = [r["run"] for r in trace.meta["runs"]]
+    with_trace = [r["run_id"] for r in trace.meta["runs"]]
     assert {"before-traced-0", "guest", "after-traced-0"} <= set(with_trace)
     for run in with_trace:
         assert f"  {run} " in result.output

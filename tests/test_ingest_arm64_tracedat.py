@@ -74,7 +74,7 @@ def _compare_with_trace_cmd(path: Path) -> dict[str, int]:
     assert ev.height == len(truth) > 500
     assert ev["ts"].to_list() == [t.ts for t in truth]
     assert ev["cpu"].to_list() == [t.cpu for t in truth]
-    assert ev["pid"].to_list() == [t.pid for t in truth]
+    assert ev["common_pid"].to_list() == [t.pid for t in truth]
     assert ev["event"].cast(pl.String).to_list() == [t.event for t in truth]
     formats = {f.name: f for f in read_tracedat(path).formats.events.values()}
     checked: dict[str, int] = {}
@@ -125,7 +125,7 @@ def test_text_report_matches_binary(binary) -> None:  # type: ignore[no-untyped-
     assert text.events.height == ev.height
     assert text.events["ts"].to_list() == ((ev["ts"] + 500) // 1000 * 1000).to_list()
     assert text.events["cpu"].to_list() == ev["cpu"].to_list()
-    assert text.events["pid"].to_list() == ev["pid"].to_list()
+    assert text.events["common_pid"].to_list() == ev["common_pid"].to_list()
     assert text.events["event"].to_list() == ev["event"].to_list()
     # Fields the text prints plainly come out with the binary's values.
     for name, col in (("kvm_arm_vmid_update", "vmid_id"), ("irq_handler_entry", "irq")):

@@ -49,7 +49,7 @@ def test_raw_capture_matches_tracefs_text() -> None:
     assert ev.height == len(truth) > 100
     assert ((ev["ts"] + 500) // 1000).to_list() == [t.ts // 1000 for t in truth]  # µs, rounded
     assert ev["cpu"].to_list() == [t.cpu for t in truth]
-    assert ev["pid"].to_list() == [t.pid for t in truth]
+    assert ev["common_pid"].to_list() == [t.pid for t in truth]
     names = [e.replace("print", "tracing_mark_write") for e in ev["event"].to_list()]
     assert names == [t.event for t in truth]
 

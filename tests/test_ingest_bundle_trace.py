@@ -53,7 +53,7 @@ def test_a_bundle_opens_as_its_runs_traces_stacked(tmp_path: Path) -> None:
     events = trace.events
     assert events.height == before.events.height + after.events.height
     assert events["row"].to_list() == list(range(events.height))  # still a unique key
-    per_run = events.group_by(pl.col("run").cast(pl.String), pl.col("phase").cast(pl.String))
+    per_run = events.group_by(pl.col("run_id").cast(pl.String), pl.col("phase").cast(pl.String))
     counts = {(r, p): n for r, p, n in per_run.len().iter_rows()}
     assert counts == {
         ("before-traced-0", "before"): before.events.height,
@@ -63,11 +63,13 @@ def test_a_bundle_opens_as_its_runs_traces_stacked(tmp_path: Path) -> None:
     switch = trace.event("sched_switch")
     joined = switch.join(events, on="row", suffix="_ev")
     assert joined.height == switch.height
-    assert (joined["ts"] == joined["ts_ev"]).all() and (joined["run"] == joined["run_ev"]).all()
-    assert switch.filter(pl.col("run") == "after-traced-0").height == (
+    assert (joined["ts"] == joined["ts_ev"]).all() and (
+        joined["run_id"] == joined["run_id_ev"]
+    ).all()
+    assert switch.filter(pl.col("run_id") == "after-traced-0").height == (
         after.event("sched_switch").height
     )
-    assert "run" in trace.lost.columns
+    assert "run_id" in trace.lost.columns
     assert trace.meta["phases"] == ["before", "after"]
     assert set(trace.tools) == {"cyclictest_samples", "stress_ng"}
     assert trace.tools["cyclictest_samples"]["run_id"].unique().to_list() == ["before-quiet-0"]
@@ -99,7 +101,7 @@ def test_ingest_summarises_a_bundle_with_its_runs(tmp_path: Path) -> None:
 
 def test_a_bundle_without_traces_still_opens(tmp_path: Path) -> None:
     trace = tracekit.open(_bundle(tmp_path, traces=False))
-    assert trace.events.is_empty() and {"run", "phase"} <= set(trace.events.columns)
+    assert trace.events.is_empty() and {"run_id", "phase"} <= set(trace.events.columns)
     assert "runs with a trace: none (the bundle's tool results are below)" in trace.summary()
     assert "stress_ng" in trace.tools
 
@@ -121,7 +123,7 @@ def test_events_of_one_phase_or_run(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     assert len(rows) == tracekit.open(FIX / "small.v7zstd.dat").events.height
-    assert {r["run"] for r in rows} == {"after-traced-0"}
+    assert {r["run_id"] for r in rows} == {"after-traced-0"}
     res = CliRunner().invoke(
         main, ["events", root, "--run", "before-traced-0", "-e", "sched_switch", "--format", "csv"]
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+
+import polars as pl
 
 import tracekit
 from tracekit.ingest.cache import cache_dir
@@ -49,3 +52,18 @@ def test_salvage_is_part_of_the_key(tmp_path: Path) -> None:
     shutil.copy(FIX / "small.v7.dat", dat)
     tracekit.open(dat, salvage=True)
     assert not tracekit.open(dat).from_cache
+
+
+def test_a_cache_of_the_old_format_is_rebuilt(tmp_path: Path) -> None:
+    """Format 3 stored the events' current task as `pid`: such a cache is parsed anew."""
+    dat = tmp_path / "t.dat"
+    shutil.copy(FIX / "small.v7zstd.dat", dat)
+    tracekit.open(dat)
+    cdir = cache_dir(dat)
+    key = json.loads((cdir / "cache.json").read_text())
+    (cdir / "cache.json").write_text(json.dumps({**key, "format": 3}))
+    events = pl.read_parquet(cdir / "events.parquet").rename({"common_pid": "pid"})
+    events.write_parquet(cdir / "events.parquet")
+    reopened = tracekit.open(dat)
+    assert not reopened.from_cache
+    assert "common_pid" in reopened.events.columns and "pid" not in reopened.events.columns

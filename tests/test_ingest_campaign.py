@@ -35,7 +35,7 @@ def test_a_campaign_directory_opens_as_one_trace_with_a_bundle_column(tmp_path: 
     text = repr(both)
     assert text.startswith("Trace('camp', reader='campaign'") and "bundles=2" in text
     assert f"events={a.events.height + b.events.height}" in text
-    assert both.events.filter(pl.col("bundle") == "002-b")["run"].unique().to_list() == ["guest"]
+    assert both.events.filter(pl.col("bundle") == "002-b")["run_id"].unique().to_list() == ["guest"]
 
 
 def test_the_package_says_what_it_exports() -> None:

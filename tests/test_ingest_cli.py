@@ -38,7 +38,7 @@ def test_events_filters_and_formats(tmp_path: Path) -> None:
     rows = json.loads(res.output)
     assert rows and {r["cpu"] for r in rows} == {1} and "next_comm" in rows[0]
     res = CliRunner().invoke(main, ["events", path, "--format", "csv", "--limit", "5"])
-    assert res.output.splitlines()[0].startswith("row,ts,cpu,pid")
+    assert res.output.splitlines()[0].startswith("row,ts,cpu,common_pid")
     assert len(res.output.splitlines()) == 6
 
 

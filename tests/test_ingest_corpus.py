@@ -66,7 +66,7 @@ def test_corpus_fields_match_trace_cmd(path: Path) -> None:
     ev = trace.events
     assert ev["ts"].to_list() == [t.ts for t in truth]
     assert ev["cpu"].to_list() == [t.cpu for t in truth]
-    assert ev["pid"].to_list() == [t.pid for t in truth]
+    assert ev["common_pid"].to_list() == [t.pid for t in truth]
     dat = read_tracedat(path)
     formats = {f.name: f for f in dat.formats.events.values()}
     checked: Counter[str] = Counter()

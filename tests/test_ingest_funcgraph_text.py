@@ -71,11 +71,11 @@ def test_task_from_the_switch_banner(tmp_path: Path) -> None:
     """Without funcgraph-proc, lines after `cat-1234 => kworker/0:1-56` are pid 56."""
     ev = _open(tmp_path, STYLES["default"]).events
     cpu0 = ev.filter(cpu=0)
-    assert cpu0["pid"].null_count() == cpu0.height // 2  # before CPU 0's first banner
-    assert cpu0["pid"].drop_nulls().unique().to_list() == [56]
+    assert cpu0["common_pid"].null_count() == cpu0.height // 2  # before CPU 0's first banner
+    assert cpu0["common_pid"].drop_nulls().unique().to_list() == [56]
     assert cpu0["comm"].drop_nulls().unique().cast(pl.String).to_list() == ["kworker/0:1"]
     proc = _open(tmp_path, STYLES["tail-proc"]).events
-    assert proc["pid"].null_count() == 0 and set(proc["pid"].to_list()) == {1234, 56}
+    assert proc["common_pid"].null_count() == 0 and set(proc["common_pid"].to_list()) == {1234, 56}
 
 
 def test_times_with_abstime_and_none_without(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def test_a_bundle_exports_its_runs_and_tool_tables(tmp_path: Path) -> None:
     bundle = make_vm_bundle(tmp_path / "b", {"guest": "teardown-6.1-a76"}, "6.1.0-50-arm64")
     out = open_path(bundle).write_parquet(tmp_path / "tables")
     assert json.loads((out / "tables.json").read_text())["tables"]["events"]["rows"] > 0
-    runs = duckdb.sql(f"select distinct run from read_parquet('{out / 'events.parquet'}')")
+    runs = duckdb.sql(f"select distinct run_id from read_parquet('{out / 'events.parquet'}')")
     assert runs.fetchall() == [("guest",)]
     # Quiet runs' tool results (cyclictest, stress-ng) are tables too.
     from report_bundles import make_bundle

@@ -29,7 +29,7 @@ def test_detected_and_every_line_is_a_sample() -> None:
     assert trace.events.height == len(truth) == 300
     ev = trace.events
     assert ev["comm"].cast(str).to_list() == [t[0] for t in truth]
-    assert ev["pid"].to_list() == [int(t[1]) for t in truth]
+    assert ev["common_pid"].to_list() == [int(t[1]) for t in truth]
     assert ev["cpu"].to_list() == [int(t[2]) for t in truth]
     assert ev["system"].cast(str).to_list() == [t[5] for t in truth]
     assert ev["event"].cast(str).to_list() == [t[6] for t in truth]
@@ -39,7 +39,7 @@ def test_detected_and_every_line_is_a_sample() -> None:
 def test_microsecond_and_nanosecond_renderings_agree() -> None:
     """`perf script` and `perf script --ns` of one perf.data: the same rows, ts truncated."""
     us, ns = tracekit.open(US, use_cache=False), tracekit.open(NS, use_cache=False)
-    cols = ["cpu", "pid", "comm", "event", "system"]
+    cols = ["cpu", "common_pid", "comm", "event", "system"]
     assert us.events.select(cols).equals(ns.events.select(cols))
     assert (us.events["ts"] == ns.events["ts"] // 1000 * 1000).all()
     assert (ns.events["ts"] % 1000 != 0).any()  # --ns really carries nanoseconds

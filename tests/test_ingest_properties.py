@@ -149,9 +149,11 @@ def text_line(layout: str, comm: str, pid: int, cpu: int, us: int, event: str, f
 def test_text_lines_give_back_their_task_cpu_time_and_event(
     tmp_path: Path, rows: list, layout: str
 ) -> None:
-    """Whatever the comm, every line comes back with its comm, pid, CPU, time and event."""
+    """Whatever the comm, every line comes back with its comm, common_pid, CPU, time and event."""
     path = tmp_path / "trace.txt"
     path.write_text("\n".join(text_line(layout, *r) for r in rows) + "\n", encoding="utf-8")
     ev = tracekit.open(path, use_cache=False).events
-    got = list(zip(*(ev[c].to_list() for c in ("comm", "pid", "cpu", "ts", "event")), strict=True))
+    got = list(
+        zip(*(ev[c].to_list() for c in ("comm", "common_pid", "cpu", "ts", "event")), strict=True)
+    )
     assert got == [(c, p, cpu, us * 1000, e) for c, p, cpu, us, e, _ in rows]

@@ -29,7 +29,7 @@ def test_text_matches_binary(binary: Trace, name: str) -> None:
     assert text.height == ev.height
     assert text["ts"].to_list() == ((ev["ts"] + 500) // 1000 * 1000).to_list()  # rounded to µs
     assert text["cpu"].to_list() == ev["cpu"].to_list()
-    assert text["pid"].to_list() == ev["pid"].to_list()
+    assert text["common_pid"].to_list() == ev["common_pid"].to_list()
     want = ev["event"].to_list()
     if name != "small.report.txt":
         want = [w.replace("print", "tracing_mark_write") for w in want]

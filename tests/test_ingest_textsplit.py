@@ -84,7 +84,7 @@ def test_lines_the_cuts_misread_go_through_the_regex(tmp_path: Path) -> None:
     trace = tracekit.open(path, use_cache=False)
     ev = trace.events
     assert ev.height == count and trace.meta["unparsed_lines"] == 0
-    rows = ev.slice(4, 3).select(pl.col("comm").cast(str), "pid", "ts").rows()
+    rows = ev.slice(4, 3).select(pl.col("comm").cast(str), "common_pid", "ts").rows()
     assert rows == [("a.123456: b", 77, 2690353500000), ("python3", 8085, 2690353000000),
                     ("cat", 90, 2690353600000)]  # fmt: skip
     assert ev["row"].to_list() == list(range(ev.height))

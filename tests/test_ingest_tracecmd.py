@@ -34,7 +34,7 @@ def _value_matches(kind: Kind, ours: object, text: str) -> bool:
 
 @pytest.mark.parametrize("name", DATS)
 def test_events_match_trace_cmd(name: str) -> None:
-    """Same events in the same order, with the same ts (ns), cpu, pid, name and fields."""
+    """Same events in the same order, with the same ts (ns), cpu, common_pid, name and fields."""
     path = FIX / name
     truth, _ = parse_lines(report_raw(path))
     trace = tracekit.open(path, use_cache=False)
@@ -42,7 +42,7 @@ def test_events_match_trace_cmd(name: str) -> None:
     assert ev.height == len(truth) > 50
     assert ev["ts"].to_list() == [t.ts for t in truth]
     assert ev["cpu"].to_list() == [t.cpu for t in truth]
-    assert ev["pid"].to_list() == [t.pid for t in truth]
+    assert ev["common_pid"].to_list() == [t.pid for t in truth]
     assert ev["event"].to_list() == [t.event for t in truth]
     formats = {f.name: f for f in read_tracedat(path).formats.events.values()}
     checked = 0

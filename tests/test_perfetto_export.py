@@ -63,7 +63,7 @@ def test_timestamps_and_pids_round_trip_without_common_flags(exported: tuple) ->
     trace_processor imports a per-event field 5 as a nameless extra ftrace_event row."""
     trace, packets = exported
     got = sorted((e.timestamp, cpu, e.pid) for cpu, e in _events(packets))
-    want = sorted(trace.events.select("ts", "cpu", "pid").iter_rows())
+    want = sorted(trace.events.select("ts", "cpu", "common_pid").iter_rows())
     assert got == want
     assert not any(e.HasField("common_flags") for _, e in _events(packets))
 
@@ -165,7 +165,7 @@ def test_bundles_are_bounded_and_symbols_interned(tmp_path: Path) -> None:
         "row",
         "ts",
         "cpu",
-        pl.col("common_pid").alias("pid"),
+        "common_pid",
         pl.lit("funcgraph_entry").alias("event"),
         pl.lit(None, pl.UInt8).alias("flags"),
     )

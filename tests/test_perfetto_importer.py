@@ -259,7 +259,7 @@ class _ChainTrace:
         }
         self.lost = pl.DataFrame(schema=LOST_SCHEMA)
         self.events = pl.DataFrame(
-            {"row": np.arange(n), "ts": ts, "cpu": cpu, "pid": running,
+            {"row": np.arange(n), "ts": ts, "cpu": cpu, "common_pid": running,
              "tgid": pl.Series([None] * n, dtype=pl.Int32),
              "comm": pl.Series([f"t{p}" for p in running], dtype=pl.Categorical),
              "event": pl.Series(names, dtype=pl.Categorical),
@@ -267,7 +267,7 @@ class _ChainTrace:
              "flags": rng.integers(0, 4, size=n).astype(np.uint8),
              "preempt_count": np.zeros(n, dtype=np.uint8)}
         )  # fmt: skip
-        base = self.events.select("row", "ts", "cpu", pl.col("pid").alias("common_pid"))
+        base = self.events.select("row", "ts", "cpu", "common_pid")
         comm = [f"t{p}" if p else f"swapper/{c}" for p, c in zip(running, cpu, strict=True)]
         full = base.with_columns(
             prev_comm=pl.Series(comm), prev_pid=pl.Series(running), prev_prio=pl.lit(120),

@@ -31,7 +31,7 @@ def _table(rows: list[dict[str, Any]]) -> pl.DataFrame:
 
 
 def _prints(lines: list[tuple[int, int, str]]) -> pl.DataFrame:
-    """A print table from (ts, pid, text)."""
+    """A print table from (ts, common_pid, text)."""
     return _table(
         [
             {"row": ts, "ts": ts, "cpu": 0, "common_pid": pid, "buf": f"{text}\n"}

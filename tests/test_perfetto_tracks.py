@@ -18,7 +18,7 @@ LOST = pl.DataFrame(schema=LOST_SCHEMA)
 
 
 def _prints(lines: list[tuple[int, int, str]]) -> pl.DataFrame:
-    """A print table like the binary readers make (ts, pid, buf)."""
+    """A print table like the binary readers make (ts, common_pid, buf)."""
     return pl.DataFrame(
         {
             "row": range(len(lines)),

@@ -6,6 +6,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from bundlegen import Spec, generate
 from report_bundles import EVIL_COMM, LONG_CELL, awkward_section, copy_real_bundle, make_bundle
 
 from tracekit.ingest.bundle import load_bundle
@@ -74,9 +75,11 @@ def test_email_fits_and_cuts_nothing_on_an_awkward_report(tmp_path: Path) -> Non
     assert _squeezed("/very/long/path" * 8) in flat
     assert _squeezed(EVIL_COMM) in flat
     assert "kworker/\\xe9\\u4e2d" in flat  # non-ASCII escaped, not dropped
-    # One header line per bundle naming kernel and condition.
-    assert sum("6.1.0-test" in line for line in text.splitlines()[:8]) == 2
-    assert "guest mmu-off on CPU 1" in _unwrapped(text)
+    # What the bundles share is said once (the kernel), what each is on its own line.
+    setup = _unwrapped(text.split("Setup:", 1)[1].split("Result", 1)[0])
+    assert setup.count("6.1.0-test") == 1 and "in all: 6.1.0-test" in setup
+    assert f"cell-mmu-off-{'x' * 30}: guest mmu-off" in setup
+    assert f"cell-mmu-on-{'x' * 30}: guest mmu-on" in setup
     # The lead counts the awkward section's unknowns and points to the details' last
     # part, which says every section's in full.
     lead = _unwrapped(text.split("Not known (", 1)[1].split("\nDetails\n", 1)[0])
@@ -121,3 +124,30 @@ def test_the_lead_counts_other_sections_unknowns_in_one_line_each(tmp_path: Path
     assert not [line for line in lead if "Said before" in line]
     part = text.split(f"{number + 2}. What is not known\n", 1)[1].splitlines()
     assert part.count("- a") == 1 and f"{number}. Extra:" in part
+
+
+# A campaign of three cells, as `tracekit campaign` would lay them out: the guest's MMU
+# and the after-guest action varied (generated from real emulated runs, tests/bundlegen.py).
+CAMPAIGN = {
+    "001-mmu-on-none": Spec(variant="mmu-on", seed=1),
+    "002-mmu-off-none": Spec(variant="mmu-off", seed=2),
+    "003-mmu-on-hotplug": Spec(variant="mmu-on", after_guest="hotplug", seed=3),
+}
+
+
+def test_a_campaign_email_lead_fits_a_screen_and_says_each_bundle_once(tmp_path: Path) -> None:
+    """Shared setup said once, one result line per bundle, one SATURATED line for all."""
+    report = build_report([load_bundle(generate(tmp_path / n, s)) for n, s in CAMPAIGN.items()])
+    lead = _lead_lines(render_email(report))
+    # 46 before issue 17.13's facts (CPU features, THP, backing) joined the shared setup.
+    assert len(lead) <= 47, len(lead)
+    flat = _unwrapped("\n".join(lead))
+    assert flat.count("6.1.0-50-arm64") == 1 and flat.count("SATURATED") == 1
+    result = flat.split("Result (", 1)[1].split("Controls:", 1)[0]
+    assert result.startswith("after/before, exact rank test, 8+8 runs per bundle):")
+    for label in CAMPAIGN:
+        assert f"{label}: guest mmu-" in flat  # its own setup line
+        assert result.count(f"{label}: cyclictest p99.9 ") == 1  # its one result line
+    # Nothing dropped: every bundle's headline numbers are in the lead.
+    for c in (c for s in report.sections for c in s.headline):
+        assert f"{c.ratio:.2f}x {c.interval()}" in result

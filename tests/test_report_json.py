@@ -27,7 +27,7 @@ def _frame(data: dict) -> pl.DataFrame:  # type: ignore[type-arg]
 def test_json_round_trips_tables_and_comparisons(tmp_path: Path) -> None:
     report = build_report([load_bundle(copy_real_bundle(tmp_path / "bundle"))])
     data = json.loads(render_json(report))
-    assert data["schema_version"] == SCHEMA_VERSION == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2
     assert data["emulated"] is True
     assert data["header"] == report.header
     by_key = {s["key"]: s for s in data["sections"]}

@@ -9,7 +9,7 @@ from pathlib import Path
 from bundlegen import Spec, generate
 
 from tracekit.analysis.beforeafter import idle_after_guest
-from tracekit.analysis.conditions import setup_facts
+from tracekit.analysis.conditions import fact_slots, host_facts
 from tracekit.bundle import NO_CPUIDLE, Manifest, RunRecord
 from tracekit.ingest.bundle import load_bundle
 from tracekit.report.assemble import build_report
@@ -19,11 +19,11 @@ from tracekit.report.render import render
 def test_setup_says_the_features_thp_and_backing(tmp_path: Path) -> None:
     """The lead's setup has one facts line, from the condition (analysis/conditions.py)."""
     data = load_bundle(generate(tmp_path / "b", Spec(runs=2, factor=1.0, backing="thp")))
-    assert setup_facts(data.manifest) == [
+    assert host_facts(data.manifest) == [
         "FEAT_TLBIRANGE no",
         "FEAT_FWB no",
         "REPEAT_TLBI erratum yes",
-        "host THP always (defrag madvise)",
+        "host THP always",
         "guest backing thp",
     ]
     text = render(build_report([data]), "text")
@@ -34,9 +34,9 @@ def test_setup_says_the_features_thp_and_backing(tmp_path: Path) -> None:
 
 def test_an_old_manifest_says_not_recorded_and_range_use_is_said() -> None:
     """Facts a manifest lacks: "not recorded"; FEAT_TLBIRANGE says if the kernel uses it."""
-    assert setup_facts(Manifest()) == ["none recorded (CPU features, THP, guest backing)"]
+    assert host_facts(Manifest()) == ["none recorded (CPU features, THP, guest backing)"]
     host = {"features": {"tlbirange": {"present": True, "kernel_uses": False}}}
-    assert setup_facts(Manifest(host=host)) == [
+    assert host_facts(Manifest(host=host)) == [
         "FEAT_TLBIRANGE yes (the kernel, built without them, does not use them)",
         "not recorded: FEAT_FWB, REPEAT_TLBI erratum, host THP, guest backing",
     ]
@@ -66,3 +66,17 @@ def test_idle_states_after_the_guest_are_the_last_after_runs() -> None:
     assert said is not None
     assert "entered cpu1/cpu-sleep-0 x12: a power-down state may lose" in said
     assert said.endswith("never entered cpu1/cluster-sleep-0")
+
+
+def test_several_bundles_say_shared_facts_once(tmp_path: Path) -> None:
+    """Two bundles of one host but different backings: the features and THP in the "in
+    all" line, each bundle's backing on its own line; fact_slots keeps unknowns in place."""
+    a = load_bundle(generate(tmp_path / "a", Spec(runs=2, factor=1.0, backing="thp")))
+    b = load_bundle(generate(tmp_path / "b", Spec(runs=2, factor=1.0, backing="4k")))
+    text = render(build_report([a, b]), "text")
+    setup = text.split("Setup:")[1].split("Result:")[0].replace("\n  ", " ")
+    in_all = next(line for line in setup.splitlines() if "in all:" in line)
+    assert "FEAT_FWB no" in in_all and "host THP always" in in_all
+    assert "guest backing" not in in_all
+    assert "guest backing thp" in setup and "guest backing 4k" in setup
+    assert fact_slots(Manifest())[-1] == "guest backing unknown"

@@ -28,8 +28,8 @@ def _bars(tree: ElementTree.Element) -> list[ElementTree.Element]:
 
 
 def test_bars_start_at_zero_and_their_heights_are_their_values() -> None:
-    frame = pl.DataFrame({"run": ["a", "b", "c"], "us": [13196.0, 42118.0, 0.0]})
-    tree = _tree(Plot("p99.9", "bars", frame, x="run", y="us"))
+    frame = pl.DataFrame({"run_id": ["a", "b", "c"], "us": [13196.0, 42118.0, 0.0]})
+    tree = _tree(Plot("p99.9", "bars", frame, x="run_id", y="us"))
     bars = _bars(tree)
     heights = [float(b.get("height", "nan")) for b in bars]
     bottoms = {round(float(b.get("y", "nan")) + h, 1) for b, h in zip(bars, heights, strict=True)}
@@ -50,9 +50,9 @@ def test_a_log_axis_is_refused_outside_distributions() -> None:
 
 def test_48_run_labels_do_not_overprint() -> None:
     runs = [f"{p}-quiet-{i}" for p in ("before", "after") for i in range(24)]
-    frame = pl.DataFrame({"run": runs, "us": [float(i + 1) for i in range(48)]})
-    svg = render_svg(Plot("p99.9 per run", "bars", frame, x="run", y="us"))
-    tree = _tree(Plot("p99.9 per run", "bars", frame, x="run", y="us"))
+    frame = pl.DataFrame({"run_id": runs, "us": [float(i + 1) for i in range(48)]})
+    svg = render_svg(Plot("p99.9 per run", "bars", frame, x="run_id", y="us"))
+    tree = _tree(Plot("p99.9 per run", "bars", frame, x="run_id", y="us"))
     below = [t for t in tree.iter(f"{NS}text") if t.get("class") == "tick"]
     below = [t for t in below if float(t.get("y", "0")) == HEIGHT - BOTTOM + 14]  # x axis
     half = [(float(t.get("x", "0")), label_width(t.text or "") / 2) for t in below]

@@ -58,15 +58,15 @@ def test_a_run_whose_rt_cpu_lost_events_is_left_out_and_said(tmp_path: Path) -> 
     assert section is not None
     assert any("before-traced-0 left out" in f and "lost 7 events" in f for f in section.findings)
     worst = next(t for t in section.tables if "slowest" in t.title).frame
-    assert set(worst["run"]) == {"after-traced-0"}
+    assert set(worst["run_id"]) == {"after-traced-0"}
 
 
 def test_correlation_section_shows_other_cpus_and_the_guest(data: BundleData) -> None:
     section = correlation.section([data])
     assert section is not None and section.key == "correlation"
     overview = next(t for t in section.tables if t.title.startswith("activity")).frame
-    assert {"before-traced-0", "after-traced-0", "guest"} <= set(overview["run"])
-    guest = overview.filter(pl.col("run") == "guest")
+    assert {"before-traced-0", "after-traced-0", "guest"} <= set(overview["run_id"])
+    guest = overview.filter(pl.col("run_id") == "guest")
     running = guest.filter(pl.col("activity") == "guest")
     assert running["cpu"].to_list() == [1] and running["n"].item() > 0
     timelines = [p for p in section.plots if p.kind == "timeline"]

@@ -110,6 +110,11 @@ class Comparison:
         """One line: ratio, interval, p, runs and verdict (test and runs needed said apart)."""
         return self._line(f", {self.n_before}+{self.n_after} runs") + self._excluded_text()
 
+    def terse(self) -> str:
+        """Metric, ratio, interval, p and verdict: for a line that says the test, the runs
+        and what the ratio divides once for several comparisons."""
+        return replace(self, ratio_label="")._line("") + self._excluded_text()
+
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
         text = self._line(f" ({self.test}, {self.n_before}+{self.n_after} runs)")

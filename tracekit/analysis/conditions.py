@@ -307,21 +307,26 @@ def varying_fields(conditions: list[Condition]) -> tuple[str, ...]:
 SETUP_FIELDS = ("tlbirange", "fwb", "repeat_tlbi", "thp", "backing")
 
 
-def setup_facts(manifest: Manifest) -> list[str]:
-    """The condition's host and guest facts as "label value" phrases, for the setup; the
-    ones the manifest lacks as one "not recorded: ..." phrase (all: one short phrase).
-
-    FEAT_TLBIRANGE adds whether the kernel issues range TLBIs (CONFIG_ARM64_TLB_RANGE) and
-    host THP its defrag mode, where recorded.
-    """
+def fact_slots(manifest: Manifest) -> list[str]:
+    """One "label value" phrase per SETUP_FIELDS, in that order ("unknown" where absent),
+    so several bundles' facts compare slot by slot. FEAT_TLBIRANGE adds whether the
+    kernel issues range TLBIs (CONFIG_ARM64_TLB_RANGE); THP's defrag mode stays in the
+    manifest (it decides how hard a fault tries for a huge page, not whether it may)."""
     condition = bundle_condition(manifest)
-    extra = {"tlbirange": _tlbirange_use(manifest), "thp": _thp_defrag(manifest)}
-    known = [n for n in SETUP_FIELDS if not isinstance(getattr(condition, n), Unknown)]
+    extra = {"tlbirange": _tlbirange_use(manifest)}
+    return [f"{FIELD_LABELS[n]} {getattr(condition, n)}{extra.get(n, '')}" for n in SETUP_FIELDS]
+
+
+def host_facts(manifest: Manifest) -> list[str]:
+    """fact_slots' recorded phrases, then the ones the manifest lacks as one "not recorded:
+    ..." phrase (none recorded at all: one short phrase), for one bundle's setup."""
+    condition = bundle_condition(manifest)
+    slots = zip(SETUP_FIELDS, fact_slots(manifest), strict=True)
+    known = [said for n, said in slots if not isinstance(getattr(condition, n), Unknown)]
+    missing = [FIELD_LABELS[n] for n in SETUP_FIELDS if isinstance(getattr(condition, n), Unknown)]
     if not known:
         return ["none recorded (CPU features, THP, guest backing)"]
-    said = [f"{FIELD_LABELS[n]} {getattr(condition, n)}{extra.get(n, '')}" for n in known]
-    missing = [FIELD_LABELS[n] for n in SETUP_FIELDS if n not in known]
-    return said + ([f"not recorded: {', '.join(missing)}"] if missing else [])
+    return known + ([f"not recorded: {', '.join(missing)}"] if missing else [])
 
 
 def _tlbirange_use(manifest: Manifest) -> str:
@@ -334,9 +339,3 @@ def _tlbirange_use(manifest: Manifest) -> str:
         if uses
         else " (the kernel, built without them, does not use them)"
     )
-
-
-def _thp_defrag(manifest: Manifest) -> str:
-    """ " (defrag MODE)" when recorded."""
-    defrag = (manifest.host.get("thp") or {}).get("defrag")
-    return f" (defrag {defrag})" if defrag else ""

@@ -183,12 +183,11 @@ def probe_pair_durations(
     if not pairs:
         return pl.DataFrame(schema=DURATION_SCHEMA), 0, []
     frames, unpaired, notes = [], 0, []
-    as_events = ours.rename({"pid": "common_pid"}) if "common_pid" not in ours.columns else ours
     for function, (entry, ret) in sorted(pairs.items()):
         missed = returns_missed(probe_misses, function)
         calls, orphans = pair_calls(
-            as_events.filter(pl.col("event") == entry),
-            as_events.filter(pl.col("event") == ret),
+            ours.filter(pl.col("event") == entry),
+            ours.filter(pl.col("event") == ret),
             missed,
         )
         done = calls.filter(pl.col("end_ts").is_not_null())

@@ -79,9 +79,9 @@ def events(
     df = trace.event(event) if event else trace.events
     if cpu_list is not None:
         df = df.filter(pl.col("cpu").is_in(_cpus(trace, cpu_list)))
-    for column, wanted in (("phase", phase), ("run", run_id)):
+    for option, column, wanted in (("phase", "phase", phase), ("run", "run_id", run_id)):
         if wanted is not None:
-            df = df.filter(pl.col(column).cast(pl.String) == _known(trace, column, wanted))
+            df = df.filter(pl.col(column).cast(pl.String) == _known(trace, option, column, wanted))
     if limit is None and fmt == "table":
         limit = TABLE_ROWS
     if limit is not None:
@@ -96,17 +96,18 @@ def events(
             click.echo(df)
 
 
-def _known(trace: "Trace", column: str, wanted: str) -> str:  # noqa: F821, UP037
-    """WANTED if the bundle has that run or phase; otherwise one line saying what it has."""
+def _known(trace: "Trace", option: str, column: str, wanted: str) -> str:  # noqa: F821, UP037
+    """WANTED if the bundle has that run or phase (--OPTION, COLUMN of the meta's runs);
+    otherwise one line saying what it has."""
     from tracekit.errors import TracekitError
 
     runs = trace.meta.get("runs")
     if runs is None:
-        raise TracekitError(f"--{column} needs a bundle; {trace.path} is a single trace")
+        raise TracekitError(f"--{option} needs a bundle; {trace.path} is a single trace")
     have = list(dict.fromkeys(r[column] for r in runs))
     if wanted not in have:
         raise TracekitError(
-            f"--{column} {wanted!r}: this bundle's traced {column}s are {', '.join(have)}"
+            f"--{option} {wanted!r}: this bundle's traced {option}s are {', '.join(have)}"
         )
     return wanted
 

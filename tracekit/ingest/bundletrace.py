@@ -3,7 +3,7 @@
 `tracekit.open(BUNDLE)` and `tracekit ingest BUNDLE` come here. Each run's trace is
 ingested on its own and cached as Parquet beside it, inside the bundle (a second open
 reads the caches); this module only stacks them. `row` stays a unique key (offset by the
-rows of the runs before), `run` and `phase` columns say where every row came from, and
+rows of the runs before), `run_id` and `phase` columns say where every row came from, and
 the bundle's tool results (cyclictest samples, stress-ng throughput, probe summaries)
 are the Trace's tool tables.
 """
@@ -54,7 +54,7 @@ def _tag(frame: pl.DataFrame, run: RunRecord, offset: int | None) -> pl.DataFram
     shifted = [pl.col("row") + offset] if offset is not None else []
     return frame.with_columns(
         *shifted,
-        run=pl.lit(run.run_id, pl.Categorical),
+        run_id=pl.lit(run.run_id, pl.Categorical),
         phase=pl.lit(run.phase, pl.Categorical),
     )
 
@@ -62,7 +62,7 @@ def _tag(frame: pl.DataFrame, run: RunRecord, offset: int | None) -> pl.DataFram
 def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
     """Frames stacked (columns one run lacks are null there); SCHEMA's when there is none."""
     if not frames:
-        tagged = {**schema, "run": pl.Categorical, "phase": pl.Categorical}
+        tagged = {**schema, "run_id": pl.Categorical, "phase": pl.Categorical}
         return pl.DataFrame(schema=tagged)
     return pl.concat(frames, how="diagonal_relaxed")
 
@@ -111,7 +111,7 @@ def _meta(data: BundleData, traces: list[tuple[RunRecord, Trace]], cached: bool)
         "instance": "",
         "cpus": sorted({int(c) for _, t in traces for c in t.meta.get("cpus") or []}),
         "runs": [
-            {"run": r.run_id, "phase": r.phase, "kind": r.kind, "status": r.status}
+            {"run_id": r.run_id, "phase": r.phase, "kind": r.kind, "status": r.status}
             for r, _ in traces
         ],
         "complete": data.manifest.complete,

@@ -21,7 +21,7 @@ import polars as pl
 from tracekit import __version__
 from tracekit.ingest.tables import Tables
 
-CACHE_FORMAT = 3  # 3: `<field>_sym` columns
+CACHE_FORMAT = 4  # 3: `<field>_sym` columns; 4: the events table says `common_pid` (was `pid`)
 # The cache's key (format, tracekit version, input size and mtime, options); not a
 # bundle manifest, so not called one.
 CACHE_KEY_FILE = "cache.json"

@@ -195,7 +195,7 @@ def read_graph_text(
     tables = {e: _graph_table(rows, e) for e in ("funcgraph_entry", "funcgraph_exit")}
     comments = rows.filter(pl.col("fields").is_not_null())
     if comments.height:
-        tables.update(typed_tables(comments))
+        tables.update(typed_tables(comments.rename({"pid": "common_pid"})))
     skipped = skipped_lines(other, "graph lines")
     meta = {
         "reader": READER, "format": "text", "clock": "", "instance": "", "skipped": skipped,
@@ -203,7 +203,7 @@ def read_graph_text(
         "unparsed_lines": other.height,
     }  # fmt: skip
     events = rows.select(
-        "row", "ts", "cpu", "pid", tgid=pl.lit(None, pl.Int32), comm=pl.col("comm"),
+        "row", "ts", "cpu", common_pid="pid", tgid=pl.lit(None, pl.Int32), comm=pl.col("comm"),
         event=pl.col("event"), system=pl.when(pl.col("fields").is_null()).then(pl.lit("ftrace")),
         flags=pl.lit(None, pl.UInt8), preempt_count=pl.lit(None, pl.UInt8),
     ).with_columns(pl.col("comm", "event", "system").cast(pl.Categorical))  # fmt: skip

@@ -100,7 +100,7 @@ def _events(samples: pl.DataFrame) -> pl.DataFrame:
         "lineno",
         ts=ts,
         cpu=pl.col("cpu").cast(pl.Int32),
-        pid=tid,
+        common_pid=tid,
         tgid=pl.when(pl.col("tid").is_not_null()).then(pl.col("pid").cast(pl.Int32)),
         comm=pl.col("comm").str.strip_chars(),
         event=pl.col("event"),
@@ -115,7 +115,7 @@ def _sampling_tables(heads: pl.DataFrame, events: pl.DataFrame) -> dict[str, pl.
     """One table per sampling event: period, leaf frame and callchain."""
     if heads.is_empty():
         return {}
-    rows = events.select("lineno", "row", "ts", "cpu", common_pid="pid")
+    rows = events.select("lineno", "row", "ts", "cpu", "common_pid")
     joined = rows.join(heads, on="lineno").sort("row")
     cols = ["row", "ts", "cpu", "common_pid", pl.col("period").cast(pl.UInt64), _hex("ip"),
             "sym", "dso"]  # fmt: skip

@@ -126,26 +126,26 @@ def _runs(trace: Trace) -> list[str]:
     if not runs:
         return ["runs with a trace: none (the bundle's tool results are below)"]
     stats = {
-        r["run"]: r
-        for r in trace.events.group_by(pl.col("run").cast(pl.String))
+        r["run_id"]: r
+        for r in trace.events.group_by(pl.col("run_id").cast(pl.String))
         .agg(n=pl.len(), first=pl.col("ts").min(), last=pl.col("ts").max())
         .iter_rows(named=True)
     }
     lost = {
-        r["run"]: r["reports"]
-        for r in trace.lost.group_by(pl.col("run").cast(pl.String))
+        r["run_id"]: r["reports"]
+        for r in trace.lost.group_by(pl.col("run_id").cast(pl.String))
         .agg(reports=pl.len())
         .iter_rows(named=True)
     }
-    width = max(len(r["run"]) for r in runs)
+    width = max(len(r["run_id"]) for r in runs)
     lines = [f"runs ({len(runs)}, phases {', '.join(trace.meta.get('phases') or [])}):"]
     for r in runs:
-        s = stats.get(r["run"])
+        s = stats.get(r["run_id"])
         span = f"{(s['last'] - s['first']) / 1e9:9.3f} s" if s else f"{'-':>11}"
-        losses = f"{lost[r['run']]} loss report(s)" if r["run"] in lost else "no losses"
+        losses = f"{lost[r['run_id']]} loss report(s)" if r["run_id"] in lost else "no losses"
         status = "" if r.get("status", "ok") == "ok" else f"  (run {r['status']})"
         lines.append(
-            f"  {r['run']:<{width}}  {r['phase']:<8} {r['kind']:<12}"
+            f"  {r['run_id']:<{width}}  {r['phase']:<8} {r['kind']:<12}"
             f"{s['n'] if s else 0:>10} events {span}  {losses}{status}"
         )
     return lines

@@ -80,7 +80,7 @@ class BinaryTrace:
 
 
 EVENTS_SCHEMA = {
-    "row": pl.Int64, "ts": pl.Int64, "cpu": pl.Int32, "pid": pl.Int32, "tgid": pl.Int32,
+    "row": pl.Int64, "ts": pl.Int64, "cpu": pl.Int32, "common_pid": pl.Int32, "tgid": pl.Int32,
     "comm": pl.Categorical, "event": pl.Categorical, "system": pl.Categorical,
     "flags": pl.UInt8, "preempt_count": pl.UInt8,
 }  # fmt: skip
@@ -330,7 +330,7 @@ def _events_frame(
     """The events table; comm/tgid/event/system are gathered from small per-pid and
     per-id columns, so no string is built per event."""
     events = pl.DataFrame(
-        {"row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu, "pid": c.pid}
+        {"row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu, "common_pid": c.pid}
     )
     # One lookup at a time: each per-row index array is freed before the next is made.
     pids, pid_at = _codes(c.pid)

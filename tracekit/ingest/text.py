@@ -51,9 +51,9 @@ def read_lines(path: Path, reader: str = READER) -> pl.DataFrame:
 def typed_tables(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """One table per event: key=value fields become columns (integers when all are)."""
     out: dict[str, pl.DataFrame] = {}
-    used = events.select("row", "ts", "cpu", "pid", "event", "fields")  # gather no more
+    used = events.select("row", "ts", "cpu", "common_pid", "event", "fields")  # gather no more
     for (name,), group in used.group_by("event", maintain_order=True):
-        head = group.select("row", "ts", "cpu", common_pid="pid")
+        head = group.select("row", "ts", "cpu", "common_pid")
         printed = _print_columns(group["fields"]) if name == "print" else []
         if printed:  # a message's words are not fields
             out["print"] = head.with_columns(*printed, fields=group["fields"])
@@ -207,7 +207,7 @@ def _events(split: pl.DataFrame) -> pl.DataFrame:
     """The events table (plus `fields`, for the typed tables) from the event columns."""
     return split.select(
         row=pl.int_range(pl.len(), dtype=pl.Int64),
-        ts="ts", cpu="cpu", pid="pid", tgid="tgid", comm="comm", event="event",
+        ts="ts", cpu="cpu", common_pid="pid", tgid="tgid", comm="comm", event="event",
         system=pl.lit(None, pl.Categorical), flags=pl.lit(None, pl.UInt8),
         preempt_count="preempt_count", fields="fields",
     )  # fmt: skip

@@ -24,7 +24,7 @@ class Trace:
 
     @property
     def events(self) -> pl.DataFrame:
-        """One row per event: row, ts, cpu, pid, tgid, comm, event, system, flags, ..."""
+        """One row per event: row, ts, cpu, common_pid, tgid, comm, event, system, flags, ..."""
         return self._tables.events
 
     @property
@@ -48,7 +48,7 @@ class Trace:
         return sorted(self._tables.by_event)
 
     def event(self, name: str) -> pl.DataFrame:
-        """The typed table of one event type (row, ts, cpu, pid, then its fields)."""
+        """The typed table of one event type (row, ts, cpu, common_pid, then its fields)."""
         try:
             return self._tables.by_event[name]
         except KeyError:

@@ -305,7 +305,7 @@ def write_ftrace(
     bundles = FtraceBundleWriter(writer, _loss_points(lost), interner, sequence)
     counts: Counter[str] = Counter()
     compactable = can_compact(tables)
-    columns = events.select("row", "ts", "cpu", "pid", "event", "flags")
+    columns = events.select("row", "ts", "cpu", "common_pid", "event", "flags")
     for start in range(0, columns.height, CHUNK_ROWS):
         chunk = columns.slice(start, CHUNK_ROWS)
         _write_chunk(chunk, tables, plans, bundles, counts, interner, sequence, compactable)
@@ -359,7 +359,7 @@ def _write_chunk(
     full = np.ones(rows.size, dtype=bool)
     for mask, _ in compact.values():
         full &= ~mask
-    pids = chunk["pid"].fill_null(0).to_numpy()[by_cpu]
+    pids = chunk["common_pid"].fill_null(0).to_numpy()[by_cpu]
     fields = [wire.int_field(1, ts[by_cpu]), wire.int_field(2, pids), payload]
     entries = wire.message(_EVENT, fields, full[by_cpu])
     sorted_cpus = cpus[by_cpu]

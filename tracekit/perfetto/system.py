@@ -81,7 +81,7 @@ def kernel_release(meta: Mapping[str, Any], host: Mapping[str, Any] | None = Non
 def collect_tasks(events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]) -> Tasks:
     """Gather every task the trace mentions, with its latest name."""
     tasks = Tasks()
-    for pid, tgid, comm in _last_per_pid(events, "pid", "tgid", "comm"):
+    for pid, tgid, comm in _last_per_pid(events, "common_pid", "tgid", "comm"):
         if comm is not None:
             tasks.names[pid] = comm
         if tgid is not None:

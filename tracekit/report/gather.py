@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from tracekit.analysis.compare import Comparison
@@ -131,7 +132,7 @@ def lead(report: Report) -> list[LeadPart]:
     return [
         LeadPart("question", [report.question] if report.question else []),
         LeadPart("setup", list(report.header)),
-        LeadPart("result", result_lines(report)),
+        LeadPart("result", result_lines(report), result_note(report)),
         LeadPart("controls", list(report.controls)),
         LeadPart(
             "not known",
@@ -142,11 +143,41 @@ def lead(report: Report) -> list[LeadPart]:
 
 
 def result_lines(report: Report) -> list[str]:
-    """The headline comparisons with their spread, the rule that judged them, lost events."""
-    lines = [" ".join(c.describe().split()) for c in headline(report)]
+    """The headline comparisons with their spread, the rule that judged them, lost events.
+
+    Several bundles' comparisons that share their test, runs and ratio are one line per
+    bundle, the shared parts said once in the part's note (`result_note`).
+    """
+    grouped = _by_subject(headline(report))
+    if grouped is not None:
+        lines = [f"{subject}: " + "; ".join(c.terse() for c in cs) for subject, cs in grouped]
+    else:
+        lines = [" ".join(c.describe().split()) for c in headline(report)]
     if not lines:
         lines = ["no before/after verdict in these bundles: the details give their numbers"]
     return [*lines, *result_notes(report)]
+
+
+def result_note(report: Report) -> str:
+    """What every result line shares when they are one line per bundle, else ""."""
+    if _by_subject(headline(report)) is None:
+        return ""
+    c = headline(report)[0]
+    needs = f"; a verdict needs {c.needed_runs}+{c.needed_runs}" if c.needed_runs else ""
+    return f"{c.ratio_label}, {c.test}, {c.n_before}+{c.n_after} runs per bundle{needs}"
+
+
+def _by_subject(found: list[Comparison]) -> list[tuple[str, list[Comparison]]] | None:
+    """The comparisons by bundle (the `label: ` their metric starts with), each without
+    it, when they are of several bundles and share test, runs, ratio and runs needed."""
+    shared = {(c.test, c.n_before, c.n_after, c.ratio_label, c.needed_runs) for c in found}
+    split = [(c.metric.rpartition(": ")[0], c) for c in found]
+    if len(shared) != 1 or len({s for s, _ in split}) < 2 or not all(s for s, _ in split):
+        return None
+    groups: dict[str, list[Comparison]] = {}
+    for subject, c in split:
+        groups.setdefault(subject, []).append(replace(c, metric=c.metric[len(subject) + 2 :]))
+    return list(groups.items())
 
 
 def headline(report: Report) -> list[Comparison]:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tracekit.analysis.conditions import guest_variant, setup_facts, simulated_label
+from tracekit.analysis.conditions import (
+    Unknown,
+    fact_slots,
+    guest_knobs,
+    guest_variant,
+    host_facts,
+    simulated_label,
+)
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -60,13 +67,20 @@ def kvm_mode(data: BundleData) -> str:
 
 
 def condition(data: BundleData) -> str:
-    """What this bundle varied: scenario, guest variant and CPU, after-guest action."""
+    """What this bundle varied: scenario, guest variant, knobs and CPU, after-guest action."""
     options, scenario = data.manifest.options, data.manifest.scenario
     name = scenario.get("name") or options.get("scenario") or "?"
     guest = guest_variant(data.manifest)  # as the decision table names it
+    knobs = f" ({_knobs_fact(data)})" if _knobs_fact(data) else ""
     cpus = ",".join(str(c) for c in options.get("guest_cpus") or []) or "?"
     after = options.get("after_guest", "none")
-    return f"{name}: guest {guest} on CPU {cpus}, after-guest {after}"
+    return f"{name}: guest {guest}{knobs} on CPU {cpus}, after-guest {after}"
+
+
+def _knobs_fact(data: BundleData) -> str:
+    """The guest knobs set over its preset ("knobs mmu=1,ng=0"), or "" when none or unrecorded."""
+    knobs = guest_knobs(data.manifest.options)
+    return "" if isinstance(knobs, Unknown) or knobs == "none" else f"knobs {knobs}"
 
 
 def protocol_line(data: BundleData) -> str:
@@ -107,7 +121,7 @@ def controls_line(bundles: list[BundleData]) -> str:
         f" probe slots run apart from latency runs; {isolated}"
     )
     if len(bundles) > 1:
-        line += f"; {len(bundles)} bundles, one condition each, as listed above"
+        line += "; one condition per bundle"
     return line
 
 
@@ -131,31 +145,45 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         # The bundle's name leads its host line (one line where it fits), as several
         # bundles' lines do.
         return [f"{data.path.name}; {host_line(data)}", facts_line(data), protocol_line(data)]
-    lines = [f"{len(bundles)} bundles:"]
-    for data in bundles:
-        release = data.manifest.host.get("kernel_release", "?")
-        line = f"{bundle_label(data)}: {release}, {cores(data)}, KVM {kvm_mode(data)}"
-        line += kpatch_note(data)
-        line += f"; {condition(data)}"
-        if is_emulated(data):
-            line += ", emulated"
-        if not data.manifest.complete:
-            line += "; INCOMPLETE"
-        lines.append(line)
-    return lines + _facts_lines(bundles)
+    facts = [setup_facts(data) for data in bundles]
+    # A fact every bundle shares is said once; each bundle's line says what is its own.
+    shared = [i for i, fact in enumerate(facts[0]) if fact and all(f[i] == fact for f in facts)]
+    lines = [f"{len(bundles)} bundles; in all: {', '.join(facts[0][i] for i in shared)}"]
+    if not shared:
+        lines = [f"{len(bundles)} bundles:"]
+    # Bundles with the same own facts (boots of one condition) share one line.
+    groups: dict[str, list[str]] = {}
+    for data, own in zip(bundles, facts, strict=True):
+        rest = ", ".join(fact for i, fact in enumerate(own) if fact and i not in shared)
+        groups.setdefault(rest, []).append(bundle_label(data))
+    for rest, labels in groups.items():
+        lines.append(f"{', '.join(labels)}: {rest}" if rest else ", ".join(labels))
+    return lines
 
 
 def facts_line(data: BundleData) -> str:
-    """The facts a comparison depends on: cores, CPU features, THP, guest backing."""
-    return "facts: " + ", ".join(setup_facts(data.manifest))
+    """The facts a comparison depends on: CPU features, THP, guest backing (conditions)."""
+    return "facts: " + ", ".join(host_facts(data.manifest))
 
 
-def _facts_lines(bundles: list[BundleData]) -> list[str]:
-    """One facts line when every bundle has the same, else one per bundle."""
-    lines = {bundle_label(b): facts_line(b) for b in bundles}
-    if len(set(lines.values())) == 1:
-        return [f"{next(iter(lines.values()))} (every bundle)"]
-    return [f"{label}: {line}" for label, line in lines.items()]
+def setup_facts(data: BundleData) -> list[str]:
+    """What a bundle's setup line says, one fact per slot ("" where it has none), in the
+    same slots for every bundle so several bundles' facts can be compared slot by slot."""
+    options, scenario = data.manifest.options, data.manifest.scenario
+    return [
+        str(data.manifest.host.get("kernel_release", "?")),
+        cores(data),
+        f"KVM {kvm_mode(data)}",
+        kpatch_note(data).removeprefix("; "),
+        f"scenario {scenario.get('name') or options.get('scenario') or '?'}",
+        f"guest {guest_variant(data.manifest)}",
+        _knobs_fact(data),
+        f"guest CPU {','.join(str(c) for c in options.get('guest_cpus') or []) or '?'}",
+        f"after-guest {options.get('after_guest', 'none')}",
+        "emulated" if is_emulated(data) else "hardware",
+        *fact_slots(data.manifest),
+        "" if data.manifest.complete else "INCOMPLETE",
+    ]
 
 
 # What each scenario was collected to answer ({guest}: the guest and its CPU).
@@ -191,8 +219,8 @@ def _question(data: BundleData, many: bool) -> str:
     asked = QUESTIONS.get(name)
     if asked is None:
         return f"what does scenario {name!r} show?"
-    if many:
-        return asked.format(guest="each bundle's guest")
+    if many:  # each bundle's guest is in its setup line
+        return asked.replace(" ({guest})", "").format(guest="each bundle's guest")
     guest = guest_variant(data.manifest)
     cpus = options.get("guest_cpus") or []
     where = "CPUs" if len(cpus) > 1 else "CPU"

@@ -74,8 +74,10 @@ def _lead(report: Report) -> str:
         if not items and not note:
             continue
         lines.append(f'<h2 id="{_anchor(title)}">{escape(title[0].upper() + title[1:])}</h2>')
-        if note:  # where the part is said in full: a link to it
+        if note and title == "not known":  # where the part is said in full: a link to it
             lines.append(f'<p class="note"><a href="#{NOT_KNOWN_ID}">{escape(note)}</a></p>')
+        elif note:
+            lines.append(f'<p class="note">{escape(note)}</p>')
         if title == "result" and headline(report):
             lines.append(_comparisons(headline(report)))
             items = result_notes(report)

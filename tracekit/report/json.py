@@ -20,7 +20,7 @@ from tracekit.report.gather import lead, lost_events_line, unknowns, unknowns_by
 from tracekit.report.model import Plot, Report, Section, Table
 
 SCHEMA = "tracekit-report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: tables say run_id and common_pid (were run, pid)
 
 
 def render_json(report: Report) -> str:

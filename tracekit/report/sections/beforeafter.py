@@ -37,19 +37,19 @@ def section(bundles: list[BundleData]) -> Section | None:
         return None
     many = len(bundles) > 1
     findings, headline, comparisons, unknowns = [], [], [], []
-    contradictions, controls = [], []
+    controls: list[str] = []
     for data in with_latencies:
         prefix = f"{bundle_label(data)}: " if many else ""
         found, unknown = _comparisons(data, prefix)
         headline += [c for c in found if c.role == "primary"]
         comparisons += [c for c in found if c.role != "primary"]
-        # A saturated rt CPU contradicts the protocol's premise: the lead says it first.
-        contradictions += [prefix + line for line in _saturated(data)]
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
         controls += [prefix + f for f in _observer_effect(data)]
         idle = idle_after_guest(data.manifest.runs)
         controls += [prefix + idle] if idle else []
+    # A saturated rt CPU contradicts the protocol's premise: the lead says it first.
+    contradictions = _saturated(with_latencies, many)
     tables = [
         Table(
             "cyclictest on the rt CPU, mean of per-run values (us)",
@@ -110,21 +110,31 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     return found, unknowns
 
 
-def _saturated(data: BundleData) -> list[str]:
-    """Say plainly when the rt CPU could not keep up with cyclictest's timer."""
-    interval = data.manifest.options.get("interval_us")
-    if not interval:
-        return []
-    rows = saturated_phases(data.latencies, float(interval))
-    if rows.is_empty():
-        return []
-    where = ", ".join(f"{r['median_us']:.0f} us {r['phase']} {r['kind']}" for r in rows.to_dicts())
-    host = "emulated " if is_emulated(data) else ""
+def _saturated(bundles: list[BundleData], many: bool) -> list[str]:
+    """Say plainly when the rt CPU could not keep up with cyclictest's timer: one sentence
+    for every bundle of the same host kind and interval, each bundle's medians in it."""
+    found: dict[tuple[str, object], list[str]] = {}
+    for data in bundles:
+        interval = data.manifest.options.get("interval_us")
+        if not interval:
+            continue
+        rows = saturated_phases(data.latencies, float(interval))
+        if rows.is_empty():
+            continue
+        where = ", ".join(
+            f"{r['median_us']:.0f} us {r['phase']} {r['kind']}" for r in rows.to_dicts()
+        )
+        host = "emulated " if is_emulated(data) else ""
+        found.setdefault((host, interval), []).append(
+            f"{bundle_label(data)} ({where})" if many else f"({where})"
+        )
     return [
-        f"SATURATED: the {host}rt CPU's median wake-up latency ({where}) is above"
+        f"SATURATED: the {host}rt CPU's median wake-up latency"
+        f"{' in ' if many else ' '}{'; '.join(where)} is above"
         f" cyclictest's {interval} us interval: most wake-ups come after the next period"
         " was due, so these latencies measure how far behind the CPU fell, not its"
         " wake-up path"
+        for (host, interval), where in found.items()
     ]
 
 
@@ -198,11 +208,11 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             quiet.group_by("run_id", "phase")
             .agg((pl.col("latency_ns").quantile(0.999, "higher") / 1000).alias("p99_9_us"))
             .select(
-                (tag + pl.col("run_id")).alias("run"),
+                (tag + pl.col("run_id")).alias("run_id"),
                 (tag + pl.col("phase")).alias("series"),
                 "p99_9_us",
             )
-            .sort(pl.col("series").str.ends_with("after"), "run")
+            .sort(pl.col("series").str.ends_with("after"), "run_id")
         )
     return [
         Plot(
@@ -219,7 +229,7 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             "cyclictest p99.9 per quiet run",
             "bars",
             pl.concat(per_run),
-            x="run",
+            x="run_id",
             y="p99_9_us",
             series="series",
             x_label="run",

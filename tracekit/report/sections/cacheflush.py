@@ -46,8 +46,10 @@ def section(bundles: list[BundleData]) -> Section | None:
         except TracekitError as err:
             unknowns.append(f"{found.label}: {err}")
             continue
-        per_vcpu = cf.per_vcpu(flushes).with_columns(pl.lit(found.label).alias("run"))
-        per_vm = cf.per_vm(flushes, _vm_sizes(found)).with_columns(pl.lit(found.label).alias("run"))
+        per_vcpu = cf.per_vcpu(flushes).with_columns(pl.lit(found.label).alias("run_id"))
+        per_vm = cf.per_vm(flushes, _vm_sizes(found)).with_columns(
+            pl.lit(found.label).alias("run_id")
+        )
         vcpu_rows.append(per_vcpu)
         vm_rows.append(per_vm)
         findings += _run_findings(found, per_vcpu, per_vm, method)
@@ -152,7 +154,7 @@ def _tables(vcpus: pl.DataFrame, vms: pl.DataFrame) -> list[Table]:
         Table(
             "flushes per vCPU",
             vcpus.select(
-                "run",
+                "run_id",
                 "vcpu",
                 "toggles",
                 pl.col("toggle_flushes").alias("t_flush"),
@@ -164,7 +166,7 @@ def _tables(vcpus: pl.DataFrame, vms: pl.DataFrame) -> list[Table]:
         Table(
             "flush time vs vCPUs and memory touched",
             vms.select(
-                "run", "vcpus", "touch_kb", "flushes", "redundant", pl.col("flush_ms").round(3)
+                "run_id", "vcpus", "touch_kb", "flushes", "redundant", pl.col("flush_ms").round(3)
             ),
             note="touch_kb: guest RAM each vCPU wrote before the flush (the flush walks it)",
         ),

@@ -135,7 +135,7 @@ def _worst_rows(r: RunWakeups, per: pl.DataFrame) -> pl.DataFrame:
         per.sort(["total_ns", "wake_id"], descending=[True, False])
         .head(WORST)
         .select(
-            pl.lit(r.run.run_id).alias("run"),
+            pl.lit(r.run.run_id).alias("run_id"),
             pl.col("wake_id").alias("loop"),
             (pl.col("total_ns") / 1000).round(1).alias("total_us"),
             pl.col("tlbi_n"),
@@ -149,7 +149,7 @@ def _worst_table(rows: pl.DataFrame) -> Table:
     """Slowest wake-ups over all runs."""
     return Table(
         "the slowest wake-ups and the other CPUs inside them",
-        rows.sort(["total_us", "run", "loop"], descending=[True, False, False]).head(WORST),
+        rows.sort(["total_us", "run_id", "loop"], descending=[True, False, False]).head(WORST),
         note="tlbi_n: mprotect/munmap/madvise calls overlapping the wake-up on other CPUs;"
         " guest_us: guest time inside it; irq_n: hard interrupts on other CPUs",
     )
@@ -158,7 +158,7 @@ def _worst_table(rows: pl.DataFrame) -> Table:
 def _overview(run_id: str, phase: str, intervals: pl.DataFrame, span_ns: int) -> pl.DataFrame:
     """The run's activity per other CPU, its rows named by run and phase."""
     return activity_overview(intervals, span_ns).select(
-        pl.lit(run_id).alias("run"), pl.lit(phase).alias("phase"), pl.all()
+        pl.lit(run_id).alias("run_id"), pl.lit(phase).alias("phase"), pl.all()
     )
 
 

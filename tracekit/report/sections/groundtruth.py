@@ -129,8 +129,6 @@ def _probe_calls(events: pl.DataFrame, names: dict[str, int]) -> dict[str, pl.Da
     ours = events.filter(pl.col("system") == PROBE_GROUP).with_columns(
         pl.col("event").cast(pl.String)
     )
-    if "common_pid" not in ours.columns:
-        ours = ours.rename({"pid": "common_pid"})
     found = {}
     for name in names:
         entries = ours.filter(pl.col("event") == name)

@@ -38,7 +38,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             table, notes, missing = _per_vm(found)
             findings += notes
             unknowns += missing
-            parts.append(table.with_columns(pl.lit(found.run.run_id).alias("run")))
+            parts.append(table.with_columns(pl.lit(found.run.run_id).alias("run_id")))
         table = pl.concat(parts, how="diagonal_relaxed")
         points.append(
             table.select("ipa_bits", (pl.col("vmm_ns") / 1e6).alias("teardown_ms")).with_columns(

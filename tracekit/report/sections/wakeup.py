@@ -254,7 +254,7 @@ def _worst_table(frame: pl.DataFrame) -> Table:
     return Table(
         f"the {worst.height} slowest wake-ups",
         worst.select(
-            pl.col("run_id").alias("run"),
+            "run_id",
             pl.col("wake_id").alias("loop"),
             (pl.col("total_ns") / 1000).round(1).alias("total_us"),
             "cause",
