@@ -3,7 +3,9 @@
 
 Takes bundles made in the emulated host under a simulated mechanism whose prediction for
 that bundle's condition is "absent" (the null model, or an MMU-off guest under any
-shipped model: tracekit.simulate.predict says which; others are refused). Their quiet
+shipped model: tracekit.simulate.predict says which; others are refused). The model is
+the one the bundle carries (groundtruth/vhost-simulate.toml, hash checked), so bundles
+made before a shipped model changed still count under the model they were made with. Their quiet
 runs, in run order (before, then after), are each split into k contiguous pieces
 (pseudo-runs, k = 1..6), and every window of n pseudo-runs is compared with the next n
 (n = 4, 6, 8) for max, p99, p99.9 and mean, as tests/test_analysis_fpr.py does on its
@@ -26,8 +28,9 @@ from tracekit.analysis.compare import PRESENT, compare
 from tracekit.analysis.conditions import bundle_condition
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, load_bundle
-from tracekit.simulate.model import load_model
+from tracekit.simulate.model import Model, load_model, parse_model
 from tracekit.simulate.predict import predict
+from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_SOURCE
 
 PIECES = range(1, 7)
 WINDOWS = (4, 6, 8)
@@ -43,14 +46,23 @@ def _value(samples: np.ndarray, metric: str) -> float:
     return float(np.quantile(samples, {"p99": 0.99, "p99.9": 0.999}[metric], method="higher"))
 
 
+def bundle_model(data: BundleData, label: str) -> Model:
+    """The model the bundle was made under: the copy it carries, else the shipped one of
+    that name; either way its hash must be the bundle's (a model changed since is not it)."""
+    copy = data.path / GT_BUNDLE_DIR / SIM_SOURCE
+    name = label.split("@")[0]
+    model = parse_model(copy.read_text(), str(copy)) if copy.is_file() else load_model(name)
+    if model.label != label:
+        raise TracekitError(f"{data.path}: made under {label}, and no copy of that model is here")
+    return model
+
+
 def null_runs(data: BundleData) -> list[np.ndarray]:
     """The bundle's quiet runs in run order; refused unless its model predicts absent."""
     condition = bundle_condition(data.manifest)
     if condition.simulated == "none":
         raise TracekitError(f"{data.path}: not a simulated bundle")
-    model = load_model(condition.simulated.split("@")[0])
-    if model.label != condition.simulated:
-        raise TracekitError(f"{data.path}: made under {condition.simulated}, not the shipped model")
+    model = bundle_model(data, condition.simulated)
     said = predict(model, condition)
     if said.verdict != "absent":
         raise TracekitError(f"{data.path}: {model.name} predicts {said.verdict} here, not absent")

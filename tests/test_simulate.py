@@ -31,6 +31,7 @@ from tracekit.report.sections import predictions
 from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
 from tracekit.simulate.model import (
     GUEST_WINDOW,
+    IRQ_ENTRY_SYMBOLS,
     load_model,
     parse_model,
     plugin_form,
@@ -39,7 +40,7 @@ from tracekit.simulate.model import (
 from tracekit.simulate.predict import check_model, predict, predict_plan
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
-from tracekit.vhost.runner import SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
+from tracekit.vhost.runner import KALLSYMS, SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
 from tracekit.vhost.runner import run as run_vhost
 
 GOOD = """
@@ -91,20 +92,45 @@ def test_each_mistake_is_one_line() -> None:
         load_model("nope")
 
 
+def test_the_responders_keys_go_with_their_choice() -> None:
+    """on = issuer takes no responder key; responders/all need all three, each bounded,
+    and a cap below one completion's cost is refused."""
+    with pytest.raises(TracekitError, match=r"\[cost\] cap_ns: only with on"):
+        parse_model(GOOD + "cap_ns = 5\n", "m.toml")
+    with pytest.raises(TracekitError) as err:
+        parse_model(GOOD + 'on = "all"\nresponder_ns = 2000000000\n', "m.toml")
+    assert str(err.value).splitlines()[:3] == [
+        "m.toml: [cost] window_ns: missing (on = 'all')",
+        "m.toml: [cost] cap_ns: missing (on = 'all')",
+        "m.toml: [cost] responder_ns: must be 0..1000000000 ns",
+    ]
+    low = GOOD + 'on = "responders"\nresponder_ns = 10\nwindow_ns = 10\ncap_ns = 5\n'
+    with pytest.raises(TracekitError, match="cap_ns: below responder_ns"):
+        parse_model(low, "m.toml")
+    with pytest.raises(TracekitError, match=r"\[cost\] on: 'both'; use one of"):
+        parse_model(GOOD + 'on = "both"\n', "m.toml")
+    only = parse_model(low.replace("cap_ns = 5", "cap_ns = 25"), "m.toml")
+    assert (only.cost_ns(1), only.responder_cost_ns(2), only.responder_cost_ns(9)) == (0, 20, 25)
+
+
 def test_plugin_form_follows_the_boot_mode() -> None:
     """A model limited to nVHE creates nothing in a VHE boot; the hash travels along."""
-    brief = load_model("brief-literal")
-    nvhe, vhe = plugin_form(brief, "nvhe"), plugin_form(brief, "vhe")
+    brief, syms = load_model("brief-literal"), Path("/out/vhost-kallsyms.txt")
+    nvhe, vhe = plugin_form(brief, "nvhe", syms), plugin_form(brief, "vhe", syms)
     assert f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}" in nvhe
     assert "create none" in vhe and "create sctlr" not in vhe
     assert f"model brief-literal {brief.digest}" in vhe
     assert "clear alle1is" in plugin_form(load_model("rollover-only"), "nvhe")
     assert "clear alle1-local" not in plugin_form(load_model("rollover-only"), "nvhe")
+    assert "pay all" in nvhe and "responder_ns 100000000" in nvhe
+    assert "pay issuer" in plugin_form(load_model("null"), "nvhe")
+    with pytest.raises(TracekitError, match="needs the boot's kallsyms"):
+        plugin_form(brief, "nvhe")
 
 
-# A program that times broadcast TLBI+DSB loops: before, after creating the state, after
-# clearing it. argv[1]: loop length; argv[2]: "mark" (HINT #0x76) or "sctlr".
-PROGRAM = r"""
+# Both test programs: SIGILL steps over the EL1/EL2-only instructions; the virtual
+# counter times what they do.
+PRELUDE = r"""
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +146,12 @@ static uint64_t cnt(void) {
 static uint64_t freq(void) {
 	uint64_t v; __asm__ volatile("mrs %0, cntfrq_el0" : "=r"(v)); return v;
 }
+"""
+# A program that times broadcast TLBI+DSB loops: before, after creating the state, after
+# clearing it. argv[1]: loop length; argv[2]: "mark" (HINT #0x76) or "sctlr".
+PROGRAM = (
+    PRELUDE
+    + r"""
 static uint64_t loop(int n) {
 	uint64_t t = cnt();
 	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
@@ -139,6 +171,7 @@ int main(int argc, char **argv) {
 	return 0;
 }
 """
+)
 # MSR SCTLR_EL1 placed at the guest window's address (the trigger fires only there).
 SCTLR_AT = """
 .section .guestwin, "ax"
@@ -241,6 +274,96 @@ def load_null() -> str:
     return (resources.files("tracekit.simulate") / "models" / "null.toml").read_text()
 
 
+# Responders under qemu-user: vCPU 0 (the main thread) holds the state and issues
+# broadcasts; vCPU 1 (a thread) enters "the IRQ handler" (a function of that name, its
+# address in a kallsyms file the test writes) after each batch and times the entry.
+RESPONDER_PROGRAM = (
+    PRELUDE
+    + r"""
+#include <pthread.h>
+#include <unistd.h>
+__attribute__((noinline)) void el1h_64_irq_handler(void) { __asm__ volatile("nop"); }
+__attribute__((noinline)) void el0t_64_irq_handler(void) { __asm__ volatile("nop"); }
+static volatile int phase, done;
+static void *responder(void *arg) {
+	(void)arg;
+	for (int want = 1; want <= 3; want++) {
+		while (phase != want) ;
+		uint64_t t = cnt();
+		el1h_64_irq_handler();
+		uint64_t first = (cnt() - t) * 1000000000ull / freq();
+		t = cnt();
+		el0t_64_irq_handler();
+		uint64_t again = (cnt() - t) * 1000000000ull / freq();
+		printf("phase%d %llu again%d %llu\n", want, (unsigned long long)first, want,
+			(unsigned long long)again);
+		fflush(stdout);
+		done = want;
+	}
+	return NULL;
+}
+static void batch(int n) {
+	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
+}
+int main(void) {
+	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
+	pthread_t t;
+	sigaction(SIGILL, &sa, NULL);
+	__asm__ volatile("hint #0x77");  /* a clock marker: the plugin reads the kallsyms */
+	usleep(100000);
+	__asm__ volatile("hint #0x76");  /* the state, on vCPU 0 */
+	pthread_create(&t, NULL, responder, NULL);
+	batch(3); phase = 1; while (done != 1) ;
+	batch(50); phase = 2; while (done != 2) ;
+	batch(3); usleep(600000); phase = 3; while (done != 3) ;
+	pthread_join(t, NULL);
+	return 0;
+}
+"""
+)
+RESPONDERS = GOOD.replace('where = "holder"', 'where = "every"').replace(
+    "fixed_ns = 100000",
+    'fixed_ns = 0\non = "responders"\nresponder_ns = 2000000\n'
+    "window_ns = 300000000\ncap_ns = 30000000",
+)
+
+
+@needs_qemu_user
+def test_responders_pay_at_the_irq_entry_within_window_and_cap(built: Path, tmp_path: Path) -> None:
+    """The IRQ entry's address comes from the kallsyms file at the first clock marker
+    (the plugin then retranslates); another vCPU's entry pays 2 ms for each of 3 recent
+    completions, the cap (30 ms) for 50, nothing a second time, nothing for completions
+    older than the window (300 ms); the issuer pays nothing (on = responders)."""
+    source = tmp_path / "r.c"
+    source.write_text(RESPONDER_PROGRAM)
+    binary = tmp_path / "r"
+    gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-pthread", "-o", str(binary)]
+    subprocess.run([*gcc, str(source)], check=True)
+    nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
+    kallsyms = tmp_path / "kallsyms.txt"
+    kallsyms.write_text(nm.stdout)
+    form = plugin_form(parse_model(RESPONDERS, "t.toml"), "nvhe", kallsyms)
+    (tmp_path / "model.txt").write_text(form)
+    args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
+    args += f",simlog={tmp_path / 'sim.txt'}"
+    plugin = f"{built / groundtruth.PLUGIN},{args}"
+    done = subprocess.run(
+        ["qemu-aarch64", "-plugin", plugin, str(binary)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    times = {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}
+    assert times["phase1"] >= 6_000_000 and times["phase2"] >= 30_000_000
+    assert max(times["again1"], times["again2"], times["phase3"], times["again3"]) < 6_000_000
+    log = read_sim_log(tmp_path / "sim.txt")
+    assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
+    issuer, responder = log.vcpus[0], log.vcpus[1]
+    assert (issuer["bcasts"], issuer["delayed"], issuer["pays"]) == (56, 0, 0)
+    assert (responder["pays"], responder["owed"]) == (2, 53)
+    assert responder["asked_ns"] == 53 * 2_000_000 and responder["paid_ns"] == 36_000_000
+    assert responder["paid_actual_ns"] >= responder["paid_ns"]
+
+
 def test_sim_log_refuses_what_it_cannot_read() -> None:
     """A foreign file and a bad event line are one line each."""
     with pytest.raises(TracekitError, match="not a simulation log"):
@@ -299,7 +422,11 @@ def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path)
     config = VhostConfig(simulate="brief-literal", ground_truth=True)
     label = prepare_simulation(config, tmp_path)
     assert label == load_model("brief-literal").label
-    assert (tmp_path / SIM_FORM).read_text() == plugin_form(load_model("brief-literal"), "nvhe")
+    form = plugin_form(load_model("brief-literal"), "nvhe", tmp_path.resolve() / KALLSYMS)
+    assert (tmp_path / SIM_FORM).read_text() == form
+    assert form.endswith(
+        f"irq-entry {tmp_path.resolve() / KALLSYMS} {' '.join(IRQ_ENTRY_SYMBOLS)}\n"
+    )
     assert 'name = "brief-literal"' in (tmp_path / SIM_SOURCE).read_text()
     argv = groundtruth.plugin_argv(Path("/p.so"), Path("/l"), 5, sim=(Path("/m"), Path("/s")))
     assert argv == ["-plugin", "file=/p.so,out=/l,limit=5,sim=/m,simlog=/s"]

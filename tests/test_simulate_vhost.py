@@ -27,7 +27,7 @@ from tracekit.report.assemble import build_report
 from tracekit.report.render import render
 from tracekit.report.sections.decision import condition_groups
 from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
-from tracekit.simulate.model import GUEST_WINDOW, load_model
+from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model
 from tracekit.simulate.predict import check_model
 from tracekit.simulate.simlog import read_sim_log
 from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG
@@ -95,6 +95,12 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
     assert {e.vcpu for e in creates} == {GUEST_CPU}  # vCPU index = Linux CPU here
     assert any(e.kind == "clear-local" and e.vcpu == GUEST_CPU for e in log.events)
     assert log.total("actual_ns") >= log.total("injected_ns") > 0
+    # Responders paid at the kernel's IRQ handlers, found in this boot's kallsyms (KASLR),
+    # the rt CPU among them though it issues no broadcast in its cyclictest runs.
+    assert set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS) and all(log.pay_at.values())
+    rt = log.vcpus[RT_CPU]
+    assert rt["pays"] > 0 and rt["paid_actual_ns"] >= rt["paid_ns"] > 0
+    assert all(c["paid_ns"] <= c["pays"] * load_model(MODEL).cap_ns for c in log.vcpus.values())
     _, rows = bundle_ground_truth(cells["on-hotplug"].path)
     hotplug = rows.filter(pl.col("run_id").str.starts_with("after-guest"))
     alle1 = hotplug.filter((pl.col("operation") == "TLBI ALLE1") & (pl.col("cpu") == GUEST_CPU))
@@ -104,9 +110,11 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 @pytest.mark.vhost
 @pytest.mark.simboot
 @pytest.mark.xfail(
-    reason="first boot (session 7): cyclictest p99.9 was 14-140 ms per run on this loaded "
-    "machine, and the cost lands on the CPUs issuing broadcasts, not the rt CPU: no "
-    "before/after change on cyclictest, while the rt CPU's probe p50 went 0.71 -> 5.34 ms",
+    reason="session 8's boot (responders' cost): on-none cyclictest per-run max before "
+    "49/122/68/156 ms, after 324/419/423/140 ms, 3.31x [1.87, 6.01] p=0.057 (one after run "
+    "below one before run: inconclusive at 4+4); on-hotplug, whose after runs came after "
+    "the clear, 2.39x p=0.029 'present' from this loaded machine's noise (off-none's "
+    "before runs reached 215 and 308 ms)",
     strict=False,
 )
 def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
@@ -130,6 +138,13 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 
 @pytest.mark.vhost
 @pytest.mark.simboot
+@pytest.mark.xfail(
+    reason="session 8's boot (responders' cost): the other CPUs' IRQ-entry payments "
+    "(8650 of them, 865 s in all) hold up the probe's broadcasts in MTTCG's exclusive "
+    "sections: the rt CPU's probe p50 went 0.31 -> 26.7 ms per call (32 calls), far above "
+    "the issuer's 1 ms per completion",
+    strict=False,
+)
 def test_the_probe_increase_is_the_delay_times_the_completions(
     cells: dict[str, BundleData],
 ) -> None:

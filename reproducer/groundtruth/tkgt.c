@@ -220,6 +220,13 @@ static int open_log(const char *path, uint64_t limit)
 	return 0;
 }
 
+/* Register the callbacks: at install, and again after the simulation's qemu_plugin_reset. */
+static void arm(qemu_plugin_id_t id)
+{
+	qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
+	qemu_plugin_register_atexit_cb(id, at_exit, NULL);
+}
+
 QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
 					   char **argv)
 {
@@ -267,7 +274,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 	if (sim && tksim_load(sim, simlog, info->system_emulation ? header->vcpus : TKSIM_MAX_VCPUS,
 			      info->system_emulation) < 0)
 		return -1;
-	qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
-	qemu_plugin_register_atexit_cb(id, at_exit, NULL);
+	tksim_set_plugin(id, arm);
+	arm(id);
 	return 0;
 }

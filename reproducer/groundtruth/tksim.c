@@ -3,12 +3,23 @@
  * tksim: the simulated mechanism of the ground-truth plugin (tksim.h, docs/simulate.md).
  *
  * State: a dose per vCPU (0: holds nothing). The model's trigger adds one (capped at
- * dose_max); its clears set doses to 0. Cost: a vCPU that executed a broadcast TLBI
- * (...IS/OS) is delayed, at the first DSB ISH/OSH/SY after it, by fixed_ns +
- * per_dose_ns x dose, where dose is its own (scope holder: only holders pay) or the
+ * dose_max); its clears set doses to 0. Cost (pay issuer or all): a vCPU that executed
+ * a broadcast TLBI (...IS/OS) is delayed, at the first DSB ISH/OSH/SY after it, by
+ * fixed_ns + per_dose_ns x dose, where dose is its own (scope holder: only holders pay) or the
  * sum over every vCPU (scope every). The delay is a busy wait in the exec callback, so
  * the vCPU's thread, and the guest clock (QEMU's virtual clock follows the host's
  * without icount), see the time pass.
+ *
+ * Responders (pay responders or all): while the state holds, each broadcast completion
+ * is also put in a ring (time, issuing vCPU). Every other vCPU pays for it at its next
+ * entry into the host kernel's IRQ handler (el1h/el0t_64_irq_handler, on every
+ * wake-up path), responder_ns per completion it has not paid for yet, counting only
+ * those of the last window_ns (a CPU that slept long owes only the recent ones) and at
+ * most cap_ns per entry. The handler's address is read from the boot's kallsyms file
+ * (KASLR: known only once the kernel runs) at the first clock marker, after which
+ * qemu_plugin_reset flushes the translated blocks so the handler gets its callback.
+ * Real DVM handling stalls a responder when the message arrives, not at its next IRQ:
+ * this is where the plugin can charge it cheaply and on the path a wake-up takes.
  *
  * Where the delay lands: in multi-threaded TCG a broadcast TLBI's flush runs as
  * "safe work" in an exclusive section, which waits for every other vCPU to leave its
@@ -35,6 +46,11 @@ struct vcpu_sim {
 	uint64_t delay_end;	/* atomic: 0 while a delay runs */
 	uint64_t creates, clears, delayed, injected_ns, actual_ns;
 	uint64_t spans, span_ns, waited_spans, waited_ns;
+	/* As a responder: completions put in the ring, IRQ entries that paid, completions
+	 * they paid for, what those asked (responder_ns each), what was injected (capped)
+	 * and what the wait really took. */
+	uint64_t bcasts, pays, owed, asked_ns, paid_ns, paid_actual_ns;
+	uint64_t last_paid;	/* the last IRQ entry's time: nothing before it is owed */
 	int seen;		/* any simulated instruction ran on it */
 };
 
@@ -44,15 +60,37 @@ static struct {
 	uint64_t lo, hi;		/* vaddr window of the SCTLR trigger */
 	int clear_local, clear_all;
 	int scope_every;
+	int pay_issuer, pay_responders;
 	uint64_t fixed_ns, per_dose_ns, dose_max;
+	uint64_t responder_ns, window_ns, cap_ns;
+	char kallsyms[1024];
+	char irq_syms[TKSIM_MAX_IRQ_SYMS][64];
+	unsigned int n_irq_syms;
+	uint64_t irq_addr[TKSIM_MAX_IRQ_SYMS];
+	int irq_state;		/* atomic, enum irq_state */
+	unsigned int tries;
+	qemu_plugin_id_t id;
+	void (*rearm)(qemu_plugin_id_t id);
 	char name[64], hash[80];
 	unsigned int vcpus;
 	int every_vcpu;		/* system mode: the log lists every vCPU */
 	FILE *log;
 } sim;
 
+enum irq_state { IRQ_UNUSED, IRQ_PENDING, IRQ_RESOLVED, IRQ_FAILED };
+
 static struct vcpu_sim cpus[TKSIM_MAX_VCPUS];
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Broadcast completions while the state holds: (time << 8) | vCPU, one atomic word each. */
+static uint64_t ring[TKSIM_RING];
+static uint64_t ring_head;	/* atomic: completions ever put in */
+
+void tksim_set_plugin(qemu_plugin_id_t id, void (*rearm)(qemu_plugin_id_t id))
+{
+	sim.id = id;
+	sim.rearm = rearm;
+}
 
 int tksim_enabled(void)
 {
@@ -65,6 +103,25 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+/* `irq-entry KALLSYMS SYMBOL...`: where responders pay; 0 if understood. */
+static int parse_irq_entry(const char *rest)
+{
+	char path[sizeof(sim.kallsyms)];
+	int used = 0;
+
+	if (sscanf(rest, "%1023s%n", path, &used) != 1)
+		return -1;
+	strcpy(sim.kallsyms, path);
+	rest += used;
+	while (sim.n_irq_syms < TKSIM_MAX_IRQ_SYMS &&
+	       sscanf(rest, " %63s%n", sim.irq_syms[sim.n_irq_syms], &used) == 1) {
+		sim.n_irq_syms++;
+		rest += used;
+	}
+	sim.irq_state = IRQ_PENDING;
+	return sim.n_irq_syms ? 0 : -1;
 }
 
 /* One line of the plugin form; 0 if understood. */
@@ -97,6 +154,19 @@ static int parse_line(const char *line)
 		sim.scope_every = strcmp(word, "every") == 0;
 		return 0;
 	}
+	if (sscanf(line, "pay %31s", word) == 1 && (strcmp(word, "issuer") == 0 ||
+						     strcmp(word, "responders") == 0 ||
+						     strcmp(word, "all") == 0)) {
+		sim.pay_issuer = strcmp(word, "responders") != 0;
+		sim.pay_responders = strcmp(word, "issuer") != 0;
+		return 0;
+	}
+	if (strncmp(line, "irq-entry ", 10) == 0)
+		return parse_irq_entry(line + 10);
+	if (sscanf(line, "responder_ns %" SCNu64, &sim.responder_ns) == 1 ||
+	    sscanf(line, "window_ns %" SCNu64, &sim.window_ns) == 1 ||
+	    sscanf(line, "cap_ns %" SCNu64, &sim.cap_ns) == 1)
+		return 0;
 	if (sscanf(line, "fixed_ns %" SCNu64, &sim.fixed_ns) == 1 ||
 	    sscanf(line, "per_dose_ns %" SCNu64, &sim.per_dose_ns) == 1 ||
 	    sscanf(line, "dose_max %" SCNu64, &sim.dose_max) == 1)
@@ -115,6 +185,7 @@ int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int e
 		return -1;
 	}
 	sim.dose_max = 1;
+	sim.pay_issuer = 1;
 	if (!fgets(line, sizeof(line), in) || sscanf(line, "tksim %d", &format) != 1 ||
 	    format != TKSIM_FORMAT) {
 		fprintf(stderr, "tkgt: %s is not a plugin form of format %d\n", path, TKSIM_FORMAT);
@@ -130,6 +201,10 @@ int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int e
 		}
 	}
 	fclose(in);
+	if (sim.pay_responders && sim.irq_state != IRQ_PENDING) {
+		fprintf(stderr, "tkgt: %s: responders pay, but no irq-entry line says where\n", path);
+		return -1;
+	}
 	if (vcpus > TKSIM_MAX_VCPUS) {
 		fprintf(stderr, "tkgt: simulation supports at most %d vCPUs\n", TKSIM_MAX_VCPUS);
 		return -1;
@@ -152,6 +227,15 @@ uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags)
 {
 	if (!sim.on)
 		return TKSIM_NONE;
+	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_RESOLVED) {
+		unsigned int i;
+
+		for (i = 0; i < sim.n_irq_syms; i++)
+			if (vaddr == sim.irq_addr[i])
+				return TKSIM_IRQ;
+	}
+	if (kind == TKGT_MARK && __atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
+		return TKSIM_RESOLVE;
 	if (sim.create_mark && word == TKSIM_MMU_ON_MARK)
 		return TKSIM_CREATE;
 	if (sim.create_sctlr && (word & TKSIM_RT_MASK) == TKSIM_MSR_SCTLR_EL1 && vaddr >= sim.lo &&
@@ -223,7 +307,8 @@ static uint64_t overlap_with_delays(unsigned int vcpu, uint64_t start, uint64_t 
 	return waited;
 }
 
-static void delay(struct vcpu_sim *c, uint64_t ns)
+/* Busy-wait `ns` on this vCPU's thread; how long it really took. */
+static uint64_t busy_wait(struct vcpu_sim *c, uint64_t ns)
 {
 	uint64_t start = now_ns(), end;
 
@@ -235,9 +320,57 @@ static void delay(struct vcpu_sim *c, uint64_t ns)
 		end = now_ns();
 	while (end - start < ns);
 	__atomic_store_n(&c->delay_end, end, __ATOMIC_RELEASE);
+	return end - start;
+}
+
+static void delay(struct vcpu_sim *c, uint64_t ns)
+{
 	c->delayed++;
 	c->injected_ns += ns;
-	c->actual_ns += end - start;
+	c->actual_ns += busy_wait(c, ns);
+}
+
+/* A completion responders will pay for: into the ring, newest last. */
+static void put_completion(unsigned int vcpu, uint64_t ts)
+{
+	uint64_t slot = __atomic_fetch_add(&ring_head, 1, __ATOMIC_ACQ_REL);
+
+	__atomic_store_n(&ring[slot % TKSIM_RING], ts << 8 | vcpu, __ATOMIC_RELEASE);
+}
+
+/* Other vCPUs' completions after `since` (newest first, at most the ring's size). */
+static uint64_t completions_since(unsigned int vcpu, uint64_t since)
+{
+	uint64_t head = __atomic_load_n(&ring_head, __ATOMIC_ACQUIRE), count = 0, i;
+
+	for (i = head; i > 0 && head - i < TKSIM_RING; i--) {
+		uint64_t entry = __atomic_load_n(&ring[(i - 1) % TKSIM_RING], __ATOMIC_ACQUIRE);
+
+		if (entry >> 8 <= since)
+			break;
+		count += (entry & 0xff) != vcpu;
+	}
+	return count;
+}
+
+/* An IRQ entry on `vcpu`: pay for the recent completions it has not paid for. */
+static void pay_as_responder(unsigned int vcpu, struct vcpu_sim *c)
+{
+	uint64_t now = now_ns(), since, owed, asked, paid;
+
+	since = now > sim.window_ns ? now - sim.window_ns : 0;
+	since = since > c->last_paid ? since : c->last_paid;
+	c->last_paid = now;
+	owed = completions_since(vcpu, since);
+	if (!owed)
+		return;
+	asked = owed * sim.responder_ns;
+	paid = asked < sim.cap_ns ? asked : sim.cap_ns;
+	c->pays++;
+	c->owed += owed;
+	c->asked_ns += asked;
+	c->paid_ns += paid;
+	c->paid_actual_ns += busy_wait(c, paid);
 }
 
 /* A DSB on `vcpu`: completes its broadcast TLBIs, paying the model's cost. */
@@ -256,8 +389,64 @@ static void complete_broadcast(unsigned int vcpu, struct vcpu_sim *c)
 	}
 	c->tlbi_ts = 0;
 	dose = dose_of(vcpu);
-	if (dose)
+	if (!dose)
+		return;
+	if (sim.pay_responders) {
+		c->bcasts++;
+		put_completion(vcpu, ts);
+	}
+	if (sim.pay_issuer)
 		delay(c, sim.fixed_ns + sim.per_dose_ns * dose);
+}
+
+/* `ADDR TYPE NAME` lines of the kallsyms file: the IRQ entries' addresses; 0 if all found. */
+static int read_irq_entries(void)
+{
+	char line[512], name[128], type;
+	uint64_t addr;
+	unsigned int i, found = 0;
+	FILE *in = fopen(sim.kallsyms, "r");
+
+	if (!in)
+		return -1;
+	while (found < sim.n_irq_syms && fgets(line, sizeof(line), in)) {
+		if (sscanf(line, "%" SCNx64 " %c %127s", &addr, &type, name) != 3)
+			continue;
+		for (i = 0; i < sim.n_irq_syms; i++)
+			if (!sim.irq_addr[i] && strcmp(name, sim.irq_syms[i]) == 0) {
+				sim.irq_addr[i] = addr;
+				found++;
+			}
+	}
+	fclose(in);
+	return found == sim.n_irq_syms ? 0 : -1;
+}
+
+/* A clock marker: the boot's kallsyms is written by now; find the IRQ entries, then
+ * retranslate everything so they get their callback. */
+static void resolve_irq_entries(void)
+{
+	unsigned int i;
+	int state = IRQ_FAILED;
+
+	pthread_mutex_lock(&resolve_lock);
+	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) != IRQ_PENDING) {
+		pthread_mutex_unlock(&resolve_lock);
+		return;
+	}
+	if (read_irq_entries() == 0)
+		state = IRQ_RESOLVED;
+	else if (++sim.tries < TKSIM_RESOLVE_TRIES)
+		state = IRQ_PENDING;
+	pthread_mutex_lock(&log_lock);
+	for (i = 0; state != IRQ_PENDING && i < sim.n_irq_syms; i++)
+		fprintf(sim.log, "pay-at %s 0x%" PRIx64 "\n", sim.irq_syms[i], sim.irq_addr[i]);
+	fflush(sim.log);
+	pthread_mutex_unlock(&log_lock);
+	__atomic_store_n(&sim.irq_state, state, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&resolve_lock);
+	if (state == IRQ_RESOLVED)
+		qemu_plugin_reset(sim.id, sim.rearm);
 }
 
 void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
@@ -303,6 +492,13 @@ void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
 	case TKSIM_DSB:
 		complete_broadcast(vcpu, c);
 		break;
+	case TKSIM_IRQ:
+		if (sim.pay_responders)
+			pay_as_responder(vcpu, c);
+		break;
+	case TKSIM_RESOLVE:
+		resolve_irq_entries();
+		break;
 	}
 }
 
@@ -322,10 +518,14 @@ void tksim_finish(void)
 			"vcpu %u creates %" PRIu64 " clears %" PRIu64 " delayed %" PRIu64
 			" injected_ns %" PRIu64 " actual_ns %" PRIu64 " spans %" PRIu64
 			" span_ns %" PRIu64 " waited_spans %" PRIu64 " waited_ns %" PRIu64
-			" dose %" PRIu64 "\n",
+			" dose %" PRIu64 " bcasts %" PRIu64 " pays %" PRIu64 " owed %" PRIu64
+			" asked_ns %" PRIu64 " paid_ns %" PRIu64 " paid_actual_ns %" PRIu64 "\n",
 			v, c->creates, c->clears, c->delayed, c->injected_ns, c->actual_ns, c->spans,
-			c->span_ns, c->waited_spans, c->waited_ns, c->dose);
+			c->span_ns, c->waited_spans, c->waited_ns, c->dose, c->bcasts, c->pays,
+			c->owed, c->asked_ns, c->paid_ns, c->paid_actual_ns);
 	}
+	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
+		fprintf(sim.log, "pay-at unresolved 0x0\n"); /* no marker ran: nobody paid */
 	fprintf(sim.log, "complete 1\n");
 	fclose(sim.log);
 	sim.log = NULL;

@@ -14,7 +14,11 @@
 
 #include <stdint.h>
 
-#define TKSIM_FORMAT 1
+#include <qemu-plugin.h>
+
+/* 2: responders' cost (pay, responder_ns, window_ns, cap_ns, irq-entry lines; the log's
+ * per-vCPU responder keys and pay-at lines). */
+#define TKSIM_FORMAT 2
 /* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
  * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
 #define TKSIM_MMU_ON_MARK 0xd5032edfu
@@ -25,7 +29,10 @@
 #define TKSIM_ALLE1 0xd50c8780u
 #define TKSIM_ALLE1IS 0xd50c8380u
 #define TKSIM_ALLE1OS 0xd50c8180u
-#define TKSIM_MAX_VCPUS 256
+#define TKSIM_MAX_VCPUS 256	/* the completion ring packs the vCPU in 8 bits */
+#define TKSIM_RING 4096		/* recent broadcast completions responders pay for */
+#define TKSIM_MAX_IRQ_SYMS 4
+#define TKSIM_RESOLVE_TRIES 8	/* markers at which the kallsyms file is looked for */
 
 /* What an instruction does to the simulated state (a site's sim role). */
 enum tksim_role {
@@ -35,6 +42,8 @@ enum tksim_role {
 	TKSIM_CLEAR_ALL = 3,	/* TLBI ALLE1IS/OS: clears every vCPU, if the model says so */
 	TKSIM_BROADCAST = 4,	/* any other TLBI ...IS/OS: a DSB after it pays the cost */
 	TKSIM_DSB = 5,		/* DSB ISH/OSH/SY: completes this vCPU's broadcast TLBIs */
+	TKSIM_IRQ = 6,		/* the host kernel's IRQ entry: a responder pays what it owes */
+	TKSIM_RESOLVE = 7,	/* a clock marker: time to read the IRQ entry's address */
 };
 
 /* 1 if the plugin form at `path` was read (and the simulation is on); -1 on error.
@@ -48,5 +57,8 @@ void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr);
 /* Write the per-vCPU totals to the simulation log and close it. */
 void tksim_finish(void);
 int tksim_enabled(void);
+/* The plugin's id and how to register its callbacks again after qemu_plugin_reset (which
+ * flushes every translated block, so the IRQ entry, once known, gets its callback). */
+void tksim_set_plugin(qemu_plugin_id_t id, void (*rearm)(qemu_plugin_id_t id));
 
 #endif

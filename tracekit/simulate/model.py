@@ -18,7 +18,7 @@ from typing import Any
 from tracekit.errors import TracekitError
 
 FORMAT = 1
-PLUGIN_FORMAT = 1  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+PLUGIN_FORMAT = 2  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
@@ -54,12 +54,29 @@ CLEARS = {
     ),
 }
 WHERE = ("every", "holder")
+# Who pays for a broadcast completion: the CPU that issued it (at its DSB), the other
+# CPUs (responders, at their next IRQ entry), or both.
+ON = ("issuer", "responders", "all")
+# Where responders pay: the host kernel's IRQ handlers, entered on every wake-up path
+# (arch/arm64/kernel/entry-common.c; the vectors themselves differ with Spectre-BHB and
+# KPTI trampolines, the C handlers do not). Their addresses come from the boot's
+# kallsyms (KASLR), which the plugin reads at the first clock marker.
+IRQ_ENTRY_SYMBOLS = ("el1h_64_irq_handler", "el0t_64_irq_handler")
+_RESPONDER_KEYS = ("responder_ns", "window_ns", "cap_ns")
 KVM_MODES = ("nvhe", "vhe", "protected")
 _KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "": {"format": int, "name": str, "summary": str, "create": dict, "clear": dict, "cost": dict},
     "create": {"trigger": str, "kvm_modes": list, "dose_max": int},
     "clear": {"by": list},
-    "cost": {"where": str, "fixed_ns": int, "per_dose_ns": int},
+    "cost": {
+        "where": str,
+        "fixed_ns": int,
+        "per_dose_ns": int,
+        "on": str,
+        "responder_ns": int,
+        "window_ns": int,
+        "cap_ns": int,
+    },
 }
 _REQUIRED = {
     "": ("format", "name", "summary", "create", "clear", "cost"),
@@ -69,6 +86,8 @@ _REQUIRED = {
 }
 # Bounds that keep a model runnable: a delay on every broadcast above 10 ms stalls boots.
 MAX_COST_NS = 10_000_000
+# A responder's payment is one busy wait at an IRQ entry: at most 1 s, however much it owes.
+MAX_RESPONDER_NS = 1_000_000_000
 MAX_DOSE = 1 << 20
 
 
@@ -86,6 +105,10 @@ class Model:
     fixed_ns: int
     per_dose_ns: int
     digest: str  # sha256 of the model's canonical JSON, first 16 hex digits
+    on: str = "issuer"  # issuer, responders or all: who pays for a completion
+    responder_ns: int = 0  # each other CPU, per completion it owes, at its IRQ entry
+    window_ns: int = 0  # only completions this recent are owed
+    cap_ns: int = 0  # at most this per IRQ entry
 
     @property
     def label(self) -> str:
@@ -104,8 +127,20 @@ class Model:
         return action in self.clears
 
     def cost_ns(self, dose: int) -> int:
-        """Extra ns on one broadcast's completion for a dose (its CPU's, or the sum)."""
-        return self.fixed_ns + self.per_dose_ns * min(dose, self.dose_max) if dose else 0
+        """Extra ns the issuer pays on one broadcast's completion for a dose (its CPU's,
+        or the sum); 0 when only responders pay."""
+        if not dose or self.on == "responders":
+            return 0
+        return self.fixed_ns + self.per_dose_ns * min(dose, self.dose_max)
+
+    def responder_cost_ns(self, owed: int) -> int:
+        """What one IRQ entry of another CPU pays for `owed` recent completions (capped)."""
+        return min(owed * self.responder_ns, self.cap_ns) if self.on != "issuer" else 0
+
+    @property
+    def costs_anything(self) -> bool:
+        """Whether holding the state costs any CPU time at all."""
+        return self.cost_ns(1) > 0 or self.responder_cost_ns(1) > 0
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -165,6 +200,23 @@ def _value_mistakes(raw: dict[str, Any]) -> list[str]:
     for key in ("fixed_ns", "per_dose_ns"):
         if not 0 <= cost.get(key, 0) <= MAX_COST_NS:
             mistakes.append(f"[cost] {key}: must be 0..{MAX_COST_NS} ns")
+    return mistakes + _responder_mistakes(cost)
+
+
+def _responder_mistakes(cost: dict[str, Any]) -> list[str]:
+    """The responders' keys: all three with on = responders/all, none with issuer."""
+    on = cost.get("on", "issuer")
+    if on not in ON:
+        return [f"[cost] on: {on!r}; use one of: {', '.join(ON)}"]
+    given = [k for k in _RESPONDER_KEYS if k in cost]
+    if on == "issuer":
+        return [f"[cost] {k}: only with on = 'responders' or 'all'" for k in given]
+    mistakes = [f"[cost] {k}: missing (on = {on!r})" for k in _RESPONDER_KEYS if k not in given]
+    for key in given:
+        if not 0 <= cost[key] <= MAX_RESPONDER_NS:
+            mistakes.append(f"[cost] {key}: must be 0..{MAX_RESPONDER_NS} ns")
+    if not mistakes and cost["cap_ns"] < cost["responder_ns"]:
+        mistakes.append("[cost] cap_ns: below responder_ns, so no completion is paid in full")
     return mistakes
 
 
@@ -193,6 +245,8 @@ def parse_model(text: str, origin: str) -> Model:
         fixed_ns=cost["fixed_ns"],
         per_dose_ns=cost.get("per_dose_ns", 0),
         digest=hashlib.sha256(canonical.encode()).hexdigest()[:16],
+        on=cost.get("on", "issuer"),
+        **{key: cost.get(key, 0) for key in _RESPONDER_KEYS},
     )
 
 
@@ -226,8 +280,11 @@ def load_model(spec: str) -> Model:
     return parse_model(model_source(spec), origin)
 
 
-def plugin_form(model: Model, kvm_mode: str) -> str:
-    """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode."""
+def plugin_form(model: Model, kvm_mode: str, kallsyms: Path | None = None) -> str:
+    """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode.
+
+    `kallsyms`: where the boot's kallsyms will be (responders pay at the IRQ entries
+    named there); a model whose responders pay needs it."""
     lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
     if model.trigger == "sctlr-write" and kvm_mode in model.kvm_modes:
         lines.append(f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}")
@@ -242,8 +299,17 @@ def plugin_form(model: Model, kvm_mode: str) -> str:
         lines.append("clear alle1is")
     lines += [
         f"scope {model.where}",
+        f"pay {model.on}",
         f"fixed_ns {model.fixed_ns}",
         f"per_dose_ns {model.per_dose_ns}",
         f"dose_max {model.dose_max}",
     ]
+    if model.on != "issuer":
+        if kallsyms is None or any(c.isspace() for c in str(kallsyms)):
+            raise TracekitError(
+                f"model {model.label}: its responders pay at the kernel's IRQ entry, which "
+                "needs the boot's kallsyms: run it under `tracekit vhost run`"
+            )
+        lines += [f"{key} {getattr(model, key)}" for key in _RESPONDER_KEYS]
+        lines.append(f"irq-entry {kallsyms} {' '.join(IRQ_ENTRY_SYMBOLS)}")
     return "\n".join(lines) + "\n"

@@ -163,16 +163,30 @@ def predict(model: Model, condition: Condition) -> Prediction:
     cleared, why_cleared = _cleared(model, condition) if created else (False, "")
     if created is None or cleared is None:
         verdict = UNKNOWN
-    elif created and not cleared and model.cost_ns(1) > 0:
+    elif created and not cleared and model.costs_anything:
         verdict = PRESENT
     else:
         verdict = ABSENT
-    where = "every CPU's" if model.where == "every" else "the guest CPU's"
-    size = f"+{model.cost_ns(1) / 1000:g} us on {where} broadcast TLBI completions"
+    size = _size(model)
     why = why_created + (f"; {why_cleared}" if why_cleared else "")
     return Prediction(
         condition, created, cleared, verdict, size if verdict == PRESENT else "none", why
     )
+
+
+def _size(model: Model) -> str:
+    """The cost a held state adds, and who pays it."""
+    where = "every CPU's" if model.where == "every" else "the guest CPU's"
+    parts = []
+    if model.cost_ns(1):
+        parts.append(f"+{model.cost_ns(1) / 1000:g} us on {where} broadcast TLBI completions")
+    if model.responder_cost_ns(1):
+        parts.append(
+            f"+{model.responder_ns / 1000:g} us per completion of {where} broadcasts (of"
+            f" the last {model.window_ns / 1000:g} us, at most {model.cap_ns / 1000:g} us) on"
+            " every other CPU's next IRQ entry"
+        )
+    return "; ".join(parts)
 
 
 def _outcome(predicted: str, observed: str) -> str:

@@ -1,9 +1,10 @@
 """The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
 
-Lines: `tksim-log 1`, `model NAME HASH`, `clock ID`, then events (`create TS VCPU DOSE
-VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU CLEARED VADDR`, TS the QEMU
-host's CLOCK_MONOTONIC in ns), then at QEMU's exit one `vcpu V key value...` line per
-vCPU and `complete 1`. Standard library only.
+Lines: `tksim-log 2` (1: before responders paid), `model NAME HASH`, `clock ID`, then
+events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU
+CLEARED VADDR`, TS the QEMU host's CLOCK_MONOTONIC in ns), `pay-at SYMBOL ADDR` where
+responders pay (`pay-at unresolved 0x0`: nowhere), then at QEMU's exit one `vcpu V key
+value...` line per vCPU and `complete 1`. Standard library only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ VCPU_KEYS = (
     "waited_ns",
     "dose",
 )
+# Format 2's responder keys (0 in a format 1 log): completions this vCPU put in the ring
+# for the others, IRQ entries at which it paid, the completions it paid for, what they
+# asked (responder_ns each), what was injected (capped) and what the waits really took.
+RESPONDER_KEYS = ("bcasts", "pays", "owed", "asked_ns", "paid_ns", "paid_actual_ns")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class SimLog:
     events: list[SimEvent] = field(default_factory=list)
     vcpus: dict[int, dict[str, int]] = field(default_factory=dict)
     complete: bool = False
+    pay_at: dict[str, int] = field(default_factory=dict)  # IRQ entry symbol -> address
 
     def total(self, key: str) -> int:
         """A per-vCPU total summed over every vCPU."""
@@ -61,12 +67,24 @@ class SimLog:
         landed = ", ".join(
             f"vCPU {v}: {c['delayed']} delays, {c['actual_ns'] / 1e6:.1f} ms"
             f" (asked {c['injected_ns'] / 1e6:.1f}), waited {c['waited_ns'] / 1e6:.1f} ms"
+            + _responder_text(c)
             for v, c in sorted(self.vcpus.items())
         )
         return (
             f"simulation {self.model}: {self.total('creates')} creates,"
             f" {self.total('clears')} clears; {landed}"
         )
+
+
+def _responder_text(c: dict[str, int]) -> str:
+    """A vCPU's payments as a responder, or nothing when it made none."""
+    if not c["pays"]:
+        return ""
+    return (
+        f"; as responder {c['pays']} IRQ entries paid for {c['owed']} completions:"
+        f" asked {c['asked_ns'] / 1e6:.1f} ms, capped to {c['paid_ns'] / 1e6:.1f},"
+        f" took {c['paid_actual_ns'] / 1e6:.1f}"
+    )
 
 
 def _event(words: list[str], origin: str) -> SimEvent:
@@ -80,17 +98,23 @@ def _event(words: list[str], origin: str) -> SimEvent:
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
     """A SimLog from the log's text; one clear line if it is not one."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
-    if len(lines) < 2 or lines[0] != ["tksim-log", "1"] or lines[1][0] != "model":
-        raise TracekitError(f"{origin}: not a simulation log of format 1 (tksim.c)")
+    if len(lines) < 2 or lines[0] not in (["tksim-log", "1"], ["tksim-log", "2"]):
+        raise TracekitError(f"{origin}: not a simulation log of format 1 or 2 (tksim.c)")
+    if lines[1][0] != "model":
+        raise TracekitError(f"{origin}: not a simulation log of format 1 or 2 (tksim.c)")
+    keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if lines[0][1] == "2" else set())
     log = SimLog(model="@".join(lines[1][1:3]))
     for words in lines[2:]:
         if words[0] in EVENTS:
             log.events.append(_event(words, origin))
         elif words[0] == "vcpu":
             pairs = dict(zip(words[2::2], words[3::2], strict=False))
-            if set(pairs) != set(VCPU_KEYS):
+            if set(pairs) != keys:
                 raise TracekitError(f"{origin}: bad vcpu line {' '.join(words)!r}")
-            log.vcpus[int(words[1])] = {k: int(v) for k, v in pairs.items()}
+            totals = dict.fromkeys(RESPONDER_KEYS, 0)
+            log.vcpus[int(words[1])] = totals | {k: int(v) for k, v in pairs.items()}
+        elif words[0] == "pay-at" and len(words) == 3:
+            log.pay_at[words[1]] = int(words[2], 16)
         elif words == ["complete", "1"]:
             log.complete = True
         elif words[0] != "clock":

@@ -355,7 +355,7 @@ def prepare_simulation(config: VhostConfig, out: Path) -> str | None:
         return None
     model = load_model(config.simulate)
     (out / SIM_SOURCE).write_text(model_source(config.simulate))
-    (out / SIM_FORM).write_text(plugin_form(model, config.kvm_mode))
+    (out / SIM_FORM).write_text(plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS))
     (out / SIM_LOG).unlink(missing_ok=True)
     return model.label
 
