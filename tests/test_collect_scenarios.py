@@ -381,7 +381,6 @@ def test_teardown_bundle_on_612_uses_instance_function_graph(vhost_boot) -> None
 
 
 @pytest.mark.vhost
-@pytest.mark.unproven
 def test_vmids_on_612_are_read_at_return(vhost_boot) -> None:  # type: ignore[no-untyped-def]
     """6.12 calls kvm_arm_vmid_update from kvm_arch_vcpu_load (upstream fa808ed4e199 in
     6.12.y; in trixie's 6.12.117 image its one caller): a VM's VMID shows at the call's
