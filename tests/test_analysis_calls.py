@@ -60,3 +60,19 @@ def test_an_entry_without_return_may_be_a_missed_return_when_the_kretprobe_misse
     assert "did not record" in str(unclosed_note(unknown, None))
     closed, _ = pair_calls(entries.head(1), returns)
     assert unclosed_note(closed, 3) is None
+
+
+def test_a_runs_probe_misses_are_read_by_event_name() -> None:
+    """RunRecord.probe_misses keys are "tracekit/EVENT"; a probe not listed is unknown."""
+    from tracekit.analysis.calls import missed_note, probe_missed, returns_missed
+
+    misses = {"tracekit/kvm_free_stage2_pgd_ret": 2, "tracekit/kvm_free_stage2_pgd": 0}
+    assert returns_missed(misses, "kvm_free_stage2_pgd") == 2
+    assert probe_missed(misses, "kvm_free_stage2_pgd") == 0
+    assert returns_missed(misses, "kvm_arch_destroy_vm") is None
+    assert returns_missed(None, "kvm_free_stage2_pgd") is None
+    entries = _events([(1, 100, 0, 7), (3, 300, 0, 7)])
+    returns = _events([(2, 130, 0, 7)])
+    note = missed_note("f", entries, returns, 2)
+    assert note is not None and note.startswith("f: 1 call(s) without a return")
+    assert missed_note("f", entries.head(1), returns, 2) is None

@@ -143,3 +143,25 @@ def test_section_falls_back_to_the_vmm_when_the_trace_does_not_match(tmp_path: P
     assert any("trace not compared with the VMM" in f for f in section.findings)
     assert any("per IPA bit" in f and "over 11 VMs" in f for f in section.findings)
     assert section.plots[0].frame.height == 12
+
+
+def test_a_missed_return_is_said_with_the_kernel_teardown_time(tmp_path: Path) -> None:
+    """One kvm_free_stage2_pgd return gone, and the run's kprobe_profile says its
+    kretprobe missed one: the section says that call may be a missed return, whose VM
+    then has no kernel time."""
+    bundle = make_vm_bundle(tmp_path / "a", {"teardown": REAL[0]}, "6.1.0-50-arm64")
+    trace = bundle / "runs" / "teardown" / "trace"
+    lines = trace.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "kvm_free_stage2_pgd_ret:" in line)
+    trace.write_text("".join(lines[:first] + lines[first + 1 :]))
+    manifest = read_manifest(bundle)
+    manifest.runs[0].probe_misses = {"tracekit/kvm_free_stage2_pgd_ret": 1}
+    BundleWriter(bundle, manifest).finish()  # recorded so, not changed later
+    section = td_section.section([load_bundle(bundle)])
+    assert section is not None
+    said = [f for f in section.findings if "without a return" in f]
+    assert said == [
+        "teardown: kvm_free_stage2_pgd: 1 call(s) without a return: the kretprobe missed 1"
+        " return(s) in this run (kprobe_profile), so up to 1 may be missed returns; their"
+        " VMs have no kernel time here"
+    ]

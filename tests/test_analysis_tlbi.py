@@ -20,6 +20,7 @@ from bundlegen import Spec, generate
 import tracekit
 from tracekit.analysis.compare import INCONCLUSIVE, PRESENT
 from tracekit.analysis.tlbi import (
+    flush_missed,
     flush_summary,
     funcgraph_durations,
     probe_comparisons,
@@ -154,8 +155,8 @@ def test_directions_are_compared_apart() -> None:
 def test_kprobe_pairs_give_durations_like_the_trace_text() -> None:
     """Entry/return pairs of a real trace: same count and durations as reading the text."""
     trace = tracekit.open(TEARDOWN)
-    durations, unpaired = probe_pair_durations(trace.events)
-    assert unpaired == 0
+    durations, unpaired, unclosed = probe_pair_durations(trace.events)
+    assert unpaired == 0 and unclosed == []
     line = re.compile(r"\[\d+\]\s+\S+\s+([\d.]+): (kvm_free_stage2_pgd(?:_ret)?):")
     stamps = {"kvm_free_stage2_pgd": [], "kvm_free_stage2_pgd_ret": []}
     for m in line.finditer(TEARDOWN.read_text()):
@@ -171,9 +172,46 @@ def test_a_lost_return_leaves_its_entry_unpaired() -> None:
     """Drop one return event: one call fewer, and its entry counted as unpaired."""
     events = tracekit.open(TEARDOWN).events
     first_ret = events.filter(pl.col("event") == "kvm_free_stage2_pgd_ret")["row"].min()
-    durations, unpaired = probe_pair_durations(events.filter(pl.col("row") != first_ret))
+    durations, unpaired, unclosed = probe_pair_durations(events.filter(pl.col("row") != first_ret))
     assert durations.filter(pl.col("function") == "kvm_free_stage2_pgd").height == 8
     assert unpaired == 1
+    assert "did not record the kretprobe's misses" in unclosed[0]
+
+
+def test_missed_returns_are_said_with_the_flush_durations_they_change() -> None:
+    """A return the kretprobe missed (kprobe_profile's count): the unpaired call's note
+    says it may be one, and the summary's missed column carries the run's count, summed
+    per phase; an unrecorded run makes the phase's count unknown, never 0."""
+    events = tracekit.open(TEARDOWN).events
+    first_ret = events.filter(pl.col("event") == "kvm_free_stage2_pgd_ret")["row"].min()
+    misses = {"tracekit/kvm_free_stage2_pgd_ret": 1, "tracekit/kvm_free_stage2_pgd": 0}
+    durations, _, unclosed = probe_pair_durations(events.filter(pl.col("row") != first_ret), misses)
+    assert unclosed == [
+        "kvm_free_stage2_pgd: 1 call(s) without a return: the kretprobe missed 1 return(s)"
+        " in this run (kprobe_profile), so up to 1 may be missed returns"
+    ]
+    got = durations.filter(pl.col("function") == "kvm_free_stage2_pgd").with_columns(
+        pl.lit("guest").alias("phase")
+    )
+    fn = ["kvm_free_stage2_pgd"]
+    two_runs = pl.concat([flush_missed(fn, "guest", misses), flush_missed(fn, "guest", misses)])
+    assert flush_summary(got, two_runs)["missed_returns"].to_list() == [2]
+    # A third run timed no call of it, but its kretprobe missed one there too.
+    untimed = pl.concat([two_runs, flush_missed([], "guest", misses)])
+    assert flush_summary(got, untimed)["missed_returns"].to_list() == [3]
+    unknown = pl.concat([flush_missed(fn, "guest", misses), flush_missed(fn, "guest", None)])
+    assert flush_summary(got, unknown)["missed_returns"].to_list() == [None]
+
+
+def test_probe_slots_say_how_long_after_the_guest_they_ran() -> None:
+    """since_guest_s is the group's first slot's RunRecord.since_guest_ns, in seconds;
+    a slot before any guest ended has none."""
+    samples = pl.concat([_slots(1.0, 2, 1, "rw-ro")])
+    runs = sorted(set(samples.filter(pl.col("phase") == "after")["run_id"]))
+    since = {run: 30_000_000_000 + i * 10_000_000_000 for i, run in enumerate(runs)}
+    per = probe_percentiles(samples, since)
+    got = dict(per.select("phase", "since_guest_s").rows())
+    assert got == {"before": None, "after": 30.0}
 
 
 def test_flush_durations_name_the_events_they_need() -> None:
@@ -189,7 +227,7 @@ def test_section_on_a_generated_bundle(tmp_path: Path) -> None:
     s = section([data])
     assert s is not None and s.key == "tlbi"
     table = s.tables[0].frame
-    assert set(table["cpu"]) == {0, 3} and table.width <= 6
+    assert set(table["cpu"]) == {0, 3} and table.width <= 7
     for plot in s.plots:  # the injected x2, in the histogram's data (geometric means)
         logs = plot.frame.group_by("phase").agg(pl.col("duration_us").log().mean())
         shift = dict(logs.rows())
@@ -254,3 +292,14 @@ def test_probe_samples_carry_the_headers_page_count(tmp_path: Path) -> None:
     samples = probe_samples(data)
     assert samples.height > 0 and set(samples["pages"]) == {1}
     assert samples.schema["pages"] == pl.Int32
+
+
+def test_what_el2_hid_from_the_probes_is_said() -> None:
+    """scenario.el2_unseen (collect, nVHE/protected): one line per function, with why."""
+    from tracekit.analysis.tlbi import el2_unseen
+
+    why = "runs at EL2 in nvhe mode; its host-side callers are probed instead: kvm_arm_vmid_update"
+    assert el2_unseen({"el2_unseen": {"__kvm_flush_vm_context": why}}) == [
+        f"__kvm_flush_vm_context: {why}"
+    ]
+    assert el2_unseen({}) == []

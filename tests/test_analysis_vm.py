@@ -215,3 +215,39 @@ def test_vmids_read_at_return_count_when_entries_show_zero() -> None:
     assert vm.vmid_rollovers(readings, 8).rows() == [(31, 1, 2)]
     assert vm.vmid_readings(None, None) is None
     assert vm.vmid_readings(entries, None) is not None  # 6.1: entries only
+
+
+def test_stage2_mapping_sizes_per_vm_and_the_probe_misses_beside_them() -> None:
+    """kvm_pgtable_stage2_map's size argument: pages and blocks counted per VM (outside
+    any VM: left out); the section says the sizes and the entry probe's misses."""
+    maps = pl.DataFrame(
+        {
+            "vm_seq": [0, 0, 0, 0, 0, 1, None],
+            "size": [4096, 4096, 4096, 2 << 20, 2 << 20, 4096, 4096],
+        },
+        schema={"vm_seq": pl.Int32, "size": pl.UInt64},
+    )
+    per = vm.stage2_mappings(maps)
+    assert per.rows() == [(0, 4096, 3, 12288), (0, 2 << 20, 2, 4 << 20), (1, 4096, 1, 4096)]
+    assert [vm.size_name(s) for s in (4096, 2 << 20, 1 << 30, 1000)] == [
+        "4 KiB", "2 MiB", "1 GiB", "1000 B"
+    ]  # fmt: skip
+    line, table = vm_section._stage2_maps(maps, {"tracekit/kvm_pgtable_stage2_map": 2}, "g")
+    assert line == (
+        "g: stage-2 mappings the kernel made (kvm_pgtable_stage2_map): 4 x 4 KiB, 2 x 2 MiB;"
+        " the kprobe missed 2 call(s) (kprobe_profile)"
+    )
+    assert table is not None and table.frame["size"].to_list() == ["4 KiB", "2 MiB", "4 KiB"]
+    none, _ = vm_section._stage2_maps(maps.clear(), None, "g")
+    assert none == "g: no stage-2 map call seen (kvm_pgtable_stage2_map)"
+
+
+def test_missed_vmid_probe_hits_are_said_with_the_vmids() -> None:
+    """A VMID reading the kprobe missed can hide a VMID change or a rollover."""
+    missed = {"tracekit/kvm_arm_vmid_update": 0, "tracekit/kvm_arm_vmid_update_ret": 3}
+    assert vm.vmid_misses(missed) == (
+        "the VMID kprobes missed hits (kvm_arm_vmid_update_ret 3; kprobe_profile):"
+        " readings not taken"
+    )
+    assert vm.vmid_misses({"tracekit/kvm_arm_vmid_update": 0}) is None
+    assert vm.vmid_misses(None) is None

@@ -381,10 +381,10 @@ def test_teardown_bundle_on_612_uses_instance_function_graph(vhost_boot) -> None
 
 
 @pytest.mark.vhost
-@pytest.mark.unproven
 def test_vmids_on_612_are_read_at_return(vhost_boot) -> None:  # type: ignore[no-untyped-def]
     """6.12 calls kvm_arm_vmid_update from kvm_arch_vcpu_load (upstream fa808ed4e199 in
-    6.12.y): a VM's VMID shows at the call's return, one new VMID per VM."""
+    6.12.y; in trixie's 6.12.117 image its one caller): a VM's VMID shows at the call's
+    return, one new VMID per VM, and the calls follow vCPU loads, not guest entries."""
     import polars as pl
 
     import tracekit
@@ -394,13 +394,13 @@ def test_vmids_on_612_are_read_at_return(vhost_boot) -> None:  # type: ignore[no
     ret_line = "r:tracekit/kvm_arm_vmid_update_ret kvm_arm_vmid_update vmid_id=+0($arg1):u64"
     assert ret_line in manifest.scenario["kprobes"]
     returned: list[int] = []
-    entry_nonzero = 0
+    calls = entries = 0
     for run in manifest.runs:
         trace = tracekit.open(root / "runs" / run.run_id / "trace")
         returns = trace.event("kvm_arm_vmid_update_ret")
         returned += returns.filter(pl.col("vmid_id") > 0)["vmid_id"].unique().to_list()
-        entries = trace.event("kvm_arm_vmid_update")
-        entry_nonzero += entries.filter(pl.col("vmid_id") > 0)["vmid_id"].n_unique()
+        calls += trace.event("kvm_arm_vmid_update").height
+        entries += trace.event("kvm_entry").height
     # 3 IPA sizes x 3 VMs, each given a VMID of its own, in order, in one generation.
     assert len(returned) == 9 and len({v >> 16 for v in returned}) == 1, returned
     assert sorted(v & 0xFFFF for v in returned) == list(
@@ -408,5 +408,8 @@ def test_vmids_on_612_are_read_at_return(vhost_boot) -> None:  # type: ignore[no
     )
     misses = manifest.runs[0].probe_misses
     assert misses is not None and "tracekit/kvm_arm_vmid_update_ret" in misses
-    # At entry a VM shows its VMID only when its vCPU is loaded again (sched-in).
-    assert entry_nonzero < 9, "the entry probe alone saw every VM's VMID: not the 6.12 path"
+    # 6.1 calls it before every guest entry (a real 6.1 guest run: 10 calls, 10 entries);
+    # here once per vCPU load (a 6.12 main-scenario guest run: 2 calls, 5 entries). A VM's
+    # entry reading shows its VMID only if its vCPU is loaded again (preemption, a block),
+    # so that is not what tells the paths apart.
+    assert 0 < calls < entries, (calls, entries)

@@ -156,6 +156,11 @@ class RunRecord:
     idle_since_guest: dict[str, int] | None = None
 
 
+# RunRecord.idle_since_guest's state name for a CPU with no power-down idle state (QEMU's
+# virt machine has no cpuidle driver): an empty record reads "WFI only", not "0 entries".
+NO_CPUIDLE = "no-cpuidle-WFI-only"
+
+
 @dataclass
 class Manifest:
     """What a bundle holds; serialised as manifest.json."""

@@ -12,6 +12,7 @@ import polars as pl
 
 from tracekit.analysis.compare import Comparison, compare, compare_all
 from tracekit.analysis.runs import RUN_METRICS, metric_values, run_metrics
+from tracekit.bundle import NO_CPUIDLE, RunRecord
 
 PRIMARY = "p99.9"
 
@@ -75,3 +76,34 @@ def saturated_phases(latencies: pl.DataFrame, interval_us: float) -> pl.DataFram
         .filter(pl.col("median_us") > interval_us)
         .sort("kind", pl.col("phase").replace({"before": "0", "after": "1"}))
     )
+
+
+def idle_after_guest(runs: list[RunRecord]) -> str | None:
+    """Which power-down idle states the guest CPUs entered between the guest's end and the
+    last after-phase run's start (RunRecord.idle_since_guest); None: not recorded.
+
+    A power-down state may lose a CPU's TLB contents, so state the guest left in its CPU
+    could be gone before the after runs measure; WFI alone powers nothing down.
+    """
+    recorded = [r for r in runs if r.phase == "after" and r.idle_since_guest is not None]
+    if not recorded:
+        return None
+    last = recorded[-1]
+    counts = last.idle_since_guest or {}
+    took = "" if last.since_guest_ns is None else f"{last.since_guest_ns / 1e9:.0f} s, "
+    until = f"({took}to {last.run_id}'s start)"
+    none = sorted(k.split("/")[0] for k, n in counts.items() if k.endswith(f"/{NO_CPUIDLE}"))
+    entered = {k: n for k, n in counts.items() if not k.endswith(f"/{NO_CPUIDLE}") and n}
+    unused = sorted(k for k, n in counts.items() if not k.endswith(f"/{NO_CPUIDLE}") and not n)
+    parts = []
+    if none:
+        parts.append(f"{', '.join(none)} WFI only, no power-down cpuidle state")
+    if entered:
+        said = ", ".join(f"{k} x{n}" for k, n in sorted(entered.items()))
+        parts.append(
+            f"entered {said}: a power-down state may lose the CPU's TLB contents, so the"
+            " after runs may measure without what the guest left"
+        )
+    if unused:
+        parts.append(f"never entered {', '.join(unused)}")
+    return f"guest CPUs' idle after the guest {until}: " + "; ".join(parts or ["none recorded"])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.bundle import PROBE_GROUP
+
 CALL_SCHEMA = {
     "pid": pl.Int32,
     "cpu": pl.Int32,  # where the call started
@@ -101,6 +103,28 @@ def unclosed_note(calls: pl.DataFrame, returns_missed: int | None) -> str | None
         f"{said}: the kretprobe missed {returns_missed} return(s) in this run (kprobe_profile),"
         f" so up to {min(unclosed, returns_missed)} may be missed returns"
     )
+
+
+def missed_note(
+    function: str, entries: pl.DataFrame, returns: pl.DataFrame, returns_missed: int | None
+) -> str | None:
+    """unclosed_note for one function's calls in a run, named; None: every call returned."""
+    calls, _orphans = pair_calls(entries, returns, returns_missed)
+    note = unclosed_note(calls, returns_missed)
+    return None if note is None else f"{function}: {note}"
+
+
+def probe_missed(probe_misses: dict[str, int] | None, event: str) -> int | None:
+    """One tracekit kprobe's misses in a run (RunRecord.probe_misses, from kprobe_profile);
+    None: the run did not record them, or the probe was not defined."""
+    if probe_misses is None:
+        return None
+    return probe_misses.get(f"{PROBE_GROUP}/{event}")
+
+
+def returns_missed(probe_misses: dict[str, int] | None, function: str) -> int | None:
+    """The returns F's kretprobe (tracekit/F_ret) missed in a run; None: not recorded."""
+    return probe_missed(probe_misses, f"{function}_ret")
 
 
 def _edges(events: pl.DataFrame, step: int) -> pl.DataFrame:

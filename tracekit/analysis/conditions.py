@@ -341,3 +341,42 @@ def varying_fields(conditions: list[Condition]) -> tuple[str, ...]:
         if len({getattr(c, name) for c in conditions}) > 1
         or any(isinstance(getattr(c, name), Unknown) for c in conditions)
     )
+
+
+# The setup facts the lead states beside the host line's cores (issue 17, point 13): the CPU
+# features, THP and guest backing that decide what a TLBI or a stage-2 mapping is.
+SETUP_FIELDS = ("tlbirange", "fwb", "repeat_tlbi", "thp", "backing")
+
+
+def fact_slots(manifest: Manifest) -> list[str]:
+    """One "label value" phrase per SETUP_FIELDS, in that order ("unknown" where absent),
+    so several bundles' facts compare slot by slot. FEAT_TLBIRANGE adds whether the
+    kernel issues range TLBIs (CONFIG_ARM64_TLB_RANGE); THP's defrag mode stays in the
+    manifest (it decides how hard a fault tries for a huge page, not whether it may)."""
+    condition = bundle_condition(manifest)
+    extra = {"tlbirange": _tlbirange_use(manifest)}
+    return [f"{FIELD_LABELS[n]} {getattr(condition, n)}{extra.get(n, '')}" for n in SETUP_FIELDS]
+
+
+def host_facts(manifest: Manifest) -> list[str]:
+    """fact_slots' recorded phrases, then the ones the manifest lacks as one "not recorded:
+    ..." phrase (none recorded at all: one short phrase), for one bundle's setup."""
+    condition = bundle_condition(manifest)
+    slots = zip(SETUP_FIELDS, fact_slots(manifest), strict=True)
+    known = [said for n, said in slots if not isinstance(getattr(condition, n), Unknown)]
+    missing = [FIELD_LABELS[n] for n in SETUP_FIELDS if isinstance(getattr(condition, n), Unknown)]
+    if not known:
+        return ["none recorded (CPU features, THP, guest backing)"]
+    return known + ([f"not recorded: {', '.join(missing)}"] if missing else [])
+
+
+def _tlbirange_use(manifest: Manifest) -> str:
+    """ " (the kernel issues range TLBIs)" or " (... does not)" where the CPU has it."""
+    uses = ((manifest.host.get("features") or {}).get("tlbirange") or {}).get("kernel_uses")
+    if uses is None:
+        return ""
+    return (
+        " (the kernel issues range TLBIs)"
+        if uses
+        else " (the kernel, built without them, does not use them)"
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.calls import pair_calls, returns_missed, unclosed_note
 from tracekit.analysis.compare import Comparison, Thresholds, compare, secondary_family
 from tracekit.analysis.requires import require_events
 from tracekit.bundle import PROBE_GROUP
@@ -71,12 +71,23 @@ def probe_label(mode: str, direction: str, pages: int = 1) -> str:
     return what if direction == mode else f"{what} {direction}"
 
 
-def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
-    """Per mode, pages, direction, CPU and phase: slots, samples, p50/p99/p99.9/max in us."""
+def probe_percentiles(
+    samples: pl.DataFrame, since_guest_ns: dict[str, int | None] | None = None
+) -> pl.DataFrame:
+    """Per mode, pages, direction, CPU and phase: slots, samples, p50/p99/p99.9/max in us,
+    and since_guest_s: how long after the guest ended the group's first slot started.
+
+    `since_guest_ns` maps a slot's run_id to its RunRecord.since_guest_ns (None: the slot
+    ran before any guest ended, or its bundle did not record it); without it, null.
+    """
     _check_samples(samples)
     d = pl.col("duration_ns")
+    since = pl.col("run_id").replace_strict(
+        since_guest_ns or {}, default=None, return_dtype=pl.Int64
+    )
     return (
-        samples.group_by(*SLOT_GROUP, "phase")
+        samples.with_columns(since.alias("_since"))
+        .group_by(*SLOT_GROUP, "phase")
         .agg(
             pl.col("run_id").n_unique().alias("slots"),
             pl.len().alias("samples"),
@@ -85,6 +96,7 @@ def probe_percentiles(samples: pl.DataFrame) -> pl.DataFrame:
                 for q, name in ((0.5, "p50_us"), (0.99, "p99_us"), (0.999, "p99_9_us"))
             ),
             (d.max() / 1000).round(1).alias("max_us"),
+            (pl.col("_since").min() / 1e9).round(1).alias("since_guest_s"),
         )
         .sort(*SLOT_GROUP, _phase_rank())
     )
@@ -150,13 +162,17 @@ def _entry_return_names(events: list[str]) -> dict[str, tuple[str, str]]:
     return pairs
 
 
-def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Entry/return kprobe pairs as (function, cpu, pid, start_ns, duration_ns), and unpaired.
+def probe_pair_durations(
+    events: pl.DataFrame, probe_misses: dict[str, int] | None = None
+) -> tuple[pl.DataFrame, int, list[str]]:
+    """Entry/return kprobe pairs as (function, cpu, pid, start_ns, duration_ns), how many
+    events are unpaired, and what each function's unclosed calls may be.
 
     Pairs are matched per task as a call stack (tracekit.analysis.calls), not per CPU: a
-    call that migrated keeps its duration. An entry without a return (or a return
-    without an entry: lost events, a call that started before tracing) is not guessed
-    at; the count of them is returned.
+    call that migrated keeps its duration. An entry without a return (the trace ended
+    inside it, a lost event, or a return its kretprobe missed: `probe_misses`, the run's
+    RunRecord.probe_misses) or a return without an entry is not guessed at; the count of
+    them is returned, and per function a note saying which of those they can be.
     """
     # Text traces do not name the system (null): their pairs are found by name alone.
     system = pl.col("system").cast(pl.String)
@@ -165,14 +181,19 @@ def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     )
     pairs = _entry_return_names(sorted(ours["event"].unique().to_list()))
     if not pairs:
-        return pl.DataFrame(schema=DURATION_SCHEMA), 0
-    frames, unpaired = [], 0
+        return pl.DataFrame(schema=DURATION_SCHEMA), 0, []
+    frames, unpaired, notes = [], 0, []
     for function, (entry, ret) in sorted(pairs.items()):
+        missed = returns_missed(probe_misses, function)
         calls, orphans = pair_calls(
-            ours.filter(pl.col("event") == entry), ours.filter(pl.col("event") == ret)
+            ours.filter(pl.col("event") == entry),
+            ours.filter(pl.col("event") == ret),
+            missed,
         )
         done = calls.filter(pl.col("end_ts").is_not_null())
         unpaired += orphans + calls.height - done.height
+        note = unclosed_note(calls, missed)
+        notes += [f"{function}: {note}"] if note else []
         frames.append(
             done.select(
                 pl.lit(function).alias("function"),
@@ -182,7 +203,31 @@ def probe_pair_durations(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
                 pl.col("dur_ns").alias("duration_ns"),
             )
         )
-    return pl.concat(frames).cast(DURATION_SCHEMA), unpaired  # type: ignore[arg-type]
+    return pl.concat(frames).cast(DURATION_SCHEMA), unpaired, notes  # type: ignore[arg-type]
+
+
+def flush_missed(
+    functions: list[str], phase: str, probe_misses: dict[str, int] | None
+) -> pl.DataFrame:
+    """function, phase, missed_returns: each function's kretprobe misses in one run (null:
+    the run did not record them); each is a call the durations cannot include. Functions
+    timed in the run and those whose kretprobe the run's misses list are both given, so a
+    run that timed no call of a function still adds its misses to the phase's count."""
+    prefix, suffix = f"{PROBE_GROUP}/", "_ret"
+    listed = [
+        key.removeprefix(prefix).removesuffix(suffix)
+        for key in probe_misses or {}
+        if key.startswith(prefix) and key.endswith(suffix)
+    ]
+    every = sorted({*functions, *listed})
+    return pl.DataFrame(
+        {
+            "function": every,
+            "phase": [phase] * len(every),
+            "missed_returns": [returns_missed(probe_misses, f) for f in every],
+        },
+        schema={"function": pl.String, "phase": pl.String, "missed_returns": pl.Int64},
+    )
 
 
 def funcgraph_durations(exits: pl.DataFrame) -> pl.DataFrame:
@@ -214,10 +259,12 @@ def require_flush_events(event_names: list[str]) -> None:
     require_events("flush-path durations", event_names, FLUSH_EVENTS_HOW)
 
 
-def flush_summary(durations: pl.DataFrame) -> pl.DataFrame:
-    """Per function, phase and CPU: calls, median, max and total time in us."""
+def flush_summary(durations: pl.DataFrame, missed: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per function, phase and CPU: calls, median, max and total time in us, and the
+    function's missed returns in the phase's runs (`flush_missed` rows; any CPU: a missed
+    return's call is in no CPU's row; null: some run did not record them)."""
     d = pl.col("duration_ns")
-    return (
+    summary = (
         durations.group_by("function", "phase", "cpu")
         .agg(
             pl.len().alias("calls"),
@@ -227,3 +274,20 @@ def flush_summary(durations: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("function", _phase_rank(), "cpu")
     )
+    if missed is None:
+        return summary.with_columns(pl.lit(None, pl.Int64).alias("missed_returns"))
+    count = pl.col("missed_returns")
+    # Unknown in one run makes the phase's total unknown, never a low count.
+    per_phase = missed.group_by("function", "phase").agg(
+        pl.when(count.is_null().any()).then(None).otherwise(count.sum()).alias("missed_returns")
+    )
+    return summary.join(per_phase, on=["function", "phase"], how="left", maintain_order="left")
+
+
+def el2_unseen(scenario: dict[str, object]) -> list[str]:
+    """What the flush-path probes could not see in the bundle's KVM mode (the manifest's
+    scenario.el2_unseen: function -> why), one line each; none recorded: nothing."""
+    unseen = scenario.get("el2_unseen")
+    if not isinstance(unseen, dict):
+        return []
+    return [f"{function}: {why}" for function, why in sorted(unseen.items())]

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 import polars as pl
 
 from tracekit.analysis.cacheflush import cache_state_changes
+from tracekit.analysis.calls import probe_missed
 from tracekit.analysis.exits import exit_reason
 from tracekit.analysis.requires import require_events
 
@@ -402,3 +403,48 @@ def hvc_calls(hvcs: pl.DataFrame) -> pl.DataFrame:
         pl.col("call").fill_null(pl.format("x0={}", pl.col("r0")))
     )
     return named.group_by("vm_seq", "call").len("count").sort("vm_seq", "call")
+
+
+def vmid_misses(probe_misses: dict[str, int] | None) -> str | None:
+    """What the VMID probes missed in a run, for every VMID and rollover result drawn from
+    it (a missed hit is a reading not taken); None: none missed, or not recorded."""
+    counts = {e: probe_missed(probe_misses, e) for e in (VMID_EVENT, VMID_RETURN_EVENT)}
+    said = [f"{e} {n}" for e, n in counts.items() if n]
+    if not said:
+        return None
+    return f"the VMID kprobes missed hits ({', '.join(said)}; kprobe_profile): readings not taken"
+
+
+STAGE2_MAP_EVENT = "kvm_pgtable_stage2_map"
+STAGE2_MAP_HOW = (
+    "the collector's kprobe tracekit/kvm_pgtable_stage2_map with size=$arg3 (the host "
+    "kernel's stage-2 map calls, in nVHE and VHE; tracekit collect defines it)"
+)
+
+
+def stage2_mappings(maps: pl.DataFrame) -> pl.DataFrame:
+    """Attributed kvm_pgtable_stage2_map entries -> vm_seq, size, maps, mapped (bytes).
+
+    Each call maps one page or block of `size` bytes (6.1 mmu.c: user_mem_abort passes
+    the fault's mapping size, so 4 KiB pages or 2 MiB/1 GiB blocks; device mappings and
+    change_pte map PAGE_SIZE): the stage-2 page sizes the kernel really used.
+    """
+    if maps.is_empty() or "size" not in maps.columns:
+        return pl.DataFrame(
+            schema={"vm_seq": pl.Int32, "size": pl.Int64, "maps": pl.Int64, "mapped": pl.Int64}
+        )
+    return (
+        maps.filter(pl.col("vm_seq").is_not_null())
+        .group_by("vm_seq", pl.col("size").cast(pl.Int64))
+        .agg(pl.len().cast(pl.Int64).alias("maps"))
+        .with_columns((pl.col("size") * pl.col("maps")).alias("mapped"))
+        .sort("vm_seq", "size")
+    )
+
+
+def size_name(size: int) -> str:
+    """A mapping size as the kernel's sizes are said: 4 KiB, 2 MiB, 1 GiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"

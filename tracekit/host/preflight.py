@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracekit.bundle import NO_CPUIDLE
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
 from tracekit.host.afterguest import TLBI_ACTIONS
@@ -271,9 +272,6 @@ def read_thp(thp: Path = THP) -> dict[str, str | None]:
 # The name arm64's cpuidle drivers give state 0 (6.1 cpuidle-psci.c, cpuidle-arm.c): WFI
 # keeps the TLBs and gets no CPU_PM notification, so it says nothing of lost TLB state.
 WFI_STATE = "WFI"
-# Recorded for a CPU with no power-down idle state (QEMU's virt machine has no cpuidle
-# driver): so that an empty record reads "no cpuidle: WFI only", not "0 entries".
-NO_CPUIDLE = "no-cpuidle-WFI-only"
 
 
 def read_idle_usage(cpus: list[int], sys_cpu: Path = SYS_CPU) -> dict[str, int]:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tracekit.analysis.conditions import Unknown, guest_knobs, guest_variant, simulated_label
+from tracekit.analysis.conditions import (
+    Unknown,
+    fact_slots,
+    guest_knobs,
+    guest_variant,
+    host_facts,
+    simulated_label,
+)
 from tracekit.bundle import EMULATED_LINE
 from tracekit.ingest.bundle import BundleData
 
@@ -137,7 +144,7 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
         data = bundles[0]
         # The bundle's name leads its host line (one line where it fits), as several
         # bundles' lines do.
-        return [f"{data.path.name}; {host_line(data)}", protocol_line(data)]
+        return [f"{data.path.name}; {host_line(data)}", facts_line(data), protocol_line(data)]
     facts = [setup_facts(data) for data in bundles]
     # A fact every bundle shares is said once; each bundle's line says what is its own.
     shared = [i for i, fact in enumerate(facts[0]) if fact and all(f[i] == fact for f in facts)]
@@ -152,6 +159,11 @@ def header_lines(bundles: list[BundleData]) -> list[str]:
     for rest, labels in groups.items():
         lines.append(f"{', '.join(labels)}: {rest}" if rest else ", ".join(labels))
     return lines
+
+
+def facts_line(data: BundleData) -> str:
+    """The facts a comparison depends on: CPU features, THP, guest backing (conditions)."""
+    return "facts: " + ", ".join(host_facts(data.manifest))
 
 
 def setup_facts(data: BundleData) -> list[str]:
@@ -169,6 +181,7 @@ def setup_facts(data: BundleData) -> list[str]:
         f"guest CPU {','.join(str(c) for c in options.get('guest_cpus') or []) or '?'}",
         f"after-guest {options.get('after_guest', 'none')}",
         "emulated" if is_emulated(data) else "hardware",
+        *fact_slots(data.manifest),
         "" if data.manifest.complete else "INCOMPLETE",
     ]
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 import polars as pl
 
 from tracekit.analysis.beforeafter import (
+    idle_after_guest,
     latency_comparisons,
     phase_summary,
     saturated_phases,
@@ -45,6 +46,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
         controls += [prefix + f for f in _observer_effect(data)]
+        idle = idle_after_guest(data.manifest.runs)
+        controls += [prefix + idle] if idle else []
     # A saturated rt CPU contradicts the protocol's premise: the lead says it first.
     contradictions = _saturated(with_latencies, many)
     tables = [

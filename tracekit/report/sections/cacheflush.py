@@ -11,6 +11,7 @@ import polars as pl
 
 from tracekit.analysis import cacheflush as cf
 from tracekit.analysis import teardown as td
+from tracekit.analysis.calls import missed_note, returns_missed
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import is_emulated
@@ -100,6 +101,9 @@ def _flushes(found: VmRun) -> tuple[pl.DataFrame, str]:
         if entries is not None and returns is not None and not entries.is_empty():
             flushes = cf.probe_durations(flushes, td.function_spans(entries, returns))
             method = f"{cf.BY_PROBE} ({name})"
+            missed = returns_missed(found.run.probe_misses, name)
+            unclosed = missed_note(name, entries, returns, missed)
+            method += f"; {unclosed}" if unclosed else ""
             break
     else:
         flushes = cf.neighbour_durations(flushes, found.trace.events)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import teardown as td
+from tracekit.analysis.calls import missed_note, returns_missed
 from tracekit.bundle import RunKind
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData
@@ -97,17 +98,20 @@ def _teardown_runs(bundles: list[BundleData]) -> list[tuple[str, str, list[VmRun
     return groups
 
 
-def _kernel_spans(found: VmRun) -> tuple[pl.DataFrame | None, str | None, int]:
-    """The first probed teardown function's time per VM, its name, unmatched entries."""
+def _kernel_spans(found: VmRun) -> tuple[pl.DataFrame | None, str | None, str | None]:
+    """The first probed teardown function's time per VM, its name, and what its calls
+    without a return may be (calls.missed_note: missed returns, a trace that ended)."""
     if found.windows is None:
-        return None, None, 0
+        return None, None, None
     for name in td.TEARDOWN_FUNCTIONS:
         entries, returns = found.event(name), found.event(f"{name}_ret")
         if entries is None or returns is None or entries.is_empty():
             continue
         spans = td.function_spans(entries, returns)
-        return td.spans_in_windows(spans, found.windows), name, td.unmatched_entries(entries, spans)
-    return None, None, 0
+        missed = returns_missed(found.run.probe_misses, name)
+        note = missed_note(name, entries, returns, missed)
+        return td.spans_in_windows(spans, found.windows), name, note
+    return None, None, None
 
 
 def _per_vm(found: VmRun) -> tuple[pl.DataFrame, list[str], list[str]]:
@@ -126,7 +130,7 @@ def _per_vm(found: VmRun) -> tuple[pl.DataFrame, list[str], list[str]]:
     if found.lost:
         note = f"{found.label}: trace lost {found.lost} events: its teardown spans are not used"
         return base, [note], []
-    kernel, name, unmatched = _kernel_spans(found)
+    kernel, name, unclosed = _kernel_spans(found)
     try:
         table = td.teardown_table(found.windows, found.vmm.vms, kernel)
     except TracekitError as err:  # e.g. a run stopped by its budget mid-VM
@@ -149,8 +153,9 @@ def _per_vm(found: VmRun) -> tuple[pl.DataFrame, list[str], list[str]]:
     else:
         share = (table["kernel_ns"].sum() / max(table["vmm_ns"].sum(), 1)) * 100
         notes.append(f"{found.label}: {name} is {share:.0f}% of the VMM's teardown time")
-        if unmatched:
-            notes.append(f"{found.label}: {unmatched} {name} entries without a return: left out")
+        if unclosed:
+            # A call without its return has no kernel time: its VM's kernel_ms is absent.
+            notes.append(f"{found.label}: {unclosed}; their VMs have no kernel time here")
     return table, notes, missing
 
 

@@ -14,6 +14,8 @@ import polars as pl
 from tracekit.analysis.compare import Comparison
 from tracekit.analysis.tlbi import (
     FUNCGRAPH_EXIT,
+    el2_unseen,
+    flush_missed,
     flush_summary,
     funcgraph_durations,
     probe_comparisons,
@@ -53,7 +55,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         prefix = f"{bundle_label(data)}: " if many else ""
         samples = probe_samples(data)
         if samples.height:
-            tables += _probe_tables(samples, prefix)
+            since = {run.run_id: run.since_guest_ns for run in data.manifest.runs}
+            tables += _probe_tables(samples, since, prefix)
             plots += _probe_plots(samples, prefix)
             found = probe_comparisons(samples)
             comparisons += [replace(c, metric=prefix + c.metric) for c in found]
@@ -65,6 +68,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             )
         flush = _flush(data, prefix)
         if flush is not None:
+            unknowns += [prefix + line for line in el2_unseen(data.manifest.scenario)]
             table, lines, lost, missing = flush
             tables += [table] if table is not None else []
             findings += lines
@@ -84,10 +88,10 @@ def section(bundles: list[BundleData]) -> Section | None:
     )
 
 
-def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
+def _probe_tables(samples: pl.DataFrame, since: dict[str, int | None], prefix: str) -> list[Table]:
     """One percentile table per probe mode and direction (RW->RO, RO->RW never pooled)."""
     out = []
-    per = probe_percentiles(samples)
+    per = probe_percentiles(samples, since)
     for (mode, pages, direction), rows in per.group_by(
         "mode", "pages", "direction", maintain_order=True
     ):
@@ -95,8 +99,21 @@ def _probe_tables(samples: pl.DataFrame, prefix: str) -> list[Table]:
             Table(
                 f"{prefix}probe ({probe_label(mode, direction, pages)}): one syscall per sample,"
                 " per issuing CPU (us)",
-                rows.select("cpu", "phase", "samples", "p50_us", "p99_us", "max_us"),
-                note="percentiles of every sample of the phase's slots on that CPU; " + PROBE_NOTE,
+                rows.select(
+                    "cpu",
+                    "phase",
+                    "samples",
+                    "p50_us",
+                    "p99_us",
+                    "max_us",
+                    pl.col("since_guest_s").alias("after_guest_s"),
+                ),
+                note=(
+                    "percentiles of every sample of the phase's slots on that CPU;"
+                    " after_guest_s: how long after the guest ended the first slot started"
+                    " (null: before the guest, or not recorded); "
+                )
+                + PROBE_NOTE,
             )
         )
     return out
@@ -142,11 +159,11 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
     runs = traced_runs(data, kinds=FLUSH_RUN_KINDS)
     if not runs:
         return None
-    frames, lines, lost, names = [], [], 0, set()
+    frames, missed, lines, lost, names = [], [], [], 0, set()
     for run in runs:
         trace = open_run_trace(data, run)
         names |= set(trace.event_names)
-        durations, unpaired = probe_pair_durations(trace.events)
+        durations, unpaired, unclosed = probe_pair_durations(trace.events, run.probe_misses)
         if FUNCGRAPH_EXIT in trace.event_names:
             graph = funcgraph_durations(trace.event(FUNCGRAPH_EXIT))
             durations = pl.concat([durations, graph])
@@ -162,20 +179,37 @@ def _flush(data: BundleData, prefix: str) -> tuple[Table | None, list[str], int,
         if unpaired:
             lines.append(
                 f"{prefix}{run.run_id}: {unpaired} flush-path entry/return events had no"
-                " partner (a call spanning the run's start or end); not counted"
+                " partner; not counted"
             )
+            lines += [f"{prefix}{run.run_id}: {note}" for note in unclosed]
         lost += run_lost  # used runs only: 0 here, since runs that lost events are left out
         frames.append(durations.with_columns(pl.lit(run.phase).alias("phase")))
+        functions = sorted(set(durations["function"].to_list()))
+        missed.append(flush_missed(functions, run.phase, run.probe_misses))
     try:
         require_flush_events(sorted(names))
     except TracekitError as err:
         return None, lines, lost, f"{prefix}flush-path durations: {err}"
     if not frames:
         return None, lines, lost, None
-    summary = flush_summary(pl.concat(frames))
+    summary = flush_summary(pl.concat(frames), pl.concat(missed))
     table = Table(
-        f"{prefix}flush paths: entry -> return per call (us, trace clock)",
-        summary.select("function", "phase", "cpu", "calls", "p50_us", "max_us"),
-        note="kprobe entry/return pairs (tracekit group) or function_graph; tracing adds cost",
+        f"{prefix}probed KVM paths (flush callers, teardown, VMID, stage-2 map): entry ->"
+        " return per call (us, trace clock)",
+        summary.select(
+            "function",
+            "phase",
+            "cpu",
+            "calls",
+            "p50_us",
+            "max_us",
+            pl.col("missed_returns").alias("missed"),
+        ),
+        note=(
+            "kprobe entry/return pairs (tracekit group) or function_graph; tracing adds cost;"
+            " missed: returns the function's kretprobe missed in the phase's runs, on any CPU"
+            " (kprobe_profile), calls these durations cannot include (null: not recorded, or"
+            " timed by function_graph)"
+        ),
     )
     return table, lines, lost, None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analysis import vm
+from tracekit.analysis.calls import probe_missed
 from tracekit.bundle import RunFile, RunKind, run_trace_path
 from tracekit.ingest.bundle import BundleData, open_run_trace
 from tracekit.ingest.trace import Trace
@@ -105,9 +106,41 @@ def _run(found: VmRun) -> tuple[list[str], list[Table], list[str]]:
             tables.append(_exit_table(counted["exits"], label))
         if "hvcs" in counted:
             findings += _hvc_finding(counted["hvcs"], label)
+        maps = found.attributed(vm.STAGE2_MAP_EVENT)
+        if maps is not None:
+            line, table = _stage2_maps(maps, found.run.probe_misses, label)
+            findings.append(line)
+            tables += [table] if table is not None else []
     if updates is not None and bits is not None:
         findings.append(_rollover_finding(updates, bits, bits_from, label))
+        missed = vm.vmid_misses(found.run.probe_misses)
+        findings += [f"{label}: VMIDs and rollovers: {missed}"] if missed else []
     return findings, tables, unknowns
+
+
+def _stage2_maps(
+    maps: pl.DataFrame, probe_misses: dict[str, int] | None, label: str
+) -> tuple[str, Table | None]:
+    """The stage-2 page and block sizes the kernel mapped, per VM: a finding and a table."""
+    per = vm.stage2_mappings(maps)
+    missed = probe_missed(probe_misses, vm.STAGE2_MAP_EVENT)
+    lost = f"; the kprobe missed {missed} call(s) (kprobe_profile)" if missed else ""
+    if per.is_empty():
+        return f"{label}: no stage-2 map call seen (kvm_pgtable_stage2_map){lost}", None
+    totals = per.group_by("size").agg(pl.col("maps").sum()).sort("size")
+    said = ", ".join(f"{n} x {vm.size_name(size)}" for size, n in totals.iter_rows())
+    line = f"{label}: stage-2 mappings the kernel made (kvm_pgtable_stage2_map): {said}{lost}"
+    table = Table(
+        f"{label}: stage-2 mappings per VM",
+        per.select(
+            pl.col("vm_seq").alias("vm"),
+            pl.col("size").map_elements(vm.size_name, return_dtype=pl.String).alias("size"),
+            "maps",
+            (pl.col("mapped") // 1024).alias("mapped_kib"),
+        ),
+        note="one kvm_pgtable_stage2_map call maps one page or block of that size",
+    )
+    return line, table
 
 
 def _hvc_finding(hvcs: pl.DataFrame, label: str) -> list[str]:
@@ -158,8 +191,10 @@ def _rollover_finding(updates: pl.DataFrame, bits: int, bits_from: str, label: s
 
 
 def _count(value: int | None, what: str) -> str:
-    """'3 guest faults', or 'guest faults not recorded'."""
-    return f"{what} not recorded" if value is None else f"{value} {what}"
+    """'3 guest faults', '1 guest fault', or 'guest faults not recorded'."""
+    if value is None:
+        return f"{what} not recorded"
+    return f"{value} {what.removesuffix('s') if value == 1 else what}"
 
 
 def _ms(ns: int | None) -> str:
