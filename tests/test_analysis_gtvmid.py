@@ -56,7 +56,7 @@ STEPS = pl.DataFrame(
 
 def _attribute(rows: pl.DataFrame, spans: pl.DataFrame, found: pl.DataFrame) -> list[tuple]:
     """(ts, vmid, basis) per hyp row, in time order."""
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8})
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
     return out.select("ts", "vmid", "vmid_basis").rows()
 
 
@@ -113,7 +113,7 @@ def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
     found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
     rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8})
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (120, 0, "inferred"),
         (170, None, "ambiguous"),
@@ -144,3 +144,27 @@ def test_a_long_span_is_found_behind_shorter_later_ones() -> None:
     found = _readings(("guest", 0, 1, 256 + 3, "return"), ("guest", 1, 5_001, 256 + 4, "return"))
     rows = _rows(("guest", 5_050, 1, *FLUSH), ("guest", 9_000, 1, *FLUSH))
     assert _attribute(rows, spans, found) == [(5_050, None, "ambiguous"), (9_000, 3, "inferred")]
+
+
+def test_an_id_change_within_the_fit_bound_is_ambiguous() -> None:
+    """6.1: a VM's first flush runs with VMID 0 just before kvm_arm_vmid_update gives it
+    an id; a return reading that changed the id within the clock fit's bound of the row
+    leaves it ambiguous, not given the new id. Outside the bound it is inferred."""
+    spans = _spans(("guest", 0, 1, 0, 1_000_000))
+    found = _readings(("guest", 0, 500_000, 0, "entry"), ("guest", 0, 500_010, 256 + 5, "return"))
+    rows = _rows(("guest", 500_030, 1, *FLUSH), ("guest", 900_000, 1, *FLUSH))
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=100_000)
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (500_030, None, "ambiguous"),
+        (900_000, 5, "inferred"),
+    ]
+
+
+def test_protected_mode_is_not_attributed() -> None:
+    """pKVM's EL2 also maintains the host's stage 2 (VMID 0) during a vCPU's first run:
+    the VM on the CPU says nothing about the VMID, so no row is attributed."""
+    spans = _spans(("guest", 0, 1, 0, 1_000))
+    found = _readings(("guest", 0, 10, 256 + 5, "return"))
+    rows = _rows(("guest", 500, 1, *FLUSH))
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "protected", 0)
+    assert out.select("vmid", "vmid_basis").rows() == [(None, "protected")]

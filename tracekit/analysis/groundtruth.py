@@ -482,14 +482,16 @@ def summarise(
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls),
         signature_lines=lines,
-        vmids=_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs()),
+        vmids=_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode),
     )
 
 
-def _vmids(rows: pl.DataFrame, steps: pl.DataFrame, inputs: gtvmid.VmidInputs) -> pl.DataFrame:
+def _vmids(
+    rows: pl.DataFrame, steps: pl.DataFrame, inputs: gtvmid.VmidInputs, kvm_mode: str
+) -> pl.DataFrame:
     """The EL2 invalidations counted by attributed VMID (gtvmid)."""
     attributed = gtvmid.attribute_vmids(
-        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits
+        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits, kvm_mode
     )
     return gtvmid.vmid_counts(attributed)
 

@@ -56,7 +56,13 @@ READING_SCHEMA = {
     "at": pl.String,
 }
 # vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
-# untraced, no-vm (only `source` and `inferred` give a vmid).
+# untraced, no-vm, protected (only `source` and `inferred` give a vmid).
+# How far a VMID reading may sit from an invalidation and still be on the wrong side of
+# it: the clock fit's bound (tests hold its max residual under 100 us). On 6.1 a VM's
+# first __kvm_flush_cpu_context runs with VMID 0 microseconds before the first
+# kvm_arm_vmid_update gives it one (arm.c): a reading that changes the id that close
+# leaves the row ambiguous rather than given the new id.
+FIT_MARGIN_NS = 100_000
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
 
@@ -102,13 +108,16 @@ def attribute_vmids(
     found: pl.DataFrame,
     steps: pl.DataFrame,
     vmid_bits: dict[str, int],
+    kvm_mode: str = "nvhe",
+    margin_ns: int = FIT_MARGIN_NS,
 ) -> pl.DataFrame:
     """The EL2 (hyp text) invalidations of `rows` (analysis.groundtruth.invalidations,
     with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
-    each traced run's VMID width. Pure; null wherever the trace cannot tell."""
+    each traced run's VMID width; `margin_ns`, the clock fit's bound. Pure; null wherever
+    the trace cannot tell."""
     hyp = rows.filter(pl.col("where") == "hyp").sort("ts")
-    index = _Index(spans, found, steps, vmid_bits)
+    index = _Index(spans, found, steps, vmid_bits, kvm_mode == "protected", margin_ns)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
@@ -143,7 +152,10 @@ class _Index:
         found: pl.DataFrame,
         steps: pl.DataFrame,
         vmid_bits: dict[str, int],
+        protected: bool = False,
+        margin_ns: int = FIT_MARGIN_NS,
     ) -> None:
+        self.protected, self.margin = protected, margin_ns
         by_cpu: dict[int, list[tuple[int, int, object]]] = {}
         for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
             by_cpu.setdefault(cpu, []).append((start, end, (run_id, vm_seq)))
@@ -167,6 +179,15 @@ class _Index:
             return None, "not-vmid-scoped", f"not VMID-scoped ({what})"
         if row.get("function") == HYP_INIT:
             return 0, "source", HYP_INIT_HOW
+        if self.protected:
+            # pKVM's EL2 also maintains the host's own stage 2 (VMID 0) while a vCPU's
+            # first KVM_RUN shares pages with it (kvm_share_hyp): which VM's vCPU is on
+            # the CPU says nothing about the VMID there.
+            return (
+                None,
+                "protected",
+                "not attributed in protected mode (EL2 also maintains the host's stage 2, VMID 0)",
+            )
         ts, cpu = int(row["ts"]), row["cpu"]
         here = [
             found for key in (cpu, -1) if key in self.spans for found in self.spans[key].holding(ts)
@@ -188,6 +209,13 @@ class _Index:
         entries = self.readings.get((run_id, vm_seq, "entry"), ([], []))
         before = bisect.bisect_right(returns[0], ts)
         after = bisect.bisect_left(entries[0], ts)
+        near = self.changes_near(returns, entries, ts)
+        if near is not None:
+            return (
+                None,
+                "ambiguous",
+                f"{where}, but its id changed to {near} within the clock fit's bound of it",
+            )
         if before:
             value, how = returns[1][before - 1], "returned before it"
         elif after < len(entries[0]):
@@ -199,6 +227,20 @@ class _Index:
             return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
         zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
         return value % (1 << bits), "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
+
+    def changes_near(
+        self, returns: tuple[list[int], list[int]], entries: tuple[list[int], list[int]], ts: int
+    ) -> int | None:
+        """A return reading within the margin of ts that changed the VM's id (the id the
+        clock error leaves on either side of the row), or None."""
+        times, values = returns
+        lo = bisect.bisect_left(times, ts - self.margin)
+        hi = bisect.bisect_right(times, ts + self.margin)
+        for k in range(lo, hi):
+            previous = values[k - 1] if k else _entry_before(entries, times[k])
+            if previous != values[k]:
+                return values[k]
+        return None
 
     def untraced(self, run_id: object, ts: int) -> tuple[None, str, str]:
         """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
@@ -224,3 +266,9 @@ def vmid_counts(attributed: pl.DataFrame) -> pl.DataFrame:
     """EL2 invalidations per run, function, operation, VMID and basis, for the report."""
     keys = [k for k in COUNT_KEYS if k in attributed.columns]
     return attributed.group_by(keys).agg(pl.len().alias("count")).sort(keys, nulls_last=True)
+
+
+def _entry_before(entries: tuple[list[int], list[int]], ts: int) -> int | None:
+    """The id the last entry reading at or before ts saw (the one before that call)."""
+    k = bisect.bisect_right(entries[0], ts) - 1
+    return entries[1][k] if k >= 0 else None
