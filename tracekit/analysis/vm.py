@@ -425,9 +425,11 @@ STAGE2_MAP_HOW = (
 def stage2_mappings(maps: pl.DataFrame) -> pl.DataFrame:
     """Attributed kvm_pgtable_stage2_map entries -> vm_seq, size, maps, mapped (bytes).
 
-    Each call maps one page or block of `size` bytes (6.1 mmu.c: user_mem_abort passes
-    the fault's mapping size, so 4 KiB pages or 2 MiB/1 GiB blocks; device mappings and
-    change_pte map PAGE_SIZE): the stage-2 page sizes the kernel really used.
+    Each call installs at most one page or block of `size` bytes (6.1 mmu.c: user_mem_abort
+    passes the fault's mapping size, so 4 KiB pages or 2 MiB/1 GiB blocks; device mappings
+    and change_pte map PAGE_SIZE): the stage-2 page sizes the kernel asked for. A call that
+    lost a race to another vCPU or found the entry unchanged (-EAGAIN) installs nothing,
+    and permission-fault and change_pte calls re-map: `maps` counts calls, not new entries.
     """
     if maps.is_empty() or "size" not in maps.columns:
         return pl.DataFrame(

@@ -138,7 +138,10 @@ def _stage2_maps(
             "maps",
             (pl.col("mapped") // 1024).alias("mapped_kib"),
         ),
-        note="one kvm_pgtable_stage2_map call maps one page or block of that size",
+        note=(
+            "maps: kvm_pgtable_stage2_map calls; each installs at most one page or block of "
+            "that size (a lost race or an unchanged entry installs none; re-maps count)"
+        ),
     )
     return line, table
 
