@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tracekit.host.facts import BOOT_ID, read_boot_id
+from tracekit.host.procs import BOOT_ID
+from tracekit.host.procs import boot_id as read_boot_id
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 

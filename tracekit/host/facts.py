@@ -22,17 +22,8 @@ from tracekit.host.kvmstate import (
     read_vmid_state,
 )
 from tracekit.host.preflight import read_host_facts
+from tracekit.host.procs import boot_id
 from tracekit.host.tracefs import Tracefs
-
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
-def read_boot_id(path: Path = BOOT_ID) -> str | None:
-    """This boot's random id (new at every boot); None where the kernel gives none."""
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def online_cpus() -> list[int]:
@@ -50,7 +41,7 @@ def host_facts(tools: toolbox.ToolPaths, rt_cpu: int, tracefs: Tracefs) -> dict[
     facts["emulated"] = facts["emulation"]["emulated"]
     # Cells of one boot share its state (the effect lasts until reboot): the campaign
     # analysis counts them as one boot, so each bundle says which boot it was.
-    facts["boot_id"] = read_boot_id()
+    facts["boot_id"] = boot_id()
     simulated = simulated_model(facts["emulated"])
     if simulated:
         facts["simulated"] = simulated

@@ -15,10 +15,11 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 PROC = Path("/proc")
 
 
-def boot_id() -> str | None:
-    """This boot's id (a random UUID the kernel draws at boot), or None without /proc."""
+def boot_id(path: Path = BOOT_ID) -> str | None:
+    """This boot's id (a random UUID the kernel draws at boot); None where the kernel
+    gives none (no /proc, an empty file)."""
     try:
-        return BOOT_ID.read_text().strip()
+        return path.read_text().strip() or None
     except OSError:
         return None
 
