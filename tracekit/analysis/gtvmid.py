@@ -61,7 +61,8 @@ READING_SCHEMA = {
 # it: the clock fit's bound (tests hold its max residual under 100 us). On 6.1 a VM's
 # first __kvm_flush_cpu_context runs with VMID 0 microseconds before the first
 # kvm_arm_vmid_update gives it one (arm.c): a reading that changes the id that close
-# leaves the row ambiguous rather than given the new id.
+# leaves the row ambiguous rather than given the new id. On 6.12 the update (in
+# vcpu_load) comes microseconds before that flush, so it is ambiguous there too.
 FIT_MARGIN_NS = 100_000
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
@@ -209,7 +210,7 @@ class _Index:
         entries = self.readings.get((run_id, vm_seq, "entry"), ([], []))
         before = bisect.bisect_right(returns[0], ts)
         after = bisect.bisect_left(entries[0], ts)
-        near = self.changes_near(returns, entries, ts)
+        near = self.changes_near(returns, entries, ts, self.bits.get(run_id))
         if near is not None:
             return (
                 None,
@@ -229,16 +230,22 @@ class _Index:
         return value % (1 << bits), "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
 
     def changes_near(
-        self, returns: tuple[list[int], list[int]], entries: tuple[list[int], list[int]], ts: int
+        self,
+        returns: tuple[list[int], list[int]],
+        entries: tuple[list[int], list[int]],
+        ts: int,
+        bits: int | None,
     ) -> int | None:
-        """A return reading within the margin of ts that changed the VM's id (the id the
-        clock error leaves on either side of the row), or None."""
+        """A return reading within the margin of ts that changed the VM's VMID (the id
+        the clock error leaves on either side of the row), or None. A rollover that keeps
+        the VM's VMID and changes only the generation (vmid.c new_vmid) changes nothing."""
         times, values = returns
         lo = bisect.bisect_left(times, ts - self.margin)
         hi = bisect.bisect_right(times, ts + self.margin)
+        mask = (1 << bits) - 1 if bits is not None else -1
         for k in range(lo, hi):
             previous = values[k - 1] if k else _entry_before(entries, times[k])
-            if previous != values[k]:
+            if previous is None or (previous & mask) != (values[k] & mask):
                 return values[k]
         return None
 
