@@ -141,6 +141,38 @@ def test_a_flush_counts_for_a_probe_only_inside_its_calls_on_the_same_cpu(given,
     assert "executed 1 invalidation" in mine.probes.row(0, named=True)["verdict"]
 
 
+def test_a_probe_whose_hits_or_returns_were_missed_is_not_never_fired(given, steps) -> None:
+    """No hit recorded, but kprobe_profile counts missed returns (or hits): the function
+    ran, so the probe is neither blind nor "never fired"; a fired probe's calls without a
+    return that its kretprobe may have missed leave the flushes outside them open."""
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    at, cpu = int(hyp_row["ts"][0]), int(hyp_row["cpu"][0])
+    flush = hyp_row.with_columns(symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"))
+    rows = pl.concat([given, flush])
+
+    def verdict(hits: int, missed: tuple[int | None, int | None], calls=None) -> dict:
+        summary = g.summarise(
+            rows, steps, packaged_signatures(), SETUP, CONTEXT, {"kvm_flush_remote_tlbs": hits},
+            ["guest"], calls, FACTS, None, {"kvm_flush_remote_tlbs": missed},
+        )  # fmt: skip
+        return summary.probes.row(0, named=True)
+
+    returns_only = verdict(0, (0, 2))
+    assert returns_only["verdict"].startswith("fired, though no hit was recorded")
+    assert "missed 0 hit(s) and 2 return(s)" in returns_only["verdict"]
+    assert (returns_only["entries_missed"], returns_only["returns_missed"]) == (0, 2)
+    assert verdict(0, (1, None))["verdict"].startswith("fired, though no hit was recorded")
+    assert verdict(0, (0, 0))["verdict"].startswith("never fired")
+    # Two calls, one closed away from the flush, one without a return.
+    windows = pl.DataFrame(
+        {"cpu": [cpu, cpu], "start_ts": [at - 50, at - 5], "end_ts": [at - 40, None]}
+    )
+    open_call = verdict(2, (0, 1), {"kvm_flush_remote_tlbs": windows})["verdict"]
+    assert open_call.startswith("fired, no invalidation of its path inside its calls; the 1")
+    assert "up to 1 of its 1 call(s) without a return were missed by its kretprobe" in open_call
+    assert "missed" not in verdict(2, (0, 0), {"kvm_flush_remote_tlbs": windows})["verdict"]
+
+
 def test_the_teardown_probes_stand_for_no_flush() -> None:
     """6.1's stage2_free_walker has no TLBI: the teardown functions are not path probes."""
     paths = packaged_signatures().probe_paths

@@ -12,7 +12,7 @@ import polars as pl
 
 from tracekit.analysis import groundtruth as gt
 from tracekit.analysis import gtvmid, vm
-from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.calls import misses_over_runs, pair_calls
 from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packaged_signatures
 from tracekit.bundle import PROBE_GROUP, RunKind
@@ -99,6 +99,7 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         [],
     )
     windows: dict[str, list[pl.DataFrame]] = {}
+    recorded = []  # the traced runs' kprobe misses
     for run in manifest.runs:
         found = data.run(run)
         vmm = found.vmm
@@ -109,6 +110,7 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         trace = found.trace if hits else None
         if trace is not None:
             traced.append(run.run_id)
+            recorded.append(run.probe_misses)
             for name, count in _probe_counts(trace.events).items():
                 if name in hits:
                     hits[name] += count
@@ -125,8 +127,9 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
     signatures = packaged_signatures()
     inputs = _vmid_inputs(data)
+    misses = {name: misses_over_runs(recorded, name) for name in hits}
     return gt.summarise(
-        given, frame, signatures, setup, context, hits, traced, calls, facts, inputs
+        given, frame, signatures, setup, context, hits, traced, calls, facts, inputs, misses
     )
 
 
@@ -235,7 +238,9 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
                 summary.probes,
                 "fired: entry-probe hits in the traced runs; inside: the path's "
                 "invalidations inside the probe's entry-to-return windows on the same CPU; "
-                "not_attributable: the path's invalidations outside them",
+                "not_attributable: the path's invalidations outside them; entries_missed, "
+                "returns_missed: the probes' misses over those runs (kprobe_profile; null: "
+                "not recorded)",
             )
         )
     return tables
