@@ -2,20 +2,23 @@
 held against the decision table's verdicts (tracekit/simulate/predict.py).
 
 Thin: verdicts come from tracekit/analysis/decision.py, predictions and the check from
-tracekit/simulate/predict.py. No bundle with quiet runs before and after: None.
+tracekit/simulate/predict.py. Only bundles that can test a model take part (a board's, a
+simulated one's; predict.tests_models): none, or none with quiet runs before and after:
+None.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analysis.conditions import Condition, varying_fields
+from tracekit.analysis.conditions import Condition, simulated_label, varying_fields
 from tracekit.analysis.decision import condition_effects
 from tracekit.ingest.bundle import BundleData
+from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.decision import condition_groups
 from tracekit.simulate.model import load_model, shipped_models
-from tracekit.simulate.predict import ModelCheck, check_model
+from tracekit.simulate.predict import UNTESTED_BY, ModelCheck, check_model, tests_models
 
 UNPREDICTED = (
     "the models' predictions follow from the instructions each kernel executes"
@@ -31,9 +34,15 @@ NOTE = (
 
 def section(bundles: list[BundleData]) -> Section | None:
     """Per shipped model: consistent, refuted (by which conditions) or untested."""
-    groups, unknowns = condition_groups(bundles, "the model predictions")
+    testing = [b for b in bundles if tests_models(is_emulated(b), simulated_label(b.manifest))]
+    groups, unknowns = condition_groups(testing, "the model predictions")
     if not groups:
         return None
+    unknowns += [
+        f"{bundle_label(b)}: left out of the model predictions: {UNTESTED_BY}"
+        for b in bundles
+        if b not in testing
+    ]
     effects = condition_effects(groups)
     observed = [(e.condition, e.comparison.verdict) for e in effects]
     varying = _shown_fields(list(groups))
