@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tracekit.analysis import wakeup as wakeup_analysis
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.model import Report
 from tracekit.report.render import render
@@ -48,6 +49,11 @@ def test_wakeup_section_on_real_traced_runs(data: BundleData) -> None:
     assert {p.kind for p in section.plots} == {"cdf", "bars"}
     # nohz_full moved some of cyclictest's timers onto a stress CPU: the finding says so.
     assert any("their timers fired on CPU 0 (a stress CPU)" in f for f in section.findings)
+    # irq_delay is one number: no finding names what the interrupt waited for, which the
+    # section's unknowns say it cannot tell.
+    assert any("what the timer interrupt waited for" in u for u in section.unknowns)
+    said = " ".join(section.findings) + " " + wakeup_analysis.COMPONENTS["irq_delay_ns"]
+    assert "irqs off" not in said and "late interrupt" not in said
 
 
 def test_a_run_whose_rt_cpu_lost_events_is_left_out_and_said(tmp_path: Path) -> None:
