@@ -196,18 +196,6 @@ def _outcome(predicted: str, observed: str) -> str:
     return "agrees" if predicted == observed else "refutes"
 
 
-UNTESTED_BY = (
-    "emulated without a simulated mechanism (`vhost run --simulate`): its data shows QEMU's"
-    " own behaviour, which none of the models describes, so it tests none of them"
-)
-
-
-def tests_models(emulated: bool, simulated: str) -> bool:
-    """Whether a bundle's verdicts can test the models: a board's (the real mechanism,
-    whatever it is) or an emulated host's that ran under one ("none": not simulated)."""
-    return not emulated or simulated != "none"
-
-
 def check_model(model: Model, observed: list[tuple[Condition, str]]) -> ModelCheck:
     """Each observed (condition, verdict) against the model's prediction for it."""
     cells = []

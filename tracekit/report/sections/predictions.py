@@ -3,7 +3,7 @@ held against the decision table's verdicts (tracekit/simulate/predict.py).
 
 Thin: verdicts come from tracekit/analysis/decision.py, predictions and the check from
 tracekit/simulate/predict.py. Only bundles that can test a model take part (a board's, a
-simulated one's; predict.tests_models): none, or none with quiet runs before and after:
+simulated one's; conditions.tests_models): none, or none with quiet runs before and after:
 None.
 """
 
@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analysis.conditions import Condition, simulated_label, varying_fields
+from tracekit.analysis.conditions import (
+    UNTESTED_BY,
+    Condition,
+    simulated_label,
+    tests_models,
+    varying_fields,
+)
 from tracekit.analysis.decision import condition_effects
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.decision import condition_groups
 from tracekit.simulate.model import load_model, shipped_models
-from tracekit.simulate.predict import UNTESTED_BY, ModelCheck, check_model, tests_models
+from tracekit.simulate.predict import ModelCheck, check_model
 
 UNPREDICTED = (
     "the models' predictions follow from the instructions each kernel executes"
