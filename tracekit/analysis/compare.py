@@ -99,6 +99,8 @@ class Comparison:
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
     # What the ratio divides, for describe(); "" when the metric's name already says it.
     ratio_label: str = "after/before"
+    # The groups' sizes as said; "" is "B+A runs" (two groups of runs, not one run in both).
+    runs_said: str = ""
 
     def interval(self) -> str:
         """The interval as "[lo, hi]", or "n/a" when one run per phase has no spread."""
@@ -108,7 +110,7 @@ class Comparison:
 
     def brief(self) -> str:
         """One line: ratio, interval, p, runs and verdict (test and runs needed said apart)."""
-        return self._line(f", {self.n_before}+{self.n_after} runs") + self._excluded_text()
+        return self._line(f", {self._runs()}") + self._excluded_text()
 
     def terse(self) -> str:
         """Metric, ratio, interval, p and verdict: for a line that says the test, the runs
@@ -117,10 +119,22 @@ class Comparison:
 
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
-        text = self._line(f" ({self.test}, {self.n_before}+{self.n_after} runs)")
+        text = self._line(f" ({self.test}, {self._runs()})")
         if self.needed_runs is not None:
-            text += f"; needs {self.needed_runs}+{self.needed_runs} runs to show an effect"
+            text += f"; needs {self.needs()} to show an effect"
         return textwrap.fill(text + self._excluded_text(), DESCRIBE_WIDTH, subsequent_indent="  ")
+
+    def needs(self) -> str | None:
+        """The runs a verdict needs, said as the groups are ("4+4 runs"); None: enough."""
+        if self.needed_runs is None:
+            return None
+        if self.runs_said:
+            return f"{self.needed_runs} runs, each split"
+        return f"{self.needed_runs}+{self.needed_runs} runs"
+
+    def _runs(self) -> str:
+        """How many runs each group had, as said."""
+        return self.runs_said or f"{self.n_before}+{self.n_after} runs"
 
     def _line(self, runs: str) -> str:
         """Metric, ratio, interval, p, then `runs` (how they are said) and the verdict."""
