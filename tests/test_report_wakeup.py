@@ -75,6 +75,11 @@ def test_correlation_section_shows_other_cpus_and_the_guest(data: BundleData) ->
     guest = overview.filter(pl.col("run_id") == "guest")
     running = guest.filter(pl.col("activity") == "guest")
     assert running["cpu"].to_list() == [1] and running["n"].item() > 0
+    # "Other CPUs", but for the rt CPU's IPIs to itself, which the note names.
+    table = next(t for t in section.tables if t.title.startswith("activity"))
+    rt_rows = overview.filter(pl.col("cpu") == 3)
+    assert set(rt_rows["activity"]) <= {"ipi_to_rt"}
+    assert "the IPIs it raised to itself" in table.note
     timelines = [p for p in section.plots if p.kind == "timeline"]
     assert len(timelines) == 2
     assert all(p.frame["lane"][0] == "cpu3 wake-up" for p in timelines)
