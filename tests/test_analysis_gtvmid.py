@@ -81,13 +81,13 @@ def test_unscoped_and_hyp_init_need_no_trace() -> None:
 
 def test_vmid_from_the_vm_on_that_cpu_and_its_readings() -> None:
     """The VM whose vCPU thread was on the CPU gives the VMID: its last return reading
-    before, else its next entry reading after (low 8 bits of the 64-bit id; the
-    generation above them is not the VMID); none bracketing it: null."""
+    before, its next entry reading after, or both where they agree (low 8 bits of the
+    64-bit id; the generation above them is not the VMID); none bracketing it: null."""
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, 1, 300, 400), ("guest", 2, 2, 500, 600))
     found = _readings(
         ("guest", 0, 150, 256 + 5, "return"),  # generation 1, VMID 5
         ("guest", 1, 350, 256 + 6, "entry"),  # the id VM 1 had before this call: in force
-        ("guest", 1, 330, 999, "entry"),  # before the flush: not the next entry
+        ("guest", 1, 330, 256 + 6, "entry"),  # the one before the flush agrees
     )
     rows = _rows(
         ("guest", 160, 1, *FLUSH),  # after VM 0's return reading
@@ -168,3 +168,87 @@ def test_protected_mode_is_not_attributed() -> None:
     rows = _rows(("guest", 500, 1, *FLUSH))
     out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "protected", 0)
     assert out.select("vmid", "vmid_basis").rows() == [(None, "protected")]
+
+
+def test_a_row_inside_a_call_that_changed_the_id_is_ambiguous() -> None:
+    """G4: a kvm_arm_vmid_update that lasts longer than the clock error (spinning on
+    cpu_vmid_lock across a rollover): a row between its entry and return reading is
+    ambiguous, though both readings are farther than the error from it. Before the
+    entry the id is the entry's (6.1's first flush, VMID 0); after the return, the new one."""
+    spans = _spans(("guest", 0, 1, 0, 1_000_000))
+    found = _readings(("guest", 0, 10_000, 0, "entry"), ("guest", 0, 15_000, 256 + 5, "return"))
+    rows = _rows(("guest", 8_000, 1, *FLUSH), ("guest", 12_000, 1, *FLUSH))
+    rows = pl.concat([rows, _rows(("guest", 17_000, 1, *FLUSH))])
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (8_000, 0, "inferred"),
+        (12_000, None, "ambiguous"),
+        (17_000, 5, "inferred"),
+    ]
+    assert "inside that call" in out["vmid_how"][1]
+
+
+def test_a_generation_only_change_keeps_the_vmid() -> None:
+    """G1: a rollover that keeps the VM's VMID gives a new generation only (vmid.c
+    new_vmid): the VTTBR VMID is the same on both sides, so a row right beside that
+    call is inferred, not ambiguous; with the width unknown the ids differ (no-width
+    is not reached: ambiguous)."""
+    spans = _spans(("guest", 0, 1, 0, 100_000))
+    found = _readings(
+        ("guest", 0, 50_000, 256 + 5, "entry"), ("guest", 0, 50_010, 512 + 5, "return")
+    )
+    rows = _rows(("guest", 50_005, 1, *FLUSH))
+    known = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    assert known.select("vmid", "vmid_basis").rows() == [(5, "inferred")]
+    unknown = gtvmid.attribute_vmids(rows, spans, found, STEPS, {}, margin_ns=1_000)
+    assert unknown["vmid_basis"].to_list() == ["ambiguous"]
+
+
+def test_a_missed_return_leaves_the_id_unknown_after_its_entry() -> None:
+    """An entry reading with no return after it (a missed kretprobe, or the trace
+    ended): the call may have changed the id, so a row after it has no reading."""
+    spans = _spans(("guest", 0, 1, 0, 100_000))
+    found = _readings(
+        ("guest", 0, 10_000, 256 + 5, "return"), ("guest", 0, 20_000, 256 + 5, "entry")
+    )
+    rows = _rows(("guest", 15_000, 1, *FLUSH), ("guest", 30_000, 1, *FLUSH))
+    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (15_000, 5, "inferred"),
+        (30_000, None, "no-reading"),
+    ]
+
+
+def test_the_margin_is_the_runs_clock_error_under_the_ceiling() -> None:
+    """G3: the margin is the bundle's own fit error: a 6.12-like first flush 60 us after
+    the update's return is ambiguous at the 100 us ceiling, inferred at a 4 us error; a
+    fit error over the ceiling attributes nothing by time (clock-error), while the rows
+    the source or the operation decide keep their answer."""
+    spans = _spans(("guest", 0, 1, 0, 1_000_000))
+    found = _readings(("guest", 0, 500_000, 0, "entry"), ("guest", 0, 500_080, 256 + 5, "return"))
+    rows = _rows(
+        ("guest", 10, 1, "TLBI VMALLS12E1", "___kvm_hyp_init", "hyp", "vmid-s12", "EL1&0"),
+        ("guest", 20, 1, "IC IALLU", "__kvm_flush_cpu_context", "hyp", "icache", None),
+        ("guest", 560_000, 1, *FLUSH),
+    )
+
+    def basis(margin: float) -> list[tuple]:
+        out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=margin)
+        return out.select("vmid", "vmid_basis").rows()
+
+    assert basis(gtvmid.MARGIN_CEILING_NS)[2] == (None, "ambiguous")
+    assert basis(4_200)[2] == (5, "inferred")
+    assert basis(150_000) == [(0, "source"), (None, "not-vmid-scoped"), (None, "clock-error")]
+
+
+def test_a_traced_run_without_vmm_markers_says_so() -> None:
+    """A run traced without VMM markers (the rollover's throwaway VMs): its flushes in
+    a VM's window are null with that reason, not called untraced."""
+    rows = _rows(("quiet", 5_500, 3, *FLUSH))
+    plain = gtvmid.attribute_vmids(rows, _spans(), _readings(), STEPS, {})
+    marked = gtvmid.attribute_vmids(
+        rows, _spans(), _readings(), STEPS, {}, unmarked=frozenset({"quiet"})
+    )
+    assert plain["vmid_basis"].to_list() == ["untraced"]
+    assert marked["vmid_basis"].to_list() == ["no-markers"]
+    assert "wrote no markers" in marked["vmid_how"][0]

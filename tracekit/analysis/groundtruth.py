@@ -491,7 +491,14 @@ def _vmids(
 ) -> pl.DataFrame:
     """The EL2 invalidations counted by attributed VMID (gtvmid)."""
     attributed = gtvmid.attribute_vmids(
-        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits, kvm_mode
+        rows,
+        inputs.spans,
+        inputs.readings,
+        steps,
+        inputs.vmid_bits,
+        kvm_mode,
+        inputs.margin_ns,
+        inputs.unmarked,
     )
     return gtvmid.vmid_counts(attributed)
 

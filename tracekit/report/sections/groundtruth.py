@@ -124,21 +124,29 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     condition = bundle_condition(manifest)
     facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
     signatures = packaged_signatures()
-    inputs = _vmid_inputs(data)
+    inputs = _vmid_inputs(data, _fit_error_ns(data))
     return gt.summarise(
         given, frame, signatures, setup, context, hits, traced, calls, facts, inputs
     )
 
 
-def _vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
-    """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid)."""
-    spans, found, bits = [], [], {}
+def _fit_error_ns(data: BundleData) -> float:
+    """The bundle's clock fit error (the ceiling where it has no ground truth)."""
+    found = data.ground_truth()
+    return found[0].fit.error_ns if found is not None else gtvmid.MARGIN_CEILING_NS
+
+
+def _vmid_inputs(data: BundleData, margin_ns: float) -> gtvmid.VmidInputs:
+    """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid), the
+    clock fit's error and the traced runs whose VMM wrote no markers."""
+    spans, found, bits, unmarked = [], [], {}, set()
     for run in data.manifest.runs:
         vmm = data.run(run).vmm
         if vmm is None or data.run(run).trace is None:
             continue
         opened = open_vm_run(data, run, vmm, run.run_id)
         if opened.windows is None or opened.threads is None:
+            unmarked.add(run.run_id)
             continue
         spans.append(gtvmid.vcpu_spans(run.run_id, opened.windows, opened.threads))
         for event, at in ((vm.VMID_EVENT, "entry"), (vm.VMID_RETURN_EVENT, "return")):
@@ -154,6 +162,8 @@ def _vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
         pl.concat(spans) if spans else empty.spans,
         pl.concat(found) if found else empty.readings,
         bits,
+        margin_ns,
+        frozenset(unmarked),
     )
 
 
@@ -224,8 +234,8 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
                 summary.vmids,
                 "vmid_basis: inferred (the VM whose vCPU thread was on that CPU, and the VMID "
                 "kvm_arm_vmid_update had given it), source (stated by the kernel source), "
-                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-reading, "
-                "no-width, no-vm)",
+                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-markers, "
+                "no-reading, no-width, no-vm, protected, clock-error)",
             )
         )
     if not summary.probes.is_empty():
