@@ -7,6 +7,9 @@ gtvmid.vcpu_spans and gtvmid.readings give from a traced run's markers and probe
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import polars as pl
 
 from tracekit.analysis import gtvmid
@@ -252,3 +255,104 @@ def test_a_traced_run_without_vmm_markers_says_so() -> None:
     assert plain["vmid_basis"].to_list() == ["untraced"]
     assert marked["vmid_basis"].to_list() == ["no-markers"]
     assert "wrote no markers" in marked["vmid_how"][0]
+
+
+# --- on real bundles: fixtures cut from them (tests/fixtures/gtvmid/README.md) ---
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gtvmid"
+
+
+def _cut(name: str, margin_ns: float | None = None) -> tuple[pl.DataFrame, dict]:
+    """A fixture's rows attributed as the report attributes them, and the fixture."""
+    found = json.loads((FIXTURES / f"{name}.json").read_text())
+    steps = pl.DataFrame(found["steps"], schema=STEPS.schema)
+    out = gtvmid.attribute_vmids(
+        pl.DataFrame(found["rows"], schema=ROW_SCHEMA),
+        pl.DataFrame(found["spans"], schema=gtvmid.SPAN_SCHEMA),
+        pl.DataFrame(found["readings"], schema=gtvmid.READING_SCHEMA),
+        steps,
+        found["vmid_bits"],
+        found["bundle"]["kvm_mode"],
+        found["margin_ns"] if margin_ns is None else margin_ns,
+        frozenset(found["unmarked"]),
+    )
+    return out, found
+
+
+def _by(out: pl.DataFrame, operation: str) -> pl.DataFrame:
+    """The attributed rows of one operation."""
+    return out.filter(pl.col("operation") == operation)
+
+
+def test_61_nvhe_first_flush_is_vmid_0_on_the_demo_bundle() -> None:
+    """The demo's bundle (bookworm 6.1, nVHE, 4 x cortex-a76): the VM's one EL2
+    VMALLE1 (__kvm_flush_cpu_context on the guest CPU) ran before its first
+    kvm_arm_vmid_update, whose entry still read 0 (arm.c:425 in vcpu_load, before the
+    run loop's update at :929): VMID 0, inferred. The four init VMALLS12E1 (one per CPU)
+    are 0 by the source; nothing is left null but what no VMID tags."""
+    out, found = _cut("nvhe-a76-61")
+    assert found["margin_ns"] < 100_000 and found["vmid_bits"] == {"guest": 16}
+    flush = _by(out, "TLBI VMALLE1")
+    assert flush.select("cpu", "vmid", "vmid_basis").rows() == [(1, 0, "inferred")]
+    first = min(found["readings"]["ts"])
+    entry = found["readings"]["at"][found["readings"]["ts"].index(first)]
+    assert flush["ts"][0] < first and entry == "entry"
+    init = _by(out, "TLBI VMALLS12E1")
+    assert init.height == 4 and set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
+    assert sorted(init["cpu"].to_list()) == [0, 1, 2, 3]
+    assert set(out["vmid_basis"]) == {"inferred", "source", "not-vmid-scoped"}
+
+
+def test_612_first_flush_has_the_vmid_its_update_just_gave() -> None:
+    """trixie's 6.12.117 (nVHE on max, the teardown sweep's 9 VMs, 16-bit VMIDs): each
+    VM's EL2 VMALLE1 follows the return of the kvm_arm_vmid_update that gave the VM its
+    VMID (6.12.107 arm.c:597, then the flush at :609 in kvm_arch_vcpu_load), 57 us to
+    1.4 ms after it and before the VM's next reading: each is inferred with that VM's
+    own VMID, one a VM. With a fixed 100 us margin (before G3) the ones within 100 us of
+    the return were ambiguous."""
+    out, found = _cut("trixie-max-612")
+    readings = pl.DataFrame(found["readings"], schema=gtvmid.READING_SCHEMA)
+    given = (
+        readings.filter(pl.col("at") == "return", pl.col("vmid_id") > 0)
+        .group_by("run_id", "vm_seq")
+        .agg(pl.col("ts").min().alias("given_ts"), pl.col("vmid_id").first())
+    )
+    flush = _by(out, "TLBI VMALLE1").sort("ts")
+    assert flush.height == 9 and set(flush["vmid_basis"]) == {"inferred"}
+    spans = pl.DataFrame(found["spans"], schema=gtvmid.SPAN_SCHEMA)
+    mine = flush.join(spans, on="run_id").filter(pl.col("ts").is_between("start", "end"))
+    joined = mine.join(given, on=["run_id", "vm_seq"])
+    assert joined.height == 9
+    assert (joined["vmid"] == joined["vmid_id"] % (1 << 16)).all()
+    assert len(set(joined["vmid"])) == 9
+    # After that return, before the VM's next reading (the VM's next vcpu_load).
+    after = (joined["ts"] - joined["given_ts"]).to_list()
+    assert all(gap > 0 for gap in after), after
+    later = readings.join(joined.select("run_id", "vm_seq", "given_ts"), on=["run_id", "vm_seq"])
+    nxt = (
+        later.filter(pl.col("ts") > pl.col("given_ts"))
+        .group_by("run_id", "vm_seq")
+        .agg(pl.col("ts").min().alias("next_ts"))
+    )
+    bounded = joined.join(nxt, on=["run_id", "vm_seq"])
+    assert (bounded["ts"] < bounded["next_ts"]).all()
+    fixed, _ = _cut("trixie-max-612", gtvmid.MARGIN_CEILING_NS)
+    ambiguous = _by(fixed, "TLBI VMALLE1").filter(pl.col("vmid_basis") == "ambiguous")
+    assert ambiguous.height == sum(gap <= gtvmid.MARGIN_CEILING_NS for gap in after) > 0
+
+
+def test_61_rollover_flushes_are_unattributed_for_want_of_markers() -> None:
+    """The rollover collect (bookworm 6.1, nVHE, 2 x cortex-a53, 8-bit VMIDs): its
+    throwaway VMs' VMM writes no markers, so their flushes say no-markers (not
+    "untraced": the run is traced); the ALLE1IS tags no VMID; every VM creation's
+    init VMALLS12E1 on both CPUs is 0 by the source; the main guest's first flush is
+    VMID 0, as on the demo bundle."""
+    out, found = _cut("nvhe-a53-61-rollover")
+    assert found["unmarked"] == ["after-guest-rollover"]
+    rollover = out.filter(pl.col("run_id") == "after-guest-rollover")
+    assert set(_by(rollover, "TLBI VMALLE1")["vmid_basis"]) == {"no-markers"}
+    assert _by(rollover, "TLBI ALLE1IS")["vmid_basis"].to_list() == ["not-vmid-scoped"]
+    init = _by(out, "TLBI VMALLS12E1")
+    assert set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
+    guest = _by(out.filter(pl.col("run_id") == "guest"), "TLBI VMALLE1")
+    assert guest.select("vmid", "vmid_basis").rows() == [(0, "inferred")]

@@ -93,19 +93,11 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         tuple(parse_cpu_list(str(host.get("online_cpus", "")))) if host.get("online_cpus") else ()
     )
     context = gt.StepContext(online, guest, target_cpus(manifest.scenario, action, guest))
-    steps, hits, traced = (
-        [],
-        dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
-        [],
-    )
+    hits = dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0)
+    traced: list[str] = []
     windows: dict[str, list[pl.DataFrame]] = {}
     for run in manifest.runs:
         found = data.run(run)
-        vmm = found.vmm
-        if vmm is not None and vmm.vms.height:
-            steps.append(gt.vm_steps(vmm.vms, run.run_id))
-        if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
-            steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
         trace = found.trace if hits else None
         if trace is not None:
             traced.append(run.run_id)
@@ -114,7 +106,7 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
                     hits[name] += count
             for name, calls in _probe_calls(trace.events, hits).items():
                 windows.setdefault(name, []).append(calls)
-    frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
+    frame = bundle_steps(data)
     setup = (
         kernel_series(str(host.get("kernel_release", "?"))),
         kvm_mode(data).rstrip("?"),
@@ -124,10 +116,24 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     condition = bundle_condition(manifest)
     facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
     signatures = packaged_signatures()
-    inputs = _vmid_inputs(data, _fit_error_ns(data))
+    inputs = vmid_inputs(data)
     return gt.summarise(
         given, frame, signatures, setup, context, hits, traced, calls, facts, inputs
     )
+
+
+def bundle_steps(data: BundleData) -> pl.DataFrame:
+    """Each VM's create, run and teardown windows (the VMM's) and the after-guest
+    action's run window (analysis.groundtruth.STEP_SCHEMA)."""
+    action = str(data.manifest.options.get("after_guest", "none"))
+    steps = [pl.DataFrame(schema=gt.STEP_SCHEMA)]
+    for run in data.manifest.runs:
+        vmm = data.run(run).vmm
+        if vmm is not None and vmm.vms.height:
+            steps.append(gt.vm_steps(vmm.vms, run.run_id))
+        if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
+            steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
+    return pl.concat(steps)
 
 
 def _fit_error_ns(data: BundleData) -> float:
@@ -136,9 +142,10 @@ def _fit_error_ns(data: BundleData) -> float:
     return found[0].fit.error_ns if found is not None else gtvmid.MARGIN_CEILING_NS
 
 
-def _vmid_inputs(data: BundleData, margin_ns: float) -> gtvmid.VmidInputs:
+def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
     """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid), the
     clock fit's error and the traced runs whose VMM wrote no markers."""
+    margin_ns = _fit_error_ns(data)
     spans, found, bits, unmarked = [], [], {}, set()
     for run in data.manifest.runs:
         vmm = data.run(run).vmm
