@@ -43,7 +43,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             findings.append(f"{label}: no ground truth ({_why_none(data)})")
             continue
         truth, given = found
-        summary = _summary(data, given)
+        summary = bundle_summary(data, given)
         # notes()[0] is the emulated-ground-truth line, said once for the section.
         findings += [f"{label}: {note}" for note in truth.notes()[1:]]
         findings += [f"{label}: signature {line}" for line in summary.signature_lines]
@@ -83,7 +83,7 @@ def _why_none(data: BundleData) -> str:
     return "emulated, but collected without `tracekit vhost run --ground-truth`"
 
 
-def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
+def bundle_summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     """The analysis of one bundle's ground truth, its steps and probes from its runs."""
     manifest = data.manifest
     options, host = manifest.options, manifest.host
