@@ -15,7 +15,20 @@ from importlib import resources
 from tracekit.errors import TracekitError
 
 SIGNATURE_FILE = "gtsignatures.toml"
-STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover", "rollover-minus-one")
+# A VM's steps and every after-guest action (tracekit.host.protocol.AFTER_GUEST_ACTIONS
+# but none; tests/test_analysis_groundtruth.py holds the two lists together).
+STEPS = (
+    "create",
+    "run",
+    "teardown",
+    "hotplug",
+    "hotplug-other",
+    "rollover",
+    "rollover-minus-one",
+    "tlbi:alle1@guest-cpu",
+    "tlbi:vmalls12e1is@vmid",
+    "tlbi:alle1@other-cpu",
+)
 WATCHES = ("hyp", "kvm")
 KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")
