@@ -182,7 +182,7 @@ def test_every_after_guest_action_has_a_6_1_signature() -> None:
     target CPU and contradicts without its ALLE1 or with it on another CPU."""
     signatures = packaged_signatures()
     actions = [a for a in AFTER_GUEST_ACTIONS if a != "none"]
-    assert set(actions) <= set(STEPS)
+    assert set(actions) == set(STEPS) - {"create", "run", "teardown"}
     for action in actions:
         for mode in ("nvhe", "vhe"):
             assert signatures.candidates("6.1", mode, "cortex-a76", action), (action, mode)
