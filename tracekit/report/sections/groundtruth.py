@@ -56,6 +56,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         elif not summary.checks.is_empty():
             findings.append(f"{label}: every checked step executed what its signature says")
         tables += _tables(label, summary)
+        if summary.vmids is not None and not summary.vmids.is_empty():
+            findings.append(f"{label}: {_margin_line(_fit_error_ns(data))}")
         unknowns += [
             f"{label}: the {step} step is not checked against a signature (none for this "
             "kernel and KVM mode, the bundle is outside its conditions, or it needs CPUs "
@@ -134,6 +136,21 @@ def bundle_steps(data: BundleData) -> pl.DataFrame:
         if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
             steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
     return pl.concat(steps)
+
+
+def _margin_line(margin_ns: float) -> str:
+    """How near a VMID change a row may be and still be attributed, in words."""
+    ceiling = gtvmid.MARGIN_CEILING_NS / 1000
+    if margin_ns > gtvmid.MARGIN_CEILING_NS:
+        return (
+            f"EL2 invalidations' VMIDs NOT attributed by time: the clock fit's error "
+            f"({margin_ns / 1000:.1f} us) is over the {ceiling:.0f} us bound"
+        )
+    return (
+        f"EL2 invalidations' VMIDs attributed within the clock fit's error, "
+        f"{margin_ns / 1000:.1f} us (bound {ceiling:.0f} us): a VMID change nearer a row "
+        "than that leaves it ambiguous"
+    )
 
 
 def _fit_error_ns(data: BundleData) -> float:
