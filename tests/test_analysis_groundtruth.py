@@ -177,9 +177,10 @@ def test_packaged_signatures_each_rest_on_something() -> None:
 
 def test_every_after_guest_action_has_a_6_1_signature() -> None:
     """The signatures' step names cover every after-guest action the collector runs, and
-    each has a 6.1 nVHE and VHE signature (and 6.12 nVHE, but the debug series'); the debug series' local ALLE1 on the guest CPU
-    (no VM alive: EL2 brought up for it first) passes with the three instructions on the
-    target CPU and contradicts without its ALLE1 or with it on another CPU."""
+    each has a 6.1 nVHE and VHE signature (and 6.12 nVHE, but the debug series'); the
+    debug series' local ALLE1 on the guest CPU (no VM alive: EL2 brought up for it
+    first) passes with the three instructions on the target CPU and contradicts without
+    its ALLE1 or with it on another CPU."""
     signatures = packaged_signatures()
     actions = [a for a in AFTER_GUEST_ACTIONS if a != "none"]
     assert set(actions) == set(STEPS) - {"create", "run", "teardown"}
