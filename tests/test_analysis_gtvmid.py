@@ -257,6 +257,22 @@ def test_a_traced_run_without_vmm_markers_says_so() -> None:
     assert "wrote no markers" in marked["vmid_how"][0]
 
 
+def test_vhe_kvm_helpers_in_the_kernel_are_attributed() -> None:
+    """VHE: KVM's TLB helpers run in kernel text at EL2 with the guest's VTTBR (their
+    EL1-form TLBIs act on the VM's EL1&0): attributed like the hyp text's; the host's
+    own TLBIs (EL2&0 in VHE) are not KVM's and are left out; in nVHE no kernel row is."""
+    spans = _spans(("guest", 0, 1, 100, 200))
+    found = _readings(("guest", 0, 150, 256 + 5, "return"))
+    rows = _rows(
+        ("guest", 160, 1, "TLBI VMALLE1", "__kvm_flush_cpu_context", "kernel", "vmid", "EL1&0"),
+        ("guest", 170, 1, "TLBI VAE1IS", "flush_tlb_mm", "kernel", "va", "EL2&0"),
+    )
+    vhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "vhe", 0)
+    assert vhe.select("ts", "vmid", "vmid_basis").rows() == [(160, 5, "inferred")]
+    nvhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "nvhe", 0)
+    assert nvhe.is_empty()
+
+
 # --- on real bundles: fixtures cut from them (tests/fixtures/gtvmid/README.md) ---
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gtvmid"

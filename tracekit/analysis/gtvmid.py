@@ -9,7 +9,8 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
   regime; `IC IALLU`): null, "not VMID-scoped";
 - 6.1's `___kvm_hyp_init` `VMALLS12E1`: 0, stated by the source (hyp-init.S loads
   VTTBR_EL2 from the init parameters, which cpu_prepare_hyp_mode sets to 0), not read;
-- any other VMID-scoped one in the hyp text: the VM whose vCPU thread was on that CPU
+- any other VMID-scoped one in the hyp text (in VHE: in KVM's TLB helpers, kernel text
+  at EL2): the VM whose vCPU thread was on that CPU
   then (from its `enter` marker, pinned, to its teardown) and the VMID
   kvm_arm_vmid_update had given that VM by then: what the readings on both sides of it, as
   far as the clock fit's error reaches, agree on (an entry reads the id before the call,
@@ -33,6 +34,8 @@ import itertools
 from dataclasses import dataclass, field
 
 import polars as pl
+
+from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT
 
 # Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
 VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
@@ -123,18 +126,29 @@ def attribute_vmids(
     margin_ns: float = MARGIN_CEILING_NS,
     unmarked: frozenset[str] = frozenset(),
 ) -> pl.DataFrame:
-    """The EL2 (hyp text) invalidations of `rows` (analysis.groundtruth.invalidations,
+    """KVM's EL2 invalidations of `rows` (kvm_el2; analysis.groundtruth.invalidations,
     with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
     each traced run's VMID width; `margin_ns`, the clock fit's error (over
     MARGIN_CEILING_NS nothing is attributed by time); `unmarked`, the runs traced
     without VMM markers. Pure; null wherever the trace cannot tell."""
-    hyp = rows.filter(pl.col("where") == "hyp").sort("ts")
+    hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
     clock = _Clock(margin_ns, unmarked)
     index = _Index(spans, found, steps, vmid_bits, kvm_mode == "protected", clock)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
+
+
+def kvm_el2(kvm_mode: str) -> pl.Expr:
+    """KVM's own invalidations at EL2: the hyp text, and in VHE KVM's TLB helpers in the
+    kernel (gtalign.VHE_GUEST_CONTEXT: they clear TGE and load the guest's VTTBR, so
+    their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
+    el2 = pl.col("where") == "hyp"
+    if kvm_mode == "vhe":
+        helper = pl.col("function").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        el2 = el2 | ((pl.col("where") == "kernel") & helper)
+    return el2
 
 
 class _Intervals:
