@@ -10,8 +10,14 @@ import polars as pl
 import pytest
 
 from tracekit.analysis import groundtruth as g
-from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures, parse_signatures
+from tracekit.analysis.gtsignatures import (
+    STEPS,
+    kernel_series,
+    packaged_signatures,
+    parse_signatures,
+)
 from tracekit.errors import TracekitError
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS
 from tracekit.ingest.groundtruth import load_ground_truth
 from tracekit.ingest.vmm import parse_vmm_output
 
@@ -199,6 +205,42 @@ def test_packaged_signatures_each_rest_on_something() -> None:
     assert (
         kernel_series("6.12.117+deb13-arm64") == "6.12" and kernel_series("6.1.0-50-arm64") == "6.1"
     )
+
+
+def test_every_after_guest_action_has_a_6_1_signature() -> None:
+    """The signatures' step names cover every after-guest action the collector runs, and
+    each has a 6.1 nVHE and VHE signature (and 6.12 nVHE, but the debug series'); the
+    debug series' local ALLE1 on the guest CPU (no VM alive: EL2 brought up for it
+    first) passes with the three instructions on the target CPU and contradicts without
+    its ALLE1 or with it on another CPU."""
+    signatures = packaged_signatures()
+    actions = [a for a in AFTER_GUEST_ACTIONS if a != "none"]
+    assert set(actions) == set(STEPS) - {"create", "run", "teardown"}
+    for action in actions:
+        for mode in ("nvhe", "vhe"):
+            assert signatures.candidates("6.1", mode, "cortex-a76", action), (action, mode)
+        # The debug series is written for 6.1 only (reproducer/kpatch/6.1).
+        if not action.startswith("tlbi:"):
+            assert signatures.candidates("6.12", "nvhe", "max", action), action
+    chosen = signatures.find("6.1", "nvhe", "cortex-a76", "tlbi:alle1@guest-cpu")
+    assert chosen is not None
+    schema = {"ts": pl.Int64, "cpu": pl.Int64, "operation": pl.String, "function": pl.String}
+    rows = pl.DataFrame(
+        [
+            (10, 1, "TLBI ALLE2", "___kvm_hyp_init"),
+            (11, 1, "TLBI VMALLS12E1", "___kvm_hyp_init"),
+            (20, 1, "TLBI ALLE1", "__kvm_debug_maint"),
+        ],
+        schema=schema,
+        orient="row",
+    ).with_columns(where=pl.lit("hyp"))
+    step = {"run_id": "after", "vm": None, "step": "tlbi:alle1@guest-cpu", "start": 0, "end": 99}
+    context = g.StepContext((0, 1), (1,), (1,))
+    host = signatures.host_functions
+    assert g.check_step(rows, step, chosen, context, host)["ok"].all()
+    moved = rows.with_columns(cpu=pl.when(pl.col("ts") == 20).then(0).otherwise(pl.col("cpu")))
+    assert not g.check_step(moved, step, chosen, context, host)["ok"].all()
+    assert not g.check_step(rows.head(2), step, chosen, context, host)["ok"].all()
 
 
 BAD = """

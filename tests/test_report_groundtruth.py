@@ -69,6 +69,10 @@ def test_matching_bundle_has_counts_and_no_contradiction(tmp_path: Path) -> None
     assert by[("TLBI VMALLS12E1", "source")]["vmid"] == 0
     assert by[("TLBI ALLE2", "not-vmid-scoped")]["vmid"] is None
     assert any("never read" in u for u in section.unknowns)
+    # The margin is the bundle's own clock fit error, said once (G3).
+    margin = [f for f in section.findings if "VMIDs attributed within" in f]
+    assert len(margin) == 1 and "bound 100 us" in margin[0]
+    assert "NOT attributed by time" in groundtruth._margin_line(150_000)
 
 
 CONTRADICTS = "CONTRADICTS THE SETUP"

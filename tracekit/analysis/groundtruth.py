@@ -478,6 +478,8 @@ class GroundTruthSummary:
     # EL2 invalidations per run, function, operation, VMID and basis (gtvmid.vmid_counts):
     # the VMID attributed from the host trace, never read.
     vmids: pl.DataFrame | None = None
+    # The EL2 invalidations themselves with vmid, vmid_basis and vmid_how (gtvmid).
+    vmid_rows: pl.DataFrame | None = None
 
 
 def summarise(
@@ -503,6 +505,7 @@ def summarise(
     """
     series, mode, model = setup
     rows = with_action_phase(invalidations(given), steps)
+    attributed = attributed_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
@@ -520,18 +523,25 @@ def summarise(
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls, probe_misses),
         signature_lines=lines,
-        vmids=_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode),
+        vmids=gtvmid.vmid_counts(attributed),
+        vmid_rows=attributed,
     )
 
 
-def _vmids(
+def attributed_vmids(
     rows: pl.DataFrame, steps: pl.DataFrame, inputs: gtvmid.VmidInputs, kvm_mode: str
 ) -> pl.DataFrame:
-    """The EL2 invalidations counted by attributed VMID (gtvmid)."""
-    attributed = gtvmid.attribute_vmids(
-        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits, kvm_mode
+    """The EL2 invalidations with their attributed VMID (gtvmid)."""
+    return gtvmid.attribute_vmids(
+        rows,
+        inputs.spans,
+        inputs.readings,
+        steps,
+        inputs.vmid_bits,
+        kvm_mode,
+        inputs.margin_ns,
+        inputs.unmarked,
     )
-    return gtvmid.vmid_counts(attributed)
 
 
 def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
