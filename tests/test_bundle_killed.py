@@ -30,16 +30,16 @@ STRESS = "runs/before-quiet-0/stress-ng.yaml"
 KILLED = "collection still running, or killed before it could say so (SIGKILL, power cut)"
 
 
-def _killed(root: Path, status: str = "running") -> None:
-    """Make a copied bundle's manifest what a kill leaves: incomplete, before-quiet-0
-    still running and unrecorded (SIGKILL's manifest never recorded its files)."""
+def _killed(root: Path, runs: tuple[str, ...] = ("before-quiet-0",)) -> None:
+    """Make a copied bundle's manifest what a kill leaves: incomplete, `runs` still
+    running and unrecorded (SIGKILL's manifest never recorded their files)."""
     path = root / "manifest.json"
     data = json.loads(path.read_text())
     data |= {"complete": False, "incomplete_reason": KILLED}
     for run in data["runs"]:
-        if run["run_id"] == "before-quiet-0":
-            run |= {"status": status, "files": [], "end_ns": None}
-    data["files"] = {k: v for k, v in data["files"].items() if "before-quiet-0" not in k}
+        if run["run_id"] in runs:
+            run |= {"status": "running", "files": [], "end_ns": None}
+    data["files"] = {k: v for k, v in data["files"].items() if not any(f"/{r}/" in k for r in runs)}
     path.write_text(json.dumps(data))
 
 
@@ -182,3 +182,26 @@ def test_a_bundle_stopped_before_its_first_run_exports_its_notes(tmp_path: Path)
     result = CliRunner().invoke(main, ["perfetto", str(root), "-o", str(tmp_path / "o.pftrace")])
     assert result.exit_code == 0, result.output
     assert "INCOMPLETE: interrupted (stopped by SIGINT)" in result.output
+
+
+def test_a_vmm_output_and_a_probe_summary_cut_mid_line_are_said_not_misread(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "b"
+    shutil.copytree(REPORT_FIXTURE, root)
+    _killed(root, ("guest", "before-probe-page-cpu0"))
+    vmm = root / "runs/guest/vmm.txt"
+    lines = vmm.read_text().splitlines()
+    vm = next(n for n, line in enumerate(lines) if line.startswith("record=vm "))
+    vmm.write_text("\n".join(lines[: vm + 1])[:-4])  # the VM's record, cut in its last number
+    probe = root / "runs/before-probe-page-cpu0/probe.json"
+    probe.write_text(probe.read_text()[:40])
+    said = _outputs(root, tmp_path)
+    for name in ("verify", "report", "perfetto"):
+        assert "runs/guest/vmm.txt: cut mid-line (its writer was stopped)" in said[name], name
+        assert "before-probe-page-cpu0/probe.json: cut mid-line" in said[name], name
+    data = load_bundle(root)
+    guest = next(r for r in data.manifest.runs if r.run_id == "guest")
+    vmm_output = data.run(guest).vmm
+    assert vmm_output is not None and vmm_output.vms.is_empty()  # the cut record is not read
+    assert "before-probe-page-cpu0" not in data.probes["run_id"].to_list()

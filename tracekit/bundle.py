@@ -403,8 +403,8 @@ CUT_LINES = {
     RunFile.CYCLICTEST: "its last line is not read",
     RunFile.STRESS_YAML: "not read (its metrics may be partial): the run's throughput is not known",
     RunFile.STRESS: "its last line is cut",
-    RunFile.VMM: "its last line is cut",
-    RunFile.PROBE_SUMMARY: "its last line is cut",
+    RunFile.VMM: "its last line is not read",
+    RunFile.PROBE_SUMMARY: "not read: the probe slot's summary is not known",
 }
 CUT_LINE = "cut mid-line (its writer was stopped)"
 

@@ -27,6 +27,7 @@ from tracekit.bundle import (
     damaged_files,
     read_manifest,
     run_dir,
+    run_file,
     run_trace_path,
 )
 from tracekit.errors import TracekitError
@@ -113,7 +114,7 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
         if (ops := data.stress_ops_per_s) is not None:
             stress.append((run.run_id, run.phase, run.kind, ops))
         summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
-        if summary is not None:
+        if summary is not None and run_file(run.run_id, RunFile.PROBE_SUMMARY) not in cut:
             probes.append(_probe(run, summary))
     return BundleData(
         path=path,

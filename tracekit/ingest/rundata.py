@@ -134,9 +134,12 @@ class RunData:
         path = self.path(RunFile.VMM)
         if path is None:
             return None
-        from tracekit.ingest.vmm import read_vmm_output
+        from tracekit.ingest.vmm import parse_vmm_output, read_vmm_output
 
-        return read_vmm_output(path)
+        if run_file(self.run_id, RunFile.VMM) not in self.cut:
+            return read_vmm_output(path)
+        text = path.read_text(errors="replace")  # a cut record's numbers may be shortened
+        return parse_vmm_output(text[: text.rfind("\n") + 1], str(path))
 
     @cached_property
     def probe(self) -> tuple[ProbeHeader, pl.DataFrame] | None:
