@@ -562,10 +562,11 @@ def tabulate(out: Path) -> None:
     print("\n".join(table(results)))
     unknown = sum(any(k.startswith("unknown") for k in r["left_after_recovery"]) for r in results)
     left = sum(bool(r["left_after_recovery"]) for r in results) - unknown
-    unread = sum("TRACEBACK" in r["bundle_read"] for r in results)
+    crashed = sum("TRACEBACK" in r["bundle_read"] for r in results)
+    unread = sum(not r["bundle_read"].endswith(("reads, says INCOMPLETE", "; -")) for r in results)
     print(
         f"cells {len(results)}, left something after recovery {left}, not known {unknown}, "
-        f"bundle tracebacks {unread}"
+        f"bundle tracebacks {crashed}, bundles not read as INCOMPLETE by all three {unread}"
     )
     if not_run:
         print(f"not run (time budget): {' '.join(not_run)}")
