@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import polars as pl
 
+from tracekit.ingest import membuf
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
@@ -40,6 +41,7 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
 
 
 WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
+WIDE_MIN = 256  # bytes: strings wider than this are cut one by one (see _wide_strings)
 
 
 class Gatherer:
@@ -165,6 +167,9 @@ class Gatherer:
         words = self._string_words(start, count, width, rel) if width <= WORDS_MAX else None
         if words is not None:  # short strings (task and irq names): tracekit/ingest/chars.py
             return string_column(words, _decode)
+        wide = self._wide_strings(start, count) if width > WIDE_MIN else None
+        if wide is not None:
+            return wide
         raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
         nul = raw == 0
         first = nul.argmax(axis=1)  # the first NUL of each row; 0 also when there is none
@@ -173,6 +178,21 @@ class Gatherer:
         raw *= np.arange(width)[None, :] < np.minimum(first, count)[:, None]  # from it on: 0
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
+
+    def _wide_strings(self, start: np.ndarray, count: np.ndarray) -> pl.Series | None:
+        """Long strings (trace_marker prints) cut at their NUL one by one, in the buffer's
+        own bytes: an (events x width) matrix costs its width per event, a slice does not.
+        None where the buffer is not an mmap or bytes, or a string runs past its end."""
+        src = membuf.byte_source(self.buf)
+        if src is None or int(start.min()) < 0 or int((start + count).max()) > len(self.buf):
+            return None
+        data, base = src
+        find = data.find
+        out = []
+        for at, n in zip((start + base).tolist(), count.tolist(), strict=True):
+            end = find(b"\0", at, at + n)
+            out.append(data[at : end if end >= 0 else at + n])
+        return _decode(pl.Series(out, dtype=pl.Binary))
 
     def _string_words(
         self, start: np.ndarray, count: np.ndarray, width: int, rel: int
