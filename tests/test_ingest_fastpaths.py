@@ -88,7 +88,11 @@ def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool
 
 @pytest.mark.parametrize("width", [257, 300, 2000])
 @pytest.mark.parametrize("owner", ["bytes", "mmap"])  # the memories cut one by one
-def test_wide_strings_cut_at_nul_and_count(width: int, owner: str) -> None:
+@pytest.mark.parametrize("chunk", [columns.WIDE_CHUNK, 5000])  # one column, or many chunks
+def test_wide_strings_cut_at_nul_and_count(
+    width: int, owner: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columns, "WIDE_CHUNK", chunk)
     rng = np.random.default_rng(width)
     buf, start, count, want = _generated(rng, 2000, width, 50)
     if owner == "bytes":

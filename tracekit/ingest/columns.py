@@ -8,6 +8,7 @@ per-event Python code except for the rare string that is not valid UTF-8.
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
@@ -42,6 +43,7 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
 
 WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
 WIDE_MIN = 256  # bytes: strings wider than this are cut one by one (see _wide_strings)
+WIDE_CHUNK = 8 << 20  # bytes of such strings made into a column at once (peak memory)
 
 
 class Gatherer:
@@ -187,12 +189,14 @@ class Gatherer:
         if src is None or int(start.min()) < 0 or int((start + count).max()) > len(self.buf):
             return None
         data, base = src
-        find = data.find
-        out = []
-        for at, n in zip((start + base).tolist(), count.tolist(), strict=True):
-            end = find(b"\0", at, at + n)
-            out.append(data[at : end if end >= 0 else at + n])
-        return _decode(pl.Series(out, dtype=pl.Binary))
+        rows = max(1, WIDE_CHUNK // max(int(count.max()), 1))
+        chunks = [
+            _cut_at_nul(
+                data, (start[lo : lo + rows] + base).tolist(), count[lo : lo + rows].tolist()
+            )
+            for lo in range(0, len(start), rows)
+        ]  # a chunk at a time: the strings as bytes objects, then a column, of a chunk only
+        return pl.concat(chunks, rechunk=False) if len(chunks) > 1 else chunks[0]
 
     def _string_words(
         self, start: np.ndarray, count: np.ndarray, width: int, rel: int
@@ -231,6 +235,15 @@ class Gatherer:
             matrix = pl.Series(values.reshape(len(counts), int(counts[0])))
             return matrix.cast(pl.List(matrix.dtype.inner))  # type: ignore[attr-defined]
         return _to_lists(values, counts)
+
+
+def _cut_at_nul(data: mmap.mmap | bytes, starts: list[int], counts: list[int]) -> pl.Series:
+    """The strings at `starts` in data, each up to its first NUL or its count of bytes."""
+    find, out = data.find, []
+    for at, n in zip(starts, counts, strict=True):
+        end = find(b"\0", at, at + n)
+        out.append(data[at : end if end >= 0 else at + n])
+    return _decode(pl.Series(out, dtype=pl.Binary))
 
 
 def _decode(binary: pl.Series) -> pl.Series:
