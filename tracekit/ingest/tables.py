@@ -173,6 +173,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     syms = load_symbols(trace.kallsyms, symbols, trace.path)
     trace.kallsyms = ""  # parsed into syms: megabytes of text nothing reads again
     decoded = map_threads(lambda c: _decode_cpu(trace, c, salvage), trace.cpus)  # GIL released
+    membuf.trim()  # the page walks' temporaries, freed in their threads' heaps
     parts = list(zip(trace.cpus, decoded, strict=True))
     for c, rec in parts:
         if rec.damage:
@@ -189,6 +190,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     )  # fmt: skip
     merged = _merge(parts)
     del parts  # the per-CPU record arrays: peak memory matters on big traces
+    membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
     ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
     after_block = releaser(
@@ -196,6 +198,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     )
     merged.sort(order)
     del order
+    membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
     header = standard_header(g) if len(g.payload) else None
     if header is not None:
