@@ -139,7 +139,8 @@ def typed_tables(
     pl.Series(np.zeros(0, np.int64))
     pieces: dict[int, list[pl.DataFrame]] = {}
     id_name: dict[int, tuple[str, str]] = {}
-    for k, (lo, hi) in enumerate(zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)):
+    bounds = ends.tolist()
+    for k, (lo, hi) in enumerate(zip([0, *bounds][: len(bounds)], bounds, strict=True)):
         block = ids[lo:hi]
         # Ids are 16-bit: as uint16, numpy's stable sort is a radix sort.
         by_id = np.argsort(block.astype(np.uint16, copy=False), kind="stable")
