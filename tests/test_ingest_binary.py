@@ -12,7 +12,7 @@ from ingest_truth import parse_lines
 
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.ingest.formats import FormatSet, Kind, parse_format, parse_header_page
+from tracekit.ingest.formats import Kind, parse_format, parse_header_page
 
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 RAW = FIX / "rawcap"
@@ -40,25 +40,6 @@ def test_bad_format_file_is_rejected() -> None:
     """A format without name/ID lines is a ValueError (a TracekitError in readers)."""
     with pytest.raises(ValueError):
         parse_format("format:\n\tfield:int x;\toffset:0;\tsize:4;\tsigned:1;\n")
-
-
-def _odd_heads(text: str) -> list[str]:
-    """The format text with first lines the quick (name, ID) read must leave alone."""
-    name, ident, rest = text.split("\n", 2)
-    return [f"{ident}\n{name}\n{rest}", f"name:\t{name[6:]}\n{ident}\n{rest}",
-            f"name: {name[6:]}\x1f\n{ident}\n{rest}"]  # fmt: skip
-
-
-def test_format_bytes_are_read_as_their_text() -> None:
-    """A trace.dat's format bytes (NUL-padded) give what their decoded text gives."""
-    texts = [p.read_text() for p in sorted(RAW.glob("events/*/*/format"))]
-    texts += [odd for t in texts[:3] for odd in _odd_heads(t)]
-    raw_set, text_set = FormatSet(), FormatSet()
-    for i, text in enumerate(texts):
-        raw_set.add_raw(text.encode() + b"\0" * (i % 3), "sys", "here")
-        text_set.add_text(text, "sys", "here")
-    assert raw_set.names == text_set.names and len(raw_set.names) > 10
-    assert raw_set.events == text_set.events
 
 
 def test_raw_capture_matches_tracefs_text() -> None:

@@ -108,13 +108,6 @@ class HeaderEvent:
 
 _ID_RE = re.compile(r"^ID:\s*(\d+)", re.M)
 _NAME_LINE_RE = re.compile(r"^name:\s*(\S+)", re.M)
-# A format file's usual first two lines; what they match, the two searches above find.
-_HEAD_RE = re.compile(rb"name: ([!-~]+)\nID: ([0-9]+)\n")
-
-
-def _decoded(raw: bytes) -> str:
-    """A format file's text from its bytes as a trace.dat stores them (NUL-padded)."""
-    return raw.rstrip(b"\0").decode("utf-8", "replace")
 
 
 @dataclass
@@ -128,8 +121,7 @@ class FormatSet:
     header_page: HeaderPage = field(default_factory=HeaderPage)
     header_event: HeaderEvent = field(default_factory=HeaderEvent)
     _parsed: dict[int, EventFormat] = field(default_factory=dict)
-    # id -> (text, or its bytes still to decode; system; where; long size)
-    _pending: dict[int, tuple[str | bytes, str, str, int]] = field(default_factory=dict)
+    _pending: dict[int, tuple[str, str, str, int]] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)  # id -> event name, all formats
 
     def add(self, fmt: EventFormat) -> None:
@@ -147,24 +139,10 @@ class FormatSet:
         self._parsed.pop(int(m.group(1)), None)
         self.names[int(m.group(1))] = n.group(1)
 
-    def add_raw(self, raw: bytes, system: str, where: str, long_size: int = 8) -> None:
-        """add_text for a format file's bytes, decoded only if its id is used: a trace.dat
-        holds thousands, and their first two lines (name, ID) are all a trace needs."""
-        m = _HEAD_RE.match(raw)
-        if m is None:  # an unusual layout: the text's own search (and its error)
-            self.add_text(_decoded(raw), system, where, long_size)
-            return
-        event_id = int(m.group(2))
-        self._pending[event_id] = (raw, system, where, long_size)
-        self._parsed.pop(event_id, None)
-        self.names[event_id] = m.group(1).decode("ascii")
-
     def get(self, event_id: int) -> EventFormat | None:
         """The format of one event id, parsing it now if needed."""
         if event_id in self._pending:
             text, system, where, long_size = self._pending.pop(event_id)
-            if isinstance(text, bytes):
-                text = _decoded(text)
             self._parsed[event_id] = checked_format(text, system, where, long_size)
         return self._parsed.get(event_id)
 

@@ -196,20 +196,18 @@ class TraceDat:
 
     def _ftrace_formats(self, cur: Cursor) -> None:
         """The ftrace/* event formats."""
-        self._formats(cur, "ftrace", cur.uint(4))
+        for _ in range(cur.uint(4)):
+            where = f"{self.path} at offset {cur.offset}"
+            self.formats.add_text(cur.text(cur.uint(8)), "ftrace", where, self.long_size)
 
     def _event_formats(self, cur: Cursor) -> None:
         """All other systems' event formats."""
         for _ in range(cur.uint(4)):
             system = cur.cstr()
-            self._formats(cur, system, cur.uint(4))
-
-    def _formats(self, cur: Cursor, system: str, count: int) -> None:
-        """`count` format files of one system (u64 size, text), kept as bytes until used."""
-        path, add = str(self.path), self.formats.add_raw
-        for _ in range(count):
-            where = f"{path} at offset {cur.offset}"
-            add(bytes(cur.take(cur.uint(8))), system, where, self.long_size)
+            for _ in range(cur.uint(4)):
+                where = f"{self.path} at offset {cur.offset}"
+                text = cur.text(cur.uint(8))
+                self.formats.add_text(text, system, where, self.long_size)
 
     # -- version 7 -------------------------------------------------------------------
     def _parse_v7(self, cur: Cursor) -> None:
