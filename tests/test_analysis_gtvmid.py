@@ -372,3 +372,26 @@ def test_61_rollover_flushes_are_unattributed_for_want_of_markers() -> None:
     assert set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
     guest = _by(out.filter(pl.col("run_id") == "guest"), "TLBI VMALLE1")
     assert guest.select("vmid", "vmid_basis").rows() == [(0, "inferred")]
+
+
+def test_a_traced_vms_row_on_another_cpu_is_not_untraced() -> None:
+    """An IPAS2E1IS from __kvm_tlb_flush_vmid_ipa on a CPU no vCPU span holds, inside a
+    traced run's VMM window (an MMU notifier on another thread): in nVHE, with one VM
+    alive, that VM's VMID (`only-vm`: the host has no stage 2); in VHE, `other-cpu`."""
+    steps = STEPS.with_columns(run_id=pl.lit("guest"))
+    spans = _spans(("guest", 0, 1, 5_000, 6_000))
+    found = _readings(("guest", 0, 5_100, 256 + 7, "return"))
+    ipa = ("TLBI IPAS2E1IS", "__kvm_tlb_flush_vmid_ipa", "hyp", "ipa", "EL1&0")
+    rows = _rows(("guest", 5_500, 0, *ipa))
+
+    def basis(mode: str) -> tuple:
+        out = gtvmid.attribute_vmids(rows, spans, found, steps, {"guest": 8}, mode, margin_ns=0)
+        return out.select("vmid", "vmid_basis", "vmid_how").row(0)
+
+    vmid, how_basis, how = basis("nvhe")
+    assert (vmid, how_basis) == (7, "only-vm") and "only VM alive" in how and "CPU 1" in how
+    vmid, how_basis, how = basis("vhe")
+    assert (vmid, how_basis) == (None, "other-cpu") and "another thread" in how
+    two = pl.concat([steps, steps.with_columns(vm=pl.lit(1, pl.Int64))])
+    out = gtvmid.attribute_vmids(rows, spans, found, two, {"guest": 8}, "nvhe", margin_ns=0)
+    assert out["vmid_basis"].to_list() == ["other-cpu"]

@@ -62,8 +62,8 @@ READING_SCHEMA = {
     "at": pl.String,
 }
 # vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
-# untraced, no-markers, no-vm, protected, clock-error (only `source` and `inferred`
-# give a vmid).
+# untraced, no-markers, other-cpu, only-vm, no-vm, protected, clock-error (only
+# `source`, `inferred` and `only-vm` give a vmid).
 # How far a VMID reading may sit from an invalidation and still be on the wrong side of
 # it: the run's clock fit error (gtalign.ClockFit.error_ns: a row's ts is fitted, a
 # reading's is the trace's own), which must stay under this ceiling, the issue's bound
@@ -135,6 +135,7 @@ def attribute_vmids(
     hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
     clock = _Clock(margin_ns, unmarked)
     index = _Index(spans, found, steps, vmid_bits, kvm_mode == "protected", clock)
+    index.host_untagged = kvm_mode == "nvhe"
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
@@ -217,6 +218,15 @@ class _Index:
             runs.setdefault(vm["run_id"], []).append((vm["start"], vm["end"], vm))
         self.windows = {run_id: _Intervals(rows) for run_id, rows in runs.items()}
         self.bits = vmid_bits
+        # The CPUs each traced VM's vCPU threads were pinned to, and the traced runs.
+        self.vm_cpus: dict[tuple[str, int], list[int]] = {}
+        for run_id, vm_seq, cpu in spans.select("run_id", "vm_seq", "cpu").iter_rows():
+            self.vm_cpus.setdefault((run_id, vm_seq), []).append(cpu)
+        self.traced = {key[0] for key in (*self.vm_cpus, *self.readings)}
+        # nVHE, not protected: the host runs with no stage 2 (VTTBR_EL2 0, 6.1.176
+        # arch/arm64/kvm/hyp/include/nvhe/mem_protect.h:66-72 __load_host_stage2), so a
+        # VMID-scoped KVM EL2 TLBI targets a VM's stage 2: with one VM alive, that VM's.
+        self.host_untagged = False
 
     def attribute(self, row: dict[str, object]) -> tuple[int | None, str, str]:
         """(vmid, basis, how) of one hyp-text invalidation."""
@@ -247,14 +257,19 @@ class _Index:
         if here:
             run_id, vm_seq = here[0]
             return self.in_force(run_id, vm_seq, ts, cpu)
-        return self.untraced(row.get("run_id"), ts)
+        return self.untraced(row.get("run_id"), ts, cpu)
 
     def in_force(
-        self, run_id: str, vm_seq: int, ts: int, cpu: object
+        self, run_id: str, vm_seq: int, ts: int, cpu: object, basis: str = "inferred"
     ) -> tuple[int | None, str, str]:
         """The VMID the VM had at ts: what its readings within the clock error of ts and
         the nearest one on each side beyond it agree on (VmidView)."""
         where = f"VM {vm_seq} of {run_id} had its vCPU thread on CPU {cpu} then"
+        if basis == "only-vm":
+            where = (
+                f"VM {vm_seq} of {run_id} was the only VM alive (its vCPU on CPU "
+                f"{self.cpus_of(run_id, vm_seq)}, not {cpu}; nVHE: the host has no stage 2)"
+            )
         bits = self.bits.get(run_id)
         view = VmidView(self.readings.get((run_id, vm_seq), []), ts, self.margin, bits)
         if (missing := view.missing()) is not None:
@@ -265,9 +280,31 @@ class _Index:
         if bits is None:
             return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
         zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
-        return value % (1 << bits), "inferred", f"{where}; {view.how()} {value}{zero}"
+        return value % (1 << bits), basis, f"{where}; {view.how()} {value}{zero}"
 
-    def untraced(self, run_id: object, ts: int) -> tuple[None, str, str]:
+    def cpus_of(self, run_id: str, vm_seq: int) -> str:
+        """The CPUs a traced VM's vCPU threads were on, in words."""
+        cpus = sorted(self.vm_cpus.get((run_id, vm_seq), []))
+        return "/".join("unpinned" if c < 0 else str(c) for c in cpus) or "unknown"
+
+    def other_cpu(
+        self, held: list[dict[str, object]], ts: int, cpu: object
+    ) -> tuple[int | None, str, str]:
+        """A traced VM ran but no vCPU span holds the row's CPU: issued by another thread
+        (an MMU notifier's __kvm_tlb_flush_vmid_ipa); the only live VM's VMID in nVHE."""
+        # "The only VM alive" counts every run's VMs, not only the row's run's.
+        alive = {
+            (vm["run_id"], vm["vm"]) for w in self.windows.values() for vm in w.holding(ts)
+        } | {(vm["run_id"], vm["vm"]) for vm in held}
+        if len(alive) == 1 and self.host_untagged:
+            run_id, vm_seq = alive.pop()
+            return self.in_force(str(run_id), int(vm_seq), ts, cpu, basis="only-vm")
+        vms = ", ".join(
+            f"VM {v} of {r} (vCPU on CPU {self.cpus_of(r, v)})" for r, v in sorted(alive)
+        )
+        return None, "other-cpu", f"{vms} running, not on CPU {cpu}: issued by another thread"
+
+    def untraced(self, run_id: object, ts: int, cpu: object = None) -> tuple[None, str, str]:
         """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
         keys = [run_id] if run_id is not None else list(self.windows)
         held = [vm for key in keys if key in self.windows for vm in self.windows[key].holding(ts)]
@@ -282,6 +319,8 @@ class _Index:
                     "on, and which kvm_arm_vmid_update readings are its, is not known"
                 ),
             )
+        if held and held[0]["run_id"] in self.traced:
+            return self.other_cpu(held, ts, cpu)
         if held:
             vm = held[0]
             return (
