@@ -57,10 +57,20 @@ STEPS = pl.DataFrame(
 )
 
 
+def _attributed(
+    rows: pl.DataFrame,
+    spans: pl.DataFrame,
+    found: pl.DataFrame,
+    kvm_mode: str = "nvhe",
+    margin_ns: float = 0,
+) -> pl.DataFrame:
+    """attribute_vmids on one run "guest" with 8-bit VMIDs and STEPS' windows."""
+    return gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, kvm_mode, margin_ns)
+
+
 def _attribute(rows: pl.DataFrame, spans: pl.DataFrame, found: pl.DataFrame) -> list[tuple]:
     """(ts, vmid, basis) per hyp row, in time order."""
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
-    return out.select("ts", "vmid", "vmid_basis").rows()
+    return _attributed(rows, spans, found).select("ts", "vmid", "vmid_basis").rows()
 
 
 def test_unscoped_and_hyp_init_need_no_trace() -> None:
@@ -116,7 +126,7 @@ def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
     found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
     rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
+    out = _attributed(rows, spans, found, margin_ns=0)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (120, 0, "inferred"),
         (170, None, "ambiguous"),
@@ -156,7 +166,7 @@ def test_an_id_change_within_the_fit_bound_is_ambiguous() -> None:
     spans = _spans(("guest", 0, 1, 0, 1_000_000))
     found = _readings(("guest", 0, 500_000, 0, "entry"), ("guest", 0, 500_010, 256 + 5, "return"))
     rows = _rows(("guest", 500_030, 1, *FLUSH), ("guest", 900_000, 1, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=100_000)
+    out = _attributed(rows, spans, found, margin_ns=100_000)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (500_030, None, "ambiguous"),
         (900_000, 5, "inferred"),
@@ -169,7 +179,7 @@ def test_protected_mode_is_not_attributed() -> None:
     spans = _spans(("guest", 0, 1, 0, 1_000))
     found = _readings(("guest", 0, 10, 256 + 5, "return"))
     rows = _rows(("guest", 500, 1, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "protected", 0)
+    out = _attributed(rows, spans, found, "protected", 0)
     assert out.select("vmid", "vmid_basis").rows() == [(None, "protected")]
 
 
@@ -180,9 +190,10 @@ def test_a_row_inside_a_call_that_changed_the_id_is_ambiguous() -> None:
     entry the id is the entry's (6.1's first flush, VMID 0); after the return, the new one."""
     spans = _spans(("guest", 0, 1, 0, 1_000_000))
     found = _readings(("guest", 0, 10_000, 0, "entry"), ("guest", 0, 15_000, 256 + 5, "return"))
-    rows = _rows(("guest", 8_000, 1, *FLUSH), ("guest", 12_000, 1, *FLUSH))
-    rows = pl.concat([rows, _rows(("guest", 17_000, 1, *FLUSH))])
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    rows = _rows(
+        ("guest", 8_000, 1, *FLUSH), ("guest", 12_000, 1, *FLUSH), ("guest", 17_000, 1, *FLUSH)
+    )
+    out = _attributed(rows, spans, found, margin_ns=1_000)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (8_000, 0, "inferred"),
         (12_000, None, "ambiguous"),
@@ -201,7 +212,7 @@ def test_a_generation_only_change_keeps_the_vmid() -> None:
         ("guest", 0, 50_000, 256 + 5, "entry"), ("guest", 0, 50_010, 512 + 5, "return")
     )
     rows = _rows(("guest", 50_005, 1, *FLUSH))
-    known = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    known = _attributed(rows, spans, found, margin_ns=1_000)
     assert known.select("vmid", "vmid_basis").rows() == [(5, "inferred")]
     unknown = gtvmid.attribute_vmids(rows, spans, found, STEPS, {}, margin_ns=1_000)
     assert unknown["vmid_basis"].to_list() == ["ambiguous"]
@@ -215,7 +226,7 @@ def test_a_missed_return_leaves_the_id_unknown_after_its_entry() -> None:
         ("guest", 0, 10_000, 256 + 5, "return"), ("guest", 0, 20_000, 256 + 5, "entry")
     )
     rows = _rows(("guest", 15_000, 1, *FLUSH), ("guest", 30_000, 1, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=1_000)
+    out = _attributed(rows, spans, found, margin_ns=1_000)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (15_000, 5, "inferred"),
         (30_000, None, "no-reading"),
@@ -236,7 +247,7 @@ def test_the_margin_is_the_runs_clock_error_under_the_ceiling() -> None:
     )
 
     def basis(margin: float) -> list[tuple]:
-        out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=margin)
+        out = _attributed(rows, spans, found, margin_ns=margin)
         return out.select("vmid", "vmid_basis").rows()
 
     assert basis(gtvmid.MARGIN_CEILING_NS)[2] == (None, "ambiguous")
@@ -267,9 +278,9 @@ def test_vhe_kvm_helpers_in_the_kernel_are_attributed() -> None:
         ("guest", 160, 1, "TLBI VMALLE1", "__kvm_flush_cpu_context", "kernel", "vmid", "EL1&0"),
         ("guest", 170, 1, "TLBI VAE1IS", "flush_tlb_mm", "kernel", "va", "EL2&0"),
     )
-    vhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "vhe", 0)
+    vhe = _attributed(rows, spans, found, "vhe", 0)
     assert vhe.select("ts", "vmid", "vmid_basis").rows() == [(160, 5, "inferred")]
-    nvhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "nvhe", 0)
+    nvhe = _attributed(rows, spans, found, "nvhe", 0)
     assert nvhe.is_empty()
 
 

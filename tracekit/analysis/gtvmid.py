@@ -134,8 +134,7 @@ def attribute_vmids(
     without VMM markers. Pure; null wherever the trace cannot tell."""
     hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
     clock = _Clock(margin_ns, unmarked)
-    index = _Index(spans, found, steps, vmid_bits, kvm_mode == "protected", clock)
-    index.host_untagged = kvm_mode == "nvhe"
+    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
@@ -199,10 +198,10 @@ class _Index:
         found: pl.DataFrame,
         steps: pl.DataFrame,
         vmid_bits: dict[str, int],
-        protected: bool = False,
+        kvm_mode: str = "nvhe",
         clock: _Clock | None = None,
     ) -> None:
-        self.protected, self.clock = protected, clock or _Clock()
+        self.protected, self.clock = kvm_mode == "protected", clock or _Clock()
         self.margin = self.clock.margin_ns
         by_cpu: dict[int, list[tuple[int, int, object]]] = {}
         for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
@@ -226,7 +225,7 @@ class _Index:
         # nVHE, not protected: the host runs with no stage 2 (VTTBR_EL2 0, 6.1.176
         # arch/arm64/kvm/hyp/include/nvhe/mem_protect.h:66-72 __load_host_stage2), so a
         # VMID-scoped KVM EL2 TLBI targets a VM's stage 2: with one VM alive, that VM's.
-        self.host_untagged = False
+        self.host_untagged = kvm_mode == "nvhe"
 
     def attribute(self, row: dict[str, object]) -> tuple[int | None, str, str]:
         """(vmid, basis, how) of one hyp-text invalidation."""
