@@ -40,14 +40,15 @@ NOTE = (
 
 def section(bundles: list[BundleData]) -> Section | None:
     """Per shipped model: consistent, refuted (by which conditions) or untested."""
-    testing = [b for b in bundles if tests_models(is_emulated(b), simulated_label(b.manifest))]
+    # Split once, not by `in` afterwards (BundleData's == would compare its tables).
+    can = [tests_models(is_emulated(b), simulated_label(b.manifest)) for b in bundles]
+    testing = [b for b, yes in zip(bundles, can, strict=True) if yes]
+    left_out = [b for b, yes in zip(bundles, can, strict=True) if not yes]
     groups, unknowns = condition_groups(testing, "the model predictions")
     if not groups:
         return None
     unknowns += [
-        f"{bundle_label(b)}: left out of the model predictions: {UNTESTED_BY}"
-        for b in bundles
-        if b not in testing
+        f"{bundle_label(b)}: left out of the model predictions: {UNTESTED_BY}" for b in left_out
     ]
     effects = condition_effects(groups)
     observed = [(e.condition, e.comparison.verdict) for e in effects]
