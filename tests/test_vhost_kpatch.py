@@ -21,7 +21,9 @@ What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API rea
 registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
 operation ran are not witnessed (the s2=0 and s2=1 requests assert the same thing).
 
-Not yet run: the kernel was first built whole on 2026-12-02 and has not been booted.
+Booted on 2026-12-02 (docs/vhost.md says what the plugin showed): nVHE and its collect
+passed; VHE passed all but the errno names (compared by number since: Linux's EOPNOTSUPP
+is ENOTSUP); protected not booted yet.
 """
 
 from __future__ import annotations
