@@ -22,8 +22,8 @@ registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-
 operation ran are not witnessed (the s2=0 and s2=1 requests assert the same thing).
 
 Booted on 2026-12-02 (docs/vhost.md says what the plugin showed): nVHE and its collect
-passed; VHE passed all but the errno names (compared by number since: Linux's EOPNOTSUPP
-is ENOTSUP); protected not booted yet.
+passed; VHE and protected passed (refusals compared by errno number: Linux's EOPNOTSUPP
+is ENOTSUP, the name Python gives 95).
 """
 
 from __future__ import annotations
