@@ -15,6 +15,8 @@ $TRACEKIT_CACHE (or ~/.cache/tracekit)/bench/groundtruth, never in the repo.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import statistics
 import time
@@ -42,17 +44,24 @@ def collect_command(runs: int, duration: int) -> list[str]:
     return ["sh", "-c", script]
 
 
-def one_boot(out: Path, ground_truth: bool, command: list[str]) -> tuple[float, float]:
-    """(collect seconds inside, whole boot seconds outside) of one boot."""
+def children_cpu_s() -> float:
+    """CPU seconds of every reaped child so far (QEMU is one): load on a shared machine
+    stretches wall time, much less the CPU time QEMU needed."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_boot(out: Path, ground_truth: bool, command: list[str]) -> tuple[float, float, float]:
+    """(collect seconds inside, whole boot seconds outside, QEMU's CPU seconds) of one boot."""
     config = VhostConfig(**{**CONFIG.__dict__, "out": out, "ground_truth": ground_truth})
     shutil.rmtree(out, ignore_errors=True)  # collect refuses an earlier run's bundle
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), children_cpu_s()
     result = run(config, command, on_output=lambda line: None, progress=lambda message: None)
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, children_cpu_s() - cpu_before
     if result.exit_status != 0:
         raise SystemExit(f"collect failed in {out} (status {result.exit_status})")
     start, end = (float(v) for v in (out / "collect-seconds").read_text().split())
-    return end - start, wall
+    return end - start, wall, cpu
 
 
 def main() -> None:
@@ -64,23 +73,23 @@ def main() -> None:
     args = parser.parse_args()
     base = cache_root() / "bench" / "groundtruth"
     command = collect_command(args.runs, args.duration)
-    seen: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    seen: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     for i in range(args.repeat):
         for ground_truth in (False, True):
             out = base / f"{'with' if ground_truth else 'without'}-{i}"
-            collect_s, wall_s = one_boot(out, ground_truth, command)
-            seen[ground_truth].append((collect_s, wall_s))
+            row = one_boot(out, ground_truth, command)
+            seen[ground_truth].append(row)
             label = "with   " if ground_truth else "without"
-            print(f"{label} plugin, boot {i}: collect {collect_s:7.1f} s, boot {wall_s:7.1f} s")
-    medians = {
-        key: (statistics.median(c for c, _ in rows), statistics.median(w for _, w in rows))
-        for key, rows in seen.items()
-    }
-    collect_ratio = medians[True][0] / medians[False][0]
-    wall_ratio = medians[True][1] / medians[False][1]
+            print(
+                f"{label} plugin, boot {i}: collect {row[0]:7.1f} s, boot {row[1]:7.1f} s, "
+                f"QEMU CPU {row[2]:7.1f} s, load {os.getloadavg()[0]:.1f}"
+            )
+    medians = {key: [statistics.median(col) for col in zip(*rows, strict=True)] for key, rows in seen.items()}
+    ratios = [w / wo for w, wo in zip(medians[True], medians[False], strict=True)]
     print(
         f"collect: {medians[True][0]:.1f} s with / {medians[False][0]:.1f} s without = "
-        f"{collect_ratio:.3f} ({(collect_ratio - 1) * 100:+.1f} %); whole boot {wall_ratio:.3f}"
+        f"{ratios[0]:.3f} ({(ratios[0] - 1) * 100:+.1f} %); whole boot {ratios[1]:.3f}; "
+        f"QEMU CPU {ratios[2]:.3f}"
     )
     print("emulated host (QEMU TCG): these timings are not hardware timings")
 
