@@ -84,7 +84,10 @@ def main() -> None:
                 f"{label} plugin, boot {i}: collect {row[0]:7.1f} s, boot {row[1]:7.1f} s, "
                 f"QEMU CPU {row[2]:7.1f} s, load {os.getloadavg()[0]:.1f}"
             )
-    medians = {key: [statistics.median(col) for col in zip(*rows, strict=True)] for key, rows in seen.items()}
+    medians = {
+        key: [statistics.median(col) for col in zip(*rows, strict=True)]
+        for key, rows in seen.items()
+    }
     ratios = [w / wo for w, wo in zip(medians[True], medians[False], strict=True)]
     print(
         f"collect: {medians[True][0]:.1f} s with / {medians[False][0]:.1f} s without = "
