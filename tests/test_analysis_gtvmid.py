@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tracekit.analysis import gtvmid
+from tracekit.ingest.gtalign import TIGHT_BRACKET_NS
 
 ROW_SCHEMA = {
     "run_id": pl.String,
@@ -122,7 +124,9 @@ def test_vmid_from_the_vm_on_that_cpu_and_its_readings() -> None:
 
 def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
     """Two vCPU spans on the CPU (or an unpinned one, cpu -1, anywhere): null, ambiguous;
-    a zero id (not yet allocated) is VMID 0 and says so."""
+    a zero id (none allocated yet) is VMID 0 and says what that is: in nVHE the host's
+    own tag (VTTBR_EL2 0 while the host runs), so the row invalidated the host's entries
+    on that CPU, not the VM's (S4); in VHE no one's."""
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
     found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
     rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
@@ -132,7 +136,11 @@ def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
         (170, None, "ambiguous"),
         (240, 9, "inferred"),
     ]
-    assert "not yet allocated" in out["vmid_how"][0]
+    how = out["vmid_how"][0]
+    assert "none allocated yet" in how and "the host's own tag" in how
+    assert "the host's EL1&0 entries on CPU 1, nothing of the VM's" in how
+    vhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "vhe", 0)
+    assert "no VM's (in VHE" in vhe["vmid_how"][0] and "host's own" not in vhe["vmid_how"][0]
     counts = gtvmid.vmid_counts(out)
     assert counts["count"].sum() == 3 and set(counts["vmid_basis"]) == {"inferred", "ambiguous"}
 
@@ -304,6 +312,17 @@ def _cut(name: str, margin_ns: float | None = None) -> tuple[pl.DataFrame, dict]
         frozenset(found["unmarked"]),
     )
     return out, found
+
+
+@pytest.mark.parametrize("name", ["nvhe-a76-61", "trixie-max-612", "nvhe-a53-61-rollover"])
+def test_fixtures_attribute_the_same_under_the_widest_bracket_bound(name: str) -> None:
+    """The fixtures' margin_ns is the fit's error from the markers' midpoints, cut before
+    the bound added half the widest tight bracket (S1; gtalign.ClockFit.bound_ns): that
+    half is at most TIGHT_BRACKET_NS / 2, and with it added every row is attributed as
+    before."""
+    out, found = _cut(name)
+    wider, _ = _cut(name, found["margin_ns"] + TIGHT_BRACKET_NS / 2)
+    assert wider.select(*gtvmid.OUT_COLUMNS).rows() == out.select(*gtvmid.OUT_COLUMNS).rows()
 
 
 def _by(out: pl.DataFrame, operation: str) -> pl.DataFrame:

@@ -91,6 +91,18 @@ def test_clock_error_at_markers_left_out(truth: gt.GroundTruth) -> None:
     assert truth.fit.error_ns == max(truth.fit.max_residual_ns, held.max_error_ns)
 
 
+def test_clock_bound_adds_half_the_widest_tight_bracket(truth: gt.GroundTruth) -> None:
+    """A marker ran anywhere in its [t0, t1], so the bound at the markers is the error from
+    the midpoints plus half the widest bracket of the tight ones (those <= 20 us), which
+    the fixture's gtmark lines give."""
+    lines = gt.parse_gtmark((FIXTURE / gt.GT_MARKERS).read_text())
+    width = lines.select(w=pl.col("t1") - pl.col("t0"))["w"]
+    widest = width.filter(width <= gtalign.TIGHT_BRACKET_NS).max()
+    assert truth.fit.half_bracket_ns == widest / 2 > 0
+    assert truth.fit.bound_ns == truth.fit.error_ns + widest / 2
+    assert f"bound at the markers {truth.fit.bound_ns / 1000:.1f} us" in truth.fit.summary()
+
+
 def test_hyp_invalidations_of_6_1_nvhe(truth: gt.GroundTruth) -> None:
     """6.1 nVHE: EL2 init on every CPU at boot and at VM creation; a flush on the guest CPU."""
     hyp = truth.table.filter((pl.col("where") == "hyp") & (pl.col("kind") != "dsb"))

@@ -4,10 +4,12 @@ its VMM output as the guest run's, the boot's ground truth added as `vhost run` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
+from tracekit.analysis import gtvmid
 from tracekit.bundle import EMULATED_LINE, BundleWriter, Manifest, RunRecord, read_manifest
 from tracekit.ingest.bundle import load_bundle
 from tracekit.report.assemble import build_report
@@ -69,10 +71,19 @@ def test_matching_bundle_has_counts_and_no_contradiction(tmp_path: Path) -> None
     assert by[("TLBI VMALLS12E1", "source")]["vmid"] == 0
     assert by[("TLBI ALLE2", "not-vmid-scoped")]["vmid"] is None
     assert any("never read" in u for u in section.unknowns)
-    # The margin is the bundle's own clock fit error, said once (G3).
-    margin = [f for f in section.findings if "VMIDs attributed within" in f]
-    assert len(margin) == 1 and "bound 100 us" in margin[0]
-    assert "NOT attributed by time" in groundtruth._margin_line(150_000)
+    # The legend names the bases the table shows, and only those.
+    legend = next(t.note for t in section.tables if "by VMID" in t.title)
+    assert "untraced: a VMM window" in legend and "source: stated" in legend
+    assert "only-vm" not in legend and "other-cpu" not in legend
+    # The margin is the bundle's own clock bound (its fit error plus half the widest
+    # tight bracket, S1), said once, with what it is and that a change beyond it counts.
+    margin = [f for f in section.findings if "VMIDs attributed by time within" in f]
+    fit = load_bundle(tmp_path / "b").ground_truth()[0].fit
+    assert len(margin) == 1 and f"bound, {fit.bound_ns / 1000:.1f} us" in margin[0]
+    assert "half the widest tight marker bracket" in margin[0]
+    assert "nearest reading beyond that" in margin[0]
+    wide = dataclasses.replace(fit, half_bracket_ns=150_000.0)
+    assert "NOT attributed by time" in gtvmid.margin_line(wide)
 
 
 CONTRADICTS = "CONTRADICTS THE SETUP"

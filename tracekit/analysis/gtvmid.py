@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT
+from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT, ClockFit
 
 # Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
 VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
@@ -61,17 +62,43 @@ READING_SCHEMA = {
     "vmid_id": pl.Int64,
     "at": pl.String,
 }
-# vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
-# untraced, no-markers, other-cpu, only-vm, no-vm, protected, clock-error (only
-# `source`, `inferred` and `only-vm` give a vmid).
+# vmid_basis -> what it means (the report's legend); only `source`, `inferred`,
+# `only-vm` and `requested` give a vmid.
+BASES = {
+    "inferred": (
+        "the VM whose vCPU thread was on that CPU, and the id it had then: the one "
+        "kvm_arm_vmid_update had given it, or 0 before any (VMID 0, in nVHE the host's own "
+        "tag: such a row invalidated the host's entries, not the VM's)"
+    ),
+    "only-vm": (
+        "nVHE, no vCPU of it on that CPU: the only VM alive, whose stage 2 any VMID-scoped "
+        "KVM TLBI targets (the host has none), and its id then"
+    ),
+    "requested": "the VMID the user asked the after-guest action to invalidate (its log)",
+    "source": "stated by the kernel source",
+    "not-vmid-scoped": "no VMID tags what it invalidates",
+    "ambiguous": "two VMs there, or the VM's id changed within reach of the row",
+    "other-cpu": (
+        "VMs ran, none with its vCPU on that CPU (and not one alone in nVHE): issued by "
+        "another thread"
+    ),
+    "untraced": "a VMM window of a run without a trace",
+    "no-markers": "a traced run whose VMM wrote no markers (a rollover's throwaway VMs)",
+    "no-reading": "the VM's kvm_arm_vmid_update readings do not bracket the row",
+    "no-width": "the VMID width is not known",
+    "no-vm": "no VM was running",
+    "protected": "not attributed in protected mode",
+    "clock-error": "the clock fit's bound is over the ceiling",
+}
 # How far a VMID reading may sit from an invalidation and still be on the wrong side of
-# it: the run's clock fit error (gtalign.ClockFit.error_ns: a row's ts is fitted, a
+# it: the run's clock bound (gtalign.ClockFit.bound_ns: the fit's largest error from a
+# marker's midpoint plus half the widest tight bracket; a row's ts is fitted, a
 # reading's is the trace's own), which must stay under this ceiling, the issue's bound
 # for the fit; over it no row is attributed by time. On 6.1 a VM's first
 # __kvm_flush_cpu_context runs with VMID 0 shortly before the first kvm_arm_vmid_update
 # gives it one (arm.c, in the run loop); on 6.12 the update comes just before that flush
 # (kvm_arch_vcpu_load, arm.c:597 then :609 in 6.12.107): a reading that changed the id
-# within the error of the row leaves it ambiguous rather than given either id.
+# within the bound of the row leaves it ambiguous rather than given either id.
 MARGIN_CEILING_NS = 100_000
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
@@ -83,7 +110,8 @@ class VmidInputs:
     spans: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SPAN_SCHEMA))
     readings: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=READING_SCHEMA))
     vmid_bits: dict[str, int] = field(default_factory=dict)  # per traced run
-    # The bundle's clock fit error (ns): how far a row's fitted ts may be from the truth.
+    # The bundle's clock bound (ns, ClockFit.bound_ns): how far a row's fitted ts may be
+    # from the truth.
     margin_ns: float = MARGIN_CEILING_NS
     # Runs with a trace whose VMM wrote no markers (a rollover's throwaway VMs).
     unmarked: frozenset[str] = frozenset()
@@ -183,7 +211,7 @@ class _Clock:
         if self.margin_ns <= MARGIN_CEILING_NS:
             return None
         return (
-            f"the clock fit's error ({self.margin_ns / 1000:.1f} us) is over the "
+            f"the clock fit's bound ({self.margin_ns / 1000:.1f} us) is over the "
             f"{MARGIN_CEILING_NS // 1000} us bound: which side of a VMID change a row ran "
             "on is not known"
         )
@@ -278,8 +306,23 @@ class _Index:
         value = view.value()
         if bits is None:
             return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
-        zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
+        zero = self.vmid_zero(cpu) if value == 0 else ""
         return value % (1 << bits), basis, f"{where}; {view.how()} {value}{zero}"
+
+    def vmid_zero(self, cpu: object) -> str:
+        """What VMID 0 was when a VM's id was still 0 (6.1's first-load flush)."""
+        said = (
+            ": none allocated yet (vmid.c reserves 0, never given to a VM), so VTTBR_EL2's "
+            "VMID field was 0"
+        )
+        if self.host_untagged:
+            return (
+                f"{said}, in nVHE (not protected) the host's own tag (the host runs with "
+                "VTTBR_EL2 0: 6.1.176 hyp/include/nvhe/mem_protect.h:66-72 "
+                f"__load_host_stage2): it invalidated the host's EL1&0 entries on CPU {cpu}, "
+                "nothing of the VM's"
+            )
+        return f"{said}, no VM's (in VHE the host runs in EL2&0, untagged by VMIDs)"
 
     def cpus_of(self, run_id: str, vm_seq: int) -> str:
         """The CPUs a traced VM's vCPU threads were on, in words."""
@@ -333,6 +376,32 @@ class _Index:
         return None, "no-vm", "no VM's vCPU was on that CPU then (no VMM window holds it)"
 
 
+def basis_legend(bases: Iterable[str]) -> str:
+    """What each of these vmid_basis values means, in BASES' order (a table's legend)."""
+    shown = set(bases)
+    return "vmid_basis: " + "; ".join(f"{k}: {v}" for k, v in BASES.items() if k in shown)
+
+
+def margin_line(fit: ClockFit | None) -> str:
+    """How near a VMID change a row may be and still be attributed, in words (the
+    report's sentence; `fit`: the bundle's clock fit, None without ground truth)."""
+    ceiling = MARGIN_CEILING_NS / 1000
+    if fit is None or fit.bound_ns > MARGIN_CEILING_NS:
+        found = f"({fit.bound_ns / 1000:.1f} us) " if fit is not None else ""
+        return (
+            f"EL2 invalidations' VMIDs NOT attributed by time: the clock fit's bound "
+            f"{found}is over the {ceiling:.0f} us ceiling"
+        )
+    return (
+        f"EL2 invalidations' VMIDs attributed by time within the clock fit's bound, "
+        f"{fit.bound_ns / 1000:.1f} us (its largest error from a marker's midpoint, "
+        f"{fit.error_ns / 1000:.1f} us, plus half the widest tight marker bracket, "
+        f"{fit.half_bracket_ns / 1000:.1f} us; ceiling {ceiling:.0f} us): a VM whose "
+        "kvm_arm_vmid_update readings differ within that of a row, or between the row "
+        "and its nearest reading beyond that on either side, leaves the row ambiguous"
+    )
+
+
 COUNT_KEYS = ("run_id", "function", "operation", "vmid", "vmid_basis")
 
 
@@ -379,7 +448,8 @@ class VmidView:
                 )
                 return (
                     f"its id changed from {v0} ({a0} at {_rel(t0, self.ts)}) to {v1} "
-                    f"({a1} at {_rel(t1, self.ts)}) within the clock fit's error of it{inside}"
+                    f"({a1} at {_rel(t1, self.ts)}), within the clock fit's bound of it or "
+                    f"between it and the nearest reading beyond that{inside}"
                 )
         return None
 

@@ -100,18 +100,28 @@ class ClockFit:
     heldout: HeldOut | None = None
     # The VMM's and the probe's sync markers (None: no sync line was given).
     sync: SyncCheck | None = None
+    # Half the widest bracket among the tight markers of the fit (sync markers included
+    # once refitted): a marker ran somewhere in [t0, t1], not at its midpoint.
+    half_bracket_ns: float = 0.0
 
     @property
     def error_ns(self) -> float:
         """The largest clock error the fit's line prints: its residual, its distance
-        outside a bracket, the held-out error and the sync markers' (a row's trace time
-        is this close to the truth, as far as the markers measure it)."""
+        outside a bracket, the held-out error and the sync markers' (each measured from
+        a marker's bracket midpoint)."""
         found = [self.max_residual_ns, self.max_outside_ns]
         if self.heldout is not None:
             found += [self.heldout.max_error_ns, self.heldout.max_outside_ns]
         if self.sync is not None and self.sync.paired:
             found += [self.sync.max_error_ns, self.sync.max_residual_ns, self.sync.max_outside_ns]
         return max(found)
+
+    @property
+    def bound_ns(self) -> float:
+        """How far a fitted time may be from the truth at the markers: the largest error
+        from a midpoint (error_ns) plus half the widest tight bracket, since the marker's
+        true instant is anywhere in its [t0, t1] (a bound at the markers, not between)."""
+        return self.error_ns + self.half_bracket_ns
 
     @property
     def slope_ppm(self) -> float:
@@ -135,7 +145,10 @@ class ClockFit:
             f"(slope {self.slope_ppm:+.4f} ppm from 1); max residual at the fitted markers "
             f"{self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} with a "
             f"bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's bracket "
-            f"{self.max_outside_ns / 1000:.1f} us; {held}; {sync}; {CLOCK_CONDITIONS}"
+            f"{self.max_outside_ns / 1000:.1f} us; {held}; {sync}; bound at the markers "
+            f"{self.bound_ns / 1000:.1f} us (the largest of these errors plus half the "
+            f"widest of those brackets, {self.half_bracket_ns / 1000:.1f} us); "
+            f"{CLOCK_CONDITIONS}"
         )
 
 
@@ -429,6 +442,7 @@ def fit_clock(paired: pl.DataFrame, synced: pl.DataFrame | None = None) -> Clock
         max_outside_ns=final.max_outside_ns,
         tight_markers=final.tight_markers,
         heldout=first.heldout,
+        half_bracket_ns=final.half_bracket_ns,
     )
 
 
@@ -483,6 +497,7 @@ def fit_line(paired: pl.DataFrame) -> ClockFit:
     outside = np.maximum(np.maximum(t0 - fitted, fitted - t1), 0)
     tight = (t1 - t0) <= TIGHT_BRACKET_NS
     residual = np.abs(fitted - mid)[tight] if tight.any() else np.abs(fitted - mid)
+    halves = ((t1 - t0) / 2)[tight] if tight.any() else (t1 - t0) / 2
     return ClockFit(
         host0=host0,
         offset=float(offset),
@@ -492,6 +507,7 @@ def fit_line(paired: pl.DataFrame) -> ClockFit:
         max_outside_ns=float(np.max(outside)),
         tight_markers=int(tight.sum()),
         heldout=held_out(paired),
+        half_bracket_ns=float(np.max(halves)),
     )
 
 
