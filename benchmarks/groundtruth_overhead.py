@@ -15,6 +15,7 @@ $TRACEKIT_CACHE (or ~/.cache/tracekit)/bench/groundtruth, never in the repo.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ def collect_command(runs: int, duration: int) -> list[str]:
 def one_boot(out: Path, ground_truth: bool, command: list[str]) -> tuple[float, float]:
     """(collect seconds inside, whole boot seconds outside) of one boot."""
     config = VhostConfig(**{**CONFIG.__dict__, "out": out, "ground_truth": ground_truth})
+    shutil.rmtree(out, ignore_errors=True)  # collect refuses an earlier run's bundle
     started = time.monotonic()
     result = run(config, command, on_output=lambda line: None, progress=lambda message: None)
     wall = time.monotonic() - started

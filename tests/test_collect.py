@@ -112,6 +112,16 @@ def test_collect_makes_a_complete_bundle(vhost_boot) -> None:  # type: ignore[no
     )
     assert (here / "online-before").read_text() == (here / "online-after").read_text()
     assert "offline" in (here / "bundle/runs/after-guest-hotplug/hotplug.txt").read_text()
+    # The ground truth (the boot loads the plugin): every step the 6.1 nVHE signatures
+    # cover (the guest's create, run and teardown, the hotplug with no VM alive) executed
+    # at EL2 what its signature says, and none is left unchecked.
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.report.sections.groundtruth import section as groundtruth_section
+
+    truth = groundtruth_section([load_bundle(here / "bundle")])
+    assert truth is not None and truth.contradictions == [], truth.contradictions
+    assert any("every checked step executed" in line for line in truth.findings), truth.findings
+    assert not [line for line in truth.unknowns if "not checked against a signature" in line]
 
 
 @pytest.mark.vhost
