@@ -48,6 +48,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         # notes()[0] is the emulated-ground-truth line, said once for the section.
         findings += [f"{label}: {note}" for note in truth.notes()[1:]]
         findings += [f"{label}: signature {line}" for line in summary.signature_lines]
+        if summary.repeat_line is not None:
+            findings.append(f"{label}: {summary.repeat_line}")
         contradictions += [f"{label}: {line}" for line in summary.findings]
         if summary.findings:
             findings.append(
