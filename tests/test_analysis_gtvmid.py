@@ -425,3 +425,50 @@ def test_a_traced_vms_row_on_another_cpu_is_not_untraced() -> None:
     two = pl.concat([steps, steps.with_columns(vm=pl.lit(1, pl.Int64))])
     out = gtvmid.attribute_vmids(rows, spans, found, two, {"guest": 8}, "nvhe", margin_ns=0)
     assert out["vmid_basis"].to_list() == ["other-cpu"]
+
+
+def test_an_after_guest_request_gives_the_vmid_it_asked_for(tmp_path: Path) -> None:
+    """tlbi:vmalls12e1is@vmid (S5): the maintenance log the collector writes (issue_maint,
+    here into a plain file standing for the debug series' interface) says which VMID the
+    user asked for; the series' VMALLS12E1IS from __kvm_debug_maint on that CPU inside
+    the request's window is `requested` with it. The same operation on another CPU, or
+    outside the window, is not; the request's ALLE2 from ___kvm_hyp_init stays `source`."""
+    from tracekit.host.afterguest import issue_maint, tlbi_request
+    from tracekit.ingest.maint import parse_maint_log
+
+    clock = iter([7_000, 7_400])
+    request = tlbi_request("tlbi:vmalls12e1is@vmid", 1, 5)
+    (tmp_path / "op").write_text("")
+    log = issue_maint(request, lambda: next(clock), tmp_path / "op")
+    assert (tmp_path / "op").read_text() == "vmalls12e1is 1 5 0\n"
+    maint = parse_maint_log("\n".join(log) + "\n")
+    assert maint.rows() == [("vmalls12e1is", 1, 5, 0, 7_000, 7_400)]
+    asked = gtvmid.requests("after-guest-tlbi", maint)
+    op = ("TLBI VMALLS12E1IS", "__kvm_debug_maint", "hyp", "vmid-s12", "EL1&0")
+    init = ("TLBI VMALLS12E1", "___kvm_hyp_init", "hyp", "vmid-s12", "EL1&0")
+    rows = _rows(
+        ("after-guest-tlbi", 7_100, 1, *init),
+        ("after-guest-tlbi", 7_200, 1, *op),
+        ("after-guest-tlbi", 7_200, 0, *op),
+        ("after-guest-tlbi", 9_000, 1, *op),
+    )
+    empty = _spans()
+    out = gtvmid.attribute_vmids(rows, empty, _readings(), STEPS, {}, "nvhe", 0, frozenset(), asked)
+    assert out.select("ts", "cpu", "vmid", "vmid_basis").rows() == [
+        (7_100, 1, 0, "source"),
+        (7_200, 1, 5, "requested"),
+        (7_200, 0, None, "no-vm"),
+        (9_000, 1, None, "no-vm"),
+    ]
+    how = out.filter(pl.col("vmid_basis") == "requested")["vmid_how"][0]
+    assert "asked the debug series" in how and "not read" in how
+
+
+def test_a_maintenance_log_line_that_is_not_one_is_refused() -> None:
+    """A cut or foreign line in el2-maint.txt: one line naming it, never a guess."""
+    from tracekit.errors import TracekitError
+    from tracekit.ingest.maint import parse_maint_log
+
+    with pytest.raises(TracekitError, match=r"el2-maint.txt:2: not a maintenance request"):
+        parse_maint_log("alle1 0 issued at 1, done at 2\nalle1 0 issued at 3\n")
+    assert parse_maint_log("alle1 0 issued at 1, done at 2\n")["vmid"].to_list() == [None]

@@ -552,6 +552,7 @@ def attributed_vmids(
         kvm_mode,
         inputs.margin_ns,
         inputs.unmarked,
+        inputs.requests,
     )
 
 

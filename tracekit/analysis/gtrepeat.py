@@ -143,11 +143,15 @@ def completion_line(done: pl.DataFrame, repeats: int) -> str | None:
     followed = by.get("repeat", 0) + by.get("repeat-after", 0)
     if not followed:
         return None
+    early = by.get("not-patched", 0)
+    before = (
+        f"; {early} before the first repeat have none (patched in once the CPUs are up)"
+        if early
+        else ""
+    )
     return (
         f"REPEAT_TLBI workaround: {by.get('repeat', 0)} DSB ISH completing a broadcast "
         f"stage-1 TLBI are followed directly by the repeat TLBI, {by.get('repeat-after', 0)} "
         f"after an interrupt or a switch in between, {by.get('missing', 0)} once it is "
-        f"patched in have none ({followed} of the {repeats} repeat TLBIs counted); "
-        f"{by.get('not-patched', 0)} before the first repeat have none (patched in once "
-        "the CPUs are up)"
+        f"patched in have none ({followed} of the {repeats} repeat TLBIs counted){before}"
     )

@@ -100,6 +100,20 @@ BASES = {
 # (kvm_arch_vcpu_load, arm.c:597 then :609 in 6.12.107): a reading that changed the id
 # within the bound of the row leaves it ambiguous rather than given either id.
 MARGIN_CEILING_NS = 100_000
+# An after-guest action's EL2 maintenance request for a VMID (the debug series'
+# interface: tracekit.ingest.maint), on the trace clock: [start, end] brackets the write.
+REQUEST_SCHEMA = {
+    "run_id": pl.String,
+    "operation": pl.String,  # e.g. TLBI VMALLS12E1IS
+    "cpu": pl.Int64,
+    "vmid": pl.Int64,
+    "start": pl.Int64,
+    "end": pl.Int64,
+}
+# The debug series' hypercall: the one function whose VMID a request sets
+# (reproducer/kpatch/6.1 0002 debug_maint_run: VTTBR_EL2 = vmid << VTTBR_VMID_SHIFT | an
+# empty stage 2; 0001 __kvm_debug_maint writes it before the operation).
+DEBUG_MAINT = "__kvm_debug_maint"
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
 
@@ -115,6 +129,8 @@ class VmidInputs:
     margin_ns: float = MARGIN_CEILING_NS
     # Runs with a trace whose VMM wrote no markers (a rollover's throwaway VMs).
     unmarked: frozenset[str] = frozenset()
+    # The after-guest actions' VMID-scoped EL2 maintenance requests (REQUEST_SCHEMA).
+    requests: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=REQUEST_SCHEMA))
 
 
 def vcpu_spans(run_id: str, windows: pl.DataFrame, threads: pl.DataFrame) -> pl.DataFrame:
@@ -144,6 +160,20 @@ def readings(run_id: str, attributed: pl.DataFrame, at: str) -> pl.DataFrame:
     )
 
 
+def requests(run_id: str, maint: pl.DataFrame) -> pl.DataFrame:
+    """REQUEST_SCHEMA rows of a run's maintenance log (tracekit.ingest.maint's table):
+    its VMID-scoped requests, the operation named as the ground truth names it."""
+    scoped = maint.filter(pl.col("vmid").is_not_null())
+    return scoped.select(
+        run_id=pl.lit(run_id),
+        operation=pl.concat_str(pl.lit("TLBI "), pl.col("op").str.to_uppercase()),
+        cpu=pl.col("cpu"),
+        vmid=pl.col("vmid"),
+        start=pl.col("issued"),
+        end=pl.col("done"),
+    )
+
+
 def attribute_vmids(
     rows: pl.DataFrame,
     spans: pl.DataFrame,
@@ -153,16 +183,18 @@ def attribute_vmids(
     kvm_mode: str = "nvhe",
     margin_ns: float = MARGIN_CEILING_NS,
     unmarked: frozenset[str] = frozenset(),
+    asked: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """KVM's EL2 invalidations of `rows` (kvm_el2; analysis.groundtruth.invalidations,
     with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
     each traced run's VMID width; `margin_ns`, the clock fit's error (over
     MARGIN_CEILING_NS nothing is attributed by time); `unmarked`, the runs traced
-    without VMM markers. Pure; null wherever the trace cannot tell."""
+    without VMM markers; `asked`, the after-guest actions' VMID requests (REQUEST_SCHEMA).
+    Pure; null wherever the trace cannot tell."""
     hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
     clock = _Clock(margin_ns, unmarked)
-    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock)
+    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock, asked)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
@@ -228,8 +260,12 @@ class _Index:
         vmid_bits: dict[str, int],
         kvm_mode: str = "nvhe",
         clock: _Clock | None = None,
+        asked: pl.DataFrame | None = None,
     ) -> None:
         self.protected, self.clock = kvm_mode == "protected", clock or _Clock()
+        self.asked = list(
+            (asked if asked is not None else VmidInputs().requests).iter_rows(named=True)
+        )
         self.margin = self.clock.margin_ns
         by_cpu: dict[int, list[tuple[int, int, object]]] = {}
         for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
@@ -265,6 +301,8 @@ class _Index:
             return 0, "source", HYP_INIT_HOW
         if (wide := self.clock.too_wide()) is not None:
             return None, "clock-error", wide
+        if (asked := self.requested(row)) is not None:
+            return asked
         if self.protected:
             # pKVM's EL2 also maintains the host's own stage 2 (VMID 0) while a vCPU's
             # first KVM_RUN shares pages with it (kvm_share_hyp): which VM's vCPU is on
@@ -285,6 +323,30 @@ class _Index:
             run_id, vm_seq = here[0]
             return self.in_force(run_id, vm_seq, ts, cpu)
         return self.untraced(row.get("run_id"), ts, cpu)
+
+    def requested(self, row: dict[str, object]) -> tuple[int, str, str] | None:
+        """The VMID an after-guest request asked for, if the row is that request's own
+        operation from the debug hypercall on its CPU within its window (and the margin)."""
+        if row.get("function") != DEBUG_MAINT:
+            return None
+        ts = int(row["ts"])  # type: ignore[call-overload]
+        for asked in self.asked:
+            inside = asked["start"] - self.margin <= ts <= asked["end"] + self.margin
+            mine = (row.get("run_id"), row.get("cpu"), row.get("operation")) == (
+                asked["run_id"],
+                asked["cpu"],
+                asked["operation"],
+            )
+            if inside and mine:
+                return (
+                    asked["vmid"],
+                    "requested",
+                    f"the VMID {asked['vmid']} the after-guest action asked the debug series "
+                    f"to invalidate ({asked['operation']} on CPU {asked['cpu']}, its "
+                    "el2-maint.txt): loaded into VTTBR_EL2 by the series (kpatch 0002 "
+                    "debug_maint_run), not read",
+                )
+        return None
 
     def in_force(
         self, run_id: str, vm_seq: int, ts: int, cpu: object, basis: str = "inferred"
@@ -357,8 +419,9 @@ class _Index:
                 "no-markers",
                 (
                     f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but its "
-                    "VMM wrote no markers to the run's trace: which CPU its vCPU thread was "
-                    "on, and which kvm_arm_vmid_update readings are its, is not known"
+                    "VMM wrote no markers to the run's trace: which kvm_arm_vmid_update "
+                    "readings are its is not known (its vCPU ran on the guest CPUs, which "
+                    "the collector pins the action's VMM to)"
                 ),
             )
         if held and held[0]["run_id"] in self.traced:

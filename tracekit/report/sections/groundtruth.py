@@ -152,11 +152,16 @@ def _fit(data: BundleData) -> ClockFit | None:
 
 def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
     """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid), the
-    clock fit's bound and the traced runs whose VMM wrote no markers."""
+    clock fit's bound, the traced runs whose VMM wrote no markers and the after-guest
+    actions' VMID requests (their el2-maint.txt)."""
     fit = _fit(data)
     margin_ns = fit.bound_ns if fit is not None else gtvmid.MARGIN_CEILING_NS
     spans, found, bits, unmarked = [], [], {}, set()
+    asked = [gtvmid.VmidInputs().requests]
     for run in data.manifest.runs:
+        maint = data.run(run).maint
+        if maint is not None:
+            asked.append(gtvmid.requests(run.run_id, maint))
         vmm = data.run(run).vmm
         if vmm is None or data.run(run).trace is None:
             continue
@@ -180,6 +185,7 @@ def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
         bits,
         margin_ns,
         frozenset(unmarked),
+        pl.concat(asked),
     )
 
 
