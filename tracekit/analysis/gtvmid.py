@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT, ClockFit
+from tracekit.ingest.gtalign import VHE_KVM_TLB, ClockFit
 
 # Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
 VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
@@ -202,11 +202,11 @@ def attribute_vmids(
 
 def kvm_el2(kvm_mode: str) -> pl.Expr:
     """KVM's own invalidations at EL2: the hyp text, and in VHE KVM's TLB helpers in the
-    kernel (gtalign.VHE_GUEST_CONTEXT: they clear TGE and load the guest's VTTBR, so
-    their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
+    kernel (gtalign.VHE_KVM_TLB: all but the rollover's flush clear TGE and load the
+    guest's VTTBR, so their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
     el2 = pl.col("where") == "hyp"
     if kvm_mode == "vhe":
-        helper = pl.col("function").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        helper = pl.col("function").is_in(VHE_KVM_TLB)
         el2 = el2 | ((pl.col("where") == "kernel") & helper)
     return el2
 

@@ -53,9 +53,23 @@ SYNC_SLOT = 63
 # within this distance of its [t0, t1] (the residual target); none or several: unpaired.
 SYNC_MATCH_NS = 100_000
 SYNC_SCHEMA = {"source": pl.String, "cpu": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
-# KVM's VHE TLB maintenance runs in the kernel with HCR_EL2.TGE cleared and the guest's
-# VTTBR loaded (arch/arm64/kvm/hyp/vhe/tlb.c): its EL1-form TLBIs act on the guest's EL1&0.
-VHE_GUEST_CONTEXT = "__kvm_"
+# KVM's VHE TLB helpers that clear HCR_EL2.TGE and load the guest's VTTBR first
+# (__tlb_switch_to_guest in 6.1.176 arch/arm64/kvm/hyp/vhe/tlb.c:82-135,
+# enter_vmid_context in 6.12.107's :92-206; reproducer/kpatch's __kvm_debug_maint for its
+# VMID operations): their EL1-form TLBIs act on the guest's EL1&0. Named one by one, not
+# by the "__kvm_" prefix: 6.12's __kvm_tlbi_s1e2 (:232-245, nested virtualisation only)
+# issues EL1-form TLBIs with TGE set when it has no guest MMU, on the host's EL2&0, so it
+# is left out (with a guest MMU it would be the guest's: NV is in no tracekit boot).
+VHE_GUEST_CONTEXT = (
+    "__kvm_tlb_flush_vmid_ipa",
+    "__kvm_tlb_flush_vmid_ipa_nsh",
+    "__kvm_tlb_flush_vmid_range",
+    "__kvm_tlb_flush_vmid",
+    "__kvm_flush_cpu_context",
+    "__kvm_debug_maint",
+)
+# KVM's VHE TLB functions at EL2 in kernel text: those and the VMID-less rollover flush.
+VHE_KVM_TLB = (*VHE_GUEST_CONTEXT, "__kvm_flush_vm_context")
 # A marker whose [t0, t1] is at most this wide measures the clock offset well.
 TIGHT_BRACKET_NS = 20_000
 
@@ -559,6 +573,11 @@ def host_vhe(dmesg: str, vhe: bool | None = None) -> bool:
     return decided
 
 
+def symbol_function() -> pl.Expr:
+    """The function of a row's symbol (its name before '+offset'; '' where none)."""
+    return pl.col("symbol").fill_null("").str.split("+").list.first()
+
+
 def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
     """Add regime and effective_shareability: what the instruction acted on, by context.
 
@@ -585,7 +604,7 @@ def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
             (pl.col("el_form") == "EL1")
             & (pl.col("where") == "kernel")
             & vhe
-            & ~pl.col("symbol").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+            & ~symbol_function().is_in(VHE_GUEST_CONTEXT)
         )
         .then(pl.lit("EL2&0"))
         .otherwise(pl.lit("EL1&0"))
