@@ -1,4 +1,4 @@
-"""The after-guest EL2 maintenance log (RunFile.MAINT, el2-maint.txt) as a table.
+"""The after-guest EL2 maintenance log (RunFile.MAINT) as a table.
 
 tracekit.host.afterguest.issue_maint writes one line per request to the debug series'
 interface (reproducer/kpatch/): `<op> <cpu> [<vmid> [<s2>]] issued at T0, done at T1`,
@@ -12,6 +12,7 @@ import re
 
 import polars as pl
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 
 MAINT_SCHEMA = {
@@ -28,7 +29,7 @@ _LINE = re.compile(
 )
 
 
-def parse_maint_log(text: str, source: str = "el2-maint.txt") -> pl.DataFrame:
+def parse_maint_log(text: str, source: str = RunFile.MAINT) -> pl.DataFrame:
     """MAINT_SCHEMA rows of a maintenance log; one line naming the first bad line."""
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
