@@ -55,6 +55,12 @@ def invalidations(table: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def by_instruction(table: pl.DataFrame) -> pl.DataFrame:
+    """invalidations() with operation as tables count and signatures name it: the
+    REPEAT_TLBI workaround's TLBIs apart from the rest (the instruction column)."""
+    return invalidations(table).with_columns(operation=pl.col("instruction"))
+
+
 def counts(rows: pl.DataFrame, by: Iterable[str]) -> pl.DataFrame:
     """How many invalidations per group of `by` (e.g. run_id, phase, cpu, operation)."""
     keys = list(by)
@@ -511,9 +517,7 @@ def summarise(
     series, mode, model = setup
     # Counted and checked by instruction: the workaround's repeats apart from the rest
     # (a signature names them by that label too).
-    rows = with_action_phase(invalidations(given), steps).with_columns(
-        operation=pl.col("instruction")
-    )
+    rows = with_action_phase(by_instruction(given), steps)
     attributed = attributed_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
