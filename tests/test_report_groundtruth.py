@@ -143,3 +143,28 @@ def test_a_board_bundle_says_no_ground_truth(tmp_path: Path) -> None:
     section = groundtruth.section([data])
     assert section is not None and section.tables == [] and section.contradictions == []
     assert any("no ground truth (collected on a board" in f for f in section.findings)
+
+
+def test_an_after_guest_requests_log_reaches_the_vmid_attribution(tmp_path: Path) -> None:
+    """S5: the after-guest tlbi:vmalls12e1is@vmid run's el2-maint.txt, as issue_maint
+    writes it, is read through RunData.maint and given to the attribution as a request
+    (gtvmid.REQUEST_SCHEMA): the VMID the user asked for, on its CPU, in its window."""
+    from tracekit.bundle import RunFile, run_file
+
+    root = gt_bundle(tmp_path / "b", truth=False)
+    manifest = read_manifest(root)
+    rel = run_file("after-guest-tlbi", RunFile.MAINT)
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text("vmalls12e1is 1 5 0 issued at 14600000000, done at 14600040000\n")
+    manifest.runs.append(
+        RunRecord(
+            "after-guest-tlbi", "guest", "after-guest", 0, 14_599_000_000, 14_601_000_000, [rel]
+        )
+    )
+    manifest.options["after_guest"] = "tlbi:vmalls12e1is@vmid"
+    BundleWriter(root, manifest).finish()
+    add_ground_truth(FIXTURE, root)
+    inputs = groundtruth.vmid_inputs(load_bundle(root))
+    assert inputs.requests.rows() == [
+        ("after-guest-tlbi", "TLBI VMALLS12E1IS", 1, 5, 14_600_000_000, 14_600_040_000)
+    ]
