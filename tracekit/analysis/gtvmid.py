@@ -13,12 +13,16 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
   at EL2): the VM whose vCPU thread was on that CPU
   then (from its `enter` marker, pinned, to its teardown) and the VMID
   kvm_arm_vmid_update had given that VM by then: what the readings on both sides of it, as
-  far as the clock fit's error reaches, agree on (an entry reads the id before the call,
+  far as the clock fit's bound reaches, agree on (an entry reads the id before the call,
   a return the id it gave; the id changes only inside that call, vmid.c `new_vmid`, and
-  only to a newer generation, so two equal readings hold it between them). Readings that
-  differ there (a call that changed it, or the row between a call's entry and return):
-  null, ambiguous. Two VMs there: null, ambiguous. None there but a VMM window: null,
-  saying which VM ran and what the run lacks.
+  only to a newer generation, so two equal readings hold it between them); an id still
+  0 is, in nVHE, the host's own tag. Readings that differ there (a call that changed
+  it, or the row between a call's entry and return): null, ambiguous. Two VMs there:
+  null, ambiguous. None there but a traced VM's window: in nVHE with that VM alone
+  alive its id (`only-vm`: the host has no stage 2), else null (`other-cpu`); a VMM
+  window of a run without markers or trace: null, saying what the run lacks;
+- the debug series' `__kvm_debug_maint` operation of an after-guest request for a VMID
+  (the run's maintenance log): the VMID asked for (`requested`), not read.
 
 Why the VM's id is the VMID the invalidation used (read in 6.1.176): KVM's EL2 TLB
 helpers switch to the VM's stage 2 first (hyp/nvhe/tlb.c __tlb_switch_to_guest ->
