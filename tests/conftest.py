@@ -25,7 +25,10 @@ from tracekit.vhost.runner import VhostConfig, VhostResult
 VHOST_CONFIGS: dict[str, VhostConfig] = {
     # The brief's main case: four A76s in two clusters, CPU 3 isolated for cyclictest.
     # With the ground-truth plugin: the main collect's steps are checked against 6.1
-    # nVHE's signatures on cortex-a76 (its REPEAT_TLBI erratum workaround included).
+    # nVHE's signatures on cortex-a76. The host's REPEAT_TLBI VALE1IS, XZR are in its
+    # kernel counts; the hyp side (VALE2IS) is not exercised: none of the collect's steps
+    # issues a broadcast TLBI at EL2 (6.1.176 hyp-init.S:121-122, nvhe/tlb.c:106-119 are
+    # local), only a rollover or tlbi:vmalls12e1is would, and neither runs here.
     "nvhe-a76": VhostConfig(
         kvm_mode="nvhe",
         cpu_model="cortex-a76",

@@ -286,17 +286,20 @@ def _alle1is_in_run(
 ) -> pl.DataFrame:
     """The fixture plus one EL2 TLBI ALLE1IS (__kvm_flush_vm_context) on CPU 1 inside the
     VM's run step, where a VMID rollover issues it (kvm_arm_vmid_update in the run loop),
-    and, as the REPEAT_TLBI workaround of this cortex-a76 host adds, its TLBI VALE2IS."""
+    and, as the REPEAT_TLBI workaround of this cortex-a76 host adds, its TLBI VALE2IS, XZR
+    (the words as encoded: SYS #4, C8, C3, #4 / #5, XZR)."""
     run = steps.filter(pl.col("step") == "run").row(0, named=True)
+    words = [("TLBI ALLE1IS", 0xD50C839F), ("TLBI VALE2IS", 0xD50C83BF)]
     extra = [
         given.filter(pl.col("where") == "hyp", pl.col("cpu") == 1)
         .head(1)
         .with_columns(
             ts=pl.lit(run["start"] + 10 + n, dtype=pl.Int64),
             operation=pl.lit(op),
+            insn=pl.lit(word, dtype=pl.UInt32),
             symbol=pl.lit(f"__kvm_nvhe___kvm_flush_vm_context+0x{16 + 8 * n:x}"),
         )
-        for n, op in enumerate(["TLBI ALLE1IS", "TLBI VALE2IS"][: 2 if repeat_tlbi else 1])
+        for n, (op, word) in enumerate(words[: 2 if repeat_tlbi else 1])
     ]
     return pl.concat([given, *extra])
 
@@ -411,7 +414,7 @@ def test_a_rollovers_counts_give_each_row_to_one_step(given, steps) -> None:
     rollover = summary.by_step.filter(pl.col("step") == "rollover")
     assert rollover.select("operation", "count").sort("operation").rows() == [
         ("TLBI ALLE1IS", 1),
-        ("TLBI VALE2IS", 1),
+        ("TLBI VALE2IS, XZR (REPEAT_TLBI)", 1),
     ]
     run = summary.by_step.filter(pl.col("step") == "run")
     assert "TLBI ALLE1IS" not in run["operation"].to_list()

@@ -11,8 +11,10 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tracekit.analysis import gtvmid
+from tracekit.ingest.gtalign import TIGHT_BRACKET_NS
 
 ROW_SCHEMA = {
     "run_id": pl.String,
@@ -122,7 +124,9 @@ def test_vmid_from_the_vm_on_that_cpu_and_its_readings() -> None:
 
 def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
     """Two vCPU spans on the CPU (or an unpinned one, cpu -1, anywhere): null, ambiguous;
-    a zero id (not yet allocated) is VMID 0 and says so."""
+    a zero id (none allocated yet) is VMID 0 and says what that is: in nVHE the host's
+    own tag (VTTBR_EL2 0 while the host runs), so the row invalidated the host's entries
+    on that CPU, not the VM's (S4); in VHE no one's."""
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
     found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
     rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
@@ -132,7 +136,11 @@ def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
         (170, None, "ambiguous"),
         (240, 9, "inferred"),
     ]
-    assert "not yet allocated" in out["vmid_how"][0]
+    how = out["vmid_how"][0]
+    assert "none allocated yet" in how and "the host's own tag" in how
+    assert "the host's EL1&0 entries on CPU 1, nothing of the VM's" in how
+    vhe = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "vhe", 0)
+    assert "no VM's (in VHE" in vhe["vmid_how"][0] and "host's own" not in vhe["vmid_how"][0]
     counts = gtvmid.vmid_counts(out)
     assert counts["count"].sum() == 3 and set(counts["vmid_basis"]) == {"inferred", "ambiguous"}
 
@@ -184,22 +192,32 @@ def test_protected_mode_is_not_attributed() -> None:
 
 
 def test_a_row_inside_a_call_that_changed_the_id_is_ambiguous() -> None:
-    """G4: a kvm_arm_vmid_update that lasts longer than the clock error (spinning on
-    cpu_vmid_lock across a rollover): a row between its entry and return reading is
-    ambiguous, though both readings are farther than the error from it. Before the
-    entry the id is the entry's (6.1's first flush, VMID 0); after the return, the new one."""
+    """G4: a kvm_arm_vmid_update that lasts longer than the clock error (its vCPU thread
+    spinning on cpu_vmid_lock across a rollover, 6.1.176 vmid.c:161): a row between its
+    entry and return reading is ambiguous, though both readings are farther than the
+    error from it. Such a row runs on another CPU (an MMU notifier's flush: `only-vm`, the
+    one VM alive), since the caller's own CPU runs nothing else during the call
+    (preemption off, arm.c:920-929; the lock taken with IRQs off). On the caller's CPU the
+    same row is ambiguous too: conservative (review 15 N2), the attribution does not
+    lean on that, nor on a kprobe not having missed a call between. Before the entry the
+    id is the entry's (6.1's first flush, VMID 0); after the return, the new one."""
     spans = _spans(("guest", 0, 1, 0, 1_000_000))
     found = _readings(("guest", 0, 10_000, 0, "entry"), ("guest", 0, 15_000, 256 + 5, "return"))
     rows = _rows(
-        ("guest", 8_000, 1, *FLUSH), ("guest", 12_000, 1, *FLUSH), ("guest", 17_000, 1, *FLUSH)
+        ("guest", 8_000, 1, *FLUSH),
+        ("guest", 12_000, 0, *FLUSH),
+        ("guest", 12_500, 1, *FLUSH),
+        ("guest", 17_000, 1, *FLUSH),
     )
-    out = _attributed(rows, spans, found, margin_ns=1_000)
+    steps = STEPS.with_columns(run_id=pl.lit("guest"), start=pl.lit(0), end=pl.lit(1_000_000))
+    out = gtvmid.attribute_vmids(rows, spans, found, steps, {"guest": 8}, "nvhe", 1_000)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (8_000, 0, "inferred"),
         (12_000, None, "ambiguous"),
+        (12_500, None, "ambiguous"),
         (17_000, 5, "inferred"),
     ]
-    assert "inside that call" in out["vmid_how"][1]
+    assert "only VM alive" in out["vmid_how"][1] and "inside that call" in out["vmid_how"][1]
 
 
 def test_a_generation_only_change_keeps_the_vmid() -> None:
@@ -306,6 +324,17 @@ def _cut(name: str, margin_ns: float | None = None) -> tuple[pl.DataFrame, dict]
     return out, found
 
 
+@pytest.mark.parametrize("name", ["nvhe-a76-61", "trixie-max-612", "nvhe-a53-61-rollover"])
+def test_fixtures_attribute_the_same_under_the_widest_bracket_bound(name: str) -> None:
+    """The fixtures' margin_ns is the fit's error from the markers' midpoints, cut before
+    the bound added half the widest tight bracket (S1; gtalign.ClockFit.bound_ns): that
+    half is at most TIGHT_BRACKET_NS / 2, and with it added every row is attributed as
+    before."""
+    out, found = _cut(name)
+    wider, _ = _cut(name, found["margin_ns"] + TIGHT_BRACKET_NS / 2)
+    assert wider.select(*gtvmid.OUT_COLUMNS).rows() == out.select(*gtvmid.OUT_COLUMNS).rows()
+
+
 def _by(out: pl.DataFrame, operation: str) -> pl.DataFrame:
     """The attributed rows of one operation."""
     return out.filter(pl.col("operation") == operation)
@@ -406,3 +435,50 @@ def test_a_traced_vms_row_on_another_cpu_is_not_untraced() -> None:
     two = pl.concat([steps, steps.with_columns(vm=pl.lit(1, pl.Int64))])
     out = gtvmid.attribute_vmids(rows, spans, found, two, {"guest": 8}, "nvhe", margin_ns=0)
     assert out["vmid_basis"].to_list() == ["other-cpu"]
+
+
+def test_an_after_guest_request_gives_the_vmid_it_asked_for(tmp_path: Path) -> None:
+    """tlbi:vmalls12e1is@vmid (S5): the maintenance log the collector writes (issue_maint,
+    here into a plain file standing for the debug series' interface) says which VMID the
+    user asked for; the series' VMALLS12E1IS from __kvm_debug_maint on that CPU inside
+    the request's window is `requested` with it. The same operation on another CPU, or
+    outside the window, is not; the request's ALLE2 from ___kvm_hyp_init stays `source`."""
+    from tracekit.host.afterguest import issue_maint, tlbi_request
+    from tracekit.ingest.maint import parse_maint_log
+
+    clock = iter([7_000, 7_400])
+    request = tlbi_request("tlbi:vmalls12e1is@vmid", 1, 5)
+    (tmp_path / "op").write_text("")
+    log = issue_maint(request, lambda: next(clock), tmp_path / "op")
+    assert (tmp_path / "op").read_text() == "vmalls12e1is 1 5 0\n"
+    maint = parse_maint_log("\n".join(log) + "\n")
+    assert maint.rows() == [("vmalls12e1is", 1, 5, 0, 7_000, 7_400)]
+    asked = gtvmid.requests("after-guest-tlbi", maint)
+    op = ("TLBI VMALLS12E1IS", "__kvm_debug_maint", "hyp", "vmid-s12", "EL1&0")
+    init = ("TLBI VMALLS12E1", "___kvm_hyp_init", "hyp", "vmid-s12", "EL1&0")
+    rows = _rows(
+        ("after-guest-tlbi", 7_100, 1, *init),
+        ("after-guest-tlbi", 7_200, 1, *op),
+        ("after-guest-tlbi", 7_200, 0, *op),
+        ("after-guest-tlbi", 9_000, 1, *op),
+    )
+    empty = _spans()
+    out = gtvmid.attribute_vmids(rows, empty, _readings(), STEPS, {}, "nvhe", 0, frozenset(), asked)
+    assert out.select("ts", "cpu", "vmid", "vmid_basis").rows() == [
+        (7_100, 1, 0, "source"),
+        (7_200, 1, 5, "requested"),
+        (7_200, 0, None, "no-vm"),
+        (9_000, 1, None, "no-vm"),
+    ]
+    how = out.filter(pl.col("vmid_basis") == "requested")["vmid_how"][0]
+    assert "asked the debug series" in how and "not read" in how
+
+
+def test_a_maintenance_log_line_that_is_not_one_is_refused() -> None:
+    """A cut or foreign line in el2-maint.txt: one line naming it, never a guess."""
+    from tracekit.errors import TracekitError
+    from tracekit.ingest.maint import parse_maint_log
+
+    with pytest.raises(TracekitError, match=r"el2-maint.txt:2: not a maintenance request"):
+        parse_maint_log("alle1 0 issued at 1, done at 2\nalle1 0 issued at 3\n")
+    assert parse_maint_log("alle1 0 issued at 1, done at 2\n")["vmid"].to_list() == [None]

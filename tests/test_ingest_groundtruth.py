@@ -91,6 +91,18 @@ def test_clock_error_at_markers_left_out(truth: gt.GroundTruth) -> None:
     assert truth.fit.error_ns == max(truth.fit.max_residual_ns, held.max_error_ns)
 
 
+def test_clock_bound_adds_half_the_widest_tight_bracket(truth: gt.GroundTruth) -> None:
+    """A marker ran anywhere in its [t0, t1], so the bound at the markers is the error from
+    the midpoints plus half the widest bracket of the tight ones (those <= 20 us), which
+    the fixture's gtmark lines give."""
+    lines = gt.parse_gtmark((FIXTURE / gt.GT_MARKERS).read_text())
+    width = lines.select(w=pl.col("t1") - pl.col("t0"))["w"]
+    widest = width.filter(width <= gtalign.TIGHT_BRACKET_NS).max()
+    assert truth.fit.half_bracket_ns == widest / 2 > 0
+    assert truth.fit.bound_ns == truth.fit.error_ns + widest / 2
+    assert f"bound at the markers {truth.fit.bound_ns / 1000:.1f} us" in truth.fit.summary()
+
+
 def test_hyp_invalidations_of_6_1_nvhe(truth: gt.GroundTruth) -> None:
     """6.1 nVHE: EL2 init on every CPU at boot and at VM creation; a flush on the guest CPU."""
     hyp = truth.table.filter((pl.col("where") == "hyp") & (pl.col("kind") != "dsb"))
@@ -267,6 +279,14 @@ def test_vhe_from_the_boot_log_not_kvm() -> None:
         gtalign.host_vhe(nvhe, vhe=True)
 
 
+def test_the_vhe_guest_context_helpers_are_kvm_host_functions() -> None:
+    """Every function the regime rule and the VMID attribution take as KVM's VHE TLB code
+    is one the signatures watch as KVM's ([kvm] host_functions)."""
+    from tracekit.analysis.gtsignatures import packaged_signatures
+
+    assert set(gtalign.VHE_KVM_TLB) <= set(packaged_signatures().host_functions)
+
+
 def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
     """In VHE the host kernel's EL1-form TLBIs are EL2&0; a guest's local TLBI is broadcast."""
     frame = pl.DataFrame(
@@ -282,6 +302,10 @@ def test_vhe_host_el1_forms_act_on_el2_and_0() -> None:
     # KVM's VHE TLB helpers clear TGE first: their EL1-form TLBIs act on the guest's EL1&0.
     kvm = frame.with_columns(symbol=pl.lit("__kvm_tlb_flush_vmid+0x58"))
     assert gtalign.effective(kvm, True)["regime"][0] == "EL1&0"
+    # Named one by one, not by prefix (review 15 N1): 6.12's __kvm_tlbi_s1e2 without a
+    # guest MMU keeps TGE set, so its EL1-form TLBI stays on the host's EL2&0.
+    nested = frame.with_columns(symbol=pl.lit("__kvm_tlbi_s1e2+0x60"))
+    assert gtalign.effective(nested, True)["regime"][0] == "EL2&0"
     vhe = gtalign.effective(frame, True)
     assert vhe["regime"].to_list() == ["EL2&0", "EL1&0", "EL1&0", "EL2&0"]
     assert vhe["effective_shareability"].to_list() == ["inner", "inner", "inner", "non-shareable"]

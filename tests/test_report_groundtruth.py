@@ -4,10 +4,12 @@ its VMM output as the guest run's, the boot's ground truth added as `vhost run` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
+from tracekit.analysis import gtvmid
 from tracekit.bundle import EMULATED_LINE, BundleWriter, Manifest, RunRecord, read_manifest
 from tracekit.ingest.bundle import load_bundle
 from tracekit.report.assemble import build_report
@@ -69,10 +71,19 @@ def test_matching_bundle_has_counts_and_no_contradiction(tmp_path: Path) -> None
     assert by[("TLBI VMALLS12E1", "source")]["vmid"] == 0
     assert by[("TLBI ALLE2", "not-vmid-scoped")]["vmid"] is None
     assert any("never read" in u for u in section.unknowns)
-    # The margin is the bundle's own clock fit error, said once (G3).
-    margin = [f for f in section.findings if "VMIDs attributed within" in f]
-    assert len(margin) == 1 and "bound 100 us" in margin[0]
-    assert "NOT attributed by time" in groundtruth._margin_line(150_000)
+    # The legend names the bases the table shows, and only those.
+    legend = next(t.note for t in section.tables if "by VMID" in t.title)
+    assert "untraced: a VMM window" in legend and "source: stated" in legend
+    assert "only-vm" not in legend and "other-cpu" not in legend
+    # The margin is the bundle's own clock bound (its fit error plus half the widest
+    # tight bracket, S1), said once, with what it is and that a change beyond it counts.
+    margin = [f for f in section.findings if "VMIDs attributed by time within" in f]
+    fit = load_bundle(tmp_path / "b").ground_truth()[0].fit
+    assert len(margin) == 1 and f"bound, {fit.bound_ns / 1000:.1f} us" in margin[0]
+    assert "half the widest tight marker bracket" in margin[0]
+    assert "nearest reading beyond that" in margin[0]
+    wide = dataclasses.replace(fit, half_bracket_ns=150_000.0)
+    assert "NOT attributed by time" in gtvmid.margin_line(wide)
 
 
 CONTRADICTS = "CONTRADICTS THE SETUP"
@@ -132,3 +143,28 @@ def test_a_board_bundle_says_no_ground_truth(tmp_path: Path) -> None:
     section = groundtruth.section([data])
     assert section is not None and section.tables == [] and section.contradictions == []
     assert any("no ground truth (collected on a board" in f for f in section.findings)
+
+
+def test_an_after_guest_requests_log_reaches_the_vmid_attribution(tmp_path: Path) -> None:
+    """S5: the after-guest tlbi:vmalls12e1is@vmid run's el2-maint.txt, as issue_maint
+    writes it, is read through RunData.maint and given to the attribution as a request
+    (gtvmid.REQUEST_SCHEMA): the VMID the user asked for, on its CPU, in its window."""
+    from tracekit.bundle import RunFile, run_file
+
+    root = gt_bundle(tmp_path / "b", truth=False)
+    manifest = read_manifest(root)
+    rel = run_file("after-guest-tlbi", RunFile.MAINT)
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text("vmalls12e1is 1 5 0 issued at 14600000000, done at 14600040000\n")
+    manifest.runs.append(
+        RunRecord(
+            "after-guest-tlbi", "guest", "after-guest", 0, 14_599_000_000, 14_601_000_000, [rel]
+        )
+    )
+    manifest.options["after_guest"] = "tlbi:vmalls12e1is@vmid"
+    BundleWriter(root, manifest).finish()
+    add_ground_truth(FIXTURE, root)
+    inputs = groundtruth.vmid_inputs(load_bundle(root))
+    assert inputs.requests.rows() == [
+        ("after-guest-tlbi", "TLBI VMALLS12E1IS", 1, 5, 14_600_000_000, 14_600_040_000)
+    ]

@@ -184,7 +184,7 @@ def _ground_truth(data: BundleData) -> pl.DataFrame:
         return pl.DataFrame()
     _, given = found
     keys = ["run_id", "phase", "cpu", "operation", "where", "regime", "reach", "function"]
-    return gt.counts(gt.invalidations(given), keys)
+    return gt.counts(gt.by_instruction(given), keys)
 
 
 def _traced(data: BundleData, run: RunRecord) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from tracekit.analysis import gtvmid
+from tracekit.analysis import gtrepeat, gtvmid
 from tracekit.analysis.conditions import Unknown
 from tracekit.analysis.gtsignatures import Expect, Signature, Signatures
 from tracekit.cpus import format_cpu_list as format_cpus
@@ -40,10 +40,12 @@ STEP_SCHEMA = {
 
 def invalidations(table: pl.DataFrame) -> pl.DataFrame:
     """The executed TLBI and IC IALLU(IS) rows, with function (the kallsyms name without
-    its offset and nVHE prefix) and reach (broadcast when the effective shareability is
-    inner, outer or full-system, else local)."""
+    its offset and nVHE prefix), reach (broadcast when the effective shareability is
+    inner, outer or full-system, else local) and instruction (the operation, with the
+    REPEAT_TLBI workaround's TLBIs labelled apart: gtrepeat.instruction)."""
     function = pl.col("symbol").str.split("+").list.first()
     return table.filter(pl.col("kind").is_in(INVALIDATION_KINDS)).with_columns(
+        instruction=gtrepeat.instruction(),
         function=pl.when(pl.col("where") == "hyp")
         .then(function.str.strip_prefix(HYP_PREFIX))
         .otherwise(function),
@@ -51,6 +53,12 @@ def invalidations(table: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("local"))
         .otherwise(pl.lit("broadcast")),
     )
+
+
+def by_instruction(table: pl.DataFrame) -> pl.DataFrame:
+    """invalidations() with operation as tables count and signatures name it: the
+    REPEAT_TLBI workaround's TLBIs apart from the rest (the instruction column)."""
+    return invalidations(table).with_columns(operation=pl.col("instruction"))
 
 
 def counts(rows: pl.DataFrame, by: Iterable[str]) -> pl.DataFrame:
@@ -480,6 +488,9 @@ class GroundTruthSummary:
     vmids: pl.DataFrame | None = None
     # The EL2 invalidations themselves with vmid, vmid_basis and vmid_how (gtvmid).
     vmid_rows: pl.DataFrame | None = None
+    # The REPEAT_TLBI workaround's check over the rows (gtrepeat.completion_line; None:
+    # not active or not exercised there).
+    repeat_line: str | None = None
 
 
 def summarise(
@@ -504,10 +515,13 @@ def summarise(
     `probe_misses`: each probe's misses over the traced runs (calls.misses_over_runs).
     """
     series, mode, model = setup
-    rows = with_action_phase(invalidations(given), steps)
+    # Counted and checked by instruction: the workaround's repeats apart from the rest
+    # (a signature names them by that label too).
+    rows = with_action_phase(by_instruction(given), steps)
     attributed = attributed_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
+    repeats = rows.filter(gtrepeat.is_repeat_label()).height
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
     lines = []
     for step in steps.unique("step", keep="first").sort("step").iter_rows(named=True):
@@ -525,6 +539,7 @@ def summarise(
         signature_lines=lines,
         vmids=gtvmid.vmid_counts(attributed),
         vmid_rows=attributed,
+        repeat_line=gtrepeat.completion_line(gtrepeat.completions(given), repeats),
     )
 
 
@@ -541,6 +556,7 @@ def attributed_vmids(
         kvm_mode,
         inputs.margin_ns,
         inputs.unmarked,
+        inputs.requests,
     )
 
 

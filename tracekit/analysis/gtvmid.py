@@ -13,12 +13,16 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
   at EL2): the VM whose vCPU thread was on that CPU
   then (from its `enter` marker, pinned, to its teardown) and the VMID
   kvm_arm_vmid_update had given that VM by then: what the readings on both sides of it, as
-  far as the clock fit's error reaches, agree on (an entry reads the id before the call,
+  far as the clock fit's bound reaches, agree on (an entry reads the id before the call,
   a return the id it gave; the id changes only inside that call, vmid.c `new_vmid`, and
-  only to a newer generation, so two equal readings hold it between them). Readings that
-  differ there (a call that changed it, or the row between a call's entry and return):
-  null, ambiguous. Two VMs there: null, ambiguous. None there but a VMM window: null,
-  saying which VM ran and what the run lacks.
+  only to a newer generation, so two equal readings hold it between them); an id still
+  0 is, in nVHE, the host's own tag. Readings that differ there (a call that changed
+  it, or the row between a call's entry and return): null, ambiguous. Two VMs there:
+  null, ambiguous. None there but a traced VM's window: in nVHE with that VM alone
+  alive its id (`only-vm`: the host has no stage 2), else null (`other-cpu`); a VMM
+  window of a run without markers or trace: null, saying what the run lacks;
+- the debug series' `__kvm_debug_maint` operation of an after-guest request for a VMID
+  (the run's maintenance log): the VMID asked for (`requested`), not read.
 
 Why the VM's id is the VMID the invalidation used (read in 6.1.176): KVM's EL2 TLB
 helpers switch to the VM's stage 2 first (hyp/nvhe/tlb.c __tlb_switch_to_guest ->
@@ -31,11 +35,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT
+from tracekit.ingest.gtalign import VHE_KVM_TLB, ClockFit
 
 # Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
 VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
@@ -61,18 +66,58 @@ READING_SCHEMA = {
     "vmid_id": pl.Int64,
     "at": pl.String,
 }
-# vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
-# untraced, no-markers, other-cpu, only-vm, no-vm, protected, clock-error (only
-# `source`, `inferred` and `only-vm` give a vmid).
+# vmid_basis -> what it means (the report's legend); only `source`, `inferred`,
+# `only-vm` and `requested` give a vmid.
+BASES = {
+    "inferred": (
+        "the VM whose vCPU thread was on that CPU, and the id it had then: the one "
+        "kvm_arm_vmid_update had given it, or 0 before any (VMID 0, in nVHE the host's own "
+        "tag: such a row invalidated the host's entries, not the VM's)"
+    ),
+    "only-vm": (
+        "nVHE, no vCPU of it on that CPU: the only VM alive, whose stage 2 any VMID-scoped "
+        "KVM TLBI targets (the host has none), and its id then"
+    ),
+    "requested": "the VMID the user asked the after-guest action to invalidate (its log)",
+    "source": "stated by the kernel source",
+    "not-vmid-scoped": "no VMID tags what it invalidates",
+    "ambiguous": "two VMs there, or the VM's id changed within reach of the row",
+    "other-cpu": (
+        "VMs ran, none with its vCPU on that CPU (and not one alone in nVHE): issued by "
+        "another thread"
+    ),
+    "untraced": "a VMM window of a run without a trace",
+    "no-markers": "a traced run whose VMM wrote no markers (a rollover's throwaway VMs)",
+    "no-reading": "the VM's kvm_arm_vmid_update readings do not bracket the row",
+    "no-width": "the VMID width is not known",
+    "no-vm": "no VM was running",
+    "protected": "not attributed in protected mode",
+    "clock-error": "the clock fit's bound is over the ceiling",
+}
 # How far a VMID reading may sit from an invalidation and still be on the wrong side of
-# it: the run's clock fit error (gtalign.ClockFit.error_ns: a row's ts is fitted, a
+# it: the run's clock bound (gtalign.ClockFit.bound_ns: the fit's largest error from a
+# marker's midpoint plus half the widest tight bracket; a row's ts is fitted, a
 # reading's is the trace's own), which must stay under this ceiling, the issue's bound
 # for the fit; over it no row is attributed by time. On 6.1 a VM's first
 # __kvm_flush_cpu_context runs with VMID 0 shortly before the first kvm_arm_vmid_update
 # gives it one (arm.c, in the run loop); on 6.12 the update comes just before that flush
 # (kvm_arch_vcpu_load, arm.c:597 then :609 in 6.12.107): a reading that changed the id
-# within the error of the row leaves it ambiguous rather than given either id.
+# within the bound of the row leaves it ambiguous rather than given either id.
 MARGIN_CEILING_NS = 100_000
+# An after-guest action's EL2 maintenance request for a VMID (the debug series'
+# interface: tracekit.ingest.maint), on the trace clock: [start, end] brackets the write.
+REQUEST_SCHEMA = {
+    "run_id": pl.String,
+    "operation": pl.String,  # e.g. TLBI VMALLS12E1IS
+    "cpu": pl.Int64,
+    "vmid": pl.Int64,
+    "start": pl.Int64,
+    "end": pl.Int64,
+}
+# The debug series' hypercall: the one function whose VMID a request sets
+# (reproducer/kpatch/6.1 0002 debug_maint_run: VTTBR_EL2 = vmid << VTTBR_VMID_SHIFT | an
+# empty stage 2; 0001 __kvm_debug_maint writes it before the operation).
+DEBUG_MAINT = "__kvm_debug_maint"
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
 
@@ -83,10 +128,13 @@ class VmidInputs:
     spans: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SPAN_SCHEMA))
     readings: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=READING_SCHEMA))
     vmid_bits: dict[str, int] = field(default_factory=dict)  # per traced run
-    # The bundle's clock fit error (ns): how far a row's fitted ts may be from the truth.
+    # The bundle's clock bound (ns, ClockFit.bound_ns): how far a row's fitted ts may be
+    # from the truth.
     margin_ns: float = MARGIN_CEILING_NS
     # Runs with a trace whose VMM wrote no markers (a rollover's throwaway VMs).
     unmarked: frozenset[str] = frozenset()
+    # The after-guest actions' VMID-scoped EL2 maintenance requests (REQUEST_SCHEMA).
+    requests: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=REQUEST_SCHEMA))
 
 
 def vcpu_spans(run_id: str, windows: pl.DataFrame, threads: pl.DataFrame) -> pl.DataFrame:
@@ -116,6 +164,20 @@ def readings(run_id: str, attributed: pl.DataFrame, at: str) -> pl.DataFrame:
     )
 
 
+def requests(run_id: str, maint: pl.DataFrame) -> pl.DataFrame:
+    """REQUEST_SCHEMA rows of a run's maintenance log (tracekit.ingest.maint's table):
+    its VMID-scoped requests, the operation named as the ground truth names it."""
+    scoped = maint.filter(pl.col("vmid").is_not_null())
+    return scoped.select(
+        run_id=pl.lit(run_id),
+        operation=pl.concat_str(pl.lit("TLBI "), pl.col("op").str.to_uppercase()),
+        cpu=pl.col("cpu"),
+        vmid=pl.col("vmid"),
+        start=pl.col("issued"),
+        end=pl.col("done"),
+    )
+
+
 def attribute_vmids(
     rows: pl.DataFrame,
     spans: pl.DataFrame,
@@ -125,16 +187,18 @@ def attribute_vmids(
     kvm_mode: str = "nvhe",
     margin_ns: float = MARGIN_CEILING_NS,
     unmarked: frozenset[str] = frozenset(),
+    asked: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """KVM's EL2 invalidations of `rows` (kvm_el2; analysis.groundtruth.invalidations,
     with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
     each traced run's VMID width; `margin_ns`, the clock fit's error (over
     MARGIN_CEILING_NS nothing is attributed by time); `unmarked`, the runs traced
-    without VMM markers. Pure; null wherever the trace cannot tell."""
+    without VMM markers; `asked`, the after-guest actions' VMID requests (REQUEST_SCHEMA).
+    Pure; null wherever the trace cannot tell."""
     hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
     clock = _Clock(margin_ns, unmarked)
-    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock)
+    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock, asked)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
@@ -142,11 +206,11 @@ def attribute_vmids(
 
 def kvm_el2(kvm_mode: str) -> pl.Expr:
     """KVM's own invalidations at EL2: the hyp text, and in VHE KVM's TLB helpers in the
-    kernel (gtalign.VHE_GUEST_CONTEXT: they clear TGE and load the guest's VTTBR, so
-    their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
+    kernel (gtalign.VHE_KVM_TLB: all but the rollover's flush clear TGE and load the
+    guest's VTTBR, so their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
     el2 = pl.col("where") == "hyp"
     if kvm_mode == "vhe":
-        helper = pl.col("function").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        helper = pl.col("function").is_in(VHE_KVM_TLB)
         el2 = el2 | ((pl.col("where") == "kernel") & helper)
     return el2
 
@@ -183,7 +247,7 @@ class _Clock:
         if self.margin_ns <= MARGIN_CEILING_NS:
             return None
         return (
-            f"the clock fit's error ({self.margin_ns / 1000:.1f} us) is over the "
+            f"the clock fit's bound ({self.margin_ns / 1000:.1f} us) is over the "
             f"{MARGIN_CEILING_NS // 1000} us bound: which side of a VMID change a row ran "
             "on is not known"
         )
@@ -200,8 +264,12 @@ class _Index:
         vmid_bits: dict[str, int],
         kvm_mode: str = "nvhe",
         clock: _Clock | None = None,
+        asked: pl.DataFrame | None = None,
     ) -> None:
         self.protected, self.clock = kvm_mode == "protected", clock or _Clock()
+        self.asked = list(
+            (asked if asked is not None else VmidInputs().requests).iter_rows(named=True)
+        )
         self.margin = self.clock.margin_ns
         by_cpu: dict[int, list[tuple[int, int, object]]] = {}
         for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
@@ -237,6 +305,8 @@ class _Index:
             return 0, "source", HYP_INIT_HOW
         if (wide := self.clock.too_wide()) is not None:
             return None, "clock-error", wide
+        if (asked := self.requested(row)) is not None:
+            return asked
         if self.protected:
             # pKVM's EL2 also maintains the host's own stage 2 (VMID 0) while a vCPU's
             # first KVM_RUN shares pages with it (kvm_share_hyp): which VM's vCPU is on
@@ -258,6 +328,30 @@ class _Index:
             return self.in_force(run_id, vm_seq, ts, cpu)
         return self.untraced(row.get("run_id"), ts, cpu)
 
+    def requested(self, row: dict[str, object]) -> tuple[int, str, str] | None:
+        """The VMID an after-guest request asked for, if the row is that request's own
+        operation from the debug hypercall on its CPU within its window (and the margin)."""
+        if row.get("function") != DEBUG_MAINT:
+            return None
+        ts = int(row["ts"])  # type: ignore[call-overload]
+        for asked in self.asked:
+            inside = asked["start"] - self.margin <= ts <= asked["end"] + self.margin
+            mine = (row.get("run_id"), row.get("cpu"), row.get("operation")) == (
+                asked["run_id"],
+                asked["cpu"],
+                asked["operation"],
+            )
+            if inside and mine:
+                return (
+                    asked["vmid"],
+                    "requested",
+                    f"the VMID {asked['vmid']} the after-guest action asked the debug series "
+                    f"to invalidate ({asked['operation']} on CPU {asked['cpu']}, its "
+                    "el2-maint.txt): loaded into VTTBR_EL2 by the series (kpatch 0002 "
+                    "debug_maint_run), not read",
+                )
+        return None
+
     def in_force(
         self, run_id: str, vm_seq: int, ts: int, cpu: object, basis: str = "inferred"
     ) -> tuple[int | None, str, str]:
@@ -278,8 +372,23 @@ class _Index:
         value = view.value()
         if bits is None:
             return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
-        zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
+        zero = self.vmid_zero(cpu) if value == 0 else ""
         return value % (1 << bits), basis, f"{where}; {view.how()} {value}{zero}"
+
+    def vmid_zero(self, cpu: object) -> str:
+        """What VMID 0 was when a VM's id was still 0 (6.1's first-load flush)."""
+        said = (
+            ": none allocated yet (vmid.c reserves 0, never given to a VM), so VTTBR_EL2's "
+            "VMID field was 0"
+        )
+        if self.host_untagged:
+            return (
+                f"{said}, in nVHE (not protected) the host's own tag (the host runs with "
+                "VTTBR_EL2 0: 6.1.176 hyp/include/nvhe/mem_protect.h:66-72 "
+                f"__load_host_stage2): it invalidated the host's EL1&0 entries on CPU {cpu}, "
+                "nothing of the VM's"
+            )
+        return f"{said}, no VM's (in VHE the host runs in EL2&0, untagged by VMIDs)"
 
     def cpus_of(self, run_id: str, vm_seq: int) -> str:
         """The CPUs a traced VM's vCPU threads were on, in words."""
@@ -314,8 +423,9 @@ class _Index:
                 "no-markers",
                 (
                     f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but its "
-                    "VMM wrote no markers to the run's trace: which CPU its vCPU thread was "
-                    "on, and which kvm_arm_vmid_update readings are its, is not known"
+                    "VMM wrote no markers to the run's trace: which kvm_arm_vmid_update "
+                    "readings are its is not known (its vCPU ran on the guest CPUs, which "
+                    "the collector pins the action's VMM to)"
                 ),
             )
         if held and held[0]["run_id"] in self.traced:
@@ -331,6 +441,32 @@ class _Index:
                 ),
             )
         return None, "no-vm", "no VM's vCPU was on that CPU then (no VMM window holds it)"
+
+
+def basis_legend(bases: Iterable[str]) -> str:
+    """What each of these vmid_basis values means, in BASES' order (a table's legend)."""
+    shown = set(bases)
+    return "vmid_basis: " + "; ".join(f"{k}: {v}" for k, v in BASES.items() if k in shown)
+
+
+def margin_line(fit: ClockFit | None) -> str:
+    """How near a VMID change a row may be and still be attributed, in words (the
+    report's sentence; `fit`: the bundle's clock fit, None without ground truth)."""
+    ceiling = MARGIN_CEILING_NS / 1000
+    if fit is None or fit.bound_ns > MARGIN_CEILING_NS:
+        found = f"({fit.bound_ns / 1000:.1f} us) " if fit is not None else ""
+        return (
+            f"EL2 invalidations' VMIDs NOT attributed by time: the clock fit's bound "
+            f"{found}is over the {ceiling:.0f} us ceiling"
+        )
+    return (
+        f"EL2 invalidations' VMIDs attributed by time within the clock fit's bound, "
+        f"{fit.bound_ns / 1000:.1f} us (its largest error from a marker's midpoint, "
+        f"{fit.error_ns / 1000:.1f} us, plus half the widest tight marker bracket, "
+        f"{fit.half_bracket_ns / 1000:.1f} us; ceiling {ceiling:.0f} us): a VM whose "
+        "kvm_arm_vmid_update readings differ within that of a row, or between the row "
+        "and its nearest reading beyond that on either side, leaves the row ambiguous"
+    )
 
 
 COUNT_KEYS = ("run_id", "function", "operation", "vmid", "vmid_basis")
@@ -379,7 +515,8 @@ class VmidView:
                 )
                 return (
                     f"its id changed from {v0} ({a0} at {_rel(t0, self.ts)}) to {v1} "
-                    f"({a1} at {_rel(t1, self.ts)}) within the clock fit's error of it{inside}"
+                    f"({a1} at {_rel(t1, self.ts)}), within the clock fit's bound of it or "
+                    f"between it and the nearest reading beyond that{inside}"
                 )
         return None
 

@@ -53,9 +53,23 @@ SYNC_SLOT = 63
 # within this distance of its [t0, t1] (the residual target); none or several: unpaired.
 SYNC_MATCH_NS = 100_000
 SYNC_SCHEMA = {"source": pl.String, "cpu": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
-# KVM's VHE TLB maintenance runs in the kernel with HCR_EL2.TGE cleared and the guest's
-# VTTBR loaded (arch/arm64/kvm/hyp/vhe/tlb.c): its EL1-form TLBIs act on the guest's EL1&0.
-VHE_GUEST_CONTEXT = "__kvm_"
+# KVM's VHE TLB helpers that clear HCR_EL2.TGE and load the guest's VTTBR first
+# (__tlb_switch_to_guest in 6.1.176 arch/arm64/kvm/hyp/vhe/tlb.c:82-135,
+# enter_vmid_context in 6.12.107's :92-206; reproducer/kpatch's __kvm_debug_maint for its
+# VMID operations): their EL1-form TLBIs act on the guest's EL1&0. Named one by one, not
+# by the "__kvm_" prefix: 6.12's __kvm_tlbi_s1e2 (:232-245, nested virtualisation only)
+# issues EL1-form TLBIs with TGE set when it has no guest MMU, on the host's EL2&0, so it
+# is left out (with a guest MMU it would be the guest's: NV is in no tracekit boot).
+VHE_GUEST_CONTEXT = (
+    "__kvm_tlb_flush_vmid_ipa",
+    "__kvm_tlb_flush_vmid_ipa_nsh",
+    "__kvm_tlb_flush_vmid_range",
+    "__kvm_tlb_flush_vmid",
+    "__kvm_flush_cpu_context",
+    "__kvm_debug_maint",
+)
+# KVM's VHE TLB functions at EL2 in kernel text: those and the VMID-less rollover flush.
+VHE_KVM_TLB = (*VHE_GUEST_CONTEXT, "__kvm_flush_vm_context")
 # A marker whose [t0, t1] is at most this wide measures the clock offset well.
 TIGHT_BRACKET_NS = 20_000
 
@@ -100,18 +114,28 @@ class ClockFit:
     heldout: HeldOut | None = None
     # The VMM's and the probe's sync markers (None: no sync line was given).
     sync: SyncCheck | None = None
+    # Half the widest bracket among the tight markers of the fit (sync markers included
+    # once refitted): a marker ran somewhere in [t0, t1], not at its midpoint.
+    half_bracket_ns: float = 0.0
 
     @property
     def error_ns(self) -> float:
         """The largest clock error the fit's line prints: its residual, its distance
-        outside a bracket, the held-out error and the sync markers' (a row's trace time
-        is this close to the truth, as far as the markers measure it)."""
+        outside a bracket, the held-out error and the sync markers' (each measured from
+        a marker's bracket midpoint)."""
         found = [self.max_residual_ns, self.max_outside_ns]
         if self.heldout is not None:
             found += [self.heldout.max_error_ns, self.heldout.max_outside_ns]
         if self.sync is not None and self.sync.paired:
             found += [self.sync.max_error_ns, self.sync.max_residual_ns, self.sync.max_outside_ns]
         return max(found)
+
+    @property
+    def bound_ns(self) -> float:
+        """How far a fitted time may be from the truth at the markers: the largest error
+        from a midpoint (error_ns) plus half the widest tight bracket, since the marker's
+        true instant is anywhere in its [t0, t1] (a bound at the markers, not between)."""
+        return self.error_ns + self.half_bracket_ns
 
     @property
     def slope_ppm(self) -> float:
@@ -135,7 +159,10 @@ class ClockFit:
             f"(slope {self.slope_ppm:+.4f} ppm from 1); max residual at the fitted markers "
             f"{self.max_residual_ns / 1000:.1f} us over the {self.tight_markers} with a "
             f"bracket <= {TIGHT_BRACKET_NS // 1000} us, max outside a marker's bracket "
-            f"{self.max_outside_ns / 1000:.1f} us; {held}; {sync}; {CLOCK_CONDITIONS}"
+            f"{self.max_outside_ns / 1000:.1f} us; {held}; {sync}; bound at the markers "
+            f"{self.bound_ns / 1000:.1f} us (the largest of these errors plus half the "
+            f"widest of those brackets, {self.half_bracket_ns / 1000:.1f} us); "
+            f"{CLOCK_CONDITIONS}"
         )
 
 
@@ -429,6 +456,7 @@ def fit_clock(paired: pl.DataFrame, synced: pl.DataFrame | None = None) -> Clock
         max_outside_ns=final.max_outside_ns,
         tight_markers=final.tight_markers,
         heldout=first.heldout,
+        half_bracket_ns=final.half_bracket_ns,
     )
 
 
@@ -483,6 +511,7 @@ def fit_line(paired: pl.DataFrame) -> ClockFit:
     outside = np.maximum(np.maximum(t0 - fitted, fitted - t1), 0)
     tight = (t1 - t0) <= TIGHT_BRACKET_NS
     residual = np.abs(fitted - mid)[tight] if tight.any() else np.abs(fitted - mid)
+    halves = ((t1 - t0) / 2)[tight] if tight.any() else (t1 - t0) / 2
     return ClockFit(
         host0=host0,
         offset=float(offset),
@@ -492,6 +521,7 @@ def fit_line(paired: pl.DataFrame) -> ClockFit:
         max_outside_ns=float(np.max(outside)),
         tight_markers=int(tight.sum()),
         heldout=held_out(paired),
+        half_bracket_ns=float(np.max(halves)),
     )
 
 
@@ -543,6 +573,11 @@ def host_vhe(dmesg: str, vhe: bool | None = None) -> bool:
     return decided
 
 
+def symbol_function() -> pl.Expr:
+    """The function of a row's symbol (its name before '+offset'; '' where none)."""
+    return pl.col("symbol").fill_null("").str.split("+").list.first()
+
+
 def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
     """Add regime and effective_shareability: what the instruction acted on, by context.
 
@@ -569,7 +604,7 @@ def effective(frame: pl.DataFrame, vhe: bool) -> pl.DataFrame:
             (pl.col("el_form") == "EL1")
             & (pl.col("where") == "kernel")
             & vhe
-            & ~pl.col("symbol").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+            & ~symbol_function().is_in(VHE_GUEST_CONTEXT)
         )
         .then(pl.lit("EL2&0"))
         .otherwise(pl.lit("EL1&0"))

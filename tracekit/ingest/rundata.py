@@ -142,6 +142,16 @@ class RunData:
         return parse_vmm_output(text[: text.rfind("\n") + 1], str(path))
 
     @cached_property
+    def maint(self) -> pl.DataFrame | None:
+        """The after-guest EL2 maintenance requests (tracekit.ingest.maint), when it ran."""
+        path = self.path(RunFile.MAINT)
+        if path is None:
+            return None
+        from tracekit.ingest.maint import parse_maint_log
+
+        return parse_maint_log(path.read_text(errors="replace"), str(path.name))
+
+    @cached_property
     def probe(self) -> tuple[ProbeHeader, pl.DataFrame] | None:
         """The probe's header and per-call samples, when the run was a probe slot."""
         path = self.path(RunFile.PROBE)

@@ -35,7 +35,7 @@ def write_ground_truth(
         return 0
     _, given = found
     rows = given.filter(pl.col("run_id").is_in([r.run_id for r in selected]))
-    shown = gta.drawn(gta.invalidations(rows), packaged_signatures().host_functions)
+    shown = gta.drawn(gta.by_instruction(rows), packaged_signatures().host_functions)
     start, end = window
     if start is not None:
         shown = shown.filter(pl.col("ts") >= start)

@@ -18,6 +18,7 @@ from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packag
 from tracekit.bundle import PROBE_GROUP, RunKind
 from tracekit.cpus import parse_cpu_list
 from tracekit.ingest.bundle import BundleData
+from tracekit.ingest.gtalign import ClockFit
 from tracekit.report.header import bundle_label, is_emulated, kvm_mode
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.vmruns import open_vm_run
@@ -47,6 +48,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         # notes()[0] is the emulated-ground-truth line, said once for the section.
         findings += [f"{label}: {note}" for note in truth.notes()[1:]]
         findings += [f"{label}: signature {line}" for line in summary.signature_lines]
+        if summary.repeat_line is not None:
+            findings.append(f"{label}: {summary.repeat_line}")
         contradictions += [f"{label}: {line}" for line in summary.findings]
         if summary.findings:
             findings.append(
@@ -57,7 +60,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             findings.append(f"{label}: every checked step executed what its signature says")
         tables += _tables(label, summary)
         if summary.vmids is not None and not summary.vmids.is_empty():
-            findings.append(f"{label}: {_margin_line(_fit_error_ns(data))}")
+            findings.append(f"{label}: {gtvmid.margin_line(_fit(data))}")
         unknowns += [
             f"{label}: the {step} step is not checked against a signature (none for this "
             "kernel and KVM mode, the bundle is outside its conditions, or it needs CPUs "
@@ -141,33 +144,24 @@ def bundle_steps(data: BundleData) -> pl.DataFrame:
     return pl.concat(steps)
 
 
-def _margin_line(margin_ns: float) -> str:
-    """How near a VMID change a row may be and still be attributed, in words."""
-    ceiling = gtvmid.MARGIN_CEILING_NS / 1000
-    if margin_ns > gtvmid.MARGIN_CEILING_NS:
-        return (
-            f"EL2 invalidations' VMIDs NOT attributed by time: the clock fit's error "
-            f"({margin_ns / 1000:.1f} us) is over the {ceiling:.0f} us bound"
-        )
-    return (
-        f"EL2 invalidations' VMIDs attributed within the clock fit's error, "
-        f"{margin_ns / 1000:.1f} us (bound {ceiling:.0f} us): a VMID change nearer a row "
-        "than that leaves it ambiguous"
-    )
-
-
-def _fit_error_ns(data: BundleData) -> float:
-    """The bundle's clock fit error (the ceiling where it has no ground truth)."""
+def _fit(data: BundleData) -> ClockFit | None:
+    """The bundle's clock fit (None without ground truth)."""
     found = data.ground_truth()
-    return found[0].fit.error_ns if found is not None else gtvmid.MARGIN_CEILING_NS
+    return found[0].fit if found is not None else None
 
 
 def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
     """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid), the
-    clock fit's error and the traced runs whose VMM wrote no markers."""
-    margin_ns = _fit_error_ns(data)
+    clock fit's bound, the traced runs whose VMM wrote no markers and the after-guest
+    actions' VMID requests (their el2-maint.txt)."""
+    fit = _fit(data)
+    margin_ns = fit.bound_ns if fit is not None else gtvmid.MARGIN_CEILING_NS
     spans, found, bits, unmarked = [], [], {}, set()
+    asked = [gtvmid.VmidInputs().requests]
     for run in data.manifest.runs:
+        maint = data.run(run).maint
+        if maint is not None:
+            asked.append(gtvmid.requests(run.run_id, maint))
         vmm = data.run(run).vmm
         if vmm is None or data.run(run).trace is None:
             continue
@@ -191,6 +185,7 @@ def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
         bits,
         margin_ns,
         frozenset(unmarked),
+        pl.concat(asked),
     )
 
 
@@ -259,10 +254,7 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
             Table(
                 f"{label}: EL2 invalidations by VMID (attributed, never read)",
                 summary.vmids,
-                "vmid_basis: inferred (the VM whose vCPU thread was on that CPU, and the VMID "
-                "kvm_arm_vmid_update had given it), source (stated by the kernel source), "
-                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-markers, "
-                "no-reading, no-width, no-vm, protected, clock-error)",
+                gtvmid.basis_legend(summary.vmids["vmid_basis"].to_list()),
             )
         )
     if not summary.probes.is_empty():

@@ -1,0 +1,103 @@
+"""The REPEAT_TLBI workaround in the ground truth (tracekit/analysis/gtrepeat.py): its
+TLBIs told apart by Rt = XZR, and every completion of a broadcast stage-1 TLBI checked
+for its repeat, exactly, on a cut of the demo's real boot
+(tests/fixtures/gtrepeat/README.md: bookworm 6.1, nVHE, 4 x cortex-a76)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tracekit.analysis import groundtruth as g
+from tracekit.analysis import gtrepeat
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gtrepeat" / "nvhe-a76-61.json"
+SCHEMA = {
+    "ts": pl.Int64,
+    "ts_host": pl.Int64,
+    "cpu": pl.Int32,
+    "operation": pl.String,
+    "kind": pl.String,
+    "scope": pl.String,
+    "effective_shareability": pl.String,
+    "where": pl.String,
+    "symbol": pl.String,
+    "insn": pl.UInt32,
+}
+REPEAT = "TLBI VALE1IS, XZR (REPEAT_TLBI)"
+
+
+@pytest.fixture(scope="module")
+def cut() -> dict:
+    """The fixture's JSON."""
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def table(cut: dict) -> pl.DataFrame:
+    """The cut's ground-truth rows."""
+    return pl.DataFrame(cut["rows"], schema=SCHEMA)
+
+
+def test_every_completion_once_patched_is_followed_by_its_repeat(table: pl.DataFrame) -> None:
+    """Exact counts on the cut (what cut.py chose: 20 + 12 - 1 direct, 9, 10): every
+    kernel DSB ISH completing a broadcast stage-1 TLBI after the workaround is patched in
+    is followed by TLBI VALE1IS, XZR, directly or, 9 times in the boot, after an interrupt
+    (gic_handle_irq's DSB SY between the DSB and the repeat, the repeat right after it);
+    none is missing; the __set_fixmap completions of early boot, before the first repeat,
+    have none."""
+    done = gtrepeat.completions(table)
+    by = dict(done.group_by("outcome").len().iter_rows())
+    assert by == {"repeat": 31, "repeat-after": 9, "not-patched": 10}
+    after = done.filter(pl.col("outcome") == "repeat-after")
+    assert set(after["between"]) == {"gic_handle_irq+0x24"}
+    assert after["where"].unique().to_list() == ["kernel"]
+    early = done.filter(pl.col("outcome") == "not-patched")
+    assert set(early["symbol"]) == {"__set_fixmap+0xb0"} and set(early["cpu"]) == {0}
+    first = table.filter(gtrepeat.is_repeat())["ts"].min()
+    assert early["ts"].max() < first
+    # Each repeat in the cut follows one completion: none unaccounted for.
+    assert table.filter(gtrepeat.is_repeat()).height == by["repeat"] + by["repeat-after"]
+
+
+def test_a_missing_repeat_is_missing(table: pl.DataFrame) -> None:
+    """The same cut with one repeat TLBI (and its DSB ISH) taken out: that completion,
+    once patched in, is `missing`, and the sentence says so."""
+    repeats = table.filter(gtrepeat.is_repeat()).sort("ts")
+    gone = repeats.row(len(repeats) // 2, named=True)
+    rest = table.filter(~((pl.col("ts_host") == gone["ts_host"]) & (pl.col("cpu") == gone["cpu"])))
+    done = gtrepeat.completions(rest)
+    assert done.filter(pl.col("outcome") == "missing").height == 1
+    line = gtrepeat.completion_line(done, repeats.height - 1)
+    assert line is not None and "1 once it is patched in have none" in line
+
+
+def test_the_repeats_are_labelled_apart_in_the_counts(table: pl.DataFrame) -> None:
+    """invalidations() names the workaround's TLBIs apart (Rt = XZR), so a count by
+    instruction does not add them to the host's own per-page VALE1IS; a VALE1IS with
+    another register is the plain one."""
+    rows = g.invalidations(table)
+    counted = dict(g.counts(rows, ("instruction",)).iter_rows())
+    rt = (pl.col("insn").cast(pl.Int64) & 0x1F) == 31
+    vale1is = table.filter(pl.col("operation") == "TLBI VALE1IS")
+    assert counted[REPEAT] == vale1is.filter(rt).height > 0
+    assert counted["TLBI VALE1IS"] == vale1is.filter(~rt).height > 0
+
+
+def test_the_whole_boot_counts_recorded_with_the_cut(cut: dict) -> None:
+    """The demo boot's whole-log counts cut.py wrote beside the cut (docs/vhost.md quotes
+    them): 59,759 repeats, each after one completion, none missing."""
+    whole = cut["whole_boot"]
+    assert whole == {"not-patched": 78_085, "repeat": 59_750, "repeat-after": 9}
+    assert cut["whole_boot_repeats"] == whole["repeat"] + whole["repeat-after"]
+
+
+def test_no_line_without_the_workaround(table: pl.DataFrame) -> None:
+    """A boot without repeats (max, cortex-a53): every completion is not-patched, no line."""
+    plain = table.filter(~gtrepeat.is_repeat())
+    done = gtrepeat.completions(plain)
+    assert set(done["outcome"]) == {"not-patched"}
+    assert gtrepeat.completion_line(done, 0) is None
