@@ -111,6 +111,11 @@ def test_the_responders_keys_go_with_their_choice() -> None:
         parse_model(GOOD + 'on = "both"\n', "m.toml")
     only = parse_model(low.replace("cap_ns = 5", "cap_ns = 25"), "m.toml")
     assert (only.cost_ns(1), only.responder_cost_ns(2), only.responder_cost_ns(9)) == (0, 20, 25)
+    with pytest.raises(TracekitError, match=r"\[cost\] pay_when: only with on"):
+        parse_model(GOOD + 'pay_when = "wake"\n', "m.toml")
+    with pytest.raises(TracekitError, match=r"\[cost\] pay_when: 'idle'; use one of: wake, irq"):
+        parse_model(low.replace("cap_ns = 5", 'cap_ns = 25\npay_when = "idle"'), "m.toml")
+    assert (only.pay_when, load_model("brief-literal").pay_when) == ("irq", "wake")
 
 
 def test_plugin_form_follows_the_boot_mode() -> None:
@@ -277,13 +282,34 @@ def load_null() -> str:
 # Responders under qemu-user: vCPU 0 (the main thread) holds the state and issues
 # broadcasts; vCPU 1 (a thread) enters "the IRQ handler" (a function of that name, its
 # address in a kallsyms file the test writes) after each batch and times the entry.
-RESPONDER_PROGRAM = (
+# Both responder programs: "the IRQ handlers", broadcast batches, and start(): a clock
+# marker (the plugin reads the kallsyms), the state on vCPU 0, the responder thread.
+THREADS = (
     PRELUDE
     + r"""
 #include <pthread.h>
 #include <unistd.h>
 __attribute__((noinline)) void el1h_64_irq_handler(void) { __asm__ volatile("nop"); }
 __attribute__((noinline)) void el0t_64_irq_handler(void) { __asm__ volatile("nop"); }
+static void batch(int n) {
+	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
+}
+static void *responder(void *arg);
+static pthread_t start(void) {
+	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
+	pthread_t t;
+	sigaction(SIGILL, &sa, NULL);
+	__asm__ volatile("hint #0x77");
+	usleep(100000);
+	__asm__ volatile("hint #0x76");
+	pthread_create(&t, NULL, responder, NULL);
+	return t;
+}
+"""
+)
+RESPONDER_PROGRAM = (
+    THREADS
+    + r"""
 static volatile int phase, done;
 static void *responder(void *arg) {
 	(void)arg;
@@ -302,17 +328,8 @@ static void *responder(void *arg) {
 	}
 	return NULL;
 }
-static void batch(int n) {
-	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
-}
 int main(void) {
-	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
-	pthread_t t;
-	sigaction(SIGILL, &sa, NULL);
-	__asm__ volatile("hint #0x77");  /* a clock marker: the plugin reads the kallsyms */
-	usleep(100000);
-	__asm__ volatile("hint #0x76");  /* the state, on vCPU 0 */
-	pthread_create(&t, NULL, responder, NULL);
+	pthread_t t = start();
 	batch(3); phase = 1; while (done != 1) ;
 	batch(50); phase = 2; while (done != 2) ;
 	batch(3); usleep(600000); phase = 3; while (done != 3) ;
@@ -334,15 +351,72 @@ def test_responders_pay_at_the_irq_entry_within_window_and_cap(built: Path, tmp_
     (the plugin then retranslates); another vCPU's entry pays 2 ms for each of 3 recent
     completions, the cap (30 ms) for 50, nothing a second time, nothing for completions
     older than the window (300 ms); the issuer pays nothing (on = responders)."""
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, RESPONDERS)
+    assert times["phase1"] >= 6_000_000 and times["phase2"] >= 30_000_000
+    assert max(times["again1"], times["again2"], times["phase3"], times["again3"]) < 6_000_000
+    log = read_sim_log(log_path)
+    assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
+    issuer, responder = log.vcpus[0], log.vcpus[1]
+    assert (issuer["bcasts"], issuer["delayed"], issuer["pays"]) == (56, 0, 0)
+    assert (responder["wakes"], responder["spared"]) == (0, 0)  # pay_when irq: no WFI kept
+    assert (responder["pays"], responder["owed"]) == (2, 53)
+    assert responder["asked_ns"] == 53 * 2_000_000 and responder["paid_ns"] == 36_000_000
+    assert responder["paid_actual_ns"] >= responder["paid_ns"]
+
+
+# Wake-ups under qemu-user (pay_when = "wake"): the responder (vCPU 1) enters "the IRQ
+# handler" once busy (no WFI since its last entry), once after a WFI that came before
+# the issuer's batch, once more busy, and once after a WFI that came in the middle of a
+# batch (WFI is a NOP in qemu-user; the plugin sees it execute).
+WAKE_PROGRAM = (
+    THREADS
+    + r"""
+static volatile int phase, done, asleep;
+static void entry(const char *name) {
+	uint64_t t = cnt();
+	el1h_64_irq_handler();
+	printf("%s %llu\n", name, (unsigned long long)((cnt() - t) * 1000000000ull / freq()));
+	fflush(stdout);
+}
+static void *responder(void *arg) {
+	(void)arg;
+	while (phase != 1) ;
+	entry("busy"); done = 1;
+	__asm__ volatile("wfi"); asleep = 2;
+	while (phase != 2) ;
+	entry("wake"); entry("again"); done = 2;
+	while (phase != 3) ;
+	__asm__ volatile("wfi"); asleep = 3;
+	while (phase != 4) ;
+	entry("late"); done = 3;
+	return NULL;
+}
+int main(void) {
+	pthread_t t = start();
+	batch(3); phase = 1; while (done != 1) ;
+	while (asleep != 2) ;
+	batch(5); phase = 2; while (done != 2) ;
+	batch(4); phase = 3; while (asleep != 3) ;
+	batch(2); phase = 4; while (done != 3) ;
+	pthread_join(t, NULL);
+	return 0;
+}
+"""
+)
+
+
+def _run_responders(tmp_path: Path, built: Path, program: str, model: str) -> tuple[dict, Path]:
+    """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
+    with `model`; its printed timings (ns) and the simulation log's path."""
     source = tmp_path / "r.c"
-    source.write_text(RESPONDER_PROGRAM)
+    source.write_text(program)
     binary = tmp_path / "r"
     gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-pthread", "-o", str(binary)]
     subprocess.run([*gcc, str(source)], check=True)
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text(nm.stdout)
-    form = plugin_form(parse_model(RESPONDERS, "t.toml"), "nvhe", kallsyms)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
@@ -352,16 +426,35 @@ def test_responders_pay_at_the_irq_entry_within_window_and_cap(built: Path, tmp_
     )
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
-    times = {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}
-    assert times["phase1"] >= 6_000_000 and times["phase2"] >= 30_000_000
-    assert max(times["again1"], times["again2"], times["phase3"], times["again3"]) < 6_000_000
-    log = read_sim_log(tmp_path / "sim.txt")
+    return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}, tmp_path / "sim.txt"
+
+
+@needs_qemu_user
+def test_responders_pay_only_when_waking_from_wfi(built: Path, tmp_path: Path) -> None:
+    """pay_when = wake: the busy entry pays nothing for the 3 completions before it
+    (spared); the entry after a WFI pays 2 ms for each of the 5 that came while it slept,
+    the busy one after it nothing; the last wake-up pays for the 2 after its WFI, not the
+    4 before it (spared)."""
+    model = RESPONDERS + 'pay_when = "wake"\n'
+    assert "pay-when wake" in plugin_form(parse_model(model, "t.toml"), "nvhe", Path("/k"))
+    times, log_path = _run_responders(tmp_path, built, WAKE_PROGRAM, model)
+    assert times["wake"] >= 10_000_000 and times["late"] >= 4_000_000
+    assert max(times["busy"], times["again"]) < 4_000_000
+    log = read_sim_log(log_path)
     assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
     issuer, responder = log.vcpus[0], log.vcpus[1]
-    assert (issuer["bcasts"], issuer["delayed"], issuer["pays"]) == (56, 0, 0)
-    assert (responder["pays"], responder["owed"]) == (2, 53)
-    assert responder["asked_ns"] == 53 * 2_000_000 and responder["paid_ns"] == 36_000_000
+    assert (issuer["bcasts"], issuer["pays"], issuer["wakes"]) == (14, 0, 0)
+    got = {k: responder[k] for k in ("pays", "owed", "wakes", "spared", "asked_ns", "paid_ns")}
+    assert got == {
+        "pays": 2,
+        "owed": 7,
+        "wakes": 2,
+        "spared": 7,
+        "asked_ns": 14_000_000,
+        "paid_ns": 14_000_000,
+    }
     assert responder["paid_actual_ns"] >= responder["paid_ns"]
+    assert "2 wake-ups from WFI, 7 completions spared while awake" in log.summary()
 
 
 def test_sim_log_refuses_what_it_cannot_read() -> None:

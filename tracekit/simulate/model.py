@@ -18,7 +18,7 @@ from typing import Any
 from tracekit.errors import TracekitError
 
 FORMAT = 1
-PLUGIN_FORMAT = 2  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+PLUGIN_FORMAT = 3  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
@@ -62,6 +62,9 @@ ON = ("issuer", "responders", "all")
 # KPTI trampolines, the C handlers do not). Their addresses come from the boot's
 # kallsyms (KASLR), which the plugin reads at the first clock marker.
 IRQ_ENTRY_SYMBOLS = ("el1h_64_irq_handler", "el0t_64_irq_handler")
+# When a responder pays: only at an IRQ entry that wakes it from WFI (the completions that
+# came while it slept), or at every IRQ entry (a busy CPU's ticks and IPIs too).
+PAY_WHEN = ("wake", "irq")
 _RESPONDER_KEYS = ("responder_ns", "window_ns", "cap_ns")
 KVM_MODES = ("nvhe", "vhe", "protected")
 _KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -76,6 +79,7 @@ _KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "responder_ns": int,
         "window_ns": int,
         "cap_ns": int,
+        "pay_when": str,
     },
 }
 _REQUIRED = {
@@ -109,6 +113,7 @@ class Model:
     responder_ns: int = 0  # each other CPU, per completion it owes, at its IRQ entry
     window_ns: int = 0  # only completions this recent are owed
     cap_ns: int = 0  # at most this per IRQ entry
+    pay_when: str = "irq"  # wake: only IRQ entries after a WFI pay; irq: every IRQ entry
 
     @property
     def label(self) -> str:
@@ -210,8 +215,11 @@ def _responder_mistakes(cost: dict[str, Any]) -> list[str]:
         return [f"[cost] on: {on!r}; use one of: {', '.join(ON)}"]
     given = [k for k in _RESPONDER_KEYS if k in cost]
     if on == "issuer":
+        given += ["pay_when"] if "pay_when" in cost else []
         return [f"[cost] {k}: only with on = 'responders' or 'all'" for k in given]
     mistakes = [f"[cost] {k}: missing (on = {on!r})" for k in _RESPONDER_KEYS if k not in given]
+    if cost.get("pay_when", "irq") not in PAY_WHEN:
+        mistakes.append(f"[cost] pay_when: {cost['pay_when']!r}; use one of: {', '.join(PAY_WHEN)}")
     for key in given:
         if not 0 <= cost[key] <= MAX_RESPONDER_NS:
             mistakes.append(f"[cost] {key}: must be 0..{MAX_RESPONDER_NS} ns")
@@ -246,6 +254,7 @@ def parse_model(text: str, origin: str) -> Model:
         per_dose_ns=cost.get("per_dose_ns", 0),
         digest=hashlib.sha256(canonical.encode()).hexdigest()[:16],
         on=cost.get("on", "issuer"),
+        pay_when=cost.get("pay_when", "irq"),
         **{key: cost.get(key, 0) for key in _RESPONDER_KEYS},
     )
 
@@ -311,5 +320,6 @@ def plugin_form(model: Model, kvm_mode: str, kallsyms: Path | None = None) -> st
                 "needs the boot's kallsyms: run it under `tracekit vhost run`"
             )
         lines += [f"{key} {getattr(model, key)}" for key in _RESPONDER_KEYS]
+        lines.append(f"pay-when {model.pay_when}")
         lines.append(f"irq-entry {kallsyms} {' '.join(IRQ_ENTRY_SYMBOLS)}")
     return "\n".join(lines) + "\n"
