@@ -17,7 +17,10 @@ import pytest
 from click.testing import CliRunner
 from report_bundles import edit_manifest, make_bundle
 
+from tracekit.analysis.compare import PRESENT
 from tracekit.analysis.conditions import Condition, bundle_condition
+from tracekit.analysis.decision import condition_effects
+from tracekit.analysis.runs import metric_values, run_metrics
 from tracekit.campaign.cells import expand_cells
 from tracekit.campaign.command import check_board_plan, vhost_settings
 from tracekit.campaign.plan import parse_plan
@@ -37,7 +40,7 @@ from tracekit.simulate.model import (
     plugin_form,
     shipped_models,
 )
-from tracekit.simulate.predict import check_model, predict, predict_plan
+from tracekit.simulate.predict import VERDICT_METRIC, check_model, predict, predict_plan
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
 from tracekit.vhost.runner import KALLSYMS, SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
@@ -573,6 +576,30 @@ def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path)
     assert section.findings[0] == "The data rules out 1 model(s): null."
     frame = section.tables[0].frame
     assert set(frame["outcome"]) <= {"agrees", "refutes", "undecided"}
+
+
+def test_the_verdict_metric_rests_on_ten_samples_not_one() -> None:
+    """4+4 runs of 400 wake-ups: the after runs' 20 longest are 10x the before runs', but one
+    before run holds the single longest wake-up of all. p99.9 (the max here) cannot
+    separate the phases; top10, the simulated verdicts' metric, can."""
+    rows = []
+    for phase, tail in (("before", 10_000), ("after", 100_000)):
+        for run in range(4):
+            values = [1_000 + i for i in range(380)] + [tail + run] * 20
+            if phase == "before" and run == 0:
+                values[-1] = 300_000  # one sample decides a max
+            run_id = f"{phase}-quiet-{run}"
+            rows += [(run_id, phase, "quiet", v) for v in values]
+    frame = pl.DataFrame(rows, schema=["run_id", "phase", "kind", "latency_ns"], orient="row")
+    cond = Condition("mmu-on", "none", "nvhe", "same", "6.12.117+deb13-arm64", knobs="none")
+    groups = {cond: [("b", frame)]}
+    said = {
+        m: condition_effects(groups, primary=m)[0].comparison for m in ("p99.9", VERDICT_METRIC)
+    }
+    assert said["p99.9"].verdict != PRESENT
+    assert said[VERDICT_METRIC].verdict == PRESENT and said[VERDICT_METRIC].ratio > 4
+    with pytest.raises(TracekitError, match="top10 needs run_metrics"):
+        metric_values(run_metrics(frame), "top10")
 
 
 def test_which_cells_refute_which_model() -> None:
