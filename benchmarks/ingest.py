@@ -28,7 +28,9 @@ machine's speed drifts); the figures are medians, and the spread (min-max of the
 is printed. The ratio is trace-cmd's time over tracekit's per event (the same as wall
 over wall where both read the same file), in wall time (what a user waits; tracekit
 uses every core, trace-cmd one) and CPU time (the work). Peak RSS is set against the
-trace's decompressed ring-buffer data.
+trace's decompressed ring-buffer data. The tracekit children run with bytecode, as an
+installed package does (PYTHONPYCACHEPREFIX in the cache, written by a first import
+before any timing), also where PYTHONDONTWRITEBYTECODE is set.
 
     python3 benchmarks/ingest.py [--shape NAME ...] [--repeat 3] [--quick] [--record-only]
 
@@ -74,10 +76,17 @@ FULL = Size(buffer_kb=96 * 1024, dd_bytes=2_500_000, pipe_loops=500_000, seconds
 QUICK = Size(buffer_kb=1024, dd_bytes=20_000, pipe_loops=3_000, seconds=0.2, graph_events=20_000)
 
 
+def _cache_base() -> Path:
+    """$TRACEKIT_CACHE or ~/.cache/tracekit."""
+    return Path(os.environ.get("TRACEKIT_CACHE") or str(Path.home() / ".cache" / "tracekit"))
+
+
+PYCACHE = _cache_base() / "bench" / "pycache"  # the children's bytecode (see measure)
+
+
 def cache_root(quick: bool) -> Path:
     """Where the benchmark's traces go (quick ones apart)."""
-    base = os.environ.get("TRACEKIT_CACHE") or str(Path.home() / ".cache" / "tracekit")
-    out = Path(base) / "bench" / ("quick" if quick else "full")
+    out = _cache_base() / "bench" / ("quick" if quick else "full")
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -337,7 +346,12 @@ def measure(argv: list[str], stdout: Path | None = None, source: Path | None = N
     """Run argv (with `source` first on PYTHONPATH); return (wall seconds, CPU seconds, peak
     RSS in bytes, its stderr)."""
     out = open(stdout, "w") if stdout else subprocess.DEVNULL  # noqa: SIM115
-    env = dict(os.environ, PYTHONPATH=str(source)) if source else None
+    env = dict(os.environ, PYTHONPATH=str(source)) if source else dict(os.environ)
+    # Bytecode, as an installed package has it: with PYTHONDONTWRITEBYTECODE set (as on
+    # this machine) every run would compile tracekit's sources again. The cache is ours,
+    # so no tree timed gets a __pycache__.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     err = proc.stderr.read() if proc.stderr else ""
@@ -489,6 +503,8 @@ def main() -> None:
     repeat = 1 if args.quick else args.repeat
     sources = {n: Path(d).resolve() for n, _, d in (t.partition("=") for t in args.tracekit or [])}
     sources = sources or {"this": Path(__file__).resolve().parents[1]}
+    for source in sources.values():  # bytecode before any timing (see measure)
+        measure([sys.executable, "-P", "-c", "import tracekit.ingest"], source=source)
     header(repeat)
     for shape in shapes:
         for row in bench(shape, root, size, repeat, not args.quick, sources):

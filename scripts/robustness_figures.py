@@ -88,17 +88,23 @@ def matrix_rows(text: str) -> list[Row]:
         left = _count(group, "left_after_run")
         after = _count(group, "left_after_recovery")
         tracebacks = sum("TRACEBACK" in c["bundle_read"] for c in group)
+        unread = sum(not c["bundle_read"].endswith(READ_OK) for c in group)
         recovery = sorted({c["recovery"] for c in group})
         rows.append(
             [
                 f"{name} in `collect`, emulated arm64 host",
                 str(len(group)),
-                f"{tracebacks} (bundles)",
+                f"{tracebacks} (bundles; {unread} not read as INCOMPLETE)",
                 str(left),
                 f"{after} ({', '.join(recovery)})",
             ]
         )
     return rows
+
+
+# How a cell's bundle_read ends when verify, report and perfetto all read it as
+# INCOMPLETE, or when the collect stopped before it wrote a bundle.
+READ_OK = ("reads, says INCOMPLETE", "; -")
 
 
 def _count(cells: list[dict[str, Any]], key: str) -> str:

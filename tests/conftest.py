@@ -5,8 +5,9 @@ shell checks at import time with `register_vhost_check(config, name, script)`; t
 test that asks `vhost_boot(config)` boots that configuration once, runs every check
 registered for it (each in its own directory under /out/checks/NAME, output and status
 saved), and every later test reads the same results. Checks run in registration order,
-except those registered `late=True` (they leave the host dirty for checks that need a
-fresh one), which run after all the others.
+except those registered `first=True` (they assert on what a fresh boot does), which run
+before all the others, and those registered `late=True` (they leave the host dirty),
+which run after all the others.
 """
 
 from __future__ import annotations
@@ -157,9 +158,11 @@ def register_vhost_check(
     """Add a shell check to `config`'s single boot (call at module import time).
 
     `late`: run it after every check that is not (it leaves the host dirty, and the
-    collect checks that need a fresh host do not pass --allow-dirty). `first`: run it
-    before every check that is not (it asserts on what the boot did before any other
-    check ran a VM: EL2's boot-time work, a fresh VMID generation). `opt_in`: an OPT_IN
+    collect checks that are not `first` and do not pass --allow-dirty need the host no
+    dirtier than `first` checks leave it). `first`: run it before every check that is not
+    (it asserts on what the boot did before any other check ran a VM: EL2's boot-time
+    work, a fresh VMID generation); the premise of a fresh host belongs to these alone, so
+    a collect after them passes --allow-dirty where the kernel's state shows. `opt_in`: an OPT_IN
     marker; the check joins the boot only when -m selects it.
     """
     if config not in _CHECKS:

@@ -53,3 +53,44 @@ def test_no_during_phase_no_section(tmp_path: Path) -> None:
     """A main-scenario bundle (before/after only) has no guest-broadcast section."""
     bundle = make_bundle(tmp_path / "b", runs=2, factor=1.0)
     assert broadcast.section([load_bundle(bundle)]) is None
+
+
+def test_the_guest_cpu_unprobed_during_the_guest_is_found_from_the_slots() -> None:
+    """Collect probes the guest CPU before and after, not during (it runs the guest):
+    the note says so from the slots, not as "never probed"."""
+    import polars as pl
+
+    from tracekit.analysis.broadcast import unprobed_guest_cpus
+
+    samples = pl.DataFrame(
+        {"phase": ["before", "before", "during", "after", "after"], "cpu": [1, 3, 3, 1, 3]}
+    )
+    assert unprobed_guest_cpus(samples, [1]) == [1]
+    assert unprobed_guest_cpus(samples, [1], phase="after") == []
+    assert unprobed_guest_cpus(samples, [3]) == []
+
+
+def test_the_probe_table_says_which_guest_cpu_had_no_slot_during(tmp_path: Path) -> None:
+    """A generated bundle (probe slots on CPUs 3 and 0) whose after phase is relabelled
+    during: the guest's CPU 1 has none there, CPU 0 as the guest CPU has one."""
+    from bundlegen import Spec, generate
+
+    def relabel(guest: int):  # type: ignore[no-untyped-def]
+        def edit(data: dict) -> None:  # type: ignore[type-arg]
+            data["options"]["guest_cpus"] = [guest]
+            for run in data["runs"]:
+                if run["phase"] == "after":
+                    run["phase"] = "during"
+
+        return edit
+
+    notes = {}
+    for guest in (1, 0):
+        bundle = generate(tmp_path / f"g{guest}", Spec(runs=2, seed=guest))
+        edit_manifest(bundle, relabel(guest))
+        section = broadcast.section([load_bundle(bundle)])
+        assert section is not None
+        (table,) = [t for t in section.tables if "probe cost per CPU" in t.title]
+        notes[guest] = table.note
+    assert "guest CPU 1: no slot during the guest (the guest runs there)" in notes[1]
+    assert "no slot during" not in notes[0] and "not probed" not in notes[0]

@@ -76,3 +76,14 @@ def test_a_runs_probe_misses_are_read_by_event_name() -> None:
     note = missed_note("f", entries, returns, 2)
     assert note is not None and note.startswith("f: 1 call(s) without a return")
     assert missed_note("f", entries.head(1), returns, 2) is None
+
+
+def test_misses_are_summed_over_runs_and_unknown_if_one_run_did_not_record_them() -> None:
+    from tracekit.analysis.calls import misses_over_runs
+
+    one = {"tracekit/f": 1, "tracekit/f_ret": 2}
+    two = {"tracekit/f": 0, "tracekit/f_ret": 3}
+    assert misses_over_runs([one, two], "f") == (1, 5)
+    assert misses_over_runs([one, None], "f") == (None, None)
+    assert misses_over_runs([{"tracekit/f": 4}], "f") == (4, None)  # no kretprobe
+    assert misses_over_runs([], "f") == (0, 0)

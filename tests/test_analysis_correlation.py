@@ -185,6 +185,12 @@ def test_concentration_finds_an_injected_effect_with_the_run_as_unit() -> None:
         assert c.n_before == c.n_after == 6
         assert c.verdict == PRESENT
         assert abs(c.ratio - 1.6) < 0.15
+        # Each run gives a value to both groups: said as 6 runs split, never "6+6 runs".
+        assert "6 run(s), each split with/without" in c.describe()
+        assert "6+6" not in c.describe() + c.brief()
+    short = concentration(per_run.head(2))[0]
+    assert short.needed_runs is not None
+    assert short.needs() == f"{short.needed_runs} runs, each split"
     assert found_p50(per_run).ci_low <= 1.6 <= found_p50(per_run).ci_high
 
 

@@ -388,6 +388,28 @@ def test_hotplug_has_its_negative_control() -> None:
     assert [c.text for c in found] == ["cleared by hotplugging a CPU that did not run the guest"]
 
 
+def test_one_bundles_action_says_what_it_runs_on_its_kernel(tmp_path: Path) -> None:
+    """Point 12: a hotplug is a power cycle and a boot path first; what EL2 then runs is
+    per kernel (6.1 nVHE nothing with no VM alive, 6.12 nVHE ALLE2 + ALLE1, VHE no EL2
+    init, elsewhere not known); a rollover is many VMs and one ALLE1IS. A hotplug
+    bundle's before/after section says it."""
+    from tracekit.analysis.decision import action_meaning
+    from tracekit.report.sections import beforeafter
+
+    assert action_meaning("none", "6.1", "nvhe") is None
+    on61 = str(action_meaning("hotplug", "6.1", "nvhe"))
+    assert "power cycle" in on61 and "no EL2 invalidation" in on61
+    assert "TLBI ALLE2 and ALLE1" in str(action_meaning("hotplug", "6.12", "nvhe"))
+    assert "no EL2 init (VHE)" in str(action_meaning("hotplug-other", "6.12", "vhe"))
+    assert "not known" in str(action_meaning("hotplug", "7.1", "protected"))
+    rollover = str(action_meaning("rollover", "6.1", "nvhe"))
+    assert "one TLBI ALLE1IS" in rollover and "not separated" in rollover
+    bundle = load_bundle(generate(tmp_path / "h", Spec(after_guest="hotplug", seed=3)))
+    found = beforeafter.section([bundle])
+    assert found is not None
+    assert any(f.startswith("after-guest hotplug: PSCI CPU_OFF") for f in found.findings)
+
+
 def test_el2_invalidation_actions_point_at_the_guest_cpu() -> None:
     """kpatch's actions: ALLE1 on the guest CPU clears, on another not: the guest CPU holds it."""
     guest = replace(BASE, after_guest="tlbi:alle1@guest-cpu")

@@ -10,8 +10,14 @@ import polars as pl
 import pytest
 
 from tracekit.analysis import groundtruth as g
-from tracekit.analysis.gtsignatures import kernel_series, packaged_signatures, parse_signatures
+from tracekit.analysis.gtsignatures import (
+    STEPS,
+    kernel_series,
+    packaged_signatures,
+    parse_signatures,
+)
 from tracekit.errors import TracekitError
+from tracekit.host.protocol import AFTER_GUEST_ACTIONS
 from tracekit.ingest.groundtruth import load_ground_truth
 from tracekit.ingest.vmm import parse_vmm_output
 
@@ -141,6 +147,38 @@ def test_a_flush_counts_for_a_probe_only_inside_its_calls_on_the_same_cpu(given,
     assert "executed 1 invalidation" in mine.probes.row(0, named=True)["verdict"]
 
 
+def test_a_probe_whose_hits_or_returns_were_missed_is_not_never_fired(given, steps) -> None:
+    """No hit recorded, but kprobe_profile counts missed returns (or hits): the function
+    ran, so the probe is neither blind nor "never fired"; a fired probe's calls without a
+    return that its kretprobe may have missed leave the flushes outside them open."""
+    hyp_row = given.filter(pl.col("where") == "hyp").head(1)
+    at, cpu = int(hyp_row["ts"][0]), int(hyp_row["cpu"][0])
+    flush = hyp_row.with_columns(symbol=pl.lit("__kvm_nvhe___kvm_tlb_flush_vmid+0x30"))
+    rows = pl.concat([given, flush])
+
+    def verdict(hits: int, missed: tuple[int | None, int | None], calls=None) -> dict:
+        summary = g.summarise(
+            rows, steps, packaged_signatures(), SETUP, CONTEXT, {"kvm_flush_remote_tlbs": hits},
+            ["guest"], calls, FACTS, None, {"kvm_flush_remote_tlbs": missed},
+        )  # fmt: skip
+        return summary.probes.row(0, named=True)
+
+    returns_only = verdict(0, (0, 2))
+    assert returns_only["verdict"].startswith("fired, though no hit was recorded")
+    assert "missed 0 hit(s) and 2 return(s)" in returns_only["verdict"]
+    assert (returns_only["entries_missed"], returns_only["returns_missed"]) == (0, 2)
+    assert verdict(0, (1, None))["verdict"].startswith("fired, though no hit was recorded")
+    assert verdict(0, (0, 0))["verdict"].startswith("never fired")
+    # Two calls, one closed away from the flush, one without a return.
+    windows = pl.DataFrame(
+        {"cpu": [cpu, cpu], "start_ts": [at - 50, at - 5], "end_ts": [at - 40, None]}
+    )
+    open_call = verdict(2, (0, 1), {"kvm_flush_remote_tlbs": windows})["verdict"]
+    assert open_call.startswith("fired, no invalidation of its path inside its calls; the 1")
+    assert "up to 1 of its 1 call(s) without a return were missed by its kretprobe" in open_call
+    assert "missed" not in verdict(2, (0, 0), {"kvm_flush_remote_tlbs": windows})["verdict"]
+
+
 def test_the_teardown_probes_stand_for_no_flush() -> None:
     """6.1's stage2_free_walker has no TLBI: the teardown functions are not path probes."""
     paths = packaged_signatures().probe_paths
@@ -167,6 +205,42 @@ def test_packaged_signatures_each_rest_on_something() -> None:
     assert (
         kernel_series("6.12.117+deb13-arm64") == "6.12" and kernel_series("6.1.0-50-arm64") == "6.1"
     )
+
+
+def test_every_after_guest_action_has_a_6_1_signature() -> None:
+    """The signatures' step names cover every after-guest action the collector runs, and
+    each has a 6.1 nVHE and VHE signature (and 6.12 nVHE, but the debug series'); the
+    debug series' local ALLE1 on the guest CPU (no VM alive: EL2 brought up for it
+    first) passes with the three instructions on the target CPU and contradicts without
+    its ALLE1 or with it on another CPU."""
+    signatures = packaged_signatures()
+    actions = [a for a in AFTER_GUEST_ACTIONS if a != "none"]
+    assert set(actions) == set(STEPS) - {"create", "run", "teardown"}
+    for action in actions:
+        for mode in ("nvhe", "vhe"):
+            assert signatures.candidates("6.1", mode, "cortex-a76", action), (action, mode)
+        # The debug series is written for 6.1 only (reproducer/kpatch/6.1).
+        if not action.startswith("tlbi:"):
+            assert signatures.candidates("6.12", "nvhe", "max", action), action
+    chosen = signatures.find("6.1", "nvhe", "cortex-a76", "tlbi:alle1@guest-cpu")
+    assert chosen is not None
+    schema = {"ts": pl.Int64, "cpu": pl.Int64, "operation": pl.String, "function": pl.String}
+    rows = pl.DataFrame(
+        [
+            (10, 1, "TLBI ALLE2", "___kvm_hyp_init"),
+            (11, 1, "TLBI VMALLS12E1", "___kvm_hyp_init"),
+            (20, 1, "TLBI ALLE1", "__kvm_debug_maint"),
+        ],
+        schema=schema,
+        orient="row",
+    ).with_columns(where=pl.lit("hyp"))
+    step = {"run_id": "after", "vm": None, "step": "tlbi:alle1@guest-cpu", "start": 0, "end": 99}
+    context = g.StepContext((0, 1), (1,), (1,))
+    host = signatures.host_functions
+    assert g.check_step(rows, step, chosen, context, host)["ok"].all()
+    moved = rows.with_columns(cpu=pl.when(pl.col("ts") == 20).then(0).otherwise(pl.col("cpu")))
+    assert not g.check_step(moved, step, chosen, context, host)["ok"].all()
+    assert not g.check_step(rows.head(2), step, chosen, context, host)["ok"].all()
 
 
 BAD = """

@@ -7,6 +7,9 @@ gtvmid.vcpu_spans and gtvmid.readings give from a traced run's markers and probe
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import polars as pl
 
 from tracekit.analysis import gtvmid
@@ -54,10 +57,20 @@ STEPS = pl.DataFrame(
 )
 
 
+def _attributed(
+    rows: pl.DataFrame,
+    spans: pl.DataFrame,
+    found: pl.DataFrame,
+    kvm_mode: str = "nvhe",
+    margin_ns: float = 0,
+) -> pl.DataFrame:
+    """attribute_vmids on one run "guest" with 8-bit VMIDs and STEPS' windows."""
+    return gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, kvm_mode, margin_ns)
+
+
 def _attribute(rows: pl.DataFrame, spans: pl.DataFrame, found: pl.DataFrame) -> list[tuple]:
     """(ts, vmid, basis) per hyp row, in time order."""
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
-    return out.select("ts", "vmid", "vmid_basis").rows()
+    return _attributed(rows, spans, found).select("ts", "vmid", "vmid_basis").rows()
 
 
 def test_unscoped_and_hyp_init_need_no_trace() -> None:
@@ -81,13 +94,13 @@ def test_unscoped_and_hyp_init_need_no_trace() -> None:
 
 def test_vmid_from_the_vm_on_that_cpu_and_its_readings() -> None:
     """The VM whose vCPU thread was on the CPU gives the VMID: its last return reading
-    before, else its next entry reading after (low 8 bits of the 64-bit id; the
-    generation above them is not the VMID); none bracketing it: null."""
+    before, its next entry reading after, or both where they agree (low 8 bits of the
+    64-bit id; the generation above them is not the VMID); none bracketing it: null."""
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, 1, 300, 400), ("guest", 2, 2, 500, 600))
     found = _readings(
         ("guest", 0, 150, 256 + 5, "return"),  # generation 1, VMID 5
         ("guest", 1, 350, 256 + 6, "entry"),  # the id VM 1 had before this call: in force
-        ("guest", 1, 330, 999, "entry"),  # before the flush: not the next entry
+        ("guest", 1, 330, 256 + 6, "entry"),  # the one before the flush agrees
     )
     rows = _rows(
         ("guest", 160, 1, *FLUSH),  # after VM 0's return reading
@@ -113,7 +126,7 @@ def test_two_vms_on_one_cpu_or_an_unpinned_vcpu_are_ambiguous() -> None:
     spans = _spans(("guest", 0, 1, 100, 200), ("guest", 1, -1, 150, 250))
     found = _readings(("guest", 0, 300, 0, "entry"), ("guest", 1, 260, 256 + 9, "entry"))
     rows = _rows(("guest", 120, 1, *FLUSH), ("guest", 170, 1, *FLUSH), ("guest", 240, 2, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=0)
+    out = _attributed(rows, spans, found, margin_ns=0)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (120, 0, "inferred"),
         (170, None, "ambiguous"),
@@ -153,7 +166,7 @@ def test_an_id_change_within_the_fit_bound_is_ambiguous() -> None:
     spans = _spans(("guest", 0, 1, 0, 1_000_000))
     found = _readings(("guest", 0, 500_000, 0, "entry"), ("guest", 0, 500_010, 256 + 5, "return"))
     rows = _rows(("guest", 500_030, 1, *FLUSH), ("guest", 900_000, 1, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, margin_ns=100_000)
+    out = _attributed(rows, spans, found, margin_ns=100_000)
     assert out.select("ts", "vmid", "vmid_basis").rows() == [
         (500_030, None, "ambiguous"),
         (900_000, 5, "inferred"),
@@ -166,5 +179,230 @@ def test_protected_mode_is_not_attributed() -> None:
     spans = _spans(("guest", 0, 1, 0, 1_000))
     found = _readings(("guest", 0, 10, 256 + 5, "return"))
     rows = _rows(("guest", 500, 1, *FLUSH))
-    out = gtvmid.attribute_vmids(rows, spans, found, STEPS, {"guest": 8}, "protected", 0)
+    out = _attributed(rows, spans, found, "protected", 0)
     assert out.select("vmid", "vmid_basis").rows() == [(None, "protected")]
+
+
+def test_a_row_inside_a_call_that_changed_the_id_is_ambiguous() -> None:
+    """G4: a kvm_arm_vmid_update that lasts longer than the clock error (spinning on
+    cpu_vmid_lock across a rollover): a row between its entry and return reading is
+    ambiguous, though both readings are farther than the error from it. Before the
+    entry the id is the entry's (6.1's first flush, VMID 0); after the return, the new one."""
+    spans = _spans(("guest", 0, 1, 0, 1_000_000))
+    found = _readings(("guest", 0, 10_000, 0, "entry"), ("guest", 0, 15_000, 256 + 5, "return"))
+    rows = _rows(
+        ("guest", 8_000, 1, *FLUSH), ("guest", 12_000, 1, *FLUSH), ("guest", 17_000, 1, *FLUSH)
+    )
+    out = _attributed(rows, spans, found, margin_ns=1_000)
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (8_000, 0, "inferred"),
+        (12_000, None, "ambiguous"),
+        (17_000, 5, "inferred"),
+    ]
+    assert "inside that call" in out["vmid_how"][1]
+
+
+def test_a_generation_only_change_keeps_the_vmid() -> None:
+    """G1: a rollover that keeps the VM's VMID gives a new generation only (vmid.c
+    new_vmid): the VTTBR VMID is the same on both sides, so a row right beside that
+    call is inferred, not ambiguous; with the width unknown the ids differ (no-width
+    is not reached: ambiguous)."""
+    spans = _spans(("guest", 0, 1, 0, 100_000))
+    found = _readings(
+        ("guest", 0, 50_000, 256 + 5, "entry"), ("guest", 0, 50_010, 512 + 5, "return")
+    )
+    rows = _rows(("guest", 50_005, 1, *FLUSH))
+    known = _attributed(rows, spans, found, margin_ns=1_000)
+    assert known.select("vmid", "vmid_basis").rows() == [(5, "inferred")]
+    unknown = gtvmid.attribute_vmids(rows, spans, found, STEPS, {}, margin_ns=1_000)
+    assert unknown["vmid_basis"].to_list() == ["ambiguous"]
+
+
+def test_a_missed_return_leaves_the_id_unknown_after_its_entry() -> None:
+    """An entry reading with no return after it (a missed kretprobe, or the trace
+    ended): the call may have changed the id, so a row after it has no reading."""
+    spans = _spans(("guest", 0, 1, 0, 100_000))
+    found = _readings(
+        ("guest", 0, 10_000, 256 + 5, "return"), ("guest", 0, 20_000, 256 + 5, "entry")
+    )
+    rows = _rows(("guest", 15_000, 1, *FLUSH), ("guest", 30_000, 1, *FLUSH))
+    out = _attributed(rows, spans, found, margin_ns=1_000)
+    assert out.select("ts", "vmid", "vmid_basis").rows() == [
+        (15_000, 5, "inferred"),
+        (30_000, None, "no-reading"),
+    ]
+
+
+def test_the_margin_is_the_runs_clock_error_under_the_ceiling() -> None:
+    """G3: the margin is the bundle's own fit error: a 6.12-like first flush 60 us after
+    the update's return is ambiguous at the 100 us ceiling, inferred at a 4 us error; a
+    fit error over the ceiling attributes nothing by time (clock-error), while the rows
+    the source or the operation decide keep their answer."""
+    spans = _spans(("guest", 0, 1, 0, 1_000_000))
+    found = _readings(("guest", 0, 500_000, 0, "entry"), ("guest", 0, 500_080, 256 + 5, "return"))
+    rows = _rows(
+        ("guest", 10, 1, "TLBI VMALLS12E1", "___kvm_hyp_init", "hyp", "vmid-s12", "EL1&0"),
+        ("guest", 20, 1, "IC IALLU", "__kvm_flush_cpu_context", "hyp", "icache", None),
+        ("guest", 560_000, 1, *FLUSH),
+    )
+
+    def basis(margin: float) -> list[tuple]:
+        out = _attributed(rows, spans, found, margin_ns=margin)
+        return out.select("vmid", "vmid_basis").rows()
+
+    assert basis(gtvmid.MARGIN_CEILING_NS)[2] == (None, "ambiguous")
+    assert basis(4_200)[2] == (5, "inferred")
+    assert basis(150_000) == [(0, "source"), (None, "not-vmid-scoped"), (None, "clock-error")]
+
+
+def test_a_traced_run_without_vmm_markers_says_so() -> None:
+    """A run traced without VMM markers (the rollover's throwaway VMs): its flushes in
+    a VM's window are null with that reason, not called untraced."""
+    rows = _rows(("quiet", 5_500, 3, *FLUSH))
+    plain = gtvmid.attribute_vmids(rows, _spans(), _readings(), STEPS, {})
+    marked = gtvmid.attribute_vmids(
+        rows, _spans(), _readings(), STEPS, {}, unmarked=frozenset({"quiet"})
+    )
+    assert plain["vmid_basis"].to_list() == ["untraced"]
+    assert marked["vmid_basis"].to_list() == ["no-markers"]
+    assert "wrote no markers" in marked["vmid_how"][0]
+
+
+def test_vhe_kvm_helpers_in_the_kernel_are_attributed() -> None:
+    """VHE: KVM's TLB helpers run in kernel text at EL2 with the guest's VTTBR (their
+    EL1-form TLBIs act on the VM's EL1&0): attributed like the hyp text's; the host's
+    own TLBIs (EL2&0 in VHE) are not KVM's and are left out; in nVHE no kernel row is."""
+    spans = _spans(("guest", 0, 1, 100, 200))
+    found = _readings(("guest", 0, 150, 256 + 5, "return"))
+    rows = _rows(
+        ("guest", 160, 1, "TLBI VMALLE1", "__kvm_flush_cpu_context", "kernel", "vmid", "EL1&0"),
+        ("guest", 170, 1, "TLBI VAE1IS", "flush_tlb_mm", "kernel", "va", "EL2&0"),
+    )
+    vhe = _attributed(rows, spans, found, "vhe", 0)
+    assert vhe.select("ts", "vmid", "vmid_basis").rows() == [(160, 5, "inferred")]
+    nvhe = _attributed(rows, spans, found, "nvhe", 0)
+    assert nvhe.is_empty()
+
+
+# --- on real bundles: fixtures cut from them (tests/fixtures/gtvmid/README.md) ---
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gtvmid"
+
+
+def _cut(name: str, margin_ns: float | None = None) -> tuple[pl.DataFrame, dict]:
+    """A fixture's rows attributed as the report attributes them, and the fixture."""
+    found = json.loads((FIXTURES / f"{name}.json").read_text())
+    steps = pl.DataFrame(found["steps"], schema=STEPS.schema)
+    out = gtvmid.attribute_vmids(
+        pl.DataFrame(found["rows"], schema=ROW_SCHEMA),
+        pl.DataFrame(found["spans"], schema=gtvmid.SPAN_SCHEMA),
+        pl.DataFrame(found["readings"], schema=gtvmid.READING_SCHEMA),
+        steps,
+        found["vmid_bits"],
+        found["bundle"]["kvm_mode"],
+        found["margin_ns"] if margin_ns is None else margin_ns,
+        frozenset(found["unmarked"]),
+    )
+    return out, found
+
+
+def _by(out: pl.DataFrame, operation: str) -> pl.DataFrame:
+    """The attributed rows of one operation."""
+    return out.filter(pl.col("operation") == operation)
+
+
+def test_61_nvhe_first_flush_is_vmid_0_on_the_demo_bundle() -> None:
+    """The demo's bundle (bookworm 6.1, nVHE, 4 x cortex-a76): the VM's one EL2
+    VMALLE1 (__kvm_flush_cpu_context on the guest CPU) ran before its first
+    kvm_arm_vmid_update, whose entry still read 0 (arm.c:425 in vcpu_load, before the
+    run loop's update at :929): VMID 0, inferred. The four init VMALLS12E1 (one per CPU)
+    are 0 by the source; nothing is left null but what no VMID tags."""
+    out, found = _cut("nvhe-a76-61")
+    assert found["margin_ns"] < 100_000 and found["vmid_bits"] == {"guest": 16}
+    flush = _by(out, "TLBI VMALLE1")
+    assert flush.select("cpu", "vmid", "vmid_basis").rows() == [(1, 0, "inferred")]
+    first = min(found["readings"]["ts"])
+    entry = found["readings"]["at"][found["readings"]["ts"].index(first)]
+    assert flush["ts"][0] < first and entry == "entry"
+    init = _by(out, "TLBI VMALLS12E1")
+    assert init.height == 4 and set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
+    assert sorted(init["cpu"].to_list()) == [0, 1, 2, 3]
+    assert set(out["vmid_basis"]) == {"inferred", "source", "not-vmid-scoped"}
+
+
+def test_612_first_flush_has_the_vmid_its_update_just_gave() -> None:
+    """trixie's 6.12.117 (nVHE on max, the teardown sweep's 9 VMs, 16-bit VMIDs): each
+    VM's EL2 VMALLE1 follows the return of the kvm_arm_vmid_update that gave the VM its
+    VMID (6.12.107 arm.c:597, then the flush at :609 in kvm_arch_vcpu_load), 57 us to
+    1.4 ms after it and before the VM's next reading: each is inferred with that VM's
+    own VMID, one a VM. With a fixed 100 us margin (before G3) the ones within 100 us of
+    the return were ambiguous."""
+    out, found = _cut("trixie-max-612")
+    readings = pl.DataFrame(found["readings"], schema=gtvmid.READING_SCHEMA)
+    given = (
+        readings.filter(pl.col("at") == "return", pl.col("vmid_id") > 0)
+        .group_by("run_id", "vm_seq")
+        .agg(pl.col("ts").min().alias("given_ts"), pl.col("vmid_id").first())
+    )
+    flush = _by(out, "TLBI VMALLE1").sort("ts")
+    assert flush.height == 9 and set(flush["vmid_basis"]) == {"inferred"}
+    spans = pl.DataFrame(found["spans"], schema=gtvmid.SPAN_SCHEMA)
+    mine = flush.join(spans, on="run_id").filter(pl.col("ts").is_between("start", "end"))
+    joined = mine.join(given, on=["run_id", "vm_seq"])
+    assert joined.height == 9
+    assert (joined["vmid"] == joined["vmid_id"] % (1 << 16)).all()
+    assert len(set(joined["vmid"])) == 9
+    # After that return, before the VM's next reading (the VM's next vcpu_load).
+    after = (joined["ts"] - joined["given_ts"]).to_list()
+    assert all(gap > 0 for gap in after), after
+    later = readings.join(joined.select("run_id", "vm_seq", "given_ts"), on=["run_id", "vm_seq"])
+    nxt = (
+        later.filter(pl.col("ts") > pl.col("given_ts"))
+        .group_by("run_id", "vm_seq")
+        .agg(pl.col("ts").min().alias("next_ts"))
+    )
+    bounded = joined.join(nxt, on=["run_id", "vm_seq"])
+    assert (bounded["ts"] < bounded["next_ts"]).all()
+    fixed, _ = _cut("trixie-max-612", gtvmid.MARGIN_CEILING_NS)
+    ambiguous = _by(fixed, "TLBI VMALLE1").filter(pl.col("vmid_basis") == "ambiguous")
+    assert ambiguous.height == sum(gap <= gtvmid.MARGIN_CEILING_NS for gap in after) > 0
+
+
+def test_61_rollover_flushes_are_unattributed_for_want_of_markers() -> None:
+    """The rollover collect (bookworm 6.1, nVHE, 2 x cortex-a53, 8-bit VMIDs): its
+    throwaway VMs' VMM writes no markers, so their flushes say no-markers (not
+    "untraced": the run is traced); the ALLE1IS tags no VMID; every VM creation's
+    init VMALLS12E1 on both CPUs is 0 by the source; the main guest's first flush is
+    VMID 0, as on the demo bundle."""
+    out, found = _cut("nvhe-a53-61-rollover")
+    assert found["unmarked"] == ["after-guest-rollover"]
+    rollover = out.filter(pl.col("run_id") == "after-guest-rollover")
+    assert set(_by(rollover, "TLBI VMALLE1")["vmid_basis"]) == {"no-markers"}
+    assert _by(rollover, "TLBI ALLE1IS")["vmid_basis"].to_list() == ["not-vmid-scoped"]
+    init = _by(out, "TLBI VMALLS12E1")
+    assert set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
+    guest = _by(out.filter(pl.col("run_id") == "guest"), "TLBI VMALLE1")
+    assert guest.select("vmid", "vmid_basis").rows() == [(0, "inferred")]
+
+
+def test_a_traced_vms_row_on_another_cpu_is_not_untraced() -> None:
+    """An IPAS2E1IS from __kvm_tlb_flush_vmid_ipa on a CPU no vCPU span holds, inside a
+    traced run's VMM window (an MMU notifier on another thread): in nVHE, with one VM
+    alive, that VM's VMID (`only-vm`: the host has no stage 2); in VHE, `other-cpu`."""
+    steps = STEPS.with_columns(run_id=pl.lit("guest"))
+    spans = _spans(("guest", 0, 1, 5_000, 6_000))
+    found = _readings(("guest", 0, 5_100, 256 + 7, "return"))
+    ipa = ("TLBI IPAS2E1IS", "__kvm_tlb_flush_vmid_ipa", "hyp", "ipa", "EL1&0")
+    rows = _rows(("guest", 5_500, 0, *ipa))
+
+    def basis(mode: str) -> tuple:
+        out = gtvmid.attribute_vmids(rows, spans, found, steps, {"guest": 8}, mode, margin_ns=0)
+        return out.select("vmid", "vmid_basis", "vmid_how").row(0)
+
+    vmid, how_basis, how = basis("nvhe")
+    assert (vmid, how_basis) == (7, "only-vm") and "only VM alive" in how and "CPU 1" in how
+    vmid, how_basis, how = basis("vhe")
+    assert (vmid, how_basis) == (None, "other-cpu") and "another thread" in how
+    two = pl.concat([steps, steps.with_columns(vm=pl.lit(1, pl.Int64))])
+    out = gtvmid.attribute_vmids(rows, spans, found, two, {"guest": 8}, "nvhe", margin_ns=0)
+    assert out["vmid_basis"].to_list() == ["other-cpu"]

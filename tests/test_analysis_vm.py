@@ -234,7 +234,7 @@ def test_stage2_mapping_sizes_per_vm_and_the_probe_misses_beside_them() -> None:
     ]  # fmt: skip
     line, table = vm_section._stage2_maps(maps, {"tracekit/kvm_pgtable_stage2_map": 2}, "g")
     assert line == (
-        "g: stage-2 mappings the kernel made (kvm_pgtable_stage2_map): 4 x 4 KiB, 2 x 2 MiB;"
+        "g: stage-2 map calls (kvm_pgtable_stage2_map) by size: 4 x 4 KiB, 2 x 2 MiB;"
         " the kprobe missed 2 call(s) (kprobe_profile)"
     )
     assert table is not None and table.frame["size"].to_list() == ["4 KiB", "2 MiB", "4 KiB"]

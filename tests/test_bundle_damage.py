@@ -74,7 +74,7 @@ def test_a_report_says_first_what_is_missing_and_never_reads_a_resized_file(
     stress = bundle / "runs" / "after-quiet-0" / "stress-ng.yaml"
     stress.write_text(stress.read_text() + "# edited\n")
     text = CliRunner().invoke(main, ["report", str(bundle)]).output
-    assert "DAMAGED bundle: 2 file(s) missing or changed" in _first_line(text)
+    assert "DAMAGED bundle: 2 file(s) missing, changed or cut" in _first_line(text)
     header = json.loads(CliRunner().invoke(main, ["report", "-f", "json", str(bundle)]).output)
     damaged = next(line for line in header["warnings"] if line.startswith("DAMAGED"))
     assert "cyclictest.txt: missing" in damaged and "stress-ng.yaml: " in damaged

@@ -384,3 +384,22 @@ def test_a_scoped_stack_records_in_the_outer_journal_and_leaves_it_open(tmp_path
     outer.push("later", lambda: None, {"kind": "x"})  # still open for the outer stack's changes
     outer.close()
     assert list((tmp_path / "j").iterdir()) == []
+
+
+def test_stop_processes_stops_children_first_and_keeps_the_other_undos(tmp_path: Path) -> None:
+    # A tool that writes its last output when stopped (cyclictest flushing its buffer on
+    # SIGTERM): a stopped run's files are final only after stop_processes.
+    out = tmp_path / "tool.out"
+    undone: list[str] = []
+    with CleanupStack() as stack:
+        stack.push("restore a setting", lambda: undone.append("setting"))
+        script = (
+            f"trap 'echo flushed >> {out}; exit 0' TERM; echo started; while :; do sleep 0.05; done"
+        )
+        proc = stack.spawn(["sh", "-c", script], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
+        stack.stop_processes()
+        assert out.read_text() == "flushed\n" and proc.returncode is not None
+        assert undone == []  # only the children were stopped
+        proc.stdout.close()
+    assert undone == ["setting"]

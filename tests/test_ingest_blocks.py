@@ -17,7 +17,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import tracekit
-from tracekit.ingest import membuf, ringbuf, tables
+from tracekit.ingest import bytype, membuf, ringbuf, tables
 from tracekit.ingest.formats import HeaderEvent, HeaderPage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
@@ -34,17 +34,38 @@ def _frames(path: Path) -> dict[str, pl.DataFrame]:
 
 
 @pytest.mark.parametrize("name", BINARY)
-def test_tiny_blocks_and_batches_change_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One page per walk and 7 rows per block give the same tables as the defaults."""
+@pytest.mark.parametrize("limit", ["rows", "bytes"])
+def test_tiny_blocks_and_batches_change_nothing(
+    name: str, limit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One page per walk and blocks of 7 rows (or of 300 bytes of payload) give the same
+    tables as the defaults."""
     whole = _frames(FIXTURES / name)
     monkeypatch.setattr(ringbuf, "PAGES_PER_WALK", 1)
-    monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    if limit == "rows":
+        monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    else:
+        monkeypatch.setattr(tables, "BYTES_PER_BLOCK", 300)
     blocks = _frames(FIXTURES / name)
     assert whole.keys() == blocks.keys()
     assert whole["events"].height > 7  # several blocks really ran
     for key, frame in whole.items():
         assert blocks[key].schema == frame.schema, key
         assert_frame_equal(blocks[key], frame, categorical_as_str=True)
+
+
+@pytest.mark.parametrize("rows, nbytes", [(7, 1 << 30), (1 << 20, 500), (5, 500), (3, 1)])
+def test_block_ends_keep_both_limits(rows: int, nbytes: int) -> None:
+    """Blocks cover every row in order, none over `rows` rows, none over `nbytes` bytes
+    unless it is one row (a row bigger than the budget is a block of its own)."""
+    length = np.random.default_rng(rows + nbytes).integers(8, 2100, 1000)
+    ends = bytype.block_ends(length, rows, nbytes)
+    starts = np.r_[0, ends[:-1]]
+    assert ends[-1] == len(length) and (ends > starts).all()
+    assert (ends - starts <= rows).all()
+    sizes = np.add.reduceat(length, starts)
+    assert ((sizes <= nbytes) | (ends - starts == 1)).all()
+    assert len(bytype.block_ends(length[:0], rows, nbytes)) == 0
 
 
 def test_release_drops_whole_pages_inside_the_range_only() -> None:

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.ingest import chars, columns
+from tracekit.ingest import chars, columns, membuf
 from tracekit.ingest.columns import Gatherer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -32,9 +32,16 @@ def _tables(path: Path) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
 
 
 @pytest.mark.parametrize("path", HELD + CORPUS_DATS, ids=lambda p: p.name)
-def test_string_words_equal_the_byte_path(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("wide", [False, True])  # as it is, or every string cut one by one
+def test_string_words_equal_the_byte_path(
+    path: Path, wide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if wide:
+        monkeypatch.setattr(columns, "WORDS_MAX", 0)
+        monkeypatch.setattr(columns, "WIDE_MIN", 0)
     fast_events, fast = _tables(path)
     monkeypatch.setattr(columns, "WORDS_MAX", 0)  # every string through the byte path
+    monkeypatch.setattr(columns, "WIDE_MIN", 1 << 30)
     slow_events, slow = _tables(path)
     assert fast_events.equals(slow_events)
     assert fast.keys() == slow.keys()
@@ -77,6 +84,33 @@ def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool
     buf, start, count, want = _generated(rng, 6000, width, names, aligned)
     got = Gatherer(buf, start, count).strings(start, count)
     assert got.dtype == pl.String and got.to_list() == want
+
+
+@pytest.mark.parametrize("width", [257, 300, 2000])
+@pytest.mark.parametrize("owner", ["bytes", "mmap"])  # the memories cut one by one
+@pytest.mark.parametrize("chunk", [columns.WIDE_CHUNK, 5000])  # one column, or many chunks
+def test_wide_strings_cut_at_nul_and_count(
+    width: int, owner: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columns, "WIDE_CHUNK", chunk)
+    rng = np.random.default_rng(width)
+    buf, start, count, want = _generated(rng, 2000, width, 50)
+    if owner == "bytes":
+        held = np.frombuffer(buf.tobytes(), np.uint8)
+    else:
+        held = membuf.alloc(len(buf))
+        held[:] = buf
+    assert membuf.byte_source(held[8:]) is not None  # the wide path, not the byte path
+    got = Gatherer(held, start, count).strings(start, count)
+    assert got.dtype == pl.String and got.to_list() == want
+
+
+def test_wide_strings_decode_bad_utf8_with_replacement() -> None:
+    text = b"ok \xff\xfe " * 40 + b"\0tail"
+    held = np.frombuffer(text * 3, np.uint8)
+    start, count = np.arange(3) * len(text), np.full(3, len(text))
+    got = Gatherer(held, start, count).strings(start, count).to_list()
+    assert got == [text.split(b"\0")[0].decode("utf-8", "replace")] * 3
 
 
 def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from perfetto_support import ftrace_events
 
 import tracekit
 from tracekit.bundle import BundleWriter, Manifest, RunRecord
+from tracekit.ingest.trace import Trace
+from tracekit.perfetto.bundle import export_bundle
 from tracekit.perfetto.protos import TracePacket
 from tracekit.perfetto.system import Tasks, process_tree_packet
 from tracekit.perfetto.writer import read_packets
@@ -67,6 +70,22 @@ def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -
     unknown = _run(str(bundle), "-o", str(out), "--run", "t9")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
     assert "have: q0, t0, t1" in unknown.stderr
+
+
+def test_a_bundle_export_holds_one_trace_at_a_time(tmp_path: Path) -> None:
+    """Each traced run's trace is let go once written: when the next run is read, no
+    earlier run's trace is alive (memory does not grow with the runs)."""
+    bundle = _bundle(tmp_path / "b", traced=3)
+    alive: list[int] = []
+
+    def steps(done: int, total: int, run_id: str) -> None:
+        """Count the traces alive before each run is read."""
+        gc.collect()
+        alive.append(sum(isinstance(o, Trace) for o in gc.get_objects()))
+
+    result, _ = export_bundle(bundle, tmp_path / "b.pftrace", steps=steps)
+    assert result.traces == ["t0", "t1", "t2"]
+    assert alive == [0, 0, 0]
 
 
 def test_each_runs_losses_are_carried(tmp_path: Path) -> None:

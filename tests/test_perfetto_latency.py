@@ -13,7 +13,7 @@ from perfetto_support import Export, read_export
 import tracekit
 from tracekit.analysis.wakeup import sleep_due_times
 from tracekit.bundle import read_manifest
-from tracekit.ingest.probe import read_probe_file
+from tracekit.ingest.probe import ProbeHeader, read_probe_file
 from tracekit.ingest.tools import read_cyclictest_verbose
 from tracekit.perfetto.bundle import export_bundle
 from tracekit.perfetto.latency import (
@@ -22,6 +22,10 @@ from tracekit.perfetto.latency import (
     grid_steps,
     timelines,
 )
+from tracekit.perfetto.probe import write_probe_samples
+from tracekit.perfetto.tracks import TrackWriter
+from tracekit.perfetto.validate import validate_file
+from tracekit.perfetto.writer import PacketWriter
 
 FIXTURE = Path(__file__).parent / "fixtures" / "perfetto" / "nvhe-a76-kprobes"
 MS = 1_000_000
@@ -152,9 +156,40 @@ def test_probe_samples_are_a_counter_at_their_own_times(exported: tuple[Path, Ex
     root, export = exported
     header, samples = read_probe_file(root / "runs" / "before-probe-page-cpu3" / "probe.bin")
     values = export.counters[
-        f"TLBI probe on CPU {header.cpu}: page call duration (before-probe-page-cpu3)"
+        f"TLBI probe on CPU {header.cpu}: page, RW->RO and RO->RW pooled: syscall duration"
+        " (before-probe-page-cpu3)"  # a version-1 file: no direction recorded
     ]
     want = zip(samples["timestamp_ns"], samples["duration_ns"].cast(float), strict=True)
     assert values == list(want)
     run = next(r for r in read_manifest(root).runs if r.run_id == "before-probe-page-cpu3")
     assert run.start_ns <= values[0][0] and values[-1][0] <= run.end_ns  # type: ignore[operator]
+
+
+def test_probe_directions_are_counters_of_their_own(tmp_path: Path) -> None:
+    """A version-2 file's RW->RO and RO->RW samples (different kernel paths) go on two
+    counters, each saying a sample is a whole syscall on its issuing CPU."""
+    header = ProbeHeader(
+        cpu=1, mode="page", pages=1, counter_hz=62_500_000, count=4, clock_id=7, helpers=3,
+        version=2,
+    )  # fmt: skip
+    samples = pl.DataFrame(
+        {
+            "timestamp_ns": [100, 200, 300, 400],
+            "duration_ns": [10, 20, 30, 40],
+            "direction": ["rw-ro", "ro-rw", "rw-ro", "ro-rw"],
+        }
+    )
+    out = tmp_path / "p.pftrace"
+    with PacketWriter(out) as writer:
+        tracks = TrackWriter(writer)
+        root = tracks.track("root", "tracekit")
+        assert write_probe_samples(tracks, root, "r", (header, samples), None, (None, 300)) == 3
+    assert validate_file(out).ok
+    export = read_export(out)
+    assert export.counters["TLBI probe on CPU 1: page rw-ro: syscall duration (r)"] == [
+        (100, 10.0), (300, 30.0)
+    ]  # fmt: skip
+    assert export.counters["TLBI probe on CPU 1: page ro-rw: syscall duration (r)"] == [(200, 20.0)]
+    said = export.description("TLBI probe on CPU 1: page rw-ro: syscall duration (r)")
+    assert "one whole mprotect/munmap syscall" in said
+    assert "CPU 1 is the issuer, never the slow responder" in said

@@ -9,10 +9,11 @@ from typing import Any
 import polars as pl
 import pytest
 from perfetto_support import Export, read_export
-from vm_bundles import during_tlbi_loop_bundle
+from vm_bundles import during_tlbi_loop_bundle, make_vm_bundle
 
 import tracekit
 from tracekit.analysis.cacheflush import BY_NEIGHBOUR, BY_PROBE
+from tracekit.bundle import BundleWriter, read_manifest
 from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto.bundle import export_bundle
 from tracekit.perfetto.timeline import write_trace_tracks
@@ -99,6 +100,46 @@ def test_kernel_teardown_path_from_entry_return_kprobes(guest: tuple[Path, Expor
     assert shadow.start == shadow.end  # no return probe: an instant
     (teardown,) = [s for s in export.slices["VM 0"] if s.name.startswith("teardown")]
     assert all(teardown.start <= s.start <= s.end <= teardown.end for s in path.values())
+
+
+def _teardown_without_a_return(root: Path, misses: dict[str, int] | None) -> Export:
+    """The real 6.1 teardown bundle with its first kvm_free_stage2_pgd return cut, the
+    run's kprobe misses recorded as MISSES, exported."""
+    bundle = make_vm_bundle(root, {"teardown": "teardown-6.1-a76"}, "6.1.0-50-arm64")
+    trace = bundle / "runs" / "teardown" / "trace"
+    lines = trace.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "kvm_free_stage2_pgd_ret:" in line)
+    trace.write_text("".join(lines[:first] + lines[first + 1 :]))
+    manifest = read_manifest(bundle)
+    manifest.runs[0].probe_misses = misses
+    BundleWriter(bundle, manifest).finish()  # recorded so, not changed later
+    out = root.parent / f"{root.name}.pftrace"
+    export_bundle(bundle, out)
+    assert validate_file(out).ok
+    return read_export(out)
+
+
+def test_a_teardown_call_without_return_says_if_the_kretprobe_missed_it(tmp_path: Path) -> None:
+    """The cut return's call is drawn to teardown-end, labelled by what the run's
+    kprobe_profile says: maybe a missed return (1 missed), not one (0 missed), or unknown."""
+    said = {}
+    key = "tracekit/kvm_free_stage2_pgd_ret"
+    for name, misses in (("missed", {key: 1}), ("none", {key: 0}), ("unknown", None)):
+        export = _teardown_without_a_return(tmp_path / name, misses)
+        (unclosed,) = [
+            s
+            for track, spans in export.slices.items()
+            if track.endswith("teardown in the kernel (kprobes)")
+            for s in spans
+            if "return not recorded" in s.name
+        ]
+        said[name] = (unclosed.name, unclosed.args["missing_return"])
+    assert said["missed"][0].endswith("(return not recorded: maybe missed by the kretprobe)")
+    assert "may be one of them" in said["missed"][1]
+    assert said["none"][0].endswith("(return not recorded: trace ended or events lost)")
+    assert "missed none" in said["none"][1]
+    assert said["unknown"][0] == "kvm_free_stage2_pgd (return not recorded)"
+    assert "did not record the kretprobe's misses" in said["unknown"][1]
 
 
 def _flush_tables(kprobe: bool) -> tuple[dict[str, pl.DataFrame], pl.DataFrame]:

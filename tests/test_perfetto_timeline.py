@@ -93,7 +93,8 @@ def test_each_run_has_its_group(whole: tuple[Export, str]) -> None:
     assert latency in export.children("run before-traced-0 (traced)")
     assert "tracekit: VMs" in export.children("run guest (guest)")
     assert export.children("run before-probe-page-cpu3 (probe)") == [
-        "TLBI probe on CPU 3: page call duration (before-probe-page-cpu3)"
+        "TLBI probe on CPU 3: page, RW->RO and RO->RW pooled: syscall duration"
+        " (before-probe-page-cpu3)"
     ]
 
 

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tracekit.bundle import EMULATED_LINE, BundleWriter, Manifest, RunRecord
+from tracekit.bundle import EMULATED_LINE, BundleWriter, Manifest, RunRecord, read_manifest
 from tracekit.ingest.bundle import load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.model import Report
@@ -69,6 +69,10 @@ def test_matching_bundle_has_counts_and_no_contradiction(tmp_path: Path) -> None
     assert by[("TLBI VMALLS12E1", "source")]["vmid"] == 0
     assert by[("TLBI ALLE2", "not-vmid-scoped")]["vmid"] is None
     assert any("never read" in u for u in section.unknowns)
+    # The margin is the bundle's own clock fit error, said once (G3).
+    margin = [f for f in section.findings if "VMIDs attributed within" in f]
+    assert len(margin) == 1 and "bound 100 us" in margin[0]
+    assert "NOT attributed by time" in groundtruth._margin_line(150_000)
 
 
 CONTRADICTS = "CONTRADICTS THE SETUP"
@@ -91,6 +95,35 @@ def test_a_contradiction_leads_every_format(tmp_path: Path) -> None:
     assert html.index(EMULATED_LINE) < html.index(CONTRADICTS) < html.index("Ground truth")
     data = json.loads(render(report, "json"))
     assert data["contradictions"] == report.contradictions
+
+
+def test_a_probe_whose_returns_were_missed_did_fire(tmp_path: Path) -> None:
+    """The traced run recorded no kvm_flush_remote_tlbs hit, but its kprobe_profile
+    counted 2 missed returns: the section sums the misses and says the probe fired."""
+    root = gt_bundle(tmp_path / "b", truth=False)
+    manifest = read_manifest(root)
+    manifest.scenario["kprobes"] = [
+        "p:tracekit/kvm_flush_remote_tlbs kvm_flush_remote_tlbs",
+        "r:tracekit/kvm_flush_remote_tlbs_ret kvm_flush_remote_tlbs",
+    ]
+    manifest.runs[0].probe_misses = {
+        "tracekit/kvm_flush_remote_tlbs": 0,
+        "tracekit/kvm_flush_remote_tlbs_ret": 2,
+    }
+    trace = root / "runs" / "guest" / "trace"
+    trace.write_text(
+        "# tracer: nop\n"
+        "             vmm-131     [001] .....    14.400000: tracing_mark_write: tracekit-vmm:"
+        " vm=0 event=teardown-end\n"
+    )
+    manifest.runs[0].files.append("runs/guest/trace")
+    BundleWriter(root, manifest).finish()
+    add_ground_truth(FIXTURE, root)
+    section = next(s for s in _report(root).sections if s.key == "groundtruth")
+    (said,) = [f for f in section.findings if "probe kvm_flush_remote_tlbs" in f]
+    assert "fired, though no hit was recorded: its probes missed 0 hit(s) and 2 return(s)" in said
+    probes = next(t.frame for t in section.tables if "kprobes named after a path" in t.title)
+    assert probes.select("entries_missed", "returns_missed").row(0) == (0, 2)
 
 
 def test_a_board_bundle_says_no_ground_truth(tmp_path: Path) -> None:

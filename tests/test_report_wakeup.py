@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tracekit.analysis import wakeup as wakeup_analysis
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.model import Report
 from tracekit.report.render import render
@@ -48,6 +49,11 @@ def test_wakeup_section_on_real_traced_runs(data: BundleData) -> None:
     assert {p.kind for p in section.plots} == {"cdf", "bars"}
     # nohz_full moved some of cyclictest's timers onto a stress CPU: the finding says so.
     assert any("their timers fired on CPU 0 (a stress CPU)" in f for f in section.findings)
+    # irq_delay is one number: no finding names what the interrupt waited for, which the
+    # section's unknowns say it cannot tell.
+    assert any("what the timer interrupt waited for" in u for u in section.unknowns)
+    said = " ".join(section.findings) + " " + wakeup_analysis.COMPONENTS["irq_delay_ns"]
+    assert "irqs off" not in said and "late interrupt" not in said
 
 
 def test_a_run_whose_rt_cpu_lost_events_is_left_out_and_said(tmp_path: Path) -> None:
@@ -69,6 +75,11 @@ def test_correlation_section_shows_other_cpus_and_the_guest(data: BundleData) ->
     guest = overview.filter(pl.col("run_id") == "guest")
     running = guest.filter(pl.col("activity") == "guest")
     assert running["cpu"].to_list() == [1] and running["n"].item() > 0
+    # "Other CPUs", but for the rt CPU's IPIs to itself, which the note names.
+    table = next(t for t in section.tables if t.title.startswith("activity"))
+    rt_rows = overview.filter(pl.col("cpu") == 3)
+    assert set(rt_rows["activity"]) <= {"ipi_to_rt"}
+    assert "the IPIs it raised to itself" in table.note
     timelines = [p for p in section.plots if p.kind == "timeline"]
     assert len(timelines) == 2
     assert all(p.frame["lane"][0] == "cpu3 wake-up" for p in timelines)

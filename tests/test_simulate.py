@@ -548,9 +548,12 @@ def test_a_campaign_cell_runs_under_its_model() -> None:
         check_board_plan(plan)
 
 
-def _cell(root: Path, guest: str, after: str, factor: float, release: str) -> BundleData:
-    """A generated 4+4-run bundle of one condition (after = before x factor)."""
-    bundle = make_bundle(root, runs=4, factor=factor, guest=guest)
+def _cell(
+    root: Path, guest: str, after: str, factor: float, release: str, emulated: bool = False
+) -> BundleData:
+    """A generated 4+4-run bundle of one condition (after = before x factor), from a
+    board unless EMULATED."""
+    bundle = make_bundle(root, runs=4, factor=factor, guest=guest, emulated=emulated)
 
     def edit(m: dict) -> None:
         m["host"]["kernel_release"] = release
@@ -561,8 +564,8 @@ def _cell(root: Path, guest: str, after: str, factor: float, release: str) -> Bu
 
 
 def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path) -> None:
-    """The report section on generated 6.12 bundles: mmu-on x3 is present, which the
-    null model predicts absent (refuted) and the brief's model present (consistent)."""
+    """The report section on generated 6.12 board bundles: mmu-on x3 is present, which
+    the null model predicts absent (refuted) and the brief's model present (consistent)."""
     r612 = "6.12.117+deb13-arm64"
     bundles = [
         _cell(tmp_path / "on", "mmu-on", "none", 3.0, r612),
@@ -600,6 +603,22 @@ def test_the_verdict_metric_rests_on_ten_samples_not_one() -> None:
     assert said[VERDICT_METRIC].verdict == PRESENT and said[VERDICT_METRIC].ratio > 4
     with pytest.raises(TracekitError, match="top10 needs run_metrics"):
         metric_values(run_metrics(frame), "top10")
+
+
+def test_an_emulated_bundle_without_a_model_tests_no_model(tmp_path: Path) -> None:
+    """The emulated host ran no mechanism: alone it gets no predictions section; beside
+    board bundles it is left out of them, and said; simulated, it takes part."""
+    r612 = "6.12.117+deb13-arm64"
+    emulated = _cell(tmp_path / "emu", "mmu-on", "none", 3.0, r612, emulated=True)
+    assert predictions.section([emulated]) is None
+    board = _cell(tmp_path / "on", "mmu-on", "none", 3.0, r612)
+    section = predictions.section([board, emulated])
+    assert section is not None
+    (left,) = [u for u in section.unknowns if "left out of the model predictions" in u]
+    assert "emulated without a simulated mechanism" in left and "emu" in left
+    assert section.tables[0].frame["condition"].n_unique() == 1
+    _simulated(tmp_path / "emu", "null@c440ed43b72271f1")
+    assert predictions.section([load_bundle(tmp_path / "emu")]) is not None
 
 
 def test_which_cells_refute_which_model() -> None:

@@ -38,6 +38,7 @@ from tracekit.ingest.groundtruth import (
 )
 from tracekit.ingest.gtalign import SYNC_SCHEMA
 from tracekit.ingest.vmm import parse_vmm_output
+from tracekit.report.sections.groundtruth import bundle_summary
 from tracekit.report.sections.groundtruth import section as groundtruth_section
 from tracekit.vhost import apt, groundtruth
 
@@ -328,6 +329,67 @@ def test_vhost_nvhe_6_1_vmid_rollover_is_one_alle1is(vhost_boot) -> None:
     # same checks passed on the saved nvhe-a53 boot's VMM run, tests/test_analysis_*).
     section = groundtruth_section([load_bundle(bundle)])
     assert section is not None and section.contradictions == [], section.contradictions
+    _assert_61_rollover_vmids(bundle, result["vms"])
+
+
+def _vmid_rows(bundle: Path) -> pl.DataFrame:
+    """A bundle's EL2 invalidations with the VMIDs the report attributes to them."""
+    data = load_bundle(bundle)
+    found = data.ground_truth()
+    assert found is not None
+    rows = bundle_summary(data, found[1]).vmid_rows
+    assert rows is not None
+    return rows
+
+
+def _assert_61_rollover_vmids(bundle: Path, vms: int) -> None:
+    """6.1 nVHE: the guest run's first flush is VMID 0 (vcpu_load's flush, arm.c:425,
+    comes before the run loop's kvm_arm_vmid_update, :929); the rollover's VMM writes no
+    markers, so its VMs' flushes are no-markers, one per VM; the init VMALLS12E1 is 0 by
+    the source; ALLE1IS, ALLE2, IC tag no VMID (tests/fixtures/gtvmid, cut from a saved
+    boot of this check, holds the same)."""
+    rows = _vmid_rows(bundle)
+    flush = rows.filter(pl.col("operation") == "TLBI VMALLE1")
+    guest = flush.filter(pl.col("run_id") == "guest")
+    assert guest.select("vmid", "vmid_basis").rows() == [(0, "inferred")]
+    rollover = flush.filter(pl.col("run_id") == "after-guest-rollover")
+    assert rollover.height == vms and set(rollover["vmid_basis"]) == {"no-markers"}
+    init = rows.filter(pl.col("operation") == "TLBI VMALLS12E1")
+    assert set(init.select("vmid", "vmid_basis").rows()) == {(0, "source")}
+    rest = rows.filter(~pl.col("operation").is_in(["TLBI VMALLE1", "TLBI VMALLS12E1"]))
+    assert set(rest["vmid_basis"]) == {"not-vmid-scoped"}
+
+
+def _assert_612_vmids(bundle: Path) -> None:
+    """6.12 nVHE: each VM's first flush has the VMID its kvm_arm_vmid_update returned just
+    before (arm.c:597 then :609 in 6.12.107), one VMID a VM, every one inferred within the
+    bundle's own clock error; nothing else is VMID-scoped at EL2 there."""
+    import tracekit
+
+    rows = _vmid_rows(bundle)
+    flush = rows.filter(pl.col("operation") == "TLBI VMALLE1")
+    assert set(flush["vmid_basis"]) == {"inferred"}, flush.select("ts", "vmid_how").rows()
+    returned: dict[str, list[int]] = {}
+    for run in read_manifest(bundle).runs:
+        ret = tracekit.open(bundle / "runs" / run.run_id / "trace").event("kvm_arm_vmid_update_ret")
+        ids = ret.filter(pl.col("vmid_id") > 0)["vmid_id"].unique(maintain_order=True)
+        returned[run.run_id] = [v & 0xFFFF for v in ids.to_list()]
+    for run_id, ids in returned.items():
+        mine = flush.filter(pl.col("run_id") == run_id).sort("ts")
+        assert mine["vmid"].to_list() == ids, (run_id, mine["vmid"].to_list(), ids)
+    rest = rows.filter(pl.col("operation") != "TLBI VMALLE1")
+    assert set(rest["vmid_basis"]) == {"not-vmid-scoped"}
+
+
+@pytest.mark.vhost
+def test_vhost_trixie_6_12_first_flush_vmids(vhost_boot) -> None:  # type: ignore[no-untyped-def]
+    """trixie 6.12: on the teardown sweep's bundle (9 VMs, a traced run each), every VM's
+    EL2 VMALLE1 is attributed the VMID its own update had just given it."""
+    boot = vhost_boot("trixie-max")
+    if "collect_teardown_trixie" not in boot.checks:
+        pytest.skip("the teardown check is registered by tests/test_collect_scenarios.py")
+    assert boot.checks["collect_teardown_trixie"].status == 0
+    _assert_612_vmids(boot.result.out_dir / "checks" / "collect_teardown_trixie" / "bundle")
 
 
 # VHE (bookworm 6.1 on max) and trixie 6.12 (nVHE forced on max): the same VMM run, then

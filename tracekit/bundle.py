@@ -354,19 +354,26 @@ def _check_types(
 
 
 def bundle_problems(
-    root: Path, manifest: Manifest, full: bool = False, damaged: dict[str, str] | None = None
+    root: Path,
+    manifest: Manifest,
+    full: bool = False,
+    damaged: dict[str, str] | None = None,
+    cut: dict[str, str] | None = None,
 ) -> list[str]:
-    """What is missing or changed in a bundle, one line each (sizes; with `full`, hashes).
+    """What is missing, changed or cut in a bundle, one line each (sizes; with `full`, hashes).
 
     Sizes are cheap and checked on every open; the sha256 of every file is checked on
     request (`tracekit verify`, `report --verify`): mtimes do not survive a copy from a
-    board, so a hash is the only proof that nothing changed. `damaged`: damaged_files'
-    answer, when the caller has it already.
+    board, so a hash is the only proof that nothing changed. `damaged`, `cut`:
+    damaged_files' and cut_files' answers, when the caller has them already.
     """
     problems = [] if manifest.complete else [f"INCOMPLETE: {manifest.incomplete_reason}"]
     if damaged is None:
         damaged = damaged_files(root, manifest, full)
-    return problems + [f"{rel}: {what}" for rel, what in damaged.items()]
+    if cut is None:
+        cut = cut_files(root, manifest)
+    problems += [f"{rel}: {what}" for rel, what in damaged.items()]
+    return problems + [f"{rel}: {what}" for rel, what in cut.items() if rel not in damaged]
 
 
 def damaged_files(root: Path, manifest: Manifest, full: bool = False) -> dict[str, str]:
@@ -386,6 +393,61 @@ def damaged_files(root: Path, manifest: Manifest, full: bool = False) -> dict[st
             if rel not in manifest.files and not confined(root, rel).is_file():
                 damaged[rel] = f"missing (run {run.run_id} lists it)"
     return damaged
+
+
+# A run's line-oriented outputs, and what of each is read once it is cut. Every line
+# their writers print ends in a newline, so a file that does not end in one was cut when
+# its writer was stopped (SIGKILL, a power cut), and its last line may be any prefix of
+# a line (a latency of "33" cut from "338400").
+CUT_LINES = {
+    RunFile.CYCLICTEST: "its last line is not read",
+    RunFile.STRESS_YAML: "not read (its metrics may be partial): the run's throughput is not known",
+    RunFile.STRESS: "its last line is cut",
+    RunFile.VMM: "its last line is not read",
+    RunFile.PROBE_SUMMARY: "not read: the probe slot's summary is not known",
+}
+CUT_LINE = "cut mid-line (its writer was stopped)"
+
+
+def cut_files(root: Path, manifest: Manifest) -> dict[str, str]:
+    """Files a stopped writer left cut: a line-oriented output ending mid-line, a CPU's
+    ring-buffer pages ending mid-page. One byte or a size per file: checked on every open."""
+    cut: dict[str, str] = {}
+    for run in manifest.runs:
+        for name, read in CUT_LINES.items():
+            rel = run_file(run.run_id, name)
+            if _ends_mid_line(confined(root, rel)):
+                cut[rel] = f"{CUT_LINE}: {read}"
+        cut |= _cut_pages(root, run.run_id)
+    return cut
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether a file has bytes after its last newline (False when absent or empty)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def _cut_pages(root: Path, run_id: str) -> dict[str, str]:
+    """A raw capture's CPU files that end mid-page (the copy was stopped mid-write)."""
+    capture = run_path(root, run_id, RunFile.TRACE)
+    try:
+        page = json.loads((capture / "capture.json").read_text()).get("page_size")
+    except (OSError, ValueError, AttributeError):
+        return {}  # no capture here, or one the reader names as damaged
+    if type(page) is not int or page <= 0:
+        return {}
+    cut: dict[str, str] = {}
+    for raw in sorted(capture.glob("per_cpu/cpu*/trace_pipe_raw")):
+        if extra := raw.stat().st_size % page:
+            cut[raw.relative_to(root).as_posix()] = (
+                f"cut mid-page (its writer was stopped): the last {extra} bytes, part of a "
+                "page, are not read; that page's events are lost, how many is not known"
+            )
+    return cut
 
 
 def verify_files(root: Path, manifest: Manifest) -> list[str]:

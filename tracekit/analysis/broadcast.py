@@ -99,3 +99,12 @@ def probe_by_phase(samples: pl.DataFrame) -> pl.DataFrame:
             pl.col("phase").replace_strict(order, default=9, return_dtype=pl.Int8),
         )
     )
+
+
+def unprobed_guest_cpus(
+    samples: pl.DataFrame, guest_cpus: list[int], phase: str = "during"
+) -> list[int]:
+    """The guest CPUs without a probe slot in PHASE (collect leaves them out while they
+    run the background guest; before and after it probes them)."""
+    probed = set(samples.filter(pl.col("phase") == phase)["cpu"].to_list())
+    return sorted(cpu for cpu in set(guest_cpus) if cpu not in probed)

@@ -12,6 +12,8 @@ with no entry is counted, never guessed at.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import polars as pl
 
 from tracekit.bundle import PROBE_GROUP
@@ -105,6 +107,32 @@ def unclosed_note(calls: pl.DataFrame, returns_missed: int | None) -> str | None
     )
 
 
+# Why one call has no return, by its maybe_missed_return (True, False, None): a short
+# label and the whole sentence, for one call drawn alone (a timeline's slice).
+UNCLOSED_CALL = {
+    True: (
+        "return not recorded: maybe missed by the kretprobe",
+        "no return recorded; the kretprobe missed returns in this run (kprobe_profile), so"
+        " this may be one of them",
+    ),
+    False: (
+        "return not recorded: trace ended or events lost",
+        "no return recorded; the kretprobe missed none in this run, so the trace ended"
+        " inside the call or events were lost",
+    ),
+    None: (
+        "return not recorded",
+        "no return recorded; the run did not record the kretprobe's misses, so this may be"
+        " a missed return",
+    ),
+}
+
+
+def unclosed_call(maybe_missed_return: bool | None) -> tuple[str, str]:
+    """A call without a return: (short label, sentence) saying what it may be."""
+    return UNCLOSED_CALL[maybe_missed_return]
+
+
 def missed_note(
     function: str, entries: pl.DataFrame, returns: pl.DataFrame, returns_missed: int | None
 ) -> str | None:
@@ -114,7 +142,7 @@ def missed_note(
     return None if note is None else f"{function}: {note}"
 
 
-def probe_missed(probe_misses: dict[str, int] | None, event: str) -> int | None:
+def probe_missed(probe_misses: Mapping[str, int] | None, event: str) -> int | None:
     """One tracekit kprobe's misses in a run (RunRecord.probe_misses, from kprobe_profile);
     None: the run did not record them, or the probe was not defined."""
     if probe_misses is None:
@@ -122,9 +150,23 @@ def probe_missed(probe_misses: dict[str, int] | None, event: str) -> int | None:
     return probe_misses.get(f"{PROBE_GROUP}/{event}")
 
 
-def returns_missed(probe_misses: dict[str, int] | None, function: str) -> int | None:
+def returns_missed(probe_misses: Mapping[str, int] | None, function: str) -> int | None:
     """The returns F's kretprobe (tracekit/F_ret) missed in a run; None: not recorded."""
     return probe_missed(probe_misses, f"{function}_ret")
+
+
+def misses_over_runs(
+    runs: Iterable[Mapping[str, int] | None], function: str
+) -> tuple[int | None, int | None]:
+    """F's entry kprobe's and kretprobe's misses summed over runs (RunRecord.probe_misses);
+    each None when a run did not record it (or the probe was not defined)."""
+    entries: int | None = 0
+    returns: int | None = 0
+    for misses in runs:
+        hit, back = probe_missed(misses, function), returns_missed(misses, function)
+        entries = None if entries is None or hit is None else entries + hit
+        returns = None if returns is None or back is None else returns + back
+    return entries, returns
 
 
 def _edges(events: pl.DataFrame, step: int) -> pl.DataFrame:

@@ -35,6 +35,11 @@ MIN_SPREAD_RUNS = 2
 # these two numbers and fails if they drift.
 NULL_COMPARISONS = 756
 NULL_PRESENT = 4
+# The same method on saved bundles of boots under the null model (nothing injected):
+# benchmarks/simulate_null_fpr.py, its result file benchmarks/results/simulate_null_fpr.txt
+# (tests/test_analysis_fpr.py checks these against it). Pseudo-runs cut from 4+4 and from
+# 1+1 quiet runs: (present, comparisons). Fewer real runs, more of the host's drift.
+NULL_SAVED = {"4+4": (85, 2528), "1+1": (63, 240)}
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,18 @@ class Thresholds:
 
 
 def _false_positive_text() -> str:
-    """The measured false-positive rate, stated with the rule it belongs to."""
-    rate = NULL_PRESENT / NULL_COMPARISONS
-    return (
-        f"; false positives: {rate:.1%} ({NULL_PRESENT} of {NULL_COMPARISONS} null comparisons"
-        " of real emulated runs)"
-    )
+    """The measured false-positive rates, stated with the rule they belong to: each set of
+    null runs its own, since the rate grows as the real runs behind them get fewer."""
+    rates = [f"{_rate(NULL_PRESENT, NULL_COMPARISONS)} cut from 8+8 runs"]
+    rates += [f"{_rate(*counts)} from {runs}" for runs, counts in NULL_SAVED.items()]
+    return f"; false positives on null emulated runs: {', '.join(rates)}"
+
+
+def _rate(present: int, comparisons: int) -> str:
+    """'3.4% (85/2528)'."""
+    share = present / comparisons
+    digits = 1 if share < 0.1 else 0  # 0.5%, 3.4%, 26%
+    return f"{share:.{digits}%} ({present}/{comparisons})"
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -99,6 +110,8 @@ class Comparison:
     thresholds: Thresholds = field(default=DEFAULT_THRESHOLDS)
     # What the ratio divides, for describe(); "" when the metric's name already says it.
     ratio_label: str = "after/before"
+    # The groups' sizes as said; "" is "B+A runs" (two groups of runs, not one run in both).
+    runs_said: str = ""
 
     def interval(self) -> str:
         """The interval as "[lo, hi]", or "n/a" when one run per phase has no spread."""
@@ -108,7 +121,7 @@ class Comparison:
 
     def brief(self) -> str:
         """One line: ratio, interval, p, runs and verdict (test and runs needed said apart)."""
-        return self._line(f", {self.n_before}+{self.n_after} runs") + self._excluded_text()
+        return self._line(f", {self._runs()}") + self._excluded_text()
 
     def terse(self) -> str:
         """Metric, ratio, interval, p and verdict: for a line that says the test, the runs
@@ -117,10 +130,22 @@ class Comparison:
 
     def describe(self) -> str:
         """A maintainer's summary, wrapped to 72 columns."""
-        text = self._line(f" ({self.test}, {self.n_before}+{self.n_after} runs)")
+        text = self._line(f" ({self.test}, {self._runs()})")
         if self.needed_runs is not None:
-            text += f"; needs {self.needed_runs}+{self.needed_runs} runs to show an effect"
+            text += f"; needs {self.needs()} to show an effect"
         return textwrap.fill(text + self._excluded_text(), DESCRIBE_WIDTH, subsequent_indent="  ")
+
+    def needs(self) -> str | None:
+        """The runs a verdict needs, said as the groups are ("4+4 runs"); None: enough."""
+        if self.needed_runs is None:
+            return None
+        if self.runs_said:
+            return f"{self.needed_runs} runs, each split"
+        return f"{self.needed_runs}+{self.needed_runs} runs"
+
+    def _runs(self) -> str:
+        """How many runs each group had, as said."""
+        return self.runs_said or f"{self.n_before}+{self.n_after} runs"
 
     def _line(self, runs: str) -> str:
         """Metric, ratio, interval, p, then `runs` (how they are said) and the verdict."""

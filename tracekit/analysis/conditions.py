@@ -203,6 +203,18 @@ def simulated_label(manifest: Manifest) -> str:
     return str(simulated.get("label") or "none")
 
 
+UNTESTED_BY = (
+    "emulated without a simulated mechanism (`vhost run --simulate`): its data shows QEMU's"
+    " own behaviour, which none of the models describes, so it tests none of them"
+)
+
+
+def tests_models(emulated: bool, simulated: str) -> bool:
+    """Whether a bundle's verdicts can test the models: a board's (the real mechanism,
+    whatever it is) or an emulated host's that ran under one ("none": not simulated)."""
+    return not emulated or simulated != "none"
+
+
 def _known(value: Any) -> str:
     """The recorded value as text, or a fresh Unknown when it is absent."""
     return Unknown() if value is None or value == "" else str(value)

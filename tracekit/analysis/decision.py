@@ -138,6 +138,41 @@ _PER_VM_INIT = (
     " ALLE1) that every VM creation with none alive runs on every CPU, the guest's"
     " included"
 )
+
+
+# What an after-guest action runs, per kernel series and KVM mode, for one bundle's
+# result (the facts above; nVHE's EL2 side as emulation counted it).
+_HOTPLUG_EL2 = {
+    ("6.1", "nvhe"): "then no EL2 invalidation (6.1 with no VM alive)",
+    ("6.12", "nvhe"): "then the EL2 init's local TLBI ALLE2 and ALLE1 (___kvm_hyp_init)",
+}
+
+
+def action_meaning(action: str, series: str, kvm_mode: str) -> str | None:
+    """What a bundle's after-guest ACTION runs on its kernel series and KVM mode, so what
+    a result after it can mean; None: no action, or one this does not describe."""
+    if action in ("hotplug", "hotplug-other"):
+        cpu = "the guest CPU" if action == "hotplug" else "a CPU that did not run the guest"
+        el2 = _HOTPLUG_EL2.get((series, kvm_mode))
+        if kvm_mode == "vhe":
+            el2 = "then no EL2 init (VHE)"
+        return (
+            f"after-guest {action}: PSCI CPU_OFF then CPU_ON of {cpu}, a power cycle of that"
+            " core and its boot path (__cpu_setup's local TLBI VMALLE1), "
+            + (el2 or f"then what EL2 runs on {series} {kvm_mode} is not known")
+            + "; a result after it may follow from any of these"
+        )
+    if action == "rollover":
+        extra = f"; also {_PER_VM_INIT}" if (series, kvm_mode) == ("6.1", "nvhe") else ""
+        return (
+            f"after-guest rollover: {_VMIDS} throwaway VMs, then one TLBI ALLE1IS"
+            f" (__kvm_flush_vm_context): eviction by those VMs is not separated from it{extra}"
+        )
+    if action == "rollover-minus-one":
+        return "after-guest rollover-minus-one: the rollover's throwaway VMs but one, no rollover"
+    return None
+
+
 # The cluster is topology/cluster_id (the DT cpu-map); entails covers placement only.
 _CLUSTER = (
     "; the cluster is the kernel's topology/cluster_id (DT cpu-map): on DynamIQ SoCs"

@@ -330,6 +330,10 @@ PROBE_SCHEMA = {
     "calls_closed": pl.Int64,  # entry-to-return windows (a return probe recorded)
     "inside": pl.Int64,  # the path's invalidations inside those windows, same CPU
     "not_attributable": pl.Int64,  # the path's invalidations outside every window
+    # Hits the entry kprobe and returns its kretprobe missed (kprobe_profile), summed over
+    # the traced runs; null where a run did not record them.
+    "entries_missed": pl.Int64,
+    "returns_missed": pl.Int64,
     "verdict": pl.String,
 }
 # A probe's calls: the CPU each started on and its entry and return times (CALL_SCHEMA's
@@ -342,12 +346,14 @@ def probe_checks(
     probes: dict[str, int],
     paths: dict[str, tuple[str, ...]],
     calls: dict[str, pl.DataFrame] | None = None,
+    misses: dict[str, tuple[int | None, int | None]] | None = None,
 ) -> pl.DataFrame:
     """For each placed kprobe named after a path (`paths`: probe -> functions): its hits
     (`probes`) against the path's invalidations, counted for the probe only inside one of
     its calls' entry-to-return windows on the same CPU (`calls`: probe -> WINDOW_COLUMNS).
     An EL2 call is a synchronous HVC on the calling CPU, so that is where its flushes run;
-    one outside every window is someone else's (not attributable), never the probe's."""
+    one outside every window is someone else's (not attributable), never the probe's.
+    `misses`: probe -> (entries, returns) its probes missed (calls.misses_over_runs)."""
     out = []
     for probe, hits in sorted(probes.items()):
         functions = paths.get(probe)
@@ -357,18 +363,10 @@ def probe_checks(
         windows = _closed((calls or {}).get(probe))
         inside = int(_in_windows(path, windows).sum())
         own = path.filter(pl.col("function") == probe).height
-        verdict = _probe_verdict(hits, windows.height, inside, path.height - inside, own)
-        out.append(
-            (
-                probe,
-                ", ".join(functions),
-                hits,
-                windows.height,
-                inside,
-                path.height - inside,
-                verdict,
-            )
-        )
+        missed = (misses or {}).get(probe, (None, None))
+        counts = (hits, windows.height, inside, path.height - inside)
+        verdict = _probe_verdict(*counts, own, missed)
+        out.append((probe, ", ".join(functions), *counts, *missed, verdict))
     return pl.DataFrame(out, schema=PROBE_SCHEMA, orient="row")
 
 
@@ -395,25 +393,63 @@ def _in_windows(rows: pl.DataFrame, windows: pl.DataFrame) -> np.ndarray:
     return found
 
 
-def _probe_verdict(hits: int, closed: int, inside: int, outside: int, own: int) -> str:
+def _probe_verdict(
+    hits: int,
+    closed: int,
+    inside: int,
+    outside: int,
+    own: int,
+    missed: tuple[int | None, int | None] = (None, None),
+) -> str:
     """What a probe's hits and windows mean beside the path's executed invalidations."""
-    if hits == 0 and own:
-        return "blind: its own function executed invalidations, the probe never fired"
+    returns_missed = missed[1]
     if hits == 0:
-        if outside:
-            return (
-                f"never fired; {outside} invalidation(s) of its path ran outside any call of "
-                "it (not attributable to it)"
-            )
-        return "never fired, its path executed none"
+        return _unrecorded_verdict(outside, own, missed)
     if not closed:
         return (
             "fired, with no return recorded: the path's invalidations cannot be attributed "
-            "to its calls"
+            f"to its calls{_missed_returns(hits, returns_missed)}"
         )
     if inside:
-        return f"fired, and its calls executed {inside} invalidation(s) of its path"
-    return "fired, no invalidation of its path inside its calls"
+        said = f"fired, and its calls executed {inside} invalidation(s) of its path"
+    else:
+        said = "fired, no invalidation of its path inside its calls"
+    if outside and hits > closed and returns_missed:
+        said += (
+            f"; the {outside} outside them may be inside a call whose return was missed"
+            f"{_missed_returns(hits - closed, returns_missed)}"
+        )
+    return said
+
+
+def _unrecorded_verdict(outside: int, own: int, missed: tuple[int | None, int | None]) -> str:
+    """A probe with no hit recorded: a hit or return its probes missed (kprobe_profile)
+    still means the function ran; only without any is it "never fired"."""
+    entries_missed, returns_missed = missed
+    if entries_missed or returns_missed:
+        return (
+            f"fired, though no hit was recorded: its probes missed {entries_missed or 0} "
+            f"hit(s) and {returns_missed or 0} return(s) (kprobe_profile), so its path's "
+            "invalidations cannot be attributed to its calls"
+        )
+    if own:
+        return "blind: its own function executed invalidations, the probe never fired"
+    if outside:
+        return (
+            f"never fired; {outside} invalidation(s) of its path ran outside any call of "
+            "it (not attributable to it)"
+        )
+    return "never fired, its path executed none"
+
+
+def _missed_returns(unclosed: int, returns_missed: int | None) -> str:
+    """' (up to N of its calls without a return were missed by its kretprobe)', or ''."""
+    if not returns_missed:
+        return ""
+    return (
+        f" (up to {min(unclosed, returns_missed)} of its {unclosed} call(s) without a return"
+        " were missed by its kretprobe, kprobe_profile)"
+    )
 
 
 def entry_probes(definitions: Iterable[str]) -> list[str]:
@@ -442,6 +478,8 @@ class GroundTruthSummary:
     # EL2 invalidations per run, function, operation, VMID and basis (gtvmid.vmid_counts):
     # the VMID attributed from the host trace, never read.
     vmids: pl.DataFrame | None = None
+    # The EL2 invalidations themselves with vmid, vmid_basis and vmid_how (gtvmid).
+    vmid_rows: pl.DataFrame | None = None
 
 
 def summarise(
@@ -455,16 +493,19 @@ def summarise(
     probe_calls: dict[str, pl.DataFrame] | None = None,
     facts: dict[str, str] | None = None,
     vmid_inputs: gtvmid.VmidInputs | None = None,
+    probe_misses: dict[str, tuple[int | None, int | None]] | None = None,
 ) -> GroundTruthSummary:
     """A bundle's ground truth (rows given to its runs) against its steps and signatures.
 
     `setup`: the kernel series, KVM mode and CPU model the signatures are looked up by;
     `probe_calls`: each probe's calls in the traced runs (probe_checks); `facts`: the
     bundle's condition fields a signature's `requires` names (unmet); `vmid_inputs`: the
-    traced runs' vCPU spans and VMID readings the EL2 invalidations' VMIDs come from.
+    traced runs' vCPU spans and VMID readings the EL2 invalidations' VMIDs come from;
+    `probe_misses`: each probe's misses over the traced runs (calls.misses_over_runs).
     """
     series, mode, model = setup
     rows = with_action_phase(invalidations(given), steps)
+    attributed = attributed_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode)
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
@@ -480,20 +521,27 @@ def summarise(
         checks=checked,
         findings=findings(checked, series, mode),
         uncovered=uncovered,
-        probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls),
+        probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls, probe_misses),
         signature_lines=lines,
-        vmids=_vmids(rows, steps, vmid_inputs or gtvmid.VmidInputs(), mode),
+        vmids=gtvmid.vmid_counts(attributed),
+        vmid_rows=attributed,
     )
 
 
-def _vmids(
+def attributed_vmids(
     rows: pl.DataFrame, steps: pl.DataFrame, inputs: gtvmid.VmidInputs, kvm_mode: str
 ) -> pl.DataFrame:
-    """The EL2 invalidations counted by attributed VMID (gtvmid)."""
-    attributed = gtvmid.attribute_vmids(
-        rows, inputs.spans, inputs.readings, steps, inputs.vmid_bits, kvm_mode
+    """The EL2 invalidations with their attributed VMID (gtvmid)."""
+    return gtvmid.attribute_vmids(
+        rows,
+        inputs.spans,
+        inputs.readings,
+        steps,
+        inputs.vmid_bits,
+        kvm_mode,
+        inputs.margin_ns,
+        inputs.unmarked,
     )
-    return gtvmid.vmid_counts(attributed)
 
 
 def with_action_phase(rows: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

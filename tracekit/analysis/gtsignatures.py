@@ -15,7 +15,12 @@ from importlib import resources
 from tracekit.errors import TracekitError
 
 SIGNATURE_FILE = "gtsignatures.toml"
-STEPS = ("create", "run", "teardown", "hotplug", "hotplug-other", "rollover", "rollover-minus-one")
+# A VM's steps and every after-guest action: tracekit.host.protocol.AFTER_GUEST_ACTIONS
+# but none, which analysis/ may not import (tests/test_analysis_groundtruth.py holds the
+# two together); the debug series' tlbi: actions are host/afterguest.py TLBI_ACTIONS.
+ACTION_STEPS = ("hotplug", "hotplug-other", "rollover", "rollover-minus-one")
+TLBI_STEPS = ("tlbi:alle1@guest-cpu", "tlbi:vmalls12e1is@vmid", "tlbi:alle1@other-cpu")
+STEPS = ("create", "run", "teardown", *ACTION_STEPS, *TLBI_STEPS)
 WATCHES = ("hyp", "kvm")
 KVM_MODES = ("nvhe", "vhe", "protected")
 CPU_ROLES = ("online", "guest", "target", "any")

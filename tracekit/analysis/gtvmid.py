@@ -9,13 +9,16 @@ and says how (`vmid_how`), leaving it null where the trace cannot tell:
   regime; `IC IALLU`): null, "not VMID-scoped";
 - 6.1's `___kvm_hyp_init` `VMALLS12E1`: 0, stated by the source (hyp-init.S loads
   VTTBR_EL2 from the init parameters, which cpu_prepare_hyp_mode sets to 0), not read;
-- any other VMID-scoped one in the hyp text: the VM whose vCPU thread was on that CPU
+- any other VMID-scoped one in the hyp text (in VHE: in KVM's TLB helpers, kernel text
+  at EL2): the VM whose vCPU thread was on that CPU
   then (from its `enter` marker, pinned, to its teardown) and the VMID
-  kvm_arm_vmid_update had given that VM by then: its last return reading before, else
-  its next entry reading after (an entry reads the id before the call: the one in force
-  since the previous call; the id changes only inside that call, vmid.c `new_vmid`).
-  Two VMs there: null, ambiguous. None there but a VMM window of a run without VMID
-  readings: null, saying which VM ran.
+  kvm_arm_vmid_update had given that VM by then: what the readings on both sides of it, as
+  far as the clock fit's error reaches, agree on (an entry reads the id before the call,
+  a return the id it gave; the id changes only inside that call, vmid.c `new_vmid`, and
+  only to a newer generation, so two equal readings hold it between them). Readings that
+  differ there (a call that changed it, or the row between a call's entry and return):
+  null, ambiguous. Two VMs there: null, ambiguous. None there but a VMM window: null,
+  saying which VM ran and what the run lacks.
 
 Why the VM's id is the VMID the invalidation used (read in 6.1.176): KVM's EL2 TLB
 helpers switch to the VM's stage 2 first (hyp/nvhe/tlb.c __tlb_switch_to_guest ->
@@ -27,9 +30,12 @@ only by new_vmid, called only from kvm_arm_vmid_update (arch/arm64/kvm/vmid.c).
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field
 
 import polars as pl
+
+from tracekit.ingest.gtalign import VHE_GUEST_CONTEXT
 
 # Scopes (tracekit.ingest.groundtruth.tlbi_scope) whose entries a VMID tags, in EL1&0.
 VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
@@ -56,14 +62,17 @@ READING_SCHEMA = {
     "at": pl.String,
 }
 # vmid_basis: not-vmid-scoped, source, inferred, ambiguous, no-reading, no-width,
-# untraced, no-vm, protected (only `source` and `inferred` give a vmid).
+# untraced, no-markers, other-cpu, only-vm, no-vm, protected, clock-error (only
+# `source`, `inferred` and `only-vm` give a vmid).
 # How far a VMID reading may sit from an invalidation and still be on the wrong side of
-# it: the clock fit's bound (tests hold its max residual under 100 us). On 6.1 a VM's
-# first __kvm_flush_cpu_context runs with VMID 0 microseconds before the first
-# kvm_arm_vmid_update gives it one (arm.c): a reading that changes the id that close
-# leaves the row ambiguous rather than given the new id. On 6.12 the update (in
-# vcpu_load) comes microseconds before that flush, so it is ambiguous there too.
-FIT_MARGIN_NS = 100_000
+# it: the run's clock fit error (gtalign.ClockFit.error_ns: a row's ts is fitted, a
+# reading's is the trace's own), which must stay under this ceiling, the issue's bound
+# for the fit; over it no row is attributed by time. On 6.1 a VM's first
+# __kvm_flush_cpu_context runs with VMID 0 shortly before the first kvm_arm_vmid_update
+# gives it one (arm.c, in the run loop); on 6.12 the update comes just before that flush
+# (kvm_arch_vcpu_load, arm.c:597 then :609 in 6.12.107): a reading that changed the id
+# within the error of the row leaves it ambiguous rather than given either id.
+MARGIN_CEILING_NS = 100_000
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
 
@@ -74,6 +83,10 @@ class VmidInputs:
     spans: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SPAN_SCHEMA))
     readings: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=READING_SCHEMA))
     vmid_bits: dict[str, int] = field(default_factory=dict)  # per traced run
+    # The bundle's clock fit error (ns): how far a row's fitted ts may be from the truth.
+    margin_ns: float = MARGIN_CEILING_NS
+    # Runs with a trace whose VMM wrote no markers (a rollover's throwaway VMs).
+    unmarked: frozenset[str] = frozenset()
 
 
 def vcpu_spans(run_id: str, windows: pl.DataFrame, threads: pl.DataFrame) -> pl.DataFrame:
@@ -110,18 +123,32 @@ def attribute_vmids(
     steps: pl.DataFrame,
     vmid_bits: dict[str, int],
     kvm_mode: str = "nvhe",
-    margin_ns: int = FIT_MARGIN_NS,
+    margin_ns: float = MARGIN_CEILING_NS,
+    unmarked: frozenset[str] = frozenset(),
 ) -> pl.DataFrame:
-    """The EL2 (hyp text) invalidations of `rows` (analysis.groundtruth.invalidations,
+    """KVM's EL2 invalidations of `rows` (kvm_el2; analysis.groundtruth.invalidations,
     with run_id) with vmid and vmid_how (OUT_COLUMNS): `spans` (SPAN_SCHEMA), `found`
     (READING_SCHEMA), `steps` (the VMM's windows, analysis.groundtruth.STEP_SCHEMA) and
-    each traced run's VMID width; `margin_ns`, the clock fit's bound. Pure; null wherever
-    the trace cannot tell."""
-    hyp = rows.filter(pl.col("where") == "hyp").sort("ts")
-    index = _Index(spans, found, steps, vmid_bits, kvm_mode == "protected", margin_ns)
+    each traced run's VMID width; `margin_ns`, the clock fit's error (over
+    MARGIN_CEILING_NS nothing is attributed by time); `unmarked`, the runs traced
+    without VMM markers. Pure; null wherever the trace cannot tell."""
+    hyp = rows.filter(kvm_el2(kvm_mode)).sort("ts")
+    clock = _Clock(margin_ns, unmarked)
+    index = _Index(spans, found, steps, vmid_bits, kvm_mode, clock)
     out = [index.attribute(row) for row in hyp.iter_rows(named=True)]
     values = pl.DataFrame(out, schema=OUT_COLUMNS, orient="row")
     return pl.concat([hyp, values], how="horizontal")
+
+
+def kvm_el2(kvm_mode: str) -> pl.Expr:
+    """KVM's own invalidations at EL2: the hyp text, and in VHE KVM's TLB helpers in the
+    kernel (gtalign.VHE_GUEST_CONTEXT: they clear TGE and load the guest's VTTBR, so
+    their EL1-form TLBIs act on the VM's EL1&0, hyp/vhe/tlb.c)."""
+    el2 = pl.col("where") == "hyp"
+    if kvm_mode == "vhe":
+        helper = pl.col("function").fill_null("").str.starts_with(VHE_GUEST_CONTEXT)
+        el2 = el2 | ((pl.col("where") == "kernel") & helper)
+    return el2
 
 
 class _Intervals:
@@ -144,6 +171,24 @@ class _Intervals:
         return found[::-1]
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """What the attribution knows of the bundle's clock and traces beyond the rows."""
+
+    margin_ns: float = MARGIN_CEILING_NS
+    unmarked: frozenset[str] = frozenset()
+
+    def too_wide(self) -> str | None:
+        """Why no row can be placed against the readings, or None."""
+        if self.margin_ns <= MARGIN_CEILING_NS:
+            return None
+        return (
+            f"the clock fit's error ({self.margin_ns / 1000:.1f} us) is over the "
+            f"{MARGIN_CEILING_NS // 1000} us bound: which side of a VMID change a row ran "
+            "on is not known"
+        )
+
+
 class _Index:
     """The spans, readings and VMM windows, indexed once for every row."""
 
@@ -153,24 +198,34 @@ class _Index:
         found: pl.DataFrame,
         steps: pl.DataFrame,
         vmid_bits: dict[str, int],
-        protected: bool = False,
-        margin_ns: int = FIT_MARGIN_NS,
+        kvm_mode: str = "nvhe",
+        clock: _Clock | None = None,
     ) -> None:
-        self.protected, self.margin = protected, margin_ns
+        self.protected, self.clock = kvm_mode == "protected", clock or _Clock()
+        self.margin = self.clock.margin_ns
         by_cpu: dict[int, list[tuple[int, int, object]]] = {}
         for run_id, vm_seq, cpu, start, end in spans.select(*SPAN_SCHEMA).iter_rows():
             by_cpu.setdefault(cpu, []).append((start, end, (run_id, vm_seq)))
         self.spans = {cpu: _Intervals(rows) for cpu, rows in by_cpu.items()}
-        self.readings: dict[tuple[str, int, str], tuple[list[int], list[int]]] = {}
-        for run_id, vm_seq, ts, value, at in found.sort("ts").select(*READING_SCHEMA).iter_rows():
-            times, values = self.readings.setdefault((run_id, vm_seq, at), ([], []))
-            times.append(ts)
-            values.append(value)
+        # Per VM, its readings in time order, entries and returns together.
+        self.readings: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        ordered = found.sort("ts", pl.col("at") == "return").select(*READING_SCHEMA)
+        for run_id, vm_seq, ts, value, at in ordered.iter_rows():
+            self.readings.setdefault((run_id, vm_seq), []).append((ts, value, at))
         runs: dict[object, list[tuple[int, int, object]]] = {}
         for vm in steps.filter(pl.col("step") == "run").iter_rows(named=True):
             runs.setdefault(vm["run_id"], []).append((vm["start"], vm["end"], vm))
         self.windows = {run_id: _Intervals(rows) for run_id, rows in runs.items()}
         self.bits = vmid_bits
+        # The CPUs each traced VM's vCPU threads were pinned to, and the traced runs.
+        self.vm_cpus: dict[tuple[str, int], list[int]] = {}
+        for run_id, vm_seq, cpu in spans.select("run_id", "vm_seq", "cpu").iter_rows():
+            self.vm_cpus.setdefault((run_id, vm_seq), []).append(cpu)
+        self.traced = {key[0] for key in (*self.vm_cpus, *self.readings)}
+        # nVHE, not protected: the host runs with no stage 2 (VTTBR_EL2 0, 6.1.176
+        # arch/arm64/kvm/hyp/include/nvhe/mem_protect.h:66-72 __load_host_stage2), so a
+        # VMID-scoped KVM EL2 TLBI targets a VM's stage 2: with one VM alive, that VM's.
+        self.host_untagged = kvm_mode == "nvhe"
 
     def attribute(self, row: dict[str, object]) -> tuple[int | None, str, str]:
         """(vmid, basis, how) of one hyp-text invalidation."""
@@ -180,6 +235,8 @@ class _Index:
             return None, "not-vmid-scoped", f"not VMID-scoped ({what})"
         if row.get("function") == HYP_INIT:
             return 0, "source", HYP_INIT_HOW
+        if (wide := self.clock.too_wide()) is not None:
+            return None, "clock-error", wide
         if self.protected:
             # pKVM's EL2 also maintains the host's own stage 2 (VMID 0) while a vCPU's
             # first KVM_RUN shares pages with it (kvm_share_hyp): which VM's vCPU is on
@@ -199,60 +256,70 @@ class _Index:
         if here:
             run_id, vm_seq = here[0]
             return self.in_force(run_id, vm_seq, ts, cpu)
-        return self.untraced(row.get("run_id"), ts)
+        return self.untraced(row.get("run_id"), ts, cpu)
 
     def in_force(
-        self, run_id: str, vm_seq: int, ts: int, cpu: object
+        self, run_id: str, vm_seq: int, ts: int, cpu: object, basis: str = "inferred"
     ) -> tuple[int | None, str, str]:
-        """The VMID the VM had at ts: its last return reading before, else next entry after."""
+        """The VMID the VM had at ts: what its readings within the clock error of ts and
+        the nearest one on each side beyond it agree on (VmidView)."""
         where = f"VM {vm_seq} of {run_id} had its vCPU thread on CPU {cpu} then"
-        returns = self.readings.get((run_id, vm_seq, "return"), ([], []))
-        entries = self.readings.get((run_id, vm_seq, "entry"), ([], []))
-        before = bisect.bisect_right(returns[0], ts)
-        after = bisect.bisect_left(entries[0], ts)
-        near = self.changes_near(returns, entries, ts, self.bits.get(run_id))
-        if near is not None:
-            return (
-                None,
-                "ambiguous",
-                f"{where}, but its id changed to {near} within the clock fit's bound of it",
+        if basis == "only-vm":
+            where = (
+                f"VM {vm_seq} of {run_id} was the only VM alive (its vCPU on CPU "
+                f"{self.cpus_of(run_id, vm_seq)}, not {cpu}; nVHE: the host has no stage 2)"
             )
-        if before:
-            value, how = returns[1][before - 1], "returned before it"
-        elif after < len(entries[0]):
-            value, how = entries[1][after], "read at its next entry (the id before that call)"
-        else:
-            return None, "no-reading", f"{where}, but no kvm_arm_vmid_update reading brackets it"
         bits = self.bits.get(run_id)
+        view = VmidView(self.readings.get((run_id, vm_seq), []), ts, self.margin, bits)
+        if (missing := view.missing()) is not None:
+            return None, "no-reading", f"{where}, but {missing}"
+        if (change := view.change()) is not None:
+            return None, "ambiguous", f"{where}, but {change}"
+        value = view.value()
         if bits is None:
             return None, "no-width", f"{where}; its id {value} is known, the VMID width is not"
         zero = ": not yet allocated, VTTBR_EL2's VMID field 0" if value == 0 else ""
-        return value % (1 << bits), "inferred", f"{where}; kvm_arm_vmid_update {how} {value}{zero}"
+        return value % (1 << bits), basis, f"{where}; {view.how()} {value}{zero}"
 
-    def changes_near(
-        self,
-        returns: tuple[list[int], list[int]],
-        entries: tuple[list[int], list[int]],
-        ts: int,
-        bits: int | None,
-    ) -> int | None:
-        """A return reading within the margin of ts that changed the VM's VMID (the id
-        the clock error leaves on either side of the row), or None. A rollover that keeps
-        the VM's VMID and changes only the generation (vmid.c new_vmid) changes nothing."""
-        times, values = returns
-        lo = bisect.bisect_left(times, ts - self.margin)
-        hi = bisect.bisect_right(times, ts + self.margin)
-        mask = (1 << bits) - 1 if bits is not None else -1
-        for k in range(lo, hi):
-            previous = values[k - 1] if k else _entry_before(entries, times[k])
-            if previous is None or (previous & mask) != (values[k] & mask):
-                return values[k]
-        return None
+    def cpus_of(self, run_id: str, vm_seq: int) -> str:
+        """The CPUs a traced VM's vCPU threads were on, in words."""
+        cpus = sorted(self.vm_cpus.get((run_id, vm_seq), []))
+        return "/".join("unpinned" if c < 0 else str(c) for c in cpus) or "unknown"
 
-    def untraced(self, run_id: object, ts: int) -> tuple[None, str, str]:
+    def other_cpu(
+        self, held: list[dict[str, object]], ts: int, cpu: object
+    ) -> tuple[int | None, str, str]:
+        """A traced VM ran but no vCPU span holds the row's CPU: issued by another thread
+        (an MMU notifier's __kvm_tlb_flush_vmid_ipa); the only live VM's VMID in nVHE."""
+        # "The only VM alive" counts every run's VMs, not only the row's run's.
+        alive = {
+            (vm["run_id"], vm["vm"]) for w in self.windows.values() for vm in w.holding(ts)
+        } | {(vm["run_id"], vm["vm"]) for vm in held}
+        if len(alive) == 1 and self.host_untagged:
+            run_id, vm_seq = alive.pop()
+            return self.in_force(str(run_id), int(vm_seq), ts, cpu, basis="only-vm")
+        vms = ", ".join(
+            f"VM {v} of {r} (vCPU on CPU {self.cpus_of(r, v)})" for r, v in sorted(alive)
+        )
+        return None, "other-cpu", f"{vms} running, not on CPU {cpu}: issued by another thread"
+
+    def untraced(self, run_id: object, ts: int, cpu: object = None) -> tuple[None, str, str]:
         """Why no VM is known for a hyp invalidation no traced vCPU span holds."""
         keys = [run_id] if run_id is not None else list(self.windows)
         held = [vm for key in keys if key in self.windows for vm in self.windows[key].holding(ts)]
+        if held and held[0]["run_id"] in self.clock.unmarked:
+            vm = held[0]
+            return (
+                None,
+                "no-markers",
+                (
+                    f"VM {vm['vm']} of {vm['run_id']} was running (the VMM's window), but its "
+                    "VMM wrote no markers to the run's trace: which CPU its vCPU thread was "
+                    "on, and which kvm_arm_vmid_update readings are its, is not known"
+                ),
+            )
+        if held and held[0]["run_id"] in self.traced:
+            return self.other_cpu(held, ts, cpu)
         if held:
             vm = held[0]
             return (
@@ -275,7 +342,64 @@ def vmid_counts(attributed: pl.DataFrame) -> pl.DataFrame:
     return attributed.group_by(keys).agg(pl.len().alias("count")).sort(keys, nulls_last=True)
 
 
-def _entry_before(entries: tuple[list[int], list[int]], ts: int) -> int | None:
-    """The id the last entry reading at or before ts saw (the one before that call)."""
-    k = bisect.bisect_right(entries[0], ts) - 1
-    return entries[1][k] if k >= 0 else None
+class VmidView:
+    """One VM's kvm_arm_vmid_update readings seen from one row: those within `margin`
+    of ts and the nearest beyond it on each side, in time order."""
+
+    def __init__(
+        self, readings: list[tuple[int, int, str]], ts: int, margin: float, bits: int | None
+    ) -> None:
+        times = [r[0] for r in readings]
+        lo = bisect.bisect_left(times, ts - margin)
+        hi = bisect.bisect_right(times, ts + margin)
+        self.near = readings[max(lo - 1, 0) : hi + 1]  # (ts, vmid_id, at)
+        self.before = lo > 0  # a reading beyond the margin before ts is the first of near
+        self.after = hi < len(readings)  # one beyond it after ts is the last
+        self.ts = ts
+        self.mask = (1 << bits) - 1 if bits is not None else -1  # -1: the whole id
+
+    def missing(self) -> str | None:
+        """Why the readings cannot bracket ts on one side, or None."""
+        if not self.near:
+            return "no kvm_arm_vmid_update reading of it was recorded"
+        if not self.before and self.near[0][2] == "return":
+            # A return with no entry before it: the call may have changed the id.
+            return "the first kvm_arm_vmid_update reading near it is a return with no entry"
+        if not self.after and self.near[-1][2] == "entry":
+            return "its last kvm_arm_vmid_update reading is an entry with no return after it"
+        return None
+
+    def change(self) -> str | None:
+        """The id change the readings show within reach of ts, or None (G1: a rollover
+        that keeps the VM's VMID changes only the generation, which is no change)."""
+        for (t0, v0, a0), (t1, v1, a1) in itertools.pairwise(self.near):
+            if v0 & self.mask != v1 & self.mask:
+                inside = (
+                    " (the row may be inside that call)" if (a0, a1) == ("entry", "return") else ""
+                )
+                return (
+                    f"its id changed from {v0} ({a0} at {_rel(t0, self.ts)}) to {v1} "
+                    f"({a1} at {_rel(t1, self.ts)}) within the clock fit's error of it{inside}"
+                )
+        return None
+
+    def value(self) -> int:
+        """The id the readings agree on (after change() found none)."""
+        return self.near[0][1]
+
+    def how(self) -> str:
+        """Which readings gave the id, in words."""
+        first, last = self.near[0], self.near[-1]
+        if len(self.near) == 1 and first[0] <= self.ts:
+            return "kvm_arm_vmid_update returned before it"
+        if len(self.near) == 1:
+            return "kvm_arm_vmid_update read at its next entry (the id before that call)"
+        return (
+            f"kvm_arm_vmid_update's readings from {_rel(first[0], self.ts)} ({first[2]}) to "
+            f"{_rel(last[0], self.ts)} ({last[2]}) agree:"
+        )
+
+
+def _rel(at: int, ts: int) -> str:
+    """A reading's time relative to the row, in us."""
+    return f"{(at - ts) / 1000:+.1f} us"

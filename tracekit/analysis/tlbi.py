@@ -61,6 +61,14 @@ def _check_samples(samples: pl.DataFrame) -> None:
         )
 
 
+# What one probe sample is (reproducer/tlbiprobe.c), said wherever its numbers are shown;
+# {cpu} names where the sample's CPU is ("the cpu column", "CPU 3").
+SAMPLE_MEANING = (
+    "one whole mprotect/munmap syscall with the kernel's TLBI and DSB ISH inside; the DSB"
+    " waits for every CPU, so {cpu} is the issuer, never the slow responder"
+)
+
+
 def probe_label(mode: str, direction: str, pages: int = 1) -> str:
     """How a slot group is named: "page rw-ro", "munmap 511 pages", "page, both pooled"."""
     # Page mode is one page; the others' counts decide the kernel's path (by-VA or ASID).

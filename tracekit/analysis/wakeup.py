@@ -55,7 +55,9 @@ OPTIONAL = ["softirq_entry", "softirq_exit"]
 # Component column -> what it measures; they add up to total_ns.
 COMPONENTS = {
     "late_arm_ns": "the thread armed its timer after the expiry (its previous loop overran)",
-    "irq_delay_ns": "timer expiry -> timer interrupt entry (irqs off, late interrupt)",
+    # One number: what the interrupt waited for (irqs off, the interrupt controller, the
+    # hardware, QEMU) is not told apart, so the text names no cause.
+    "irq_delay_ns": "timer expiry -> timer interrupt entry (what it waited for: not known)",
     "handler_ns": "interrupt entry (or expiry, if later) -> waking, plus the rest of that"
     " interrupt on the rt CPU",
     "ipi_ns": "waking on the timer CPU -> queued on the rt CPU (remote timer: the IPI)",

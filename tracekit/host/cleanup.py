@@ -67,6 +67,7 @@ class UndoAction:
     description: str
     undo: Callable[[], None]
     journal_id: int | None = None
+    process: bool = False  # stops a child (stop_processes runs these early)
 
 
 class CleanupStack:
@@ -97,10 +98,16 @@ class CleanupStack:
         inner._owns_journal = False  # the journal lives as long as this, the outer stack
         return inner
 
-    def push(self, description: str, undo: Callable[[], None], record: Entry | None = None) -> None:
+    def push(
+        self,
+        description: str,
+        undo: Callable[[], None],
+        record: Entry | None = None,
+        process: bool = False,
+    ) -> None:
         """Remember how to undo a change; `record` is written to the journal first."""
         journal_id = self.journal.record(record) if self.journal and record else None
-        self._actions.append(UndoAction(description, undo, journal_id))
+        self._actions.append(UndoAction(description, undo, journal_id, process))
 
     def change(
         self,
@@ -154,8 +161,24 @@ class CleanupStack:
                 f"stop {argv[0]} (pid {proc.pid})",
                 lambda: stop_process_group(proc),
                 journal.process(proc.pid, argv[0]),
+                process=True,
             )
         return proc
+
+    def stop_processes(self) -> None:
+        """Stop every child now, newest first, leaving the other undo actions for later.
+
+        A stopped run's outputs are final only once their writers are gone: a tool still
+        running (e.g. cyclictest flushing its buffer on SIGTERM) grows a file after the
+        bundle recorded its size. A stop signal meanwhile is noted, as while unwinding.
+        """
+        was_unwinding, self._unwinding = self._unwinding, True
+        try:
+            for action in [a for a in reversed(self._actions) if a.process]:
+                self._actions.remove(action)
+                self._run(action)
+        finally:
+            self._unwinding = was_unwinding
 
     def _withdraw(self) -> None:
         """Drop the newest undo action: its change was not made."""

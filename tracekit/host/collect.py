@@ -380,9 +380,11 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
                 echo(f"[{index}/{len(plan)} +{elapsed:.0f}s] {planned.describe()}")
                 session.execute(planned, writer)
         except Interrupted as stop:
+            stack.stop_processes()  # their files are final only then: checksummed next
             writer.mark_incomplete(f"interrupted ({stop})")
             raise
         except BaseException as err:
+            stack.stop_processes()
             writer.mark_incomplete(f"failed: {err}")
             raise
         writer.finish()

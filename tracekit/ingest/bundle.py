@@ -23,14 +23,15 @@ from tracekit.bundle import (
     RunKind,
     RunRecord,
     bundle_problems,
+    cut_files,
     damaged_files,
     read_manifest,
     run_dir,
+    run_file,
     run_trace_path,
 )
 from tracekit.errors import TracekitError
 from tracekit.ingest.rundata import RunData
-from tracekit.ingest.tools import read_tool
 
 if TYPE_CHECKING:
     from tracekit.ingest.groundtruth import GroundTruth
@@ -89,15 +90,20 @@ class BundleData:
 def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
     """Read a bundle's manifest and its runs' tool outputs into tables.
 
-    Its problems (missing or resized files; with `verify`, changed hashes) are listed in
-    `problems`, for every output to show; a file whose size changed is never read.
+    Its problems (missing, resized or cut files; with `verify`, changed hashes; what the
+    runs' readers found) are listed in `problems`, for every output to show; a file whose
+    size changed is never read, a cut one only as far as it is whole.
     """
     path = Path(path)  # a notebook passes a str
     manifest = read_manifest(path)
     damaged = damaged_files(path, manifest, full=verify)
-    problems = bundle_problems(path, manifest, damaged=damaged)
+    cut = cut_files(path, manifest)
+    problems = bundle_problems(path, manifest, damaged=damaged, cut=cut)
     latencies, stress, probes, cycles = [], [], [], []
-    opened = {run.run_id: RunData(path, manifest, run, set(damaged)) for run in manifest.runs}
+    opened = {
+        run.run_id: RunData(path, manifest, run, set(damaged), set(cut) - set(damaged))
+        for run in manifest.runs
+    }
     for run in manifest.runs:
         data = opened[run.run_id]
         samples = data.cyclictest if run.kind in MEASURE_KINDS else None
@@ -105,10 +111,10 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
             latencies.append(_latencies(run, samples))
             if (counted := data.path(RunFile.CYCLICTEST_JSON)) is not None:
                 cycles.append((run.run_id, _cycles(counted)))
-        if (yaml := data.path(RunFile.STRESS_YAML)) is not None:
-            stress.append(_stress(run, yaml))
+        if (ops := data.stress_ops_per_s) is not None:
+            stress.append((run.run_id, run.phase, run.kind, ops))
         summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
-        if summary is not None:
+        if summary is not None and run_file(run.run_id, RunFile.PROBE_SUMMARY) not in cut:
             probes.append(_probe(run, summary))
     return BundleData(
         path=path,
@@ -119,7 +125,7 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
         lost=recorded_lost(manifest),
         cycles=pl.DataFrame(cycles, schema=CYCLES_SCHEMA, orient="row"),
         opened=opened,
-        problems=problems,
+        problems=problems + [p for data in opened.values() for p in data.problems],
         damaged=set(damaged),
     )
 
@@ -206,15 +212,6 @@ def _cycles(path: Path) -> int:
         return sum(int(t["cycles"]) for t in threads.values())
     except (ValueError, KeyError, TypeError) as err:
         raise TracekitError(f"{path}: not cyclictest's --json output ({err})") from None
-
-
-def _stress(run: RunRecord, path: Path) -> tuple[str, str, str, float]:
-    """One run's stress-ng throughput (bogo-ops per second of wall time, all workers)."""
-    _, tables, _ = read_tool(path)
-    table = tables.get("stress_ng")
-    if table is None or table.height == 0:
-        raise TracekitError(f"{path}: no stress-ng metrics; the run's stress-ng did not finish")
-    return run.run_id, run.phase, run.kind, float(table["bogo_ops_per_second_real_time"].sum())
 
 
 def _probe(run: RunRecord, path: Path) -> dict[str, object]:

@@ -60,11 +60,29 @@ class CpuSpan:
     end_byte: int
 
 
+def block_ends(length: np.ndarray, rows_per_block: int, bytes_per_block: int) -> np.ndarray:
+    """Where each block of rows ends: at most rows_per_block rows, and past a block's
+    first row at most bytes_per_block bytes of payload (2 KB prints fill a block's
+    ring buffer with a few rows: blocks by rows alone would release nothing)."""
+    n = len(length)
+    if not n:
+        return np.zeros(0, np.int64)
+    upto = np.cumsum(length, dtype=np.int64)
+    ends: list[int] = []
+    at = 0
+    while at < n:  # one step per block: a few hundred at most
+        limit = (upto[at - 1] if at else 0) + bytes_per_block
+        end = max(int(np.searchsorted(upto, limit, side="right")), at + 1)
+        at = min(end, at + rows_per_block, n)
+        ends.append(at)
+    return np.array(ends, dtype=np.int64)
+
+
 def release_cuts(
-    order: np.ndarray, payload: np.ndarray, spans: list[CpuSpan], rows_per_block: int
+    order: np.ndarray, payload: np.ndarray, spans: list[CpuSpan], ends: np.ndarray
 ) -> np.ndarray:
-    """(blocks x CPUs) byte offsets: once block k is decoded, CPU c's bytes before
-    cuts[k, c] are never read again.
+    """(blocks x CPUs) byte offsets: once block k (rows up to ends[k]) is decoded, CPU
+    c's bytes before cuts[k, c] are never read again.
 
     `order` sorts the buffer-order records by time. A CPU's byte is done once every
     record of that CPU up to it has a row in a finished block: a running maximum of
@@ -73,7 +91,6 @@ def release_cuts(
     n = len(order)
     rank = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
     rank[order] = np.arange(n, dtype=rank.dtype)
-    ends = np.minimum(np.arange(1, -(-n // rows_per_block) + 1) * rows_per_block, n)
     cuts = np.zeros((len(ends), len(spans)), dtype=np.int64)
     for c, s in enumerate(spans):
         if s.end_event == s.first_event:
@@ -106,7 +123,7 @@ def typed_tables(
     c: Common,
     have_header: bool,
     after_block: Callable[[int], None],
-    rows_per_block: int,
+    ends: np.ndarray,
 ) -> tuple[dict[str, pl.DataFrame], dict[int, tuple[str, str]]]:
     """One typed table per event id present, and each id's (table name, system).
 
@@ -122,8 +139,9 @@ def typed_tables(
     pl.Series(np.zeros(0, np.int64))
     pieces: dict[int, list[pl.DataFrame]] = {}
     id_name: dict[int, tuple[str, str]] = {}
-    for k, lo in enumerate(range(0, len(ids), rows_per_block)):
-        block = ids[lo : lo + rows_per_block]
+    bounds = ends.tolist()
+    for k, (lo, hi) in enumerate(zip([0, *bounds][: len(bounds)], bounds, strict=True)):
+        block = ids[lo:hi]
         # Ids are 16-bit: as uint16, numpy's stable sort is a radix sort.
         by_id = np.argsort(block.astype(np.uint16, copy=False), kind="stable")
         uniq, starts = _runs(block[by_id])

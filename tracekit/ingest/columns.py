@@ -8,11 +8,13 @@ per-event Python code except for the rare string that is not valid UTF-8.
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
 import polars as pl
 
+from tracekit.ingest import membuf
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
@@ -40,6 +42,8 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
 
 
 WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
+WIDE_MIN = 256  # bytes: strings wider than this are cut one by one (see _wide_strings)
+WIDE_CHUNK = 8 << 20  # bytes of such strings made into a column at once (peak memory)
 
 
 class Gatherer:
@@ -165,6 +169,9 @@ class Gatherer:
         words = self._string_words(start, count, width, rel) if width <= WORDS_MAX else None
         if words is not None:  # short strings (task and irq names): tracekit/ingest/chars.py
             return string_column(words, _decode)
+        wide = self._wide_strings(start, count) if width > WIDE_MIN else None
+        if wide is not None:
+            return wide
         raw = self._bytes(start, width)  # a fresh array (fancy indexing copies)
         nul = raw == 0
         first = nul.argmax(axis=1)  # the first NUL of each row; 0 also when there is none
@@ -173,6 +180,23 @@ class Gatherer:
         raw *= np.arange(width)[None, :] < np.minimum(first, count)[:, None]  # from it on: 0
         fixed = np.ascontiguousarray(raw).view(f"S{width}").ravel()
         return _decode(pl.Series(fixed))
+
+    def _wide_strings(self, start: np.ndarray, count: np.ndarray) -> pl.Series | None:
+        """Long strings (trace_marker prints) cut at their NUL one by one, in the buffer's
+        own bytes: an (events x width) matrix costs its width per event, a slice does not.
+        None where the buffer is not an mmap or bytes, or a string runs past its end."""
+        src = membuf.byte_source(self.buf)
+        if src is None or int(start.min()) < 0 or int((start + count).max()) > len(self.buf):
+            return None
+        data, base = src
+        rows = max(1, WIDE_CHUNK // max(int(count.max()), 1))
+        chunks = [
+            _cut_at_nul(
+                data, (start[lo : lo + rows] + base).tolist(), count[lo : lo + rows].tolist()
+            )
+            for lo in range(0, len(start), rows)
+        ]  # a chunk at a time: the strings as bytes objects, then a column, of a chunk only
+        return pl.concat(chunks, rechunk=False) if len(chunks) > 1 else chunks[0]
 
     def _string_words(
         self, start: np.ndarray, count: np.ndarray, width: int, rel: int
@@ -211,6 +235,15 @@ class Gatherer:
             matrix = pl.Series(values.reshape(len(counts), int(counts[0])))
             return matrix.cast(pl.List(matrix.dtype.inner))  # type: ignore[attr-defined]
         return _to_lists(values, counts)
+
+
+def _cut_at_nul(data: mmap.mmap | bytes, starts: list[int], counts: list[int]) -> pl.Series:
+    """The strings at `starts` in data, each up to its first NUL or its count of bytes."""
+    find, out = data.find, []
+    for at, n in zip(starts, counts, strict=True):
+        end = find(b"\0", at, at + n)
+        out.append(data[at : end if end >= 0 else at + n])
+    return _decode(pl.Series(out, dtype=pl.Binary))
 
 
 def _decode(binary: pl.Series) -> pl.Series:

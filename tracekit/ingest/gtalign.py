@@ -102,6 +102,18 @@ class ClockFit:
     sync: SyncCheck | None = None
 
     @property
+    def error_ns(self) -> float:
+        """The largest clock error the fit's line prints: its residual, its distance
+        outside a bracket, the held-out error and the sync markers' (a row's trace time
+        is this close to the truth, as far as the markers measure it)."""
+        found = [self.max_residual_ns, self.max_outside_ns]
+        if self.heldout is not None:
+            found += [self.heldout.max_error_ns, self.heldout.max_outside_ns]
+        if self.sync is not None and self.sync.paired:
+            found += [self.sync.max_error_ns, self.sync.max_residual_ns, self.sync.max_outside_ns]
+        return max(found)
+
+    @property
     def slope_ppm(self) -> float:
         """How far the fitted slope is from 1, in parts per million."""
         return (self.slope - 1.0) * 1e6

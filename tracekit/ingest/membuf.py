@@ -35,14 +35,32 @@ def alloc(nbytes: int) -> np.ndarray:
     return np.frombuffer(mapping, dtype=np.uint8)
 
 
-def _mapping(arr: np.ndarray) -> mmap.mmap | None:
-    """The mmap an array's memory belongs to, or None (numpy collapses view chains)."""
+def _owner(arr: np.ndarray) -> object:
+    """The object an array's memory belongs to (numpy collapses view chains)."""
     base = arr.base
     if isinstance(base, np.ndarray):
         base = base.base
     if isinstance(base, memoryview):
         base = base.obj
+    return base
+
+
+def _mapping(arr: np.ndarray) -> mmap.mmap | None:
+    """The mmap an array's memory belongs to, or None."""
+    base = _owner(arr)
     return base if isinstance(base, mmap.mmap) else None
+
+
+def byte_source(arr: np.ndarray) -> tuple[mmap.mmap | bytes, int] | None:
+    """The mmap or bytes a contiguous uint8 array views, and where the array starts in it
+    (None: other memory). Both have find() and slicing, with no copy of the whole."""
+    base = _owner(arr)
+    if not isinstance(base, (mmap.mmap, bytes)) or arr.dtype != np.uint8:
+        return None
+    if not arr.flags.c_contiguous:
+        return None
+    origin = np.frombuffer(base, dtype=np.uint8).ctypes.data
+    return base, arr.ctypes.data - origin
 
 
 def release(arr: np.ndarray, start: int, stop: int) -> int:

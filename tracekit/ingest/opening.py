@@ -149,9 +149,10 @@ def _with_bundle_meta(trace: Trace) -> Trace:
     """A run's trace.dat inside a bundle (BUNDLE/runs/RUN/trace.dat) gets what the bundle
     knows and the file does not: the instance's clock, the events enabled."""
     from tracekit.bundle import bundle_of, read_manifest
-    from tracekit.ingest.bundle import add_collect_meta
 
     root = bundle_of(trace.path)
     if root is not None:
+        from tracekit.ingest.bundle import add_collect_meta  # its readers: only for a bundle
+
         add_collect_meta(trace, read_manifest(root))
     return trace

@@ -6,7 +6,10 @@ output, the probe's samples, cyclictest's samples and its interval, the JSON a r
 (rollover.json, guest-stop.json), and its lost events, each defined here once. A file
 whose size differs from the manifest's record is refused with one line (the fast check;
 `tracekit.bundle.verify_files` hashes every file), so a changed file never changes a
-number silently.
+number silently. A killed run's files are read as far as they are whole
+(bundle.cut_files): a line cut mid-way or a CPU's partial last page is left out, a
+stopped tool's output without results gives none, and each is one of the run's
+`problems`, which the bundle's problems (shown first by every output) include.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class RunData:
     manifest: Manifest
     run: RunRecord
     damaged: set[str] = field(default_factory=set)  # files found missing or changed: not read
+    cut: set[str] = field(default_factory=set)  # files a stopped writer cut: read while whole
+    problems: list[str] = field(default_factory=list)  # what reading found (one line each)
     trace_options: dict[str, Any] = field(default_factory=dict)
     derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -46,6 +51,15 @@ class RunData:
     def run_id(self) -> str:
         """The run's id."""
         return self.run.run_id
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the run did not end normally (killed, interrupted, failed)."""
+        return self.run.status != "ok"
+
+    def _cut(self, rel: str) -> bool:
+        """Whether `rel`, or a file under it, was cut by a stopped writer."""
+        return any(c == rel or c.startswith(f"{rel}/") for c in self.cut)
 
     @cached_property
     def lost_per_cpu(self) -> dict[int, int]:
@@ -99,7 +113,10 @@ class RunData:
             return None
         from tracekit.ingest.opening import open_trace
 
-        return open_trace(self.trace_path, **self.trace_options)
+        options = dict(self.trace_options)
+        if self._cut(self.trace_path.relative_to(self.root).as_posix()):
+            options["salvage"] = True  # the whole pages before the cut; the cut is a problem
+        return open_trace(self.trace_path, **options)
 
     @cached_property
     def kallsyms(self) -> dict[int, str] | None:
@@ -117,9 +134,12 @@ class RunData:
         path = self.path(RunFile.VMM)
         if path is None:
             return None
-        from tracekit.ingest.vmm import read_vmm_output
+        from tracekit.ingest.vmm import parse_vmm_output, read_vmm_output
 
-        return read_vmm_output(path)
+        if run_file(self.run_id, RunFile.VMM) not in self.cut:
+            return read_vmm_output(path)
+        text = path.read_text(errors="replace")  # a cut record's numbers may be shortened
+        return parse_vmm_output(text[: text.rfind("\n") + 1], str(path))
 
     @cached_property
     def probe(self) -> tuple[ProbeHeader, pl.DataFrame] | None:
@@ -139,7 +159,39 @@ class RunData:
             return None
         from tracekit.ingest.tools import read_cyclictest_verbose
 
-        return read_cyclictest_verbose(path)
+        rel = run_file(self.run_id, RunFile.CYCLICTEST)
+        samples = read_cyclictest_verbose(path, self.stopped or rel in self.cut)
+        if samples.height == 0:
+            self.problems.append(f"{rel}: no sample (cyclictest was stopped before printing one)")
+            return None
+        return samples
+
+    @cached_property
+    def stress_ops_per_s(self) -> float | None:
+        """stress-ng's bogo-ops per second of wall time, all workers (its --yaml metrics);
+        None without the file, when it is cut, or when a stopped run's has no metrics."""
+        path = self.path(RunFile.STRESS_YAML)
+        rel = run_file(self.run_id, RunFile.STRESS_YAML)
+        if path is None or rel in self.cut:
+            return None
+        from tracekit.ingest.tools import read_tool
+
+        try:
+            _, tables, _ = read_tool(path)
+        except TracekitError as err:
+            if not self.stopped:
+                raise
+            # A stopped stress-ng writes its YAML without metrics: said, never dropped.
+            reason = str(err).replace(f"{path}: ", "")
+            self.problems.append(
+                f"{rel}: not read, the run ended {self.run.status} ({reason}): "
+                "its throughput is not known"
+            )
+            return None
+        table = tables.get("stress_ng")
+        if table is None or table.height == 0:
+            raise TracekitError(f"{path}: no stress-ng metrics; the run's stress-ng did not finish")
+        return float(table["bogo_ops_per_second_real_time"].sum())
 
     @cached_property
     def cyclictest_interval_ns(self) -> int | None:

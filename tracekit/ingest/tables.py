@@ -21,6 +21,7 @@ from tracekit.ingest.bytype import (
     Common,
     CpuSpan,
     Decoder,
+    block_ends,
     release_cuts,
     releaser,
     typed_tables,
@@ -34,6 +35,7 @@ from tracekit.ingest.threads import map_threads
 # Rows decoded together; after each block the ring-buffer pages behind it are released
 # (bytype, membuf). A block of syscall events holds about 50 MB of ring buffer.
 ROWS_PER_BLOCK = 1 << 19
+BYTES_PER_BLOCK = 32 << 20  # and at most this much payload (large events: a few rows)
 
 LOST_SCHEMA = {
     "cpu": pl.Int32,
@@ -171,6 +173,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     syms = load_symbols(trace.kallsyms, symbols, trace.path)
     trace.kallsyms = ""  # parsed into syms: megabytes of text nothing reads again
     decoded = map_threads(lambda c: _decode_cpu(trace, c, salvage), trace.cpus)  # GIL released
+    membuf.trim()  # the page walks' temporaries, freed in their threads' heaps
     parts = list(zip(trace.cpus, decoded, strict=True))
     for c, rec in parts:
         if rec.damage:
@@ -187,12 +190,15 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     )  # fmt: skip
     merged = _merge(parts)
     del parts  # the per-CPU record arrays: peak memory matters on big traces
+    membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
+    ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
     after_block = releaser(
-        merged.buf, merged.spans, release_cuts(order, merged.payload, merged.spans, ROWS_PER_BLOCK)
+        merged.buf, merged.spans, release_cuts(order, merged.payload, merged.spans, ends)
     )
     merged.sort(order)
     del order
+    membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
     header = standard_header(g) if len(g.payload) else None
     if header is not None:
@@ -203,7 +209,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     del syms  # dec holds it only until the typed tables are built
     ts, cpu = merged.ts, merged.cpu
     del merged
-    events, by_event = _event_tables(trace, dec, g, ids, ts, cpu, header, after_block)
+    events, by_event = _event_tables(trace, dec, g, ids, ts, cpu, header, after_block, ends)
     return Tables(events, by_event, lost, meta)
 
 
@@ -280,6 +286,7 @@ def _event_tables(
     cpu: np.ndarray,
     header: dict[str, np.ndarray] | None,
     after_block: Callable[[int], None],
+    ends: np.ndarray,
 ) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     """The events table and one typed table per event type present."""
     n = len(ids)
@@ -290,9 +297,7 @@ def _event_tables(
                    header["common_preempt_count"])  # fmt: skip
     else:
         c = Common(ts, cpu, np.zeros(n, np.int32), np.zeros(n, np.uint8), np.zeros(n, np.uint8))
-    by_event, id_name = typed_tables(
-        dec, g, ids, c, header is not None, after_block, ROWS_PER_BLOCK
-    )
+    by_event, id_name = typed_tables(dec, g, ids, c, header is not None, after_block, ends)
     # Every field is decoded: free the ring-buffer bytes, offsets and symbol index before
     # the events table (the last big allocation: peak memory is reached there).
     g.buf = g.payload = g.length = np.zeros(0, np.uint8)

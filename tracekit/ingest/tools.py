@@ -257,20 +257,27 @@ CYCLIC_VERBOSE_T_RE = re.compile(
 NS_FIELD_WIDTH = 8
 
 
-def read_cyclictest_verbose(path: Path) -> pl.DataFrame:
+def read_cyclictest_verbose(path: Path, stopped: bool = False) -> pl.DataFrame:
     """cyclictest `-v -N` samples: one row per loop (thread, cycle, latency_ns).
 
     -v prints bare numbers: nanoseconds with -N, microseconds without. The `T:` summary
     line tells which (its fields are wider with -N); microseconds are scaled to ns. With
     no summary line (cyclictest killed) -N is assumed, as `tracekit collect` records.
     Header and summary lines are recognised and passed over; any other line is an error,
-    so no sample is lost to a line the reader did not expect.
+    so no sample is lost to a line the reader did not expect. `stopped`: cyclictest was
+    stopped (a killed run, bundle.cut_files): a last line without its newline, possibly a
+    shortened number, is left out, and no sample at all is an empty table.
     """
     try:
         text = path.read_text(errors="replace")
     except OSError as err:
         raise TracekitError(f"cyclictest reader: {path}: {err}") from None
-    return _cyclic_verbose(text.splitlines(), str(path))["cyclictest_samples"]
+    lines = text.splitlines()
+    if stopped and not text.endswith("\n"):
+        lines = lines[:-1]
+    if stopped and not any(CYCLIC_SAMPLE_RE.match(line) for line in lines):
+        return pl.DataFrame(schema=CYCLIC_SAMPLE_SCHEMA)
+    return _cyclic_verbose(lines, str(path))["cyclictest_samples"]
 
 
 def _cyclic_verbose(lines: list[str], source: str) -> dict[str, pl.DataFrame]:

@@ -99,7 +99,7 @@ def export_bundle(
     data = load_bundle(root)
     manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
-    if not selected:
+    if not selected and manifest.runs:  # a bundle stopped before its first run: its notes
         raise TracekitError(
             f"{root}: no run of the selection overlaps --window; the runs span "
             f"{_span(manifest.runs)} s of the trace clock"
@@ -146,7 +146,8 @@ class BundleExport:
         self.spans: list[tuple[RunRecord, int, int]] = []  # per trace: run, first, last ts
 
     def parts(self) -> Iterator[TracePart]:
-        """One traced run at a time, with its own kallsyms copy unless one was given."""
+        """One traced run at a time (none held once written), with its own kallsyms copy
+        unless one was given."""
         for done, run in enumerate(self.traced):
             if self.progress is not None:
                 self.progress(done, len(self.traced), run.run_id)
@@ -160,6 +161,10 @@ class BundleExport:
             vmm, lost = _vmm_runs(found), found.lost_per_cpu
             host = self.manifest.host
             yield TracePart(trace, symbols, vars(run), vmm, found.vmid_bits, lost, host)
+            # RunData keeps what it loads; its trace, the bulk of a run, is let go once
+            # written, so one run's tables are held at a time however many runs there are.
+            del trace
+            found.__dict__.pop("trace", None)
 
     def with_trace(self, tracks: TrackWriter, parent: int, part: TracePart, tables: Any) -> None:
         """A traced run's cyclictest latencies, timed by its trace."""

@@ -201,7 +201,7 @@ def _write_part(
         parent, scope = run_group(tracks, root, part.run, runs), f"{part.name}/"
     write_trace_tracks(
         tracks, parent, tables, lost, last_ts, scope, events.select("row", "ts", "cpu"),
-        part.vmm_runs, part.vmid_bits, part.lost_per_cpu,
+        part.vmm_runs, part.vmid_bits, part.lost_per_cpu, (part.run or {}).get("probe_misses"),
     )  # fmt: skip
     per_type = events.group_by("event").len().with_columns(pl.col("event").cast(pl.String))
     result.source_counts += Counter(dict(per_type.iter_rows()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tracekit.analysis.tlbi import SAMPLE_MEANING, probe_label
 from tracekit.perfetto.tracks import TrackWriter
 
 if TYPE_CHECKING:
@@ -28,12 +29,13 @@ def write_probe_samples(
     start_ns: int | None,
     window: tuple[int | None, int | None],
 ) -> int:
-    """One counter of call durations (ns) at each call's start; returns the samples written."""
+    """One counter of syscall durations (ns) at each call's start per direction (RW->RO
+    and RO->RW are different kernel paths: never one counter); returns samples written."""
     header, samples = probe
     ts = samples["timestamp_ns"].to_numpy()
     description = (
-        f"TLBI probe: duration of each {header.mode} call ({header.pages} page(s), "
-        f"{header.helpers} helper thread(s)) on CPU {header.cpu}, at the call's start"
+        f"TLBI probe ({header.pages} page(s), {header.helpers} helper thread(s)): each sample"
+        f" is {SAMPLE_MEANING.format(cpu=f'CPU {header.cpu}')}; drawn at the call's start"
     )
     if header.clock_id != CLOCK_BOOTTIME and len(ts):
         ts = ts - ts[0] + (start_ns or 0)
@@ -44,17 +46,21 @@ def write_probe_samples(
     keep = (ts >= (window[0] if window[0] is not None else -(2**62))) & (
         ts <= (window[1] if window[1] is not None else 2**62)
     )
-    if not keep.any():
-        return 0
-    track = tracks.track(
-        f"{run_id}/probe-samples:{header.cpu}",
-        f"TLBI probe on CPU {header.cpu}: {header.mode} call duration ({run_id})",
-        parent,
-        counter=True,
-        description=description,
-        unit_ns=True,
-    )
+    directions = samples["direction"].to_numpy()
     durations = samples["duration_ns"].to_numpy()
-    for at, duration in zip(ts[keep], durations[keep], strict=True):
-        tracks.counter(track, int(at), float(duration))
-    return int(keep.sum())
+    written = 0
+    for direction in dict.fromkeys(directions[keep].tolist()):
+        label = probe_label(header.mode, direction, header.pages)
+        track = tracks.track(
+            f"{run_id}/probe-samples:{header.cpu}:{direction}",
+            f"TLBI probe on CPU {header.cpu}: {label}: syscall duration ({run_id})",
+            parent,
+            counter=True,
+            description=description,
+            unit_ns=True,
+        )
+        mine = keep & (directions == direction)
+        for at, duration in zip(ts[mine], durations[mine], strict=True):
+            tracks.counter(track, int(at), float(duration))
+        written += int(mine.sum())
+    return written

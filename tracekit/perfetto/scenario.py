@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.calls import pair_calls, returns_missed, unclosed_call
 from tracekit.analysis.vm import marker_table, vmids_per_vm
 from tracekit.perfetto.events import is_derived
 from tracekit.perfetto.tracks import Span, TrackWriter, write_spans
@@ -66,6 +66,8 @@ class Call:
     end: int | None
     args: dict[str, Any]
     returns_probed: bool
+    # Without an end: the analysis's (label, sentence) of what the missing return may be.
+    unclosed: tuple[str, str] | None = None
 
 
 def table(tables: Mapping[str, pl.DataFrame], name: str) -> pl.DataFrame | None:
@@ -107,22 +109,29 @@ def vm_lives(markers: Sequence[Marker]) -> list[VmLife]:
     return lives
 
 
-def kprobe_calls(tables: Mapping[str, pl.DataFrame]) -> list[Call]:
-    """Entry kprobes (with `__probe_ip`) with their `<name>_ret` returns, as analysis pairs them."""
-    entries = {n.split(":")[-1]: t for n, t in tables.items() if "__probe_ip" in t.columns}
+def kprobe_calls(
+    tables: Mapping[str, pl.DataFrame], probe_misses: Mapping[str, int] | None = None
+) -> list[Call]:
+    """Entry kprobes (with `__probe_ip`) with their `<name>_ret` returns, as analysis pairs
+    them; `probe_misses` (the run's RunRecord.probe_misses) says which missing returns may
+    be the kretprobe's misses."""
+    # A text trace's kprobes have only the symbol columns (`__probe_ip_sym`).
+    entries = {n.split(":")[-1]: t for n, t in tables.items() if _has(t, "__probe_ip")}
     returns = {
         n.split(":")[-1].removesuffix("_ret"): t
         for n, t in tables.items()
-        if "__probe_func" in t.columns and n.endswith("_ret")
+        if _has(t, "__probe_func") and n.endswith("_ret")
     }
     calls: list[Call] = []
     for function, entry in entries.items():
         own = [
             c
             for c in entry.columns
-            if c not in (*_COMMON, "__probe_ip") and not is_derived(c, entry.schema)
+            if c not in (*_COMMON, "__probe_ip", "__probe_ip_sym")
+            and not is_derived(c, entry.schema)
         ]
-        paired, _orphans = pair_calls(entry, returns.get(function))
+        missed = returns_missed(probe_misses, function)
+        paired, _orphans = pair_calls(entry, returns.get(function), missed)
         rows = paired.join(
             entry.select(pl.col("row").cast(pl.Int64).alias("entry_row"), *own),
             on="entry_row",
@@ -130,12 +139,19 @@ def kprobe_calls(tables: Mapping[str, pl.DataFrame]) -> list[Call]:
         )
         for row in rows.iter_rows(named=True):
             args = _args(row, own)
+            probed = function in returns
+            unclosed = None
+            if probed and row["end_ts"] is None:
+                unclosed = unclosed_call(row["maybe_missed_return"])
             calls.append(
-                Call(
-                    row["pid"], function, row["start_ts"], row["end_ts"], args, function in returns
-                )
+                Call(row["pid"], function, row["start_ts"], row["end_ts"], args, probed, unclosed)
             )
     return sorted(calls, key=lambda c: c.start)
+
+
+def _has(events: pl.DataFrame, field: str) -> bool:
+    """Whether a table has a probe field, as an address or (text traces) its symbol."""
+    return field in events.columns or f"{field}_sym" in events.columns
 
 
 def _args(row: Mapping[str, Any], own: Sequence[str]) -> dict[str, Any]:
@@ -174,10 +190,12 @@ def write_scenario_tracks(
     scope: str = "",
     vmm_runs: Sequence[Mapping[str, str]] = (),
     vmid_bits: int | None = None,
+    probe_misses: Mapping[str, int] | None = None,
 ) -> None:
-    """VM lifecycles with teardown spans, flush spans per vCPU, TLBI loops per CPU."""
+    """VM lifecycles with teardown spans, flush spans per vCPU, TLBI loops per CPU;
+    `probe_misses`: the run's kprobe misses (RunRecord.probe_misses), None: not recorded."""
     lives = vm_lives(markers)
-    calls = kprobe_calls(tables)
+    calls = kprobe_calls(tables, probe_misses)
     if lives:
         write_vm_lifecycles(tracks, parent, lives, tables, calls, end_ts, scope, vmid_bits)
         write_tlbi_loops(tracks, parent, lives, vmm_runs, end_ts, scope)
@@ -252,8 +270,9 @@ def _teardown_calls(life: VmLife, calls: Sequence[Call], last: int, prefix: str)
         if not call.returns_probed:
             spans.append((call.start, None, f"{prefix}{call.function}", call.args))
         elif call.end is None:
-            label = f"{prefix}{call.function} (return not recorded)"
-            spans.append((call.start, stop, label, call.args))
+            short, said = call.unclosed or unclosed_call(None)
+            label = f"{prefix}{call.function} ({short})"
+            spans.append((call.start, stop, label, {**call.args, "missing_return": said}))
         else:
             spans.append((call.start, call.end, f"{prefix}{call.function}", call.args))
     return spans

@@ -33,19 +33,21 @@ def write_trace_tracks(
     vmm_runs: Sequence[Mapping[str, str]] = (),
     vmid_bits: int | None = None,
     lost_totals: Mapping[int, int] | None = None,
+    probe_misses: Mapping[str, int] | None = None,
 ) -> None:
     """Every track one trace allows, under PARENT; SCOPE keeps one run's tracks apart.
 
     `events` (row, ts, cpu) times flushes by their neighbours when no flush kprobe was
     recorded; `vmm_runs` are the VMM's `run` records (a bundle's vmm.txt), whose guest
     variants say which VM was a TLBI loop; `lost_totals` the events lost per CPU as a
-    bundle's RunData counts them (else ingest's definition over the trace's own reports).
+    bundle's RunData counts them (else ingest's definition over the trace's own reports);
+    `probe_misses` a bundle run's kprobe misses (RunRecord.probe_misses).
     """
     from tracekit.perfetto.scenario import write_scenario_tracks
 
     markers = list(markers_of(marker_table(tables)))
     write_scenario_tracks(
-        tracks, parent, tables, markers, events, end_ts, scope, vmm_runs, vmid_bits
+        tracks, parent, tables, markers, events, end_ts, scope, vmm_runs, vmid_bits, probe_misses
     )
     write_probe_runs(tracks, parent, markers, end_ts, scope)
     write_guest_time(tracks, parent, tables.get("kvm_entry"), tables.get("kvm_exit"), end_ts, scope)

@@ -53,16 +53,20 @@ def table_lines(frame: pl.DataFrame, width: int | None = None, indent: int = 2) 
     lines = _aligned(frame.columns, rows, indent)
     if width is None or max(len(line) for line in lines) <= width:
         return lines if rows else [*lines, " " * indent + "(no rows)"]
-    groups = _column_groups(frame.columns, rows, width, indent)
+    columns = frame.columns
+    if len({r[0] for r in rows}) < len(rows):
+        # Each part of a split table repeats the first column: where it does not tell the
+        # rows apart, a row number leads instead, so the parts' rows can be matched.
+        columns = ["#", *columns]
+        rows = [[str(n), *r] for n, r in enumerate(rows, 1)]
+    groups = _column_groups(columns, rows, width, indent)
     if groups is None:
-        return _records(frame.columns, rows, width, indent)
+        return _records(frame.columns, [r[-frame.width :] for r in rows], width, indent)
     out: list[str] = []
     for group in groups:
         if out:
             out.append("")
-        out += _aligned(
-            [frame.columns[i] for i in group], [[r[i] for i in group] for r in rows], indent
-        )
+        out += _aligned([columns[i] for i in group], [[r[i] for i in group] for r in rows], indent)
     return out
 
 

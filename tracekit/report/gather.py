@@ -193,6 +193,11 @@ def result_notes(report: Report) -> list[str]:
 def comparisons_note(section: Section) -> str:
     """What the details' comparison lines leave out: their tests and the runs they need."""
     tests = ", ".join(dict.fromkeys(c.test for c in section.comparisons))
-    needed = sorted({c.needed_runs for c in section.comparisons if c.needed_runs})
-    needs = ", ".join(f"{n}+{n}" for n in needed)
-    return f"({tests}" + (f"; a verdict needs {needs} runs" if needs else "") + ")"
+    ordered = sorted((c for c in section.comparisons if c.needed_runs), key=_needed)
+    needs = ", ".join(dict.fromkeys(str(c.needs()) for c in ordered))
+    return f"({tests}" + (f"; a verdict needs {needs}" if needs else "") + ")"
+
+
+def _needed(comparison: Comparison) -> int:
+    """The runs a comparison needs (sorting key)."""
+    return comparison.needed_runs or 0

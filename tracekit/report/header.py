@@ -273,13 +273,10 @@ def _damage(data: BundleData) -> list[str]:
 
 
 def damage_line(data: BundleData, many: bool) -> str:
-    """DAMAGED: what is missing or changed, so no number is trusted without saying so."""
+    """DAMAGED: what is missing, changed or cut, so no number is trusted without saying so."""
     problems = _damage(data)
     where = f"{bundle_label(data)}: " if many else ""
     shown = "; ".join(problems[:SHOWN_PROBLEMS])
     more = len(problems) - SHOWN_PROBLEMS
     rest = f"; {more} more (`tracekit verify` lists them)" if more > 0 else ""
-    return (
-        f"DAMAGED bundle: {where}{len(problems)} file(s) missing or changed, not read: "
-        f"{shown}{rest}"
-    )
+    return f"DAMAGED bundle: {where}{len(problems)} file(s) missing, changed or cut: {shown}{rest}"

@@ -19,9 +19,11 @@ from tracekit.analysis.beforeafter import (
     stress_comparison,
 )
 from tracekit.analysis.compare import Comparison
+from tracekit.analysis.decision import action_meaning
+from tracekit.analysis.gtsignatures import kernel_series
 from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label, is_emulated
+from tracekit.report.header import bundle_label, is_emulated, kvm_mode
 from tracekit.report.model import Plot, Section, Table
 from tracekit.report.sections.tlbi import PROBE_NOTE
 
@@ -45,6 +47,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         comparisons += [c for c in found if c.role != "primary"]
         unknowns += unknown
         findings += [prefix + _samples_line(data), prefix + _lost_line(data)]
+        meaning = _action_meaning(data)
+        findings += [prefix + meaning] if meaning else []
         controls += [prefix + f for f in _observer_effect(data)]
         idle = idle_after_guest(data.manifest.runs)
         controls += [prefix + idle] if idle else []
@@ -236,6 +240,13 @@ def _plots(bundles: list[BundleData], many: bool) -> list[Plot]:
             y_label="p99.9 (us)",
         ),
     ]
+
+
+def _action_meaning(data: BundleData) -> str | None:
+    """What the bundle's after-guest action ran on its kernel (decision.action_meaning)."""
+    action = str(data.manifest.options.get("after_guest", "none"))
+    release = str(data.manifest.host.get("kernel_release", "?"))
+    return action_meaning(action, kernel_series(release), kvm_mode(data))
 
 
 def _samples_line(data: BundleData) -> str:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from tracekit.analysis import broadcast as bc
 from tracekit.analysis.compare import Comparison
+from tracekit.cpus import format_cpu_list
 from tracekit.ingest.bundle import BundleData
 from tracekit.ingest.probe import probe_samples
 from tracekit.report.header import bundle_label, is_emulated
@@ -68,11 +69,14 @@ def _bundle(data: BundleData, prefix: str) -> tuple[list[Comparison], list[Table
         for phase in ("during", "after"):
             found = bc.probe_comparisons(samples, phase)
             comparisons += [replace(c, metric=prefix + c.metric) for c in found]
+        guest = [int(c) for c in data.manifest.options.get("guest_cpus") or []]
+        unprobed = bc.unprobed_guest_cpus(samples, guest)
+        said = f"; guest CPU {format_cpu_list(unprobed)}: no slot during the guest (the guest"
         tables.append(
             Table(
                 f"{prefix}probe cost per CPU and phase (us)",
                 bc.probe_by_phase(samples),
-                note=PROBE_NOTE + "; the guest CPU itself is not probed",
+                note=PROBE_NOTE + (f"{said} runs there)" if unprobed else ""),
             )
         )
     else:

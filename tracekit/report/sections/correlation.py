@@ -169,7 +169,8 @@ def _overviews(frames: list[pl.DataFrame], guest_lost: dict[str, int]) -> Table:
         "activity of the other CPUs over each run",
         pl.concat(frames, how="diagonal_relaxed"),
         note="time_pct: share of the traced time; activities overlap (an interrupt taken"
-        " while idle counts in both; two tasks' syscalls on one CPU add up)"
+        " while idle counts in both; two tasks' syscalls on one CPU add up); the rt CPU's"
+        " one row, ipi_to_rt, counts the IPIs it raised to itself"
         + (f"; {lost} events lost in the guest runs" if lost else ""),
     )
 

@@ -12,7 +12,7 @@ import polars as pl
 
 from tracekit.analysis import groundtruth as gt
 from tracekit.analysis import gtvmid, vm
-from tracekit.analysis.calls import pair_calls
+from tracekit.analysis.calls import misses_over_runs, pair_calls
 from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.gtsignatures import REQUIRE_FIELDS, kernel_series, packaged_signatures
 from tracekit.bundle import PROBE_GROUP, RunKind
@@ -43,7 +43,7 @@ def section(bundles: list[BundleData]) -> Section | None:
             findings.append(f"{label}: no ground truth ({_why_none(data)})")
             continue
         truth, given = found
-        summary = _summary(data, given)
+        summary = bundle_summary(data, given)
         # notes()[0] is the emulated-ground-truth line, said once for the section.
         findings += [f"{label}: {note}" for note in truth.notes()[1:]]
         findings += [f"{label}: signature {line}" for line in summary.signature_lines]
@@ -56,6 +56,8 @@ def section(bundles: list[BundleData]) -> Section | None:
         elif not summary.checks.is_empty():
             findings.append(f"{label}: every checked step executed what its signature says")
         tables += _tables(label, summary)
+        if summary.vmids is not None and not summary.vmids.is_empty():
+            findings.append(f"{label}: {_margin_line(_fit_error_ns(data))}")
         unknowns += [
             f"{label}: the {step} step is not checked against a signature (none for this "
             "kernel and KVM mode, the bundle is outside its conditions, or it needs CPUs "
@@ -83,7 +85,7 @@ def _why_none(data: BundleData) -> str:
     return "emulated, but collected without `tracekit vhost run --ground-truth`"
 
 
-def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
+def bundle_summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     """The analysis of one bundle's ground truth, its steps and probes from its runs."""
     manifest = data.manifest
     options, host = manifest.options, manifest.host
@@ -93,28 +95,22 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
         tuple(parse_cpu_list(str(host.get("online_cpus", "")))) if host.get("online_cpus") else ()
     )
     context = gt.StepContext(online, guest, target_cpus(manifest.scenario, action, guest))
-    steps, hits, traced = (
-        [],
-        dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0),
-        [],
-    )
+    hits = dict.fromkeys(gt.entry_probes(manifest.scenario.get("kprobes") or []), 0)
+    traced: list[str] = []
     windows: dict[str, list[pl.DataFrame]] = {}
+    recorded = []  # the traced runs' kprobe misses
     for run in manifest.runs:
         found = data.run(run)
-        vmm = found.vmm
-        if vmm is not None and vmm.vms.height:
-            steps.append(gt.vm_steps(vmm.vms, run.run_id))
-        if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
-            steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
         trace = found.trace if hits else None
         if trace is not None:
             traced.append(run.run_id)
+            recorded.append(run.probe_misses)
             for name, count in _probe_counts(trace.events).items():
                 if name in hits:
                     hits[name] += count
             for name, calls in _probe_calls(trace.events, hits).items():
                 windows.setdefault(name, []).append(calls)
-    frame = pl.concat(steps) if steps else pl.DataFrame(schema=gt.STEP_SCHEMA)
+    frame = bundle_steps(data)
     setup = (
         kernel_series(str(host.get("kernel_release", "?"))),
         kvm_mode(data).rstrip("?"),
@@ -124,21 +120,60 @@ def _summary(data: BundleData, given: pl.DataFrame) -> gt.GroundTruthSummary:
     condition = bundle_condition(manifest)
     facts = {n: getattr(condition, n) for n in REQUIRE_FIELDS if hasattr(condition, n)}
     signatures = packaged_signatures()
-    inputs = _vmid_inputs(data)
+    inputs = vmid_inputs(data)
+    misses = {name: misses_over_runs(recorded, name) for name in hits}
     return gt.summarise(
-        given, frame, signatures, setup, context, hits, traced, calls, facts, inputs
+        given, frame, signatures, setup, context, hits, traced, calls, facts, inputs, misses
     )
 
 
-def _vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
-    """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid)."""
-    spans, found, bits = [], [], {}
+def bundle_steps(data: BundleData) -> pl.DataFrame:
+    """Each VM's create, run and teardown windows (the VMM's) and the after-guest
+    action's run window (analysis.groundtruth.STEP_SCHEMA)."""
+    action = str(data.manifest.options.get("after_guest", "none"))
+    steps = [pl.DataFrame(schema=gt.STEP_SCHEMA)]
+    for run in data.manifest.runs:
+        vmm = data.run(run).vmm
+        if vmm is not None and vmm.vms.height:
+            steps.append(gt.vm_steps(vmm.vms, run.run_id))
+        if run.kind == RunKind.AFTER_GUEST and run.start_ns is not None and run.end_ns is not None:
+            steps.append(gt.action_step(run.run_id, action, run.start_ns, run.end_ns))
+    return pl.concat(steps)
+
+
+def _margin_line(margin_ns: float) -> str:
+    """How near a VMID change a row may be and still be attributed, in words."""
+    ceiling = gtvmid.MARGIN_CEILING_NS / 1000
+    if margin_ns > gtvmid.MARGIN_CEILING_NS:
+        return (
+            f"EL2 invalidations' VMIDs NOT attributed by time: the clock fit's error "
+            f"({margin_ns / 1000:.1f} us) is over the {ceiling:.0f} us bound"
+        )
+    return (
+        f"EL2 invalidations' VMIDs attributed within the clock fit's error, "
+        f"{margin_ns / 1000:.1f} us (bound {ceiling:.0f} us): a VMID change nearer a row "
+        "than that leaves it ambiguous"
+    )
+
+
+def _fit_error_ns(data: BundleData) -> float:
+    """The bundle's clock fit error (the ceiling where it has no ground truth)."""
+    found = data.ground_truth()
+    return found[0].fit.error_ns if found is not None else gtvmid.MARGIN_CEILING_NS
+
+
+def vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
+    """The traced VMM runs' vCPU spans and kvm_arm_vmid_update readings (gtvmid), the
+    clock fit's error and the traced runs whose VMM wrote no markers."""
+    margin_ns = _fit_error_ns(data)
+    spans, found, bits, unmarked = [], [], {}, set()
     for run in data.manifest.runs:
         vmm = data.run(run).vmm
         if vmm is None or data.run(run).trace is None:
             continue
         opened = open_vm_run(data, run, vmm, run.run_id)
         if opened.windows is None or opened.threads is None:
+            unmarked.add(run.run_id)
             continue
         spans.append(gtvmid.vcpu_spans(run.run_id, opened.windows, opened.threads))
         for event, at in ((vm.VMID_EVENT, "entry"), (vm.VMID_RETURN_EVENT, "return")):
@@ -154,6 +189,8 @@ def _vmid_inputs(data: BundleData) -> gtvmid.VmidInputs:
         pl.concat(spans) if spans else empty.spans,
         pl.concat(found) if found else empty.readings,
         bits,
+        margin_ns,
+        frozenset(unmarked),
     )
 
 
@@ -224,8 +261,8 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
                 summary.vmids,
                 "vmid_basis: inferred (the VM whose vCPU thread was on that CPU, and the VMID "
                 "kvm_arm_vmid_update had given it), source (stated by the kernel source), "
-                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-reading, "
-                "no-width, no-vm)",
+                "else why it is null (not-vmid-scoped, ambiguous, untraced, no-markers, "
+                "no-reading, no-width, no-vm, protected, clock-error)",
             )
         )
     if not summary.probes.is_empty():
@@ -235,7 +272,9 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
                 summary.probes,
                 "fired: entry-probe hits in the traced runs; inside: the path's "
                 "invalidations inside the probe's entry-to-return windows on the same CPU; "
-                "not_attributable: the path's invalidations outside them",
+                "not_attributable: the path's invalidations outside them; entries_missed, "
+                "returns_missed: the probes' misses over those runs (kprobe_profile; null: "
+                "not recorded)",
             )
         )
     return tables

@@ -2,16 +2,25 @@
 held against the decision table's verdicts (tracekit/simulate/predict.py).
 
 Thin: verdicts come from tracekit/analysis/decision.py, predictions and the check from
-tracekit/simulate/predict.py. No bundle with quiet runs before and after: None.
+tracekit/simulate/predict.py. Only bundles that can test a model take part (a board's, a
+simulated one's; conditions.tests_models): none, or none with quiet runs before and after:
+None.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analysis.conditions import Condition, varying_fields
+from tracekit.analysis.conditions import (
+    UNTESTED_BY,
+    Condition,
+    simulated_label,
+    tests_models,
+    varying_fields,
+)
 from tracekit.analysis.decision import condition_effects
 from tracekit.ingest.bundle import BundleData
+from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.decision import condition_groups
 from tracekit.simulate.model import load_model, shipped_models
@@ -31,9 +40,16 @@ NOTE = (
 
 def section(bundles: list[BundleData]) -> Section | None:
     """Per shipped model: consistent, refuted (by which conditions) or untested."""
-    groups, unknowns = condition_groups(bundles, "the model predictions")
+    # Split once, not by `in` afterwards (BundleData's == would compare its tables).
+    can = [tests_models(is_emulated(b), simulated_label(b.manifest)) for b in bundles]
+    testing = [b for b, yes in zip(bundles, can, strict=True) if yes]
+    left_out = [b for b, yes in zip(bundles, can, strict=True) if not yes]
+    groups, unknowns = condition_groups(testing, "the model predictions")
     if not groups:
         return None
+    unknowns += [
+        f"{bundle_label(b)}: left out of the model predictions: {UNTESTED_BY}" for b in left_out
+    ]
     effects = condition_effects(groups)
     observed = [(e.condition, e.comparison.verdict) for e in effects]
     varying = _shown_fields(list(groups))

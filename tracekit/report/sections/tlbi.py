@@ -14,6 +14,7 @@ import polars as pl
 from tracekit.analysis.compare import Comparison
 from tracekit.analysis.tlbi import (
     FUNCGRAPH_EXIT,
+    SAMPLE_MEANING,
     el2_unseen,
     flush_missed,
     flush_summary,
@@ -35,11 +36,7 @@ from tracekit.report.model import Plot, Section, Table
 # The traced runs whose flush-path calls the section times (not sweeps nor during phases).
 FLUSH_RUN_KINDS = (RunKind.TRACED, RunKind.GUEST, RunKind.AFTER_GUEST)
 # What a probe sample is (reproducer/tlbiprobe.c): said wherever probe numbers are shown.
-PROBE_NOTE = (
-    "a sample is one whole mprotect/munmap syscall with the kernel's TLBI and DSB ISH"
-    " inside; the DSB waits for every CPU, so the cpu column is the issuer, never the"
-    " slow responder"
-)
+PROBE_NOTE = "a sample is " + SAMPLE_MEANING.format(cpu="the cpu column")
 
 
 def section(bundles: list[BundleData]) -> Section | None:

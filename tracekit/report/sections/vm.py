@@ -129,18 +129,20 @@ def _stage2_maps(
         return f"{label}: no stage-2 map call seen (kvm_pgtable_stage2_map){lost}", None
     totals = per.group_by("size").agg(pl.col("maps").sum()).sort("size")
     said = ", ".join(f"{n} x {vm.size_name(size)}" for size, n in totals.iter_rows())
-    line = f"{label}: stage-2 mappings the kernel made (kvm_pgtable_stage2_map): {said}{lost}"
+    # A call installs at most one page or block (the review of 17, F6): calls, not mappings.
+    line = f"{label}: stage-2 map calls (kvm_pgtable_stage2_map) by size: {said}{lost}"
     table = Table(
-        f"{label}: stage-2 mappings per VM",
+        f"{label}: stage-2 map calls per VM",
         per.select(
             pl.col("vm_seq").alias("vm"),
             pl.col("size").map_elements(vm.size_name, return_dtype=pl.String).alias("size"),
             "maps",
-            (pl.col("mapped") // 1024).alias("mapped_kib"),
+            (pl.col("mapped") // 1024).alias("kib_at_most"),
         ),
         note=(
             "maps: kvm_pgtable_stage2_map calls; each installs at most one page or block of "
-            "that size (a lost race or an unchanged entry installs none; re-maps count)"
+            "that size (a lost race or an unchanged entry installs none; re-maps count), so "
+            "kib_at_most, their sizes summed, bounds what they mapped"
         ),
     )
     return line, table

@@ -187,14 +187,15 @@ def _path_finding(frame: pl.DataFrame, stress: set[int]) -> str:
     local = frame.filter(pl.col("path") == "local")
     line = (
         f"{100 * remote.height / frame.height:.0f}% of wake-ups had their timer expire on"
-        " another CPU (the kernel arms a nohz_full CPU's timers on a housekeeping CPU) and"
+        " another CPU (with timer migration the kernel may arm a nohz_full CPU's unpinned"
+        " timers on a housekeeping CPU) and"
         f" reached the rt CPU by IPI: median {_us(remote['total_ns'].median())} us, against"
         f" {_us(local['total_ns'].median())} us for timers that fired on the rt CPU"
     )
     if remote.height:
         where = ranked(remote["timer_cpu"])
         cpus = ", ".join(
-            f"CPU {cpu}{' (a stress CPU)' if cpu in stress else ''}: {n}"
+            f"CPU {cpu}{' (a stress CPU)' if cpu in stress else ''}: {n} of them"
             for cpu, n in where.iter_rows()
         )
         line += f"; their timers fired on {cpus}"
