@@ -112,16 +112,8 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 
 @pytest.mark.vhost
 @pytest.mark.simboot
-@pytest.mark.xfail(
-    reason="session 8's boot (responders' cost): on-none cyclictest per-run max before "
-    "49/122/68/156 ms, after 324/419/423/140 ms, 3.31x [1.87, 6.01] p=0.057 (one after run "
-    "below one before run: inconclusive at 4+4); on-hotplug, whose after runs came after "
-    "the clear, 2.39x p=0.029 'present' from this loaded machine's noise (off-none's "
-    "before runs reached 215 and 308 ms)",
-    strict=False,
-)
 def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
-    """On cyclictest top10 (VERDICT_METRIC): mmu-on without a clearing action: present
+    """On cyclictest p99.9 (VERDICT_METRIC): mmu-on without a clearing action: present
     (4+4 runs, what the exact rank test needs); mmu-off and mmu-on after the guest CPU's
     hotplug: not present; the decision table names the creating condition and the
     clearing action (settled, or open where 4+4 runs cannot show "absent")."""

@@ -22,9 +22,9 @@ RUN_METRICS: dict[str, str] = {
 # with fewer than 1000 samples a run's p99.9 is its maximum (as cyclictest users expect).
 QUANTILE_INTERPOLATION = "higher"
 # A tail metric that rests on TOP_N samples of a run, never on one: the mean of its TOP_N
-# longest (all of them in a shorter run). Asked for by name (the simulated-mechanism
-# verdicts, docs/simulate.md: on the emulated host's short runs p99.9 is the max), not
-# in RUN_METRICS' family of every report.
+# longest (all of them in a shorter run). Asked for by name (benchmarks/simulate_null_fpr.py
+# measures it beside p99.9, docs/simulate.md: on the emulated host's short runs p99.9 is
+# the max), not in RUN_METRICS' family of every report.
 TOP_N = 10
 TAIL_METRICS: dict[str, str] = {"top10": "top10_ns"}
 
