@@ -61,7 +61,8 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     # model injected by the ground-truth plugin; three short collects. Responders paying
     # at every IRQ entry made the after phases crawl (session 8's boot reached the last
     # collect's after probes at 40 min); paying only on wake-ups from WFI spares the busy
-    # CPUs, and the boot is held to 35 min (session 9).
+    # CPUs, and the boot is held to 35 min (session 9); only the isolated CPU pays
+    # (session 10: the idle housekeeping CPUs' wake-ups paid 831 s in session 9's boot).
     "nvhe-a76-sim": VhostConfig(
         kernel="trixie",
         kvm_mode="nvhe",

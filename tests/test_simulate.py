@@ -7,6 +7,7 @@ so the plugin sees them, and the program's SIGILL handler steps over them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -119,12 +120,27 @@ def test_the_responders_keys_go_with_their_choice() -> None:
     with pytest.raises(TracekitError, match=r"\[cost\] pay_when: 'idle'; use one of: wake, irq"):
         parse_model(low.replace("cap_ns = 5", 'cap_ns = 25\npay_when = "idle"'), "m.toml")
     assert (only.pay_when, load_model("brief-literal").pay_when) == ("irq", "wake")
+    with pytest.raises(TracekitError, match=r"\[cost\] responders: only with on"):
+        parse_model(GOOD + 'responders = "isolated"\n', "m.toml")
+    some = low.replace("cap_ns = 5", "cap_ns = 25")
+    for bad, says in [
+        ('"rt"', "'rt'; use others or isolated, or CPUs"),
+        ("[]", "a list must hold distinct CPU numbers"),
+        ("[3, 3]", "a list must hold distinct CPU numbers"),
+        ('["3"]', "a list must hold distinct CPU numbers"),
+        ("[256]", "CPU numbers must be 0..255"),
+        ("3", "must be a string or a list"),
+    ]:
+        with pytest.raises(TracekitError, match=re.escape(f"[cost] responders: {says}")):
+            parse_model(some + f"responders = {bad}\n", "m.toml")
+    assert parse_model(some + "responders = [3, 1]\n", "m.toml").responders == (1, 3)
+    assert (only.responders, load_model("brief-literal").responders) == ("others", "isolated")
 
 
 def test_plugin_form_follows_the_boot_mode() -> None:
     """A model limited to nVHE creates nothing in a VHE boot; the hash travels along."""
     brief, syms = load_model("brief-literal"), Path("/out/vhost-kallsyms.txt")
-    nvhe, vhe = plugin_form(brief, "nvhe", syms), plugin_form(brief, "vhe", syms)
+    nvhe, vhe = plugin_form(brief, "nvhe", syms, [3]), plugin_form(brief, "vhe", syms, [3])
     assert f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}" in nvhe
     assert "create none" in vhe and "create sctlr" not in vhe
     assert f"model brief-literal {brief.digest}" in vhe
@@ -134,6 +150,15 @@ def test_plugin_form_follows_the_boot_mode() -> None:
     assert "pay issuer" in plugin_form(load_model("null"), "nvhe")
     with pytest.raises(TracekitError, match="needs the boot's kallsyms"):
         plugin_form(brief, "nvhe")
+    # brief-literal's responders are the isolated CPUs: the boot's isolcpus= names them.
+    assert "responder-cpus 3\n" in nvhe
+    with pytest.raises(
+        TracekitError, match=re.escape("isolates none: add e.g. --append 'isolcpus=3'")
+    ):
+        plugin_form(brief, "nvhe", syms)
+    every = replace(brief, responders="others")
+    assert "responder-cpus" not in plugin_form(every, "nvhe", syms, [3])
+    assert "responder-cpus 0 2\n" in plugin_form(replace(brief, responders=(0, 2)), "nvhe", syms)
 
 
 # Both test programs: SIGILL steps over the EL1/EL2-only instructions; the virtual
@@ -408,9 +433,12 @@ int main(void) {
 )
 
 
-def _run_responders(tmp_path: Path, built: Path, program: str, model: str) -> tuple[dict, Path]:
+def _run_responders(
+    tmp_path: Path, built: Path, program: str, model: str, isolated: tuple[int, ...] = ()
+) -> tuple[dict, Path]:
     """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
-    with `model`; its printed timings (ns) and the simulation log's path."""
+    with `model` (`isolated`: the CPUs isolcpus= would name); its printed timings (ns)
+    and the simulation log's path."""
     source = tmp_path / "r.c"
     source.write_text(program)
     binary = tmp_path / "r"
@@ -419,7 +447,7 @@ def _run_responders(tmp_path: Path, built: Path, program: str, model: str) -> tu
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text(nm.stdout)
-    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
@@ -458,6 +486,27 @@ def test_responders_pay_only_when_waking_from_wfi(built: Path, tmp_path: Path) -
     }
     assert responder["paid_actual_ns"] >= responder["paid_ns"]
     assert "2 wake-ups from WFI, 7 completions spared while awake" in log.summary()
+
+
+@needs_qemu_user
+def test_only_the_named_responders_pay(built: Path, tmp_path: Path) -> None:
+    """responders = "isolated" with CPU 0 isolated: the responder thread (vCPU 1) enters
+    the IRQ handler after 56 completions as before and pays nothing (no wake, nothing
+    spared), and the log names CPU 0 as the only responder; naming vCPU 1 pays as the
+    unrestricted model does (2 entries, 53 completions)."""
+    isolated = RESPONDERS + 'responders = "isolated"\n'
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, isolated, (0,))
+    assert max(times.values()) < 6_000_000
+    log = read_sim_log(log_path)
+    assert log.complete and log.responder_cpus == (0,)
+    assert log.vcpus[0]["bcasts"] == 56
+    assert [log.vcpus[1][k] for k in ("pays", "owed", "wakes", "spared")] == [0, 0, 0, 0]
+    assert "responders: CPU 0 only" in log.summary()
+    named = RESPONDERS + "responders = [1]\n"
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, named)
+    log = read_sim_log(log_path)
+    assert log.responder_cpus == (1,) and times["phase2"] >= 30_000_000
+    assert (log.vcpus[1]["pays"], log.vcpus[1]["owed"]) == (2, 53)
 
 
 def test_sim_log_refuses_what_it_cannot_read() -> None:
@@ -514,12 +563,17 @@ def test_the_variable_is_refused_off_the_emulated_host(monkeypatch: pytest.Monke
 
 
 def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path) -> None:
-    """--simulate: the model's source and plugin form in --out, the plugin's argv."""
-    config = VhostConfig(simulate="brief-literal", ground_truth=True)
+    """--simulate: the model's source and plugin form in --out (its responders the CPUs
+    --append's isolcpus= names, flags left out), the plugin's argv; no isolated CPU for
+    an isolated-CPU model is one line."""
+    append = "isolcpus=domain,managed_irq,3 nohz_full=3"
+    config = VhostConfig(simulate="brief-literal", ground_truth=True, append=append)
     label = prepare_simulation(config, tmp_path)
     assert label == load_model("brief-literal").label
-    form = plugin_form(load_model("brief-literal"), "nvhe", tmp_path.resolve() / KALLSYMS)
-    assert (tmp_path / SIM_FORM).read_text() == form
+    form = plugin_form(load_model("brief-literal"), "nvhe", tmp_path.resolve() / KALLSYMS, [3])
+    assert (tmp_path / SIM_FORM).read_text() == form and "responder-cpus 3\n" in form
+    with pytest.raises(TracekitError, match="isolates none"):
+        prepare_simulation(replace(config, append="nohz_full=3"), tmp_path)
     assert form.endswith(
         f"irq-entry {tmp_path.resolve() / KALLSYMS} {' '.join(IRQ_ENTRY_SYMBOLS)}\n"
     )

@@ -24,6 +24,8 @@
  * entry pays, at that entry, for the completions that came while it slept (since its
  * first WFI, within window_ns); an entry without a WFI before it (a busy CPU's tick or
  * IPI) pays nothing, and the completions it would have owed are counted as spared.
+ * With `responder-cpus N...` only those vCPUs pay (e.g. the isolated rt CPU); the others
+ * enter their IRQ handler at no cost and count no wakes.
  *
  * Where the delay lands: in multi-threaded TCG a broadcast TLBI's flush runs as
  * "safe work" in an exclusive section, which waits for every other vCPU to leave its
@@ -70,6 +72,8 @@ static struct {
 	int scope_every;
 	int pay_issuer, pay_responders;
 	int pay_on_wake;	/* responders pay only at an IRQ entry after a WFI */
+	int some_respond;	/* a responder-cpus line: only the vCPUs it names pay */
+	uint8_t responds[TKSIM_MAX_VCPUS];
 	uint64_t fixed_ns, per_dose_ns, dose_max;
 	uint64_t responder_ns, window_ns, cap_ns;
 	char kallsyms[1024];
@@ -133,6 +137,23 @@ static int parse_irq_entry(const char *rest)
 	return sim.n_irq_syms ? 0 : -1;
 }
 
+/* `responder-cpus N...`: the only vCPUs that pay as responders; 0 if understood. */
+static int parse_responder_cpus(const char *rest)
+{
+	unsigned int cpu;
+	int used = 0, any = 0;
+
+	while (sscanf(rest, " %u%n", &cpu, &used) == 1) {
+		if (cpu >= TKSIM_MAX_VCPUS)
+			return -1;
+		sim.responds[cpu] = 1;
+		any = 1;
+		rest += used;
+	}
+	sim.some_respond = 1;
+	return any && rest[strspn(rest, " ")] == 0 ? 0 : -1;
+}
+
 /* One line of the plugin form; 0 if understood. */
 static int parse_line(const char *line)
 {
@@ -177,6 +198,8 @@ static int parse_line(const char *line)
 	}
 	if (strncmp(line, "irq-entry ", 10) == 0)
 		return parse_irq_entry(line + 10);
+	if (strncmp(line, "responder-cpus ", 15) == 0)
+		return parse_responder_cpus(line + 15);
 	if (sscanf(line, "responder_ns %" SCNu64, &sim.responder_ns) == 1 ||
 	    sscanf(line, "window_ns %" SCNu64, &sim.window_ns) == 1 ||
 	    sscanf(line, "cap_ns %" SCNu64, &sim.cap_ns) == 1)
@@ -186,6 +209,20 @@ static int parse_line(const char *line)
 	    sscanf(line, "dose_max %" SCNu64, &sim.dose_max) == 1)
 		return 0;
 	return -1;
+}
+
+/* The log's `responder-cpus N...` line: who pays as a responder (none: every vCPU). */
+static void log_responder_cpus(void)
+{
+	unsigned int v;
+
+	if (!sim.pay_responders || !sim.some_respond)
+		return;
+	fputs("responder-cpus", sim.log);
+	for (v = 0; v < TKSIM_MAX_VCPUS; v++)
+		if (sim.responds[v])
+			fprintf(sim.log, " %u", v);
+	fputc('\n', sim.log);
 }
 
 int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int every_vcpu)
@@ -233,6 +270,7 @@ int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int e
 	sim.on = 1;
 	fprintf(sim.log, "tksim-log %d\nmodel %s %s\nclock %d\n", TKSIM_FORMAT, sim.name,
 		sim.hash, CLOCK_MONOTONIC);
+	log_responder_cpus();
 	fflush(sim.log);
 	return 1;
 }
@@ -528,7 +566,7 @@ void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
 		complete_broadcast(vcpu, c);
 		break;
 	case TKSIM_IRQ:
-		if (sim.pay_responders)
+		if (sim.pay_responders && (!sim.some_respond || sim.responds[vcpu]))
 			pay_as_responder(vcpu, c);
 		break;
 	case TKSIM_RESOLVE:

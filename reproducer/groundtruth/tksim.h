@@ -18,8 +18,9 @@
 
 /* 2: responders' cost (pay, responder_ns, window_ns, cap_ns, irq-entry lines; the log's
  * per-vCPU responder keys and pay-at lines). 3: `pay-when wake|irq` (responders pay only
- * when waking from WFI, or at every IRQ entry); the log's wakes and spared keys. */
-#define TKSIM_FORMAT 3
+ * when waking from WFI, or at every IRQ entry); the log's wakes and spared keys.
+ * 4: `responder-cpus N...` (only those vCPUs pay as responders), in the form and the log. */
+#define TKSIM_FORMAT 4
 /* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
  * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
 #define TKSIM_MMU_ON_MARK 0xd5032edfu

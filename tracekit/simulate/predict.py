@@ -193,9 +193,18 @@ def _size(model: Model) -> str:
         parts.append(
             f"+{model.responder_ns / 1000:g} us per completion of {where} broadcasts (of"
             f" the last {model.window_ns / 1000:g} us, at most {model.cap_ns / 1000:g} us) on"
-            " every other CPU's next IRQ entry"
+            f" {_responders_text(model)}"
         )
     return "; ".join(parts)
+
+
+def _responders_text(model: Model) -> str:
+    """Which CPUs pay as responders, and at which IRQ entries."""
+    if isinstance(model.responders, tuple):
+        who = f"CPU {','.join(str(c) for c in model.responders)}'s"
+    else:
+        who = {"others": "every other CPU's", "isolated": "the isolated CPUs'"}[model.responders]
+    return f"{who} {'wake-ups from WFI' if model.pay_when == 'wake' else 'next IRQ entry'}"
 
 
 def _outcome(predicted: str, observed: str) -> str:

@@ -1,7 +1,8 @@
 """The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
 
-Lines: `tksim-log 3` (1: before responders paid; 2: before pay-when), `model NAME
-HASH`, `clock ID`, then events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1
+Lines: `tksim-log 4` (1: before responders paid; 2: before pay-when; 3: before
+responder-cpus), `model NAME HASH`, `clock ID`, `responder-cpus N...` (format 4, when only
+those vCPUs pay as responders), then events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1
 VADDR`, `clear-all TS VCPU CLEARED VADDR`, TS the QEMU host's CLOCK_MONOTONIC in ns),
 `pay-at SYMBOL ADDR` where responders pay (`pay-at unresolved 0x0`: nowhere), then at
 QEMU's exit one `vcpu V key value...` line per vCPU and `complete 1`. Standard library
@@ -37,7 +38,7 @@ RESPONDER_KEYS = ("bcasts", "pays", "owed", "asked_ns", "paid_ns", "paid_actual_
 # Format 3's (0 before): IRQ entries that woke it from WFI, and completions of the window
 # its entries did not charge because they came while it was awake (pay-when wake).
 WAKE_KEYS = ("wakes", "spared")
-FORMATS = ("1", "2", "3")
+FORMATS = ("1", "2", "3", "4")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class SimLog:
     vcpus: dict[int, dict[str, int]] = field(default_factory=dict)
     complete: bool = False
     pay_at: dict[str, int] = field(default_factory=dict)  # IRQ entry symbol -> address
+    responder_cpus: tuple[int, ...] = ()  # the only vCPUs that pay as responders (): all
 
     def total(self, key: str) -> int:
         """A per-vCPU total summed over every vCPU."""
@@ -75,9 +77,12 @@ class SimLog:
             + _responder_text(c)
             for v, c in sorted(self.vcpus.items())
         )
+        only = ",".join(str(v) for v in self.responder_cpus)
         return (
             f"simulation {self.model}: {self.total('creates')} creates,"
-            f" {self.total('clears')} clears; {landed}"
+            f" {self.total('clears')} clears"
+            + (f"; responders: CPU {only} only" if only else "")
+            + f"; {landed}"
         )
 
 
@@ -102,13 +107,21 @@ def _event(words: list[str], origin: str) -> SimEvent:
         raise TracekitError(f"{origin}: bad event line {' '.join(words)!r}") from None
 
 
+def _cpus(words: list[str], origin: str) -> tuple[int, ...]:
+    """The vCPUs of a `responder-cpus N...` line."""
+    try:
+        return tuple(int(w) for w in words[1:])
+    except ValueError:
+        raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
+
+
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
     """A SimLog from the log's text; one clear line if it is not one."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
     if len(lines) < 2 or lines[0] not in [["tksim-log", f] for f in FORMATS]:
-        raise TracekitError(f"{origin}: not a simulation log of format 1, 2 or 3 (tksim.c)")
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
     if lines[1][0] != "model":
-        raise TracekitError(f"{origin}: not a simulation log of format 1, 2 or 3 (tksim.c)")
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
     version = int(lines[0][1])
     keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if version >= 2 else set())
     keys |= set(WAKE_KEYS) if version >= 3 else set()
@@ -124,6 +137,8 @@ def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
             log.vcpus[int(words[1])] = totals | {k: int(v) for k, v in pairs.items()}
         elif words[0] == "pay-at" and len(words) == 3:
             log.pay_at[words[1]] = int(words[2], 16)
+        elif words[0] == "responder-cpus" and version >= 4:
+            log.responder_cpus = _cpus(words, origin)
         elif words == ["complete", "1"]:
             log.complete = True
         elif words[0] != "clock":
