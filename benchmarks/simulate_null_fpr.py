@@ -11,9 +11,10 @@ runs, in run order (before, then after), are each split into k contiguous pieces
 (n = 4, 6, 8) for max, p99, p99.9 and mean, as tests/test_analysis_fpr.py does on its
 fixture, and for top10 (the mean of a pseudo-run's 10 longest wake-ups,
 tracekit.analysis.runs.TAIL_METRICS): neighbouring windows keep the host's drift.
-Prints the "present" verdicts per bundle and metric, the rate per metric (the one a
-primary metric is chosen by) and, as before top10 existed, over the first four. Every
-metric comes from tracekit.analysis.runs.run_metrics. Emulated timings.
+Prints the "present" verdicts per bundle and metric, the rate per metric (one figure a
+primary metric is chosen by, beside the known-answer boot's verdicts) and, as before
+top10 existed, over the first four. Every metric comes from
+tracekit.analysis.runs.run_metrics. Emulated timings.
 
     python3 benchmarks/simulate_null_fpr.py [--model TOML] BUNDLE [BUNDLE...]
 

@@ -117,7 +117,7 @@ class Model:
     per_dose_ns: int
     digest: str  # sha256 of the model's canonical JSON, first 16 hex digits
     on: str = "issuer"  # issuer, responders or all: who pays for a completion
-    responder_ns: int = 0  # each other CPU, per completion it owes, at its IRQ entry
+    responder_ns: int = 0  # each responder, per completion it owes, at its IRQ entry
     window_ns: int = 0  # only completions this recent are owed
     cap_ns: int = 0  # at most this per IRQ entry
     pay_when: str = "irq"  # wake: only IRQ entries after a WFI pay; irq: every IRQ entry
