@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import VHOST_CONFIGS
 from report_bundles import edit_manifest, make_bundle
 
 from tracekit.analysis.compare import PRESENT
@@ -574,6 +575,9 @@ def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path)
     assert (tmp_path / SIM_FORM).read_text() == form and "responder-cpus 3\n" in form
     with pytest.raises(TracekitError, match="isolates none"):
         prepare_simulation(replace(config, append="nohz_full=3"), tmp_path)
+    # The simboot's own configuration: only its rt CPU, 3, pays as a responder.
+    prepare_simulation(VHOST_CONFIGS["nvhe-a76-sim"], tmp_path)
+    assert "responder-cpus 3\n" in (tmp_path / SIM_FORM).read_text()
     assert form.endswith(
         f"irq-entry {tmp_path.resolve() / KALLSYMS} {' '.join(IRQ_ENTRY_SYMBOLS)}\n"
     )
