@@ -102,6 +102,12 @@ def comparisons(runs: list[np.ndarray]) -> dict[str, tuple[int, int]]:
     return counts
 
 
+def run_shape(data: BundleData) -> str:
+    """'4+4': the bundle's quiet runs before + after (the rate grows as they get fewer)."""
+    quiet = [r.phase for r in data.manifest.runs if r.kind == "quiet"]
+    return f"{quiet.count('before')}+{quiet.count('after')}"
+
+
 def _rate(total: int, present: int) -> str:
     """'P present in N (R%)'."""
     return f"{present} present in {total} ({present / total if total else float('nan'):.1%})"
@@ -114,6 +120,7 @@ def main() -> int:
     parser.add_argument("bundles", nargs="+", type=Path)
     args = parser.parse_args()
     sums = dict.fromkeys(METRICS, (0, 0))
+    shapes: dict[str, tuple[int, int]] = {}  # run shape -> over BEFORE's metrics
     try:
         for path in args.bundles:
             data = load_bundle(path)
@@ -122,6 +129,9 @@ def main() -> int:
             each = ", ".join(f"{m} {p}/{n}" for m, (n, p) in counts.items())
             print(f"{path}: {label}: {each}")
             sums = {m: (sums[m][0] + n, sums[m][1] + p) for m, (n, p) in counts.items()}
+            n, p = shapes.get(run_shape(data), (0, 0))
+            n += sum(counts[m][0] for m in BEFORE)
+            shapes[run_shape(data)] = (n, p + sum(counts[m][1] for m in BEFORE))
     except TracekitError as err:
         print(f"simulate_null_fpr: {err}", file=sys.stderr)
         return 2
@@ -130,6 +140,9 @@ def main() -> int:
     before = [sums[m] for m in BEFORE]
     total, present = sum(n for n, _ in before), sum(p for _, p in before)
     print(f"all of {', '.join(BEFORE)}: {_rate(total, present)} null comparisons")
+    for shape, (n, p) in sorted(shapes.items()):
+        # tracekit.analysis.compare.NULL_SAVED states these with the verdict rule.
+        print(f"{shape} bundles {p}/{n} ({p / n:.1%}) over {', '.join(BEFORE)}")
     return 0
 
 
