@@ -497,7 +497,10 @@ def test_only_the_named_responders_pay(built: Path, tmp_path: Path) -> None:
     unrestricted model does (2 entries, 53 completions)."""
     isolated = RESPONDERS + 'responders = "isolated"\n'
     times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, isolated, (0,))
-    assert max(times.values()) < 6_000_000
+    # Below the cap phase 2 would pay (30 ms), not one completion's 2 ms: this test
+    # failed once in a full run at load ~9 (its assertion not kept; 10 reruns passed),
+    # and this timing bound is its one load-sensitive line; the log's counts are exact.
+    assert times["phase2"] < 30_000_000
     log = read_sim_log(log_path)
     assert log.complete and log.responder_cpus == (0,)
     assert log.vcpus[0]["bcasts"] == 56
