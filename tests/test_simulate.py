@@ -7,6 +7,7 @@ so the plugin sees them, and the program's SIGILL handler steps over them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -15,9 +16,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import VHOST_CONFIGS
 from report_bundles import edit_manifest, make_bundle
 
+from tracekit.analysis.compare import PRESENT
 from tracekit.analysis.conditions import Condition, bundle_condition
+from tracekit.analysis.decision import condition_effects
+from tracekit.analysis.runs import metric_values, run_metrics
 from tracekit.campaign.cells import expand_cells
 from tracekit.campaign.command import check_board_plan, vhost_settings
 from tracekit.campaign.plan import parse_plan
@@ -37,7 +42,7 @@ from tracekit.simulate.model import (
     plugin_form,
     shipped_models,
 )
-from tracekit.simulate.predict import check_model, predict, predict_plan
+from tracekit.simulate.predict import VERDICT_METRIC, check_model, predict, predict_plan
 from tracekit.simulate.simlog import parse_sim_log, read_sim_log
 from tracekit.vhost import groundtruth
 from tracekit.vhost.runner import KALLSYMS, SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
@@ -111,12 +116,32 @@ def test_the_responders_keys_go_with_their_choice() -> None:
         parse_model(GOOD + 'on = "both"\n', "m.toml")
     only = parse_model(low.replace("cap_ns = 5", "cap_ns = 25"), "m.toml")
     assert (only.cost_ns(1), only.responder_cost_ns(2), only.responder_cost_ns(9)) == (0, 20, 25)
+    with pytest.raises(TracekitError, match=r"\[cost\] pay_when: only with on"):
+        parse_model(GOOD + 'pay_when = "wake"\n', "m.toml")
+    with pytest.raises(TracekitError, match=r"\[cost\] pay_when: 'idle'; use one of: wake, irq"):
+        parse_model(low.replace("cap_ns = 5", 'cap_ns = 25\npay_when = "idle"'), "m.toml")
+    assert (only.pay_when, load_model("brief-literal").pay_when) == ("irq", "wake")
+    with pytest.raises(TracekitError, match=r"\[cost\] responders: only with on"):
+        parse_model(GOOD + 'responders = "isolated"\n', "m.toml")
+    some = low.replace("cap_ns = 5", "cap_ns = 25")
+    for bad, says in [
+        ('"rt"', "'rt'; use others or isolated, or CPUs"),
+        ("[]", "a list must hold distinct CPU numbers"),
+        ("[3, 3]", "a list must hold distinct CPU numbers"),
+        ('["3"]', "a list must hold distinct CPU numbers"),
+        ("[256]", "CPU numbers must be 0..255"),
+        ("3", "must be a string or a list"),
+    ]:
+        with pytest.raises(TracekitError, match=re.escape(f"[cost] responders: {says}")):
+            parse_model(some + f"responders = {bad}\n", "m.toml")
+    assert parse_model(some + "responders = [3, 1]\n", "m.toml").responders == (1, 3)
+    assert (only.responders, load_model("brief-literal").responders) == ("others", "isolated")
 
 
 def test_plugin_form_follows_the_boot_mode() -> None:
     """A model limited to nVHE creates nothing in a VHE boot; the hash travels along."""
     brief, syms = load_model("brief-literal"), Path("/out/vhost-kallsyms.txt")
-    nvhe, vhe = plugin_form(brief, "nvhe", syms), plugin_form(brief, "vhe", syms)
+    nvhe, vhe = plugin_form(brief, "nvhe", syms, [3]), plugin_form(brief, "vhe", syms, [3])
     assert f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}" in nvhe
     assert "create none" in vhe and "create sctlr" not in vhe
     assert f"model brief-literal {brief.digest}" in vhe
@@ -126,6 +151,15 @@ def test_plugin_form_follows_the_boot_mode() -> None:
     assert "pay issuer" in plugin_form(load_model("null"), "nvhe")
     with pytest.raises(TracekitError, match="needs the boot's kallsyms"):
         plugin_form(brief, "nvhe")
+    # brief-literal's responders are the isolated CPUs: the boot's isolcpus= names them.
+    assert "responder-cpus 3\n" in nvhe
+    with pytest.raises(
+        TracekitError, match=re.escape("isolates none: add e.g. --append 'isolcpus=3'")
+    ):
+        plugin_form(brief, "nvhe", syms)
+    every = replace(brief, responders="others")
+    assert "responder-cpus" not in plugin_form(every, "nvhe", syms, [3])
+    assert "responder-cpus 0 2\n" in plugin_form(replace(brief, responders=(0, 2)), "nvhe", syms)
 
 
 # Both test programs: SIGILL steps over the EL1/EL2-only instructions; the virtual
@@ -277,13 +311,34 @@ def load_null() -> str:
 # Responders under qemu-user: vCPU 0 (the main thread) holds the state and issues
 # broadcasts; vCPU 1 (a thread) enters "the IRQ handler" (a function of that name, its
 # address in a kallsyms file the test writes) after each batch and times the entry.
-RESPONDER_PROGRAM = (
+# Both responder programs: "the IRQ handlers", broadcast batches, and start(): a clock
+# marker (the plugin reads the kallsyms), the state on vCPU 0, the responder thread.
+THREADS = (
     PRELUDE
     + r"""
 #include <pthread.h>
 #include <unistd.h>
 __attribute__((noinline)) void el1h_64_irq_handler(void) { __asm__ volatile("nop"); }
 __attribute__((noinline)) void el0t_64_irq_handler(void) { __asm__ volatile("nop"); }
+static void batch(int n) {
+	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
+}
+static void *responder(void *arg);
+static pthread_t start(void) {
+	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
+	pthread_t t;
+	sigaction(SIGILL, &sa, NULL);
+	__asm__ volatile("hint #0x77");
+	usleep(100000);
+	__asm__ volatile("hint #0x76");
+	pthread_create(&t, NULL, responder, NULL);
+	return t;
+}
+"""
+)
+RESPONDER_PROGRAM = (
+    THREADS
+    + r"""
 static volatile int phase, done;
 static void *responder(void *arg) {
 	(void)arg;
@@ -302,17 +357,8 @@ static void *responder(void *arg) {
 	}
 	return NULL;
 }
-static void batch(int n) {
-	for (int i = 0; i < n; i++) __asm__ volatile("tlbi vmalle1is\n dsb ish" ::: "memory");
-}
 int main(void) {
-	struct sigaction sa = { .sa_sigaction = skip, .sa_flags = SA_SIGINFO };
-	pthread_t t;
-	sigaction(SIGILL, &sa, NULL);
-	__asm__ volatile("hint #0x77");  /* a clock marker: the plugin reads the kallsyms */
-	usleep(100000);
-	__asm__ volatile("hint #0x76");  /* the state, on vCPU 0 */
-	pthread_create(&t, NULL, responder, NULL);
+	pthread_t t = start();
 	batch(3); phase = 1; while (done != 1) ;
 	batch(50); phase = 2; while (done != 2) ;
 	batch(3); usleep(600000); phase = 3; while (done != 3) ;
@@ -334,15 +380,75 @@ def test_responders_pay_at_the_irq_entry_within_window_and_cap(built: Path, tmp_
     (the plugin then retranslates); another vCPU's entry pays 2 ms for each of 3 recent
     completions, the cap (30 ms) for 50, nothing a second time, nothing for completions
     older than the window (300 ms); the issuer pays nothing (on = responders)."""
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, RESPONDERS)
+    assert times["phase1"] >= 6_000_000 and times["phase2"] >= 30_000_000
+    assert max(times["again1"], times["again2"], times["phase3"], times["again3"]) < 6_000_000
+    log = read_sim_log(log_path)
+    assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
+    issuer, responder = log.vcpus[0], log.vcpus[1]
+    assert (issuer["bcasts"], issuer["delayed"], issuer["pays"]) == (56, 0, 0)
+    assert (responder["wakes"], responder["spared"]) == (0, 0)  # pay_when irq: no WFI kept
+    assert (responder["pays"], responder["owed"]) == (2, 53)
+    assert responder["asked_ns"] == 53 * 2_000_000 and responder["paid_ns"] == 36_000_000
+    assert responder["paid_actual_ns"] >= responder["paid_ns"]
+
+
+# Wake-ups under qemu-user (pay_when = "wake"): the responder (vCPU 1) enters "the IRQ
+# handler" once busy (no WFI since its last entry), once after a WFI that came before
+# the issuer's batch, once more busy, and once after a WFI that came in the middle of a
+# batch (WFI is a NOP in qemu-user; the plugin sees it execute).
+WAKE_PROGRAM = (
+    THREADS
+    + r"""
+static volatile int phase, done, asleep;
+static void entry(const char *name) {
+	uint64_t t = cnt();
+	el1h_64_irq_handler();
+	printf("%s %llu\n", name, (unsigned long long)((cnt() - t) * 1000000000ull / freq()));
+	fflush(stdout);
+}
+static void *responder(void *arg) {
+	(void)arg;
+	while (phase != 1) ;
+	entry("busy"); done = 1;
+	__asm__ volatile("wfi"); asleep = 2;
+	while (phase != 2) ;
+	entry("wake"); entry("again"); done = 2;
+	while (phase != 3) ;
+	__asm__ volatile("wfi"); asleep = 3;
+	while (phase != 4) ;
+	entry("late"); done = 3;
+	return NULL;
+}
+int main(void) {
+	pthread_t t = start();
+	batch(3); phase = 1; while (done != 1) ;
+	while (asleep != 2) ;
+	batch(5); phase = 2; while (done != 2) ;
+	batch(4); phase = 3; while (asleep != 3) ;
+	batch(2); phase = 4; while (done != 3) ;
+	pthread_join(t, NULL);
+	return 0;
+}
+"""
+)
+
+
+def _run_responders(
+    tmp_path: Path, built: Path, program: str, model: str, isolated: tuple[int, ...] = ()
+) -> tuple[dict, Path]:
+    """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
+    with `model` (`isolated`: the CPUs isolcpus= would name); its printed timings (ns)
+    and the simulation log's path."""
     source = tmp_path / "r.c"
-    source.write_text(RESPONDER_PROGRAM)
+    source.write_text(program)
     binary = tmp_path / "r"
     gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-pthread", "-o", str(binary)]
     subprocess.run([*gcc, str(source)], check=True)
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text(nm.stdout)
-    form = plugin_form(parse_model(RESPONDERS, "t.toml"), "nvhe", kallsyms)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
@@ -352,16 +458,59 @@ def test_responders_pay_at_the_irq_entry_within_window_and_cap(built: Path, tmp_
     )
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
-    times = {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}
-    assert times["phase1"] >= 6_000_000 and times["phase2"] >= 30_000_000
-    assert max(times["again1"], times["again2"], times["phase3"], times["again3"]) < 6_000_000
-    log = read_sim_log(tmp_path / "sim.txt")
+    return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}, tmp_path / "sim.txt"
+
+
+@needs_qemu_user
+def test_responders_pay_only_when_waking_from_wfi(built: Path, tmp_path: Path) -> None:
+    """pay_when = wake: the busy entry pays nothing for the 3 completions before it
+    (spared); the entry after a WFI pays 2 ms for each of the 5 that came while it slept,
+    the busy one after it nothing; the last wake-up pays for the 2 after its WFI, not the
+    4 before it (spared)."""
+    model = RESPONDERS + 'pay_when = "wake"\n'
+    assert "pay-when wake" in plugin_form(parse_model(model, "t.toml"), "nvhe", Path("/k"))
+    times, log_path = _run_responders(tmp_path, built, WAKE_PROGRAM, model)
+    assert times["wake"] >= 10_000_000 and times["late"] >= 4_000_000
+    assert max(times["busy"], times["again"]) < 4_000_000
+    log = read_sim_log(log_path)
     assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
     issuer, responder = log.vcpus[0], log.vcpus[1]
-    assert (issuer["bcasts"], issuer["delayed"], issuer["pays"]) == (56, 0, 0)
-    assert (responder["pays"], responder["owed"]) == (2, 53)
-    assert responder["asked_ns"] == 53 * 2_000_000 and responder["paid_ns"] == 36_000_000
+    assert (issuer["bcasts"], issuer["pays"], issuer["wakes"]) == (14, 0, 0)
+    got = {k: responder[k] for k in ("pays", "owed", "wakes", "spared", "asked_ns", "paid_ns")}
+    assert got == {
+        "pays": 2,
+        "owed": 7,
+        "wakes": 2,
+        "spared": 7,
+        "asked_ns": 14_000_000,
+        "paid_ns": 14_000_000,
+    }
     assert responder["paid_actual_ns"] >= responder["paid_ns"]
+    assert "2 wake-ups from WFI, 7 completions spared while awake" in log.summary()
+
+
+@needs_qemu_user
+def test_only_the_named_responders_pay(built: Path, tmp_path: Path) -> None:
+    """responders = "isolated" with CPU 0 isolated: the responder thread (vCPU 1) enters
+    the IRQ handler after 56 completions as before and pays nothing (no wake, nothing
+    spared), and the log names CPU 0 as the only responder; naming vCPU 1 pays as the
+    unrestricted model does (2 entries, 53 completions)."""
+    isolated = RESPONDERS + 'responders = "isolated"\n'
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, isolated, (0,))
+    # Below the cap phase 2 would pay (30 ms), not one completion's 2 ms: this test
+    # failed once in a full run at load ~9 (its assertion not kept; 10 reruns passed),
+    # and this timing bound is its one load-sensitive line; the log's counts are exact.
+    assert times["phase2"] < 30_000_000
+    log = read_sim_log(log_path)
+    assert log.complete and log.responder_cpus == (0,)
+    assert log.vcpus[0]["bcasts"] == 56
+    assert [log.vcpus[1][k] for k in ("pays", "owed", "wakes", "spared")] == [0, 0, 0, 0]
+    assert "responders: CPU 0 only" in log.summary()
+    named = RESPONDERS + "responders = [1]\n"
+    times, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, named)
+    log = read_sim_log(log_path)
+    assert log.responder_cpus == (1,) and times["phase2"] >= 30_000_000
+    assert (log.vcpus[1]["pays"], log.vcpus[1]["owed"]) == (2, 53)
 
 
 def test_sim_log_refuses_what_it_cannot_read() -> None:
@@ -418,12 +567,20 @@ def test_the_variable_is_refused_off_the_emulated_host(monkeypatch: pytest.Monke
 
 
 def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path) -> None:
-    """--simulate: the model's source and plugin form in --out, the plugin's argv."""
-    config = VhostConfig(simulate="brief-literal", ground_truth=True)
+    """--simulate: the model's source and plugin form in --out (its responders the CPUs
+    --append's isolcpus= names, flags left out), the plugin's argv; no isolated CPU for
+    an isolated-CPU model is one line."""
+    append = "isolcpus=domain,managed_irq,3 nohz_full=3"
+    config = VhostConfig(simulate="brief-literal", ground_truth=True, append=append)
     label = prepare_simulation(config, tmp_path)
     assert label == load_model("brief-literal").label
-    form = plugin_form(load_model("brief-literal"), "nvhe", tmp_path.resolve() / KALLSYMS)
-    assert (tmp_path / SIM_FORM).read_text() == form
+    form = plugin_form(load_model("brief-literal"), "nvhe", tmp_path.resolve() / KALLSYMS, [3])
+    assert (tmp_path / SIM_FORM).read_text() == form and "responder-cpus 3\n" in form
+    with pytest.raises(TracekitError, match="isolates none"):
+        prepare_simulation(replace(config, append="nohz_full=3"), tmp_path)
+    # The simboot's own configuration: only its rt CPU, 3, pays as a responder.
+    prepare_simulation(VHOST_CONFIGS["nvhe-a76-sim"], tmp_path)
+    assert "responder-cpus 3\n" in (tmp_path / SIM_FORM).read_text()
     assert form.endswith(
         f"irq-entry {tmp_path.resolve() / KALLSYMS} {' '.join(IRQ_ENTRY_SYMBOLS)}\n"
     )
@@ -483,6 +640,31 @@ def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path)
     assert section.findings[0] == "The data rules out 1 model(s): null."
     frame = section.tables[0].frame
     assert set(frame["outcome"]) <= {"agrees", "refutes", "undecided"}
+
+
+def test_top10_rests_on_ten_samples_and_the_verdicts_on_the_primary() -> None:
+    """4+4 runs of 400 wake-ups: the after runs' 20 longest are 10x the before runs', but one
+    before run holds the single longest wake-up of all. p99.9 (the max here) cannot
+    separate the phases; top10, which the null FPR script measures beside it, can. The
+    simulated verdicts stay on p99.9, the decision table's primary (top10 called the
+    hotplug control "present" in session 9's simboot)."""
+    rows = []
+    for phase, tail in (("before", 10_000), ("after", 100_000)):
+        for run in range(4):
+            values = [1_000 + i for i in range(380)] + [tail + run] * 20
+            if phase == "before" and run == 0:
+                values[-1] = 300_000  # one sample decides a max
+            run_id = f"{phase}-quiet-{run}"
+            rows += [(run_id, phase, "quiet", v) for v in values]
+    frame = pl.DataFrame(rows, schema=["run_id", "phase", "kind", "latency_ns"], orient="row")
+    cond = Condition("mmu-on", "none", "nvhe", "same", "6.12.117+deb13-arm64", knobs="none")
+    groups = {cond: [("b", frame)]}
+    said = {m: condition_effects(groups, primary=m)[0].comparison for m in ("p99.9", "top10")}
+    assert said["p99.9"].verdict != PRESENT
+    assert said["top10"].verdict == PRESENT and said["top10"].ratio > 4
+    assert condition_effects(groups)[0].comparison == said[VERDICT_METRIC] == said["p99.9"]
+    with pytest.raises(TracekitError, match="top10 needs run_metrics"):
+        metric_values(run_metrics(frame), "top10")
 
 
 def test_an_emulated_bundle_without_a_model_tests_no_model(tmp_path: Path) -> None:

@@ -20,6 +20,12 @@
  * qemu_plugin_reset flushes the translated blocks so the handler gets its callback.
  * Real DVM handling stalls a responder when the message arrives, not at its next IRQ:
  * this is where the plugin can charge it cheaply and on the path a wake-up takes.
+ * With `pay-when wake` only a wake-up pays: a vCPU that executed WFI since its last IRQ
+ * entry pays, at that entry, for the completions that came while it slept (since its
+ * first WFI, within window_ns); an entry without a WFI before it (a busy CPU's tick or
+ * IPI) pays nothing, and the completions it would have owed are counted as spared.
+ * With `responder-cpus N...` only those vCPUs pay (e.g. the isolated rt CPU); the others
+ * enter their IRQ handler at no cost and count no wakes.
  *
  * Where the delay lands: in multi-threaded TCG a broadcast TLBI's flush runs as
  * "safe work" in an exclusive section, which waits for every other vCPU to leave its
@@ -50,7 +56,11 @@ struct vcpu_sim {
 	 * they paid for, what those asked (responder_ns each), what was injected (capped)
 	 * and what the wait really took. */
 	uint64_t bcasts, pays, owed, asked_ns, paid_ns, paid_actual_ns;
+	/* pay-when wake: IRQ entries after a WFI, and the completions of the window since the
+	 * last entry that were not charged (they came while it was awake). */
+	uint64_t wakes, spared;
 	uint64_t last_paid;	/* the last IRQ entry's time: nothing before it is owed */
+	uint64_t slept_at;	/* its first WFI since the last IRQ entry (0: none) */
 	int seen;		/* any simulated instruction ran on it */
 };
 
@@ -61,6 +71,9 @@ static struct {
 	int clear_local, clear_all;
 	int scope_every;
 	int pay_issuer, pay_responders;
+	int pay_on_wake;	/* responders pay only at an IRQ entry after a WFI */
+	int some_respond;	/* a responder-cpus line: only the vCPUs it names pay */
+	uint8_t responds[TKSIM_MAX_VCPUS];
 	uint64_t fixed_ns, per_dose_ns, dose_max;
 	uint64_t responder_ns, window_ns, cap_ns;
 	char kallsyms[1024];
@@ -124,6 +137,23 @@ static int parse_irq_entry(const char *rest)
 	return sim.n_irq_syms ? 0 : -1;
 }
 
+/* `responder-cpus N...`: the only vCPUs that pay as responders; 0 if understood. */
+static int parse_responder_cpus(const char *rest)
+{
+	unsigned int cpu;
+	int used = 0, any = 0;
+
+	while (sscanf(rest, " %u%n", &cpu, &used) == 1) {
+		if (cpu >= TKSIM_MAX_VCPUS)
+			return -1;
+		sim.responds[cpu] = 1;
+		any = 1;
+		rest += used;
+	}
+	sim.some_respond = 1;
+	return any && rest[strspn(rest, " ")] == 0 ? 0 : -1;
+}
+
 /* One line of the plugin form; 0 if understood. */
 static int parse_line(const char *line)
 {
@@ -161,8 +191,15 @@ static int parse_line(const char *line)
 		sim.pay_responders = strcmp(word, "issuer") != 0;
 		return 0;
 	}
+	if (sscanf(line, "pay-when %31s", word) == 1 &&
+	    (strcmp(word, "wake") == 0 || strcmp(word, "irq") == 0)) {
+		sim.pay_on_wake = strcmp(word, "wake") == 0;
+		return 0;
+	}
 	if (strncmp(line, "irq-entry ", 10) == 0)
 		return parse_irq_entry(line + 10);
+	if (strncmp(line, "responder-cpus ", 15) == 0)
+		return parse_responder_cpus(line + 15);
 	if (sscanf(line, "responder_ns %" SCNu64, &sim.responder_ns) == 1 ||
 	    sscanf(line, "window_ns %" SCNu64, &sim.window_ns) == 1 ||
 	    sscanf(line, "cap_ns %" SCNu64, &sim.cap_ns) == 1)
@@ -172,6 +209,20 @@ static int parse_line(const char *line)
 	    sscanf(line, "dose_max %" SCNu64, &sim.dose_max) == 1)
 		return 0;
 	return -1;
+}
+
+/* The log's `responder-cpus N...` line: who pays as a responder (none: every vCPU). */
+static void log_responder_cpus(void)
+{
+	unsigned int v;
+
+	if (!sim.pay_responders || !sim.some_respond)
+		return;
+	fputs("responder-cpus", sim.log);
+	for (v = 0; v < TKSIM_MAX_VCPUS; v++)
+		if (sim.responds[v])
+			fprintf(sim.log, " %u", v);
+	fputc('\n', sim.log);
 }
 
 int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int every_vcpu)
@@ -219,6 +270,7 @@ int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int e
 	sim.on = 1;
 	fprintf(sim.log, "tksim-log %d\nmodel %s %s\nclock %d\n", TKSIM_FORMAT, sim.name,
 		sim.hash, CLOCK_MONOTONIC);
+	log_responder_cpus();
 	fflush(sim.log);
 	return 1;
 }
@@ -236,6 +288,8 @@ uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags)
 	}
 	if (kind == TKGT_MARK && __atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
 		return TKSIM_RESOLVE;
+	if (sim.pay_responders && sim.pay_on_wake && word == TKSIM_WFI)
+		return TKSIM_SLEEP;
 	if (sim.create_mark && word == TKSIM_MMU_ON_MARK)
 		return TKSIM_CREATE;
 	if (sim.create_sctlr && (word & TKSIM_RT_MASK) == TKSIM_MSR_SCTLR_EL1 && vaddr >= sim.lo &&
@@ -353,15 +407,34 @@ static uint64_t completions_since(unsigned int vcpu, uint64_t since)
 	return count;
 }
 
-/* An IRQ entry on `vcpu`: pay for the recent completions it has not paid for. */
+static uint64_t later(uint64_t a, uint64_t b)
+{
+	return a > b ? a : b;
+}
+
+/* An IRQ entry on `vcpu`: pay for the recent completions it has not paid for (with
+ * pay-when wake: only on a wake-up, for those that came while it slept). */
 static void pay_as_responder(unsigned int vcpu, struct vcpu_sim *c)
 {
-	uint64_t now = now_ns(), since, owed, asked, paid;
+	uint64_t now = now_ns(), window, since, owed, asked, paid;
 
-	since = now > sim.window_ns ? now - sim.window_ns : 0;
-	since = since > c->last_paid ? since : c->last_paid;
+	window = later(now > sim.window_ns ? now - sim.window_ns : 0, c->last_paid);
+	since = window;
+	if (sim.pay_on_wake) {
+		uint64_t in_window;
+
+		/* Awake since its last entry (no WFI): it owes nothing. */
+		c->wakes += c->slept_at != 0;
+		since = c->slept_at ? later(window, c->slept_at) : now;
+		c->slept_at = 0;
+		owed = completions_since(vcpu, since);
+		/* Scanned after: a completion put in meanwhile is counted here, not lost. */
+		in_window = completions_since(vcpu, window);
+		c->spared += in_window > owed ? in_window - owed : 0;
+	} else {
+		owed = completions_since(vcpu, since);
+	}
 	c->last_paid = now;
-	owed = completions_since(vcpu, since);
 	if (!owed)
 		return;
 	asked = owed * sim.responder_ns;
@@ -493,11 +566,15 @@ void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
 		complete_broadcast(vcpu, c);
 		break;
 	case TKSIM_IRQ:
-		if (sim.pay_responders)
+		if (sim.pay_responders && (!sim.some_respond || sim.responds[vcpu]))
 			pay_as_responder(vcpu, c);
 		break;
 	case TKSIM_RESOLVE:
 		resolve_irq_entries();
+		break;
+	case TKSIM_SLEEP:
+		if (!c->slept_at)
+			c->slept_at = now_ns();
 		break;
 	}
 }
@@ -519,10 +596,11 @@ void tksim_finish(void)
 			" injected_ns %" PRIu64 " actual_ns %" PRIu64 " spans %" PRIu64
 			" span_ns %" PRIu64 " waited_spans %" PRIu64 " waited_ns %" PRIu64
 			" dose %" PRIu64 " bcasts %" PRIu64 " pays %" PRIu64 " owed %" PRIu64
-			" asked_ns %" PRIu64 " paid_ns %" PRIu64 " paid_actual_ns %" PRIu64 "\n",
+			" asked_ns %" PRIu64 " paid_ns %" PRIu64 " paid_actual_ns %" PRIu64
+			" wakes %" PRIu64 " spared %" PRIu64 "\n",
 			v, c->creates, c->clears, c->delayed, c->injected_ns, c->actual_ns, c->spans,
 			c->span_ns, c->waited_spans, c->waited_ns, c->dose, c->bcasts, c->pays,
-			c->owed, c->asked_ns, c->paid_ns, c->paid_actual_ns);
+			c->owed, c->asked_ns, c->paid_ns, c->paid_actual_ns, c->wakes, c->spared);
 	}
 	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
 		fprintf(sim.log, "pay-at unresolved 0x0\n"); /* no marker ran: nobody paid */

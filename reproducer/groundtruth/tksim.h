@@ -17,12 +17,16 @@
 #include <qemu-plugin.h>
 
 /* 2: responders' cost (pay, responder_ns, window_ns, cap_ns, irq-entry lines; the log's
- * per-vCPU responder keys and pay-at lines). */
-#define TKSIM_FORMAT 2
+ * per-vCPU responder keys and pay-at lines). 3: `pay-when wake|irq` (responders pay only
+ * when waking from WFI, or at every IRQ entry); the log's wakes and spared keys.
+ * 4: `responder-cpus N...` (only those vCPUs pay as responders), in the form and the log. */
+#define TKSIM_FORMAT 4
 /* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
  * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
 #define TKSIM_MMU_ON_MARK 0xd5032edfu
 #define TKSIM_MSR_SCTLR_EL1 0xd5181000u
+/* WFI is HINT #3 (CRm=0, op2=3); WFIT (FEAT_WFxT, not in QEMU 7.2) is not matched. */
+#define TKSIM_WFI 0xd503207fu
 #define TKSIM_RT_MASK 0xffffffe0u
 /* Rt and the nXS bit (CRn 8 or 9) ignored. */
 #define TKSIM_TLBI_MASK 0xffffefe0u
@@ -44,6 +48,7 @@ enum tksim_role {
 	TKSIM_DSB = 5,		/* DSB ISH/OSH/SY: completes this vCPU's broadcast TLBIs */
 	TKSIM_IRQ = 6,		/* the host kernel's IRQ entry: a responder pays what it owes */
 	TKSIM_RESOLVE = 7,	/* a clock marker: time to read the IRQ entry's address */
+	TKSIM_SLEEP = 8,	/* WFI: the vCPU goes idle; its next IRQ entry is a wake-up */
 };
 
 /* 1 if the plugin form at `path` was read (and the simulation is on); -1 on error.

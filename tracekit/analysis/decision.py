@@ -27,7 +27,7 @@ from tracekit.analysis.compare import (
     compare,
 )
 from tracekit.analysis.conditions import FIELD_LABELS, Condition
-from tracekit.analysis.runs import metric_values, run_metrics
+from tracekit.analysis.runs import TAIL_METRICS, metric_values, run_metrics
 from tracekit.errors import TracekitError
 
 PHASES = ("before", "after")
@@ -390,7 +390,7 @@ def _unit_values(
                 f"decision table: bundle {label} has no {kind} {phase} runs with cyclictest"
                 " samples; record them with `tracekit collect --runs N`"
             )
-        per_run = run_metrics(runs)
+        per_run = run_metrics(runs, tail=primary in TAIL_METRICS)
         frames.append(
             pl.DataFrame(
                 {

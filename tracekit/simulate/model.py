@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from tracekit.errors import TracekitError
 
 FORMAT = 1
-PLUGIN_FORMAT = 2  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+PLUGIN_FORMAT = 4  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
@@ -62,6 +63,13 @@ ON = ("issuer", "responders", "all")
 # KPTI trampolines, the C handlers do not). Their addresses come from the boot's
 # kallsyms (KASLR), which the plugin reads at the first clock marker.
 IRQ_ENTRY_SYMBOLS = ("el1h_64_irq_handler", "el0t_64_irq_handler")
+# When a responder pays: only at an IRQ entry that wakes it from WFI (the completions that
+# came while it slept), or at every IRQ entry (a busy CPU's ticks and IPIs too).
+PAY_WHEN = ("wake", "irq")
+# Which CPUs pay as responders: every CPU but the issuer, the CPUs the emulated host's
+# kernel command line isolates (isolcpus=: the rt CPU whose wake-ups the brief measures),
+# or a list of CPU numbers (vCPU index = Linux CPU on the emulated host).
+RESPONDERS = ("others", "isolated")
 _RESPONDER_KEYS = ("responder_ns", "window_ns", "cap_ns")
 KVM_MODES = ("nvhe", "vhe", "protected")
 _KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -76,6 +84,8 @@ _KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "responder_ns": int,
         "window_ns": int,
         "cap_ns": int,
+        "pay_when": str,
+        "responders": (str, list),
     },
 }
 _REQUIRED = {
@@ -89,6 +99,7 @@ MAX_COST_NS = 10_000_000
 # A responder's payment is one busy wait at an IRQ entry: at most 1 s, however much it owes.
 MAX_RESPONDER_NS = 1_000_000_000
 MAX_DOSE = 1 << 20
+MAX_VCPUS = 256  # tksim.h, TKSIM_MAX_VCPUS
 
 
 @dataclass(frozen=True)
@@ -106,9 +117,11 @@ class Model:
     per_dose_ns: int
     digest: str  # sha256 of the model's canonical JSON, first 16 hex digits
     on: str = "issuer"  # issuer, responders or all: who pays for a completion
-    responder_ns: int = 0  # each other CPU, per completion it owes, at its IRQ entry
+    responder_ns: int = 0  # each responder, per completion it owes, at its IRQ entry
     window_ns: int = 0  # only completions this recent are owed
     cap_ns: int = 0  # at most this per IRQ entry
+    pay_when: str = "irq"  # wake: only IRQ entries after a WFI pay; irq: every IRQ entry
+    responders: str | tuple[int, ...] = "others"  # others, isolated, or these CPUs pay
 
     @property
     def label(self) -> str:
@@ -210,14 +223,32 @@ def _responder_mistakes(cost: dict[str, Any]) -> list[str]:
         return [f"[cost] on: {on!r}; use one of: {', '.join(ON)}"]
     given = [k for k in _RESPONDER_KEYS if k in cost]
     if on == "issuer":
+        given += [k for k in ("pay_when", "responders") if k in cost]
         return [f"[cost] {k}: only with on = 'responders' or 'all'" for k in given]
     mistakes = [f"[cost] {k}: missing (on = {on!r})" for k in _RESPONDER_KEYS if k not in given]
+    if cost.get("pay_when", "irq") not in PAY_WHEN:
+        mistakes.append(f"[cost] pay_when: {cost['pay_when']!r}; use one of: {', '.join(PAY_WHEN)}")
+    mistakes += _responders_mistakes(cost.get("responders", "others"))
     for key in given:
         if not 0 <= cost[key] <= MAX_RESPONDER_NS:
             mistakes.append(f"[cost] {key}: must be 0..{MAX_RESPONDER_NS} ns")
     if not mistakes and cost["cap_ns"] < cost["responder_ns"]:
         mistakes.append("[cost] cap_ns: below responder_ns, so no completion is paid in full")
     return mistakes
+
+
+def _responders_mistakes(responders: str | list[Any]) -> list[str]:
+    """[cost] responders: a known word, or a non-empty list of distinct CPU numbers."""
+    if isinstance(responders, str):
+        if responders in RESPONDERS:
+            return []
+        return [f"[cost] responders: {responders!r}; use {' or '.join(RESPONDERS)}, or CPUs"]
+    good = all(isinstance(c, int) and not isinstance(c, bool) for c in responders)
+    if not responders or not good or len(set(responders)) < len(responders):
+        return ["[cost] responders: a list must hold distinct CPU numbers, e.g. [3]"]
+    if not all(0 <= c < MAX_VCPUS for c in responders):
+        return [f"[cost] responders: CPU numbers must be 0..{MAX_VCPUS - 1}"]
+    return []
 
 
 def parse_model(text: str, origin: str) -> Model:
@@ -246,8 +277,15 @@ def parse_model(text: str, origin: str) -> Model:
         per_dose_ns=cost.get("per_dose_ns", 0),
         digest=hashlib.sha256(canonical.encode()).hexdigest()[:16],
         on=cost.get("on", "issuer"),
+        pay_when=cost.get("pay_when", "irq"),
+        responders=_responders_of(cost.get("responders", "others")),
         **{key: cost.get(key, 0) for key in _RESPONDER_KEYS},
     )
+
+
+def _responders_of(value: str | list[int]) -> str | tuple[int, ...]:
+    """The model's responders: the word, or the CPUs in order."""
+    return value if isinstance(value, str) else tuple(sorted(value))
 
 
 def shipped_models() -> list[str]:
@@ -280,11 +318,14 @@ def load_model(spec: str) -> Model:
     return parse_model(model_source(spec), origin)
 
 
-def plugin_form(model: Model, kvm_mode: str, kallsyms: Path | None = None) -> str:
+def plugin_form(
+    model: Model, kvm_mode: str, kallsyms: Path | None = None, isolated: Sequence[int] = ()
+) -> str:
     """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode.
 
     `kallsyms`: where the boot's kallsyms will be (responders pay at the IRQ entries
-    named there); a model whose responders pay needs it."""
+    named there); a model whose responders pay needs it. `isolated`: the CPUs the boot's
+    command line isolates (isolcpus=), the responders of `responders = "isolated"`."""
     lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
     if model.trigger == "sctlr-write" and kvm_mode in model.kvm_modes:
         lines.append(f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}")
@@ -311,5 +352,20 @@ def plugin_form(model: Model, kvm_mode: str, kallsyms: Path | None = None) -> st
                 "needs the boot's kallsyms: run it under `tracekit vhost run`"
             )
         lines += [f"{key} {getattr(model, key)}" for key in _RESPONDER_KEYS]
+        lines.append(f"pay-when {model.pay_when}")
+        lines += _responder_cpus_line(model, isolated)
         lines.append(f"irq-entry {kallsyms} {' '.join(IRQ_ENTRY_SYMBOLS)}")
     return "\n".join(lines) + "\n"
+
+
+def _responder_cpus_line(model: Model, isolated: Sequence[int]) -> list[str]:
+    """`responder-cpus N...` when only some CPUs pay (none: every CPU but the issuer)."""
+    if model.responders == "others":
+        return []
+    cpus = tuple(isolated) if model.responders == "isolated" else model.responders
+    if not cpus:
+        raise TracekitError(
+            f"model {model.label}: its responders are the isolated CPUs, and the emulated "
+            "host's command line isolates none: add e.g. --append 'isolcpus=3'"
+        )
+    return [f"responder-cpus {' '.join(str(c) for c in cpus)}"]

@@ -1,10 +1,12 @@
 """The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
 
-Lines: `tksim-log 2` (1: before responders paid), `model NAME HASH`, `clock ID`, then
-events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU
-CLEARED VADDR`, TS the QEMU host's CLOCK_MONOTONIC in ns), `pay-at SYMBOL ADDR` where
-responders pay (`pay-at unresolved 0x0`: nowhere), then at QEMU's exit one `vcpu V key
-value...` line per vCPU and `complete 1`. Standard library only.
+Lines: `tksim-log 4` (1: before responders paid; 2: before pay-when; 3: before
+responder-cpus), `model NAME HASH`, `clock ID`, `responder-cpus N...` (format 4, when only
+those vCPUs pay as responders), then events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1
+VADDR`, `clear-all TS VCPU CLEARED VADDR`, TS the QEMU host's CLOCK_MONOTONIC in ns),
+`pay-at SYMBOL ADDR` where responders pay (`pay-at unresolved 0x0`: nowhere), then at
+QEMU's exit one `vcpu V key value...` line per vCPU and `complete 1`. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ VCPU_KEYS = (
 # for the others, IRQ entries at which it paid, the completions it paid for, what they
 # asked (responder_ns each), what was injected (capped) and what the waits really took.
 RESPONDER_KEYS = ("bcasts", "pays", "owed", "asked_ns", "paid_ns", "paid_actual_ns")
+# Format 3's (0 before): IRQ entries that woke it from WFI, and completions of the window
+# its entries did not charge because they came while it was awake (pay-when wake).
+WAKE_KEYS = ("wakes", "spared")
+FORMATS = ("1", "2", "3", "4")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class SimLog:
     vcpus: dict[int, dict[str, int]] = field(default_factory=dict)
     complete: bool = False
     pay_at: dict[str, int] = field(default_factory=dict)  # IRQ entry symbol -> address
+    responder_cpus: tuple[int, ...] = ()  # the only vCPUs that pay as responders (): all
 
     def total(self, key: str) -> int:
         """A per-vCPU total summed over every vCPU."""
@@ -70,18 +77,23 @@ class SimLog:
             + _responder_text(c)
             for v, c in sorted(self.vcpus.items())
         )
+        only = ",".join(str(v) for v in self.responder_cpus)
         return (
             f"simulation {self.model}: {self.total('creates')} creates,"
-            f" {self.total('clears')} clears; {landed}"
+            f" {self.total('clears')} clears"
+            + (f"; responders: CPU {only} only" if only else "")
+            + f"; {landed}"
         )
 
 
 def _responder_text(c: dict[str, int]) -> str:
     """A vCPU's payments as a responder, or nothing when it made none."""
+    spared = f", {c['spared']} completions spared while awake" if c["spared"] else ""
     if not c["pays"]:
-        return ""
+        return f"; as responder nothing paid{spared}" if spared else ""
     return (
-        f"; as responder {c['pays']} IRQ entries paid for {c['owed']} completions:"
+        f"; as responder {c['pays']} IRQ entries paid for {c['owed']} completions"
+        f" ({c['wakes']} wake-ups from WFI{spared}):"
         f" asked {c['asked_ns'] / 1e6:.1f} ms, capped to {c['paid_ns'] / 1e6:.1f},"
         f" took {c['paid_actual_ns'] / 1e6:.1f}"
     )
@@ -95,14 +107,24 @@ def _event(words: list[str], origin: str) -> SimEvent:
         raise TracekitError(f"{origin}: bad event line {' '.join(words)!r}") from None
 
 
+def _cpus(words: list[str], origin: str) -> tuple[int, ...]:
+    """The vCPUs of a `responder-cpus N...` line."""
+    try:
+        return tuple(int(w) for w in words[1:])
+    except ValueError:
+        raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
+
+
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
     """A SimLog from the log's text; one clear line if it is not one."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
-    if len(lines) < 2 or lines[0] not in (["tksim-log", "1"], ["tksim-log", "2"]):
-        raise TracekitError(f"{origin}: not a simulation log of format 1 or 2 (tksim.c)")
+    if len(lines) < 2 or lines[0] not in [["tksim-log", f] for f in FORMATS]:
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
     if lines[1][0] != "model":
-        raise TracekitError(f"{origin}: not a simulation log of format 1 or 2 (tksim.c)")
-    keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if lines[0][1] == "2" else set())
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
+    version = int(lines[0][1])
+    keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if version >= 2 else set())
+    keys |= set(WAKE_KEYS) if version >= 3 else set()
     log = SimLog(model="@".join(lines[1][1:3]))
     for words in lines[2:]:
         if words[0] in EVENTS:
@@ -111,10 +133,12 @@ def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
             pairs = dict(zip(words[2::2], words[3::2], strict=False))
             if set(pairs) != keys:
                 raise TracekitError(f"{origin}: bad vcpu line {' '.join(words)!r}")
-            totals = dict.fromkeys(RESPONDER_KEYS, 0)
+            totals = dict.fromkeys(RESPONDER_KEYS + WAKE_KEYS, 0)
             log.vcpus[int(words[1])] = totals | {k: int(v) for k, v in pairs.items()}
         elif words[0] == "pay-at" and len(words) == 3:
             log.pay_at[words[1]] = int(words[2], 16)
+        elif words[0] == "responder-cpus" and version >= 4:
+            log.responder_cpus = _cpus(words, origin)
         elif words == ["complete", "1"]:
             log.complete = True
         elif words[0] != "clock":

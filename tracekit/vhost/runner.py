@@ -362,9 +362,18 @@ def prepare_simulation(config: VhostConfig, out: Path) -> str | None:
         return None
     model = load_model(config.simulate)
     (out / SIM_SOURCE).write_text(model_source(config.simulate))
-    (out / SIM_FORM).write_text(plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS))
+    form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config))
+    (out / SIM_FORM).write_text(form)
     (out / SIM_LOG).unlink(missing_ok=True)
     return model.label
+
+
+def _isolated(config: VhostConfig) -> list[int]:
+    """The CPUs the emulated host's extra kernel arguments isolate (isolcpus=, its flags
+    such as 'domain,' left out): a model's `responders = "isolated"`."""
+    from tracekit.host.preflight import _cpu_list, parse_cmdline
+
+    return _cpu_list(parse_cmdline(config.append).get("isolcpus", ""))
 
 
 def _simulation_notes(out: Path) -> list[str]:
