@@ -25,8 +25,8 @@ Recording needs root and tracefs; `trace-cmd record` does not work on this machi
 `extract` does. Each contender runs in its own process so that its peak memory
 (ru_maxrss) is its own: once to warm up, then --repeat times taking turns (a shared
 machine's speed drifts); the figures are medians, and the spread (min-max of the ratio)
-is printed. The ratio is trace-cmd's time over tracekit's per event (the same as wall
-over wall where both read the same file), in wall time (what a user waits; tracekit
+is printed. The ratio is trace-cmd's time over tracekit's on the same file (rawcap:
+per event, against the sched-mix file), in wall time (what a user waits; tracekit
 uses every core, trace-cmd one) and CPU time (the work). Peak RSS is set against the
 trace's decompressed ring-buffer data. The tracekit children run with bytecode, as an
 installed package does (PYTHONPYCACHEPREFIX in the cache, written by a first import
@@ -401,10 +401,18 @@ class Row:
     tc: list[Figures]
     tk: list[Figures]
 
+    same_file: bool = True  # trace-cmd read the file tracekit read (not so for rawcap)
+
     def ratios(self, k: int) -> list[float]:
-        """Per run pair, trace-cmd's time per event over tracekit's (k: 0 wall, 1 CPU)."""
-        return [(a[k] / self.ref_events) / (b[k] / self.events)
-                for a, b in zip(self.tc, self.tk, strict=True)]  # fmt: skip
+        """Per run pair, trace-cmd's time over tracekit's (k: 0 wall, 1 CPU).
+
+        On the same file, the times themselves: trace-cmd's line count is not an event
+        count (a kernel stack is several lines, a leaf call's entry and exit one), so a
+        per-line rate would misstate it. Only rawcap, whose reference is another
+        recording (the sched-mix file, whose lines are its events), goes per event.
+        """
+        scale = self.events / self.ref_events if not self.same_file else 1.0
+        return [a[k] / b[k] * scale for a, b in zip(self.tc, self.tk, strict=True)]
 
 
 def reference_events(text: Path) -> int:
@@ -429,7 +437,8 @@ def bench(
     rows = []
     for name, tk in zip(sources, tks, strict=True):
         events, data_bytes = (int(x) for x in tk[-1][3].split()[-2:])
-        rows.append(Row(shape, name, events, reference_events(text), data_bytes, tc, tk))
+        ref_events = reference_events(text)
+        rows.append(Row(shape, name, events, ref_events, data_bytes, tc, tk, ref == path))
     return rows
 
 
