@@ -25,13 +25,11 @@ def alloc(nbytes: int) -> np.ndarray:
     if not hasattr(mmap, "MAP_PRIVATE"):  # not a POSIX system: an ordinary array
         return np.empty(nbytes, dtype=np.uint8)
     # Private: MADV_DONTNEED then frees the pages (on a shared mapping they would stay
-    # allocated in shmem, only unmapped from this process). Huge pages where the kernel
-    # offers them: every page is written, and a fault on fresh memory is costly (most
-    # in a VM), so one per 2 MB beats one per 4 kB (MAP_POPULATE would fault them in
-    # as small pages before the advice).
+    # allocated in shmem, only unmapped from this process). No MADV_HUGEPAGE: with THP
+    # defrag on madvise (the kernel's default) each 2 MB fault may compact memory first,
+    # and on a machine up for a while that cost twice the system time of 4 kB faults
+    # (benchmarks/results/ingest.txt).
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        mapping.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(mapping, dtype=np.uint8)
 
 

@@ -317,12 +317,14 @@ LUT_LIMIT = 1 << 23
 def _codes(values: np.ndarray) -> tuple[list[int], pl.Series]:
     """The distinct values and, per row, the index of its value among them.
 
-    For small non-negative integers a bincount lookup table does it in two linear
-    passes, far cheaper than np.unique's full sort of millions of rows.
+    For small non-negative integers a lookup table does it in two linear passes, far
+    cheaper than np.unique's full sort of millions of rows.
     """
     if len(values) and values.min() >= 0 and values.max() < LUT_LIMIT:
-        present = np.flatnonzero(np.bincount(values))
-        lut = np.zeros(int(present[-1]) + 1, dtype=np.uint32)
+        seen = np.zeros(int(values.max()) + 1, dtype=bool)  # not bincount: 1 byte a value
+        seen[values] = True
+        present = np.flatnonzero(seen)
+        lut = np.zeros(len(seen), dtype=np.uint32)
         lut[present] = np.arange(len(present), dtype=np.uint32)
         return present.tolist(), pl.Series(lut[values])
     distinct, at = np.unique(values, return_inverse=True)
@@ -333,26 +335,31 @@ def _events_frame(
     trace: BinaryTrace, ids: np.ndarray, c: Common, id_name: dict[int, tuple[str, str]]
 ) -> pl.DataFrame:
     """The events table; comm/tgid/event/system are gathered from small per-pid and
-    per-id columns, so no string is built per event."""
-    events = pl.DataFrame(
-        {"row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu, "common_pid": c.pid}
-    )
-    # One lookup at a time: each per-row index array is freed before the next is made.
+    per-id columns, so no string is built per event.
+
+    Peak memory is reached here: the columns needing a per-row index come first (each
+    index freed before the next is made), the row numbers, which need none, last.
+    """
+    uniq, id_at = _codes(ids)
+    event = pl.Series([id_name[int(i)][0] for i in uniq], dtype=pl.Categorical)
+    system = pl.Series([id_name[int(i)][1] for i in uniq], dtype=pl.Categorical)
+    cols = {"event": event.gather(id_at), "system": system.gather(id_at)}
+    del id_at
     pids, pid_at = _codes(c.pid)
     comms = {**trace.cmdlines, 0: "<idle>"}
     comm = pl.Series([comms.get(int(p)) for p in pids], dtype=pl.Categorical)
     tgid = pl.Series([trace.tgids.get(int(p)) for p in pids], dtype=pl.Int32)
-    events = events.with_columns(tgid=tgid.gather(pid_at), comm=comm.gather(pid_at))
+    cols.update(tgid=tgid.gather(pid_at), comm=comm.gather(pid_at))
     del pid_at
-    uniq, id_at = _codes(ids)
-    event = pl.Series([id_name[int(i)][0] for i in uniq], dtype=pl.Categorical)
-    system = pl.Series([id_name[int(i)][1] for i in uniq], dtype=pl.Categorical)
-    events = events.with_columns(event=event.gather(id_at), system=system.gather(id_at))
-    del id_at
-    return events.with_columns(
-        flags=pl.Series(c.flags, dtype=pl.UInt8),
-        preempt_count=pl.Series(c.preempt, dtype=pl.UInt8),
-    )
+    return pl.DataFrame(
+        {
+            "row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu,
+            "common_pid": c.pid, "tgid": cols["tgid"], "comm": cols["comm"],
+            "event": cols["event"], "system": cols["system"],
+            "flags": pl.Series(c.flags, dtype=pl.UInt8),
+            "preempt_count": pl.Series(c.preempt, dtype=pl.UInt8),
+        }
+    )  # fmt: skip
 
 
 def _lost_table(trace: BinaryTrace, parts: list[tuple[CpuData, Records]]) -> pl.DataFrame:
