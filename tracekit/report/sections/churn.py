@@ -23,6 +23,7 @@ BRIEF_NOTE = (
     "isolated-CPU latency meanwhile 15 us vs 13 us"
 )
 
+
 def section(bundles: list[BundleData]) -> Section | None:
     """Per switch state: per-VM time distribution, ms each, the rt CPU's latency; vs off."""
     by_state, kernels, unknowns = _churns(bundles)
@@ -34,7 +35,9 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns.append(
             f"no churn with teardown_flush {ch.BASELINE}: nothing to compare the states with"
         )
-    findings += [f"teardown_flush {state}: {', '.join(sorted(k))}" for state, k in kernels.items()]
+    findings.append(
+        "kernels: " + "; ".join(f"{state} {', '.join(sorted(k))}" for state, k in kernels.items())
+    )
     findings.append(
         "per-VM time: the VMM's create start to teardown end; the first VM of each churn is "
         "left out of the distributions (one-time costs: first_vm_ms); ms each: the whole "
