@@ -9,6 +9,8 @@ known cyclictest latencies, so every number the section prints can be checked.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from bundlegen import _write_cyclictest
 from tracekit.analysis import churn as ch
 from tracekit.bundle import TRACED_KINDS, BundleWriter, Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
+from tracekit.host.churn import ChurnCommands, churn
 from tracekit.host.protocol import Roles, plan_runs, scenario_named
 from tracekit.ingest.bundle import load_bundle
 from tracekit.ingest.vmm import parse_vmm_output
@@ -189,3 +192,52 @@ def test_a_state_with_only_its_first_vm_is_one_line(tmp_path: Path) -> None:
     table = ch.per_vm(parse_vmm_output(text).vms)
     with pytest.raises(TracekitError, match="--repeat 2 or more"):
         ch.summarize("off", [(table, None)])
+
+
+# Stand-ins for the two tools (neither cyclictest nor KVM runs on the test machine): the
+# "cyclictest" prints until SIGINT, then says whether the VMM's output was whole by then.
+_CYCLIC = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('stopped; vmm lines:', open(sys.argv[1]).read().count('record=vm'))\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGINT, stop)\n"
+    "while True:\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+def _spawn(argv: list[str], out: Path) -> subprocess.Popen[bytes]:
+    """Start a stand-in in its own process group, stdout into `out` (as Session.spawn)."""
+    with out.open("wb") as handle:
+        return subprocess.Popen(argv, stdout=handle, start_new_session=True)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], name: str, duration_s: int, ok_codes: tuple[int, ...] = (0,)
+) -> None:
+    """Session.wait's contract: the tool ends with an accepted code."""
+    assert proc.wait(timeout=duration_s + 10) in ok_codes, name
+
+
+def _commands(tmp_path: Path, vmm: str, budget_s: int) -> ChurnCommands:
+    """The stand-ins as a churn run's commands (the VMM prints two VM records)."""
+    cyclic = [sys.executable, "-c", _CYCLIC, str(tmp_path / "vmm.txt")]
+    return ChurnCommands(["sh", "-c", vmm], cyclic, vms=2, budget_s=budget_s)
+
+
+def test_cyclictest_runs_around_the_whole_churn(tmp_path: Path) -> None:
+    vmm = "echo 'record=vm vm=0 result=ok'; sleep 0.5; echo 'record=vm vm=1 result=ok'"
+    commands = _commands(tmp_path, vmm, budget_s=30)
+    outcome = churn(commands, _spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
+    assert (outcome.status, outcome.vms_done) == ("ok", 2)
+    # Stopped only once the VMM's last VM was recorded.
+    assert (tmp_path / "cyclic.txt").read_text() == "stopped; vmm lines: 2\n"
+
+
+def test_a_churn_over_its_budget_is_stopped_and_cyclictest_too(tmp_path: Path) -> None:
+    commands = _commands(tmp_path, "echo 'record=vm vm=0 result=ok'; sleep 60", budget_s=2)
+    outcome = churn(commands, _spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
+    assert (outcome.status, outcome.vms_done) == ("over-budget", 1)
+    assert "after 1 of 2 VMs" in outcome.note
+    assert (tmp_path / "cyclic.txt").read_text() == "stopped; vmm lines: 1\n"
