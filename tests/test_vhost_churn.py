@@ -15,6 +15,9 @@ overlap):
   (the CPU the VM ran on), and no ALLE1IS.
 The switch's own count grows by one per VM in the two flushing states. The report holds
 the churn section with the three states and two comparisons with off.
+
+Booted on 2026-12-02 with only this check in the boot: passed, 3 min 37 s for the boot,
+the three collects and the test (docs/vhost.md says what the plugin and the report showed).
 """
 
 from __future__ import annotations
