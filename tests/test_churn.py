@@ -63,9 +63,15 @@ def churn_bundle(
     failed: tuple[int, ...] = (),
     seed: int = 0,
     emulated: bool = True,
+    boot: str = "",
 ) -> tuple[Path, list[int]]:
-    """One vm-churn bundle (state None: a kernel without the series); its VMs' times."""
-    host: dict[str, object] = {"emulated": emulated, "kernel_release": "6.1.176-tk-kp1"}
+    """One vm-churn bundle (state None: a kernel without the series; boot "": none
+    recorded); its VMs' times."""
+    host: dict[str, object] = {
+        "emulated": emulated,
+        "kernel_release": "6.1.176-tk-kp1",
+        "boot_id": boot or None,
+    }
     if state is not None:
         host["kpatch"] = {"mode": "nvhe", "teardown_flush": state, "teardown_flushes": 0}
     writer = BundleWriter.create(root, Manifest(host=host, scenario={"name": "vm-churn"}))
@@ -241,3 +247,28 @@ def test_a_churn_over_its_budget_is_stopped_and_cyclictest_too(tmp_path: Path) -
     assert (outcome.status, outcome.vms_done) == ("over-budget", 1)
     assert "after 1 of 2 VMs" in outcome.note
     assert (tmp_path / "cyclic.txt").read_text() == "stopped; vmm lines: 1\n"
+
+
+def test_states_churned_in_one_boot_are_said_so(tmp_path: Path) -> None:
+    bundles = _loaded(
+        tmp_path,
+        a={"state": "off", "boot": "b1" * 8},
+        b={"state": "alle1is", "boot": "b1" * 8},
+        c={"state": "last-ran", "boot": "b2" * 8},
+    )
+    built = section.section(bundles)
+    assert built is not None
+    notes = [f for f in built.findings if "one boot" in f]
+    assert notes == [
+        "teardown_flush off, alle1is were churned in one boot (b1b1b1b1): not a fresh boot "
+        "each, so an order effect is not excluded"
+    ]
+    assert not any("host.boot_id" in f for f in built.findings)
+
+
+def test_bundles_without_their_boot_are_said_so() -> None:
+    notes = ch.shared_boots({"off": {None}, "alle1is": {"x"}})
+    assert notes == [
+        "teardown_flush off: bundles without host.boot_id, so whether each state had a "
+        "fresh boot is unknown"
+    ]

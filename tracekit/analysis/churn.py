@@ -242,6 +242,29 @@ def churn_result(by_state: Churns) -> ChurnResult:
     return ChurnResult(states, comparisons, points)
 
 
+def shared_boots(boots: dict[str, set[str | None]]) -> list[str]:
+    """One sentence per boot that churned more than one state (host.boot_id), and one for
+    states whose bundles do not record their boot: the comparison asks a fresh boot per
+    state, since what one churn leaves may weigh on the next."""
+    by_boot: dict[str, list[str]] = {}
+    unrecorded = sorted(state for state, ids in boots.items() if None in ids)
+    for state, ids in boots.items():
+        for boot in ids - {None}:
+            by_boot.setdefault(boot, []).append(state)
+    notes = [
+        f"teardown_flush {', '.join(states)} were churned in one boot ({boot[:8]}): not a "
+        "fresh boot each, so an order effect is not excluded"
+        for boot, states in by_boot.items()
+        if len(states) > 1
+    ]
+    if unrecorded:
+        notes.append(
+            f"teardown_flush {', '.join(unrecorded)}: bundles without host.boot_id, so "
+            "whether each state had a fresh boot is unknown"
+        )
+    return notes
+
+
 def summary_frame(states: list[StateSummary]) -> pl.DataFrame:
     """One row per state: VMs, per-VM time, teardown, ms each, the rt CPU's latency."""
     rows = []

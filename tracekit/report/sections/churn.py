@@ -31,6 +31,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         return None
     result = ch.churn_result(by_state)
     findings = [c.statement() for c in result.comparisons]
+    findings += ch.shared_boots(_boots(bundles))
     if ch.BASELINE not in by_state:
         unknowns.append(
             f"no churn with teardown_flush {ch.BASELINE}: nothing to compare the states with"
@@ -80,6 +81,16 @@ def _churns(bundles: list[BundleData]) -> tuple[ch.Churns, dict[str, set[str]], 
             release = str(data.manifest.host.get("kernel_release") or "kernel ?")
             kernels.setdefault(state, set()).add(release)
     return by_state, kernels, unknowns
+
+
+def _boots(bundles: list[BundleData]) -> dict[str, set[str | None]]:
+    """The boots (host.boot_id, None if unrecorded) of each state's churn bundles."""
+    boots: dict[str, set[str | None]] = {}
+    for data in bundles:
+        if any(run.kind == RunKind.CHURN for run in data.manifest.runs):
+            state = ch.switch_state(data.manifest.host.get("kpatch"))
+            boots.setdefault(state, set()).add(data.manifest.host.get("boot_id") or None)
+    return boots
 
 
 def _comparison_table(comparisons: list[ch.StateComparison]) -> Table:
