@@ -8,7 +8,9 @@ build here runs, and prints the wall time of that build with the load average ar
 it: on a shared machine the load says how much of the CPU the build had. The copy is
 deleted after; nothing lands in the repo.
 
-    python3 benchmarks/kbuild_cold.py [--suite bookworm]
+    python3 benchmarks/kbuild_cold.py [--suite bookworm] [--config full|ci]
+
+`--config ci` builds the CI config (`:tk-ci`, kbuild.ci_fragment) instead of the full one.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ def main() -> None:
     """Build once from cold and print the time."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="bookworm")
+    parser.add_argument("--config", default="full", choices=("full", "ci"))
     args = parser.parse_args()
     version, config = debian_inputs(args.suite)
     pristine = ksource.pristine_tree(args.suite, version, print)
-    wanted = kcustom.input_config(config, pristine)
+    wanted = kcustom.input_config(config, pristine, args.config)
     with tempfile.TemporaryDirectory(prefix="kbuild-bench-", dir=ksource.source_root()) as tmp:
         tree = Path(tmp) / pristine.name
         tree.mkdir()
@@ -57,7 +60,7 @@ def main() -> None:
         size_mb = built.image.stat().st_size / 1e6
         shutil.rmtree(built.directory)
     print(
-        f"cold build of {built.release} ({args.suite}, config {built.config_hash}): "
+        f"cold build of {built.release} ({args.suite}, {args.config} config {built.config_hash}): "
         f"{elapsed:.0f} s wall at nice 19 on {os.cpu_count()} CPUs ({built.cpu_s:.0f} CPU-s, "
         f"{built.objects} objects); Image {size_mb:.1f} MB; "
         f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}"

@@ -12,6 +12,7 @@ which run after all the others.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ from pathlib import Path
 import pytest
 
 from tracekit.vhost.runner import VhostConfig, VhostResult
+
+# The kernel of the kpatch boots: the full config's build, or (set to bookworm:kpatch-ci)
+# the CI config's, whose tests are otherwise the same.
+KPATCH_KERNEL = os.environ.get("TRACEKIT_KPATCH_KERNEL", "bookworm:kpatch")
 
 # The configurations the tests boot; others add entries here, not new boot code.
 VHOST_CONFIGS: dict[str, VhostConfig] = {
@@ -94,8 +99,9 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     ),
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit (kbuild tests only: the
     # build is long, so this boot runs only when `-m kbuild` selects its test).
+    # TRACEKIT_KPATCH_KERNEL=bookworm:kpatch-ci runs the same boots on the CI config.
     "nvhe-kpatch": VhostConfig(
-        kernel="bookworm:kpatch",
+        kernel=KPATCH_KERNEL,
         kvm_mode="nvhe",
         cpu_model="cortex-a76",
         smp=2,
@@ -105,7 +111,7 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     # The same kernel in VHE (its __kvm_debug_maint runs in kernel text) and protected
     # mode (refused): kbuild tests only, like nvhe-kpatch.
     "vhe-kpatch": VhostConfig(
-        kernel="bookworm:kpatch",
+        kernel=KPATCH_KERNEL,
         kvm_mode="vhe",
         cpu_model="max",
         smp=2,
@@ -113,7 +119,7 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         ground_truth=True,
     ),
     "protected-kpatch": VhostConfig(
-        kernel="bookworm:kpatch",
+        kernel=KPATCH_KERNEL,
         kvm_mode="protected",
         cpu_model="cortex-a76",
         smp=2,

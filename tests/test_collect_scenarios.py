@@ -119,7 +119,7 @@ def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
     args = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
     result = CliRunner().invoke(main, [*args, "--scenario", "nope", "-o", str(tmp_path / "b")])
     assert result.exit_code == 2
-    assert result.output.strip().endswith("main, teardown, cache-toggle, guest-broadcast")
+    assert result.output.strip().endswith("main, teardown, cache-toggle, guest-broadcast, vm-churn")
     assert len(result.output.strip().splitlines()) == 1
 
 

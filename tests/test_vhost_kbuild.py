@@ -101,6 +101,48 @@ def test_built_flavours() -> None:
         kcustom.series_dir("trixie")
 
 
+def test_ci_fragment_keeps_the_kept_files_settings(tmp_path: Path) -> None:
+    """The CI fragment: the full config's settings of symbols the kept Kconfig files
+    define (as they are, on or off), CI_OFF off even there, CI_ON on, nothing else."""
+    (tmp_path / "arch" / "arm64").mkdir(parents=True)
+    (tmp_path / "arch" / "arm64" / "Kconfig").write_text(
+        "config ARM64_ERRATUM_4118414\n\tbool\nmenuconfig ARM64_SVE\n\tbool\n"
+        "config EFI\n\tbool\nconfig ARM64_MTE\n\tbool\n"
+    )
+    full = (
+        "CONFIG_ARM64_ERRATUM_4118414=y\nCONFIG_ARM64_SVE=y\n# CONFIG_ARM64_MTE is not set\n"
+        "CONFIG_EFI=y\nCONFIG_EXT4_FS=y\nCONFIG_KVM=y\n"
+    )
+    fragment = _lines(kbuild.ci_fragment(full, tmp_path))
+    kept = {"CONFIG_ARM64_ERRATUM_4118414=y", "CONFIG_ARM64_SVE=y", "# CONFIG_ARM64_MTE is not set"}
+    assert kept <= fragment
+    assert "# CONFIG_EFI is not set" in fragment and "CONFIG_EFI=y" not in fragment
+    assert not any("EXT4_FS" in line for line in fragment)  # allnoconfig turns it off
+    assert {f"CONFIG_{name}=y" for name in kbuild.CI_ON} <= fragment
+
+
+def test_ci_flavours_build_the_ci_config() -> None:
+    """bookworm:tk-ci and :kpatch-ci are :tk and :kpatch with the CI config."""
+    tk, kp = parse_kernel_spec("bookworm:tk-ci"), parse_kernel_spec("bookworm:kpatch-ci")
+    assert (tk.info.build, kp.info.build) == ("base", "kpatch")
+    assert (tk.info.config, kp.info.config) == ("ci", "ci")
+    assert kp.info.kernel_args == parse_kernel_spec("bookworm:kpatch").info.kernel_args
+    assert parse_kernel_spec("bookworm:kpatch").info.config == "full"
+
+
+@pytest.mark.kbuild
+def test_ci_config_of_debian_source_keeps_what_the_tests_need(tmp_path: Path) -> None:
+    """allnoconfig plus the fragment, on Debian's 6.1 source and config: everything the
+    image and the kpatch tests need is on, and about half of the full config's options."""
+    tree = ksource.pristine_tree("bookworm", "6.1.176-1", print)
+    full = kbuild.trimmed_config(DEBIAN_LIKE, kbuild.platform_symbols(tree))
+    config = kbuild.ci_config(tree, kbuild.ci_fragment(full, tree), tmp_path)
+    lines = _lines(config)
+    wanted = set(kbuild.REQUIRED) | set(kbuild.CI_ON) - set(kcustom.SERIES_SYMBOLS)
+    assert not [name for name in sorted(wanted) if f"CONFIG_{name}=y" not in lines]
+    assert "# CONFIG_EFI is not set" in lines and "# CONFIG_EXT4_FS is not set" in lines
+
+
 def test_the_series_lists_its_patches_in_order() -> None:
     """The shipped 6.1 series: every file listed, hash over the contents in order."""
     patches = ksource.series_files(SERIES)

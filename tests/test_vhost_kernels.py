@@ -27,6 +27,8 @@ ALL_SPECS = [
     "bookworm:rt",
     "bookworm:tk",
     "bookworm:kpatch",
+    "bookworm:tk-ci",
+    "bookworm:kpatch-ci",
     "trixie",
     "sid",
     "sid:16k",
@@ -157,7 +159,7 @@ def test_kernels_listing_on_an_empty_cache(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path))
     result = CliRunner().invoke(main, ["vhost", "kernels"])
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line for line in result.output.splitlines()[1:8]}
+    rows = {line.split()[0]: line for line in result.output.splitlines()[1 : 1 + len(ALL_SPECS)]}
     assert set(rows) == set(ALL_SPECS)
     assert all("? (no package lists: --refresh)" in row for row in rows.values())
     assert rows["bookworm:rt"].endswith("no (Debian builds the PREEMPT_RT flavour without KVM)")

@@ -46,12 +46,14 @@ class RunKind(StrEnum):
     GUEST_START = "guest-start"  # a during phase's background guest starts
     GUEST_STOP = "guest-stop"  # ... and stops
     VMID_PREP = "vmid-prep"  # throwaway MMU-off VMs, so the guest gets a chosen VMID
+    CHURN = "churn"  # VMs created, run and destroyed in turn, cyclictest meanwhile (untraced)
 
 
 # Runs that measure the rt CPU's wake-ups (cyclictest) under stress-ng.
 MEASURE_KINDS = frozenset({RunKind.QUIET, RunKind.TRACED})
 # Runs recorded into a trace of their own (raw capture or trace.dat).
-TRACED_KINDS = frozenset(set(RunKind) - {RunKind.QUIET, RunKind.PROBE})
+# A churn run is untraced: its per-VM times are the fix's cost, which tracing would inflate.
+TRACED_KINDS = frozenset(set(RunKind) - {RunKind.QUIET, RunKind.PROBE, RunKind.CHURN})
 
 
 class RunFile(StrEnum):

@@ -60,19 +60,23 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--scenario",
     default="main",
     show_default=True,
-    help="main, teardown, cache-toggle or guest-broadcast (--dry-run shows its plan).",
+    help="main, teardown, cache-toggle, guest-broadcast or vm-churn (--dry-run shows its plan).",
 )
 @click.option("--ipa-bits", help="teardown: IPA sizes, e.g. 36,40,44 (default: up to the limit).")
 @click.option("--vcpus", help="cache-toggle: vCPU counts, e.g. 1,2,4.")
 @click.option("--touch-kb", help="cache-toggle: KB each vCPU touches, e.g. 0,4096.")
-@click.option("--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point.")
+@click.option(
+    "--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point; vm-churn: VMs."
+)
 @click.option("--tlbi-count", type=int, help="guest-broadcast: TLBIs the guest issues.")
 @click.option(
     "--probe-pages",
     help="Range/munmap probe slots: page counts, e.g. 1,511,513 (the default).",
 )
 @click.option(
-    "--vm-budget", type=int, help="Seconds one sweep point may take before it is stopped."
+    "--vm-budget",
+    type=int,
+    help="Seconds one sweep point (or the vm-churn run) may take before it is stopped.",
 )
 @click.option(
     "--knob",

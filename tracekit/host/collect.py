@@ -398,7 +398,7 @@ def describe_params(scenario: Scenario, params: ScenarioParams) -> str:
         shown[axis.replace("_", "-")] = format_ints(getattr(params, axis))
     if "during" in scenario.phases:
         shown = {"tlbi-count": params.tlbi_count}
-    elif not scenario.sweep:
+    elif not scenario.sweep and "churn" not in scenario.phases:
         return "none beyond the runs"
     return " ".join(f"--{name} {value}" for name, value in shown.items())
 

@@ -36,7 +36,13 @@ from tracekit.host.afterguest import (
     rollover,
     tlbi_request,
 )
-from tracekit.host.guestruns import BackgroundGuest, stopped_in_order, wait_within_budget
+from tracekit.host.churn import ChurnCommands, churn
+from tracekit.host.guestruns import (
+    STOP_GRACE_SECONDS,
+    BackgroundGuest,
+    stopped_in_order,
+    wait_within_budget,
+)
 from tracekit.host.instance import Instance
 from tracekit.host.protocol import (
     PlannedRun,
@@ -207,6 +213,31 @@ def run_sweep_point(session: Session, ctx: RunContext) -> Outcome:
     return Outcome(outcome.status, outcome.note)
 
 
+def run_churn(session: Session, ctx: RunContext) -> Outcome:
+    """`repeat` MMU-on VMs in turn, each timed by the VMM, cyclictest on the rt CPU meanwhile."""
+    params = session.params
+    settings = guest_settings(params, timeout=GUEST_TIMEOUT_SECONDS)
+    cyclic_argv = toolbox.cyclictest_argv(
+        session.tools,
+        session.roles.rt_cpu,
+        session.options.interval_us,
+        params.vm_budget_s + STOP_GRACE_SECONDS,  # outlasts the churn: stopped after it
+        ctx.path(RunFile.CYCLICTEST_JSON),
+    )
+    commands = ChurnCommands(
+        vmm=guest_argv(session, settings, session.guest_vcpus(), params.repeat),
+        cyclictest=cyclic_argv,
+        vms=params.repeat,
+        budget_s=params.vm_budget_s,
+    )
+    outcome = churn(
+        commands, session.spawn, session.wait, ctx.path(RunFile.VMM), ctx.path(RunFile.CYCLICTEST)
+    )
+    if outcome.status != "ok":
+        session.echo(f"  OVER BUDGET: {outcome.note}")
+    return Outcome(outcome.status, outcome.note)
+
+
 def run_guest_start(session: Session, ctx: RunContext) -> None:
     """Start the during phase's guest; it runs until the guest-stop run (markers traced)."""
     argv = guest_argv(session, guest_settings(session.params, timeout=0), session.guest_vcpus())
@@ -335,4 +366,5 @@ RUNNERS: dict[RunKind, Runner] = {
     RunKind.GUEST_START: run_guest_start,
     RunKind.GUEST_STOP: run_guest_stop,
     RunKind.VMID_PREP: run_vmid_prep,
+    RunKind.CHURN: run_churn,
 }

@@ -91,6 +91,88 @@ UNUSED_SUBSYSTEMS = (
     "ARM_SMMU_V3",
 )
 FORCE_STRING = {"SYSTEM_TRUSTED_KEYS": "", "SYSTEM_REVOCATION_KEYS": "", "LOCALVERSION": ""}
+
+# The CI config (`:tk-ci`, `:kpatch-ci`): `allnoconfig` plus a fragment, the smallest
+# kernel the emulated host boots with what the kpatch tests use. From the full trimmed
+# config it keeps, as they are, every symbol these Kconfig files define: the CPU, its
+# errata and features (REPEAT_TLBI, VHE, TLB range, ...), KVM, tracing, preemption, ticks,
+# RCU, idle and the PMU, so the CI kernel runs the same arm64 and KVM code as the full one.
+CI_KEPT_KCONFIGS = (
+    "arch/arm64/Kconfig",
+    "arch/arm64/kvm/Kconfig",
+    "virt/kvm/Kconfig",
+    "kernel/trace/Kconfig",
+    "kernel/Kconfig.preempt",
+    "kernel/Kconfig.hz",
+    "kernel/time/Kconfig",
+    "kernel/rcu/Kconfig",
+    "drivers/cpuidle/Kconfig",
+    "drivers/cpuidle/Kconfig.arm",
+    "drivers/firmware/psci/Kconfig",
+)
+# Kept from the files above, but not wanted: QEMU boots the Image directly with a device
+# tree (no EFI, no ACPI), nothing runs 32-bit, nothing kexecs or hibernates.
+CI_OFF = ("EFI", "ACPI", "COMPAT", "KEXEC", "KEXEC_FILE", "CRASH_DUMP", "HIBERNATION")
+# On (with what they depend on): the boot chain /init uses (initramfs, PL011 console,
+# generic PCI host, virtio-pci, 9p), what the image's programs need from the kernel
+# (python3, cyclictest, stress-ng, the VMM: ELF and #! binaries, procfs, sysfs, tmpfs,
+# devtmpfs, ptys, futexes, epoll, POSIX timers, SysV IPC, file locks), the PMU,
+# THP and hugetlbfs (collect's --backing), kprobes, the stack protector the full one has,
+# and the debug series (which the unpatched tree's Kconfig drops, as in the full config).
+CI_ON = (
+    "BLK_DEV_INITRD",
+    "BINFMT_ELF",
+    "BINFMT_SCRIPT",
+    "TTY",
+    "UNIX98_PTYS",
+    "SERIAL_AMBA_PL011",
+    "SERIAL_AMBA_PL011_CONSOLE",
+    "PCI",
+    "PCI_MSI",
+    "PCI_HOST_GENERIC",
+    "ARM_GIC_V3_ITS",
+    "VIRTIO_MENU",
+    "VIRTIO_PCI",
+    "NET",
+    "INET",  # 6.1's 9P_FS depends on it
+    "UNIX",
+    "NET_9P",
+    "NET_9P_VIRTIO",
+    "NETWORK_FILESYSTEMS",
+    "9P_FS",
+    "PROC_FS",
+    "PROC_SYSCTL",
+    "SYSFS",
+    "TMPFS",
+    "DEVTMPFS",
+    "HUGETLBFS",
+    "TRANSPARENT_HUGEPAGE",
+    "MULTIUSER",
+    "SYSVIPC",
+    "FUTEX",
+    "EPOLL",
+    "SIGNALFD",
+    "TIMERFD",
+    "EVENTFD",
+    "SHMEM",
+    "AIO",
+    "FILE_LOCKING",
+    "POSIX_TIMERS",
+    "PRINTK",
+    "KALLSYMS",
+    "PERF_EVENTS",
+    "ARM_PMU",
+    "CPU_ISOLATION",
+    "DEBUG_FS",
+    "MODULES",  # 6.1's KPROBES depends on it (none is built: allnoconfig)
+    "KPROBES",
+    "KPROBE_EVENTS",
+    "STACKPROTECTOR",
+    "STACKPROTECTOR_STRONG",
+    "VIRTUALIZATION",
+    "KVM",
+    "KVM_ARM_DEBUG_MAINT",
+)
 TOOLS = {"make": "make", "flex": "flex", "bison": "bison", "bc": "bc", "perl": "perl"}
 
 
@@ -159,6 +241,50 @@ def trimmed_config(debian_config: str, platforms: list[str]) -> str:
         lines.append(_setting(name, wanted, line))
     lines += [f"CONFIG_{name}=y" for name in FORCE_BUILTIN if name not in seen]
     return "\n".join(lines) + "\n"
+
+
+def kconfig_symbols(tree: Path, files: tuple[str, ...]) -> set[str]:
+    """The symbols the named Kconfig files of `tree` define (`config NAME` lines)."""
+    names: set[str] = set()
+    for name in files:
+        path = tree / name
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                if line.startswith(("config ", "menuconfig ")):
+                    names.add(line.split()[1])
+    return names
+
+
+def ci_fragment(full_config: str, tree: Path) -> str:
+    """The allnoconfig fragment of the CI config: the full config's settings of the kept
+    Kconfig files (CI_OFF off), and REQUIRED and CI_ON on."""
+    kept = kconfig_symbols(tree, CI_KEPT_KCONFIGS) - set(CI_OFF)
+    lines = [line for line in full_config.splitlines() if _symbol(line) in kept]
+    lines += [f"# CONFIG_{name} is not set" for name in CI_OFF]
+    lines += [f"CONFIG_{name}=y" for name in dict.fromkeys((*REQUIRED, *CI_ON))]
+    return "\n".join(lines) + "\n"
+
+
+def ci_config(tree: Path, fragment: str, scratch: Path) -> str:
+    """`make allnoconfig` with `fragment` in a scratch build directory: the whole .config."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "ci-fragment.config").write_text(fragment)
+    argv = [
+        "make",
+        "-s",
+        "-C",
+        str(tree),
+        f"O={scratch}",
+        "ARCH=arm64",
+        f"CROSS_COMPILE={CROSS_COMPILE}",
+        f"KCONFIG_ALLCONFIG={scratch / 'ci-fragment.config'}",
+        "allnoconfig",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise TracekitError(f"the CI kernel config failed in {scratch}: {tail[0]}")
+    return (scratch / ".config").read_text()
 
 
 def config_hash(config: str) -> str:

@@ -2,8 +2,10 @@
 
 Both start from the source and config of the Debian kernel the suite's default flavour
 boots, trimmed the same way (kbuild.py): `:tk` is that tree unpatched, `:kpatch` the
-same tree with reproducer/kpatch/<series>/ applied. The unpatched build is always made
-too, so that the patched kernel is only ever compared with it, never with Debian's.
+same tree with reproducer/kpatch/<series>/ applied. `:tk-ci` and `:kpatch-ci` are the
+same pair with the CI config made from that trimmed one (kbuild.ci_fragment). The
+unpatched build is always made too, so that the patched kernel is only ever compared
+with it, never with Debian's.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import io
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,9 +75,13 @@ def debian_config_text(deb: Path) -> str:
     return (_deb_member(deb, "./boot/config-") or b"").decode()
 
 
-def input_config(debian_config: str, tree: Path) -> str:
-    """The config both builds start from: Debian's, trimmed, the series' symbols on."""
+def input_config(debian_config: str, tree: Path, config: str = "full") -> str:
+    """The config both builds start from: Debian's, trimmed (`full`), or the CI config
+    made from it (`ci`, kbuild.ci_fragment), the series' symbols on."""
     trimmed = kbuild.trimmed_config(debian_config, kbuild.platform_symbols(tree))
+    if config == "ci":
+        with tempfile.TemporaryDirectory(prefix="ci-config-", dir=tree.parent) as scratch:
+            trimmed = kbuild.ci_config(tree, kbuild.ci_fragment(trimmed, tree), Path(scratch))
     return trimmed + "".join(f"CONFIG_{name}=y\n" for name in SERIES_SYMBOLS)
 
 
@@ -83,7 +90,7 @@ def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.
     deb = debian_kernel_deb(debs)
     version = debian_version(deb)
     tree = ksource.pristine_tree(spec.suite, version, progress)
-    wanted = input_config(debian_config_text(deb), tree)
+    wanted = input_config(debian_config_text(deb), tree, spec.info.config)
     base = kbuild.build_kernel(tree, wanted, version, "", progress)
     result = base
     if spec.info.build == "kpatch":

@@ -23,6 +23,9 @@ class Flavour:
     # Debian's source with the default flavour's config, unpatched or with the series.
     build: str = ""
     kernel_args: tuple[str, ...] = ()
+    # A built kernel's config: "full" (Debian's, trimmed) or "ci" (allnoconfig plus what
+    # the emulated host and the kpatch tests need: kbuild.CI_ON, CI_KEPT_KCONFIGS).
+    config: str = "full"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,21 @@ def _built_flavours() -> dict[str, Flavour]:
             note="built by tracekit: as :tk plus reproducer/kpatch (EL2 maintenance debugfs)",
             build="kpatch",
             kernel_args=KPATCH_ARGS,
+        ),
+        "tk-ci": Flavour(
+            "linux-image-arm64",
+            has_kvm=True,
+            note="built by tracekit: Debian's source, the smallest config CI boots, unpatched",
+            build="base",
+            config="ci",
+        ),
+        "kpatch-ci": Flavour(
+            "linux-image-arm64",
+            has_kvm=True,
+            note="built by tracekit: as :tk-ci plus reproducer/kpatch",
+            build="kpatch",
+            kernel_args=KPATCH_ARGS,
+            config="ci",
         ),
     }
 

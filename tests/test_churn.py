@@ -1,0 +1,274 @@
+"""vm-churn: the plan, the analysis and the report section, on bundles generated here.
+
+Each generated bundle is one churn as `tracekit collect --scenario vm-churn` lays it out
+(one untraced `churn` run with the VMM's stdout and cyclictest's samples; the switch state
+in the host fact `kpatch`, as preflight records it), with known per-VM times: a base time
+plus a per-state cost, a uniform spread, a slow first VM and a gap between VMs, and
+known cyclictest latencies, so every number the section prints can be checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bundlegen import _write_cyclictest
+
+from tracekit.analysis import churn as ch
+from tracekit.bundle import TRACED_KINDS, BundleWriter, Manifest, RunKind, RunRecord
+from tracekit.errors import TracekitError
+from tracekit.host.churn import ChurnCommands, churn
+from tracekit.host.protocol import Roles, plan_runs, scenario_named
+from tracekit.ingest.bundle import load_bundle
+from tracekit.ingest.vmm import parse_vmm_output
+from tracekit.report.sections import churn as section
+
+BASE_MS = 30.0
+SPREAD_MS = 1.0  # each VM: BASE + cost + uniform(-SPREAD, SPREAD)
+FIRST_VM_MS = 90.0
+GAP_NS = 2_000_000  # between one VM's teardown end and the next VM's create start
+COSTS_MS = {"off": 0.0, "alle1is": 1.3, "last-ran": 0.4}
+# cyclictest per state: every sample 10 us but one of MAX_US.
+MAX_US = {"off": 13.0, "alle1is": 15.0, "last-ran": 14.0}
+T0 = 5_000_000_000
+
+
+def _vm_lines(state: str, vms: int, failed: tuple[int, ...], seed: int) -> tuple[str, list[int]]:
+    """The VMM's stdout for `vms` VMs in turn, and their create->destroy times (ns)."""
+    rng = np.random.default_rng(seed)
+    lines = ["record=run format=1 guest=/g/mmu-on.elf variant=mmu-on vcpus=1 cpus=0 repeat=20"]
+    totals, clock = [], T0
+    for vm in range(vms):
+        ms = FIRST_VM_MS if vm == 0 else BASE_MS + COSTS_MS[state] + rng.uniform(-1, 1) * SPREAD_MS
+        total = int(ms * 1e6)
+        create, teardown = total // 4, total // 4
+        result = "error" if vm in failed else "ok"
+        lines.append(
+            f"record=vm vm={vm} ipa_bits=40 create_start_ns={clock} create_ns={create} "
+            f"run_ns={total - create - teardown} teardown_ns={teardown} "
+            f"teardown_end_ns={clock + total} result={result}"
+        )
+        totals.append(total)
+        clock += total + GAP_NS
+    return "\n".join(lines) + "\n", totals
+
+
+def churn_bundle(
+    root: Path,
+    state: str | None,
+    vms: int = 20,
+    failed: tuple[int, ...] = (),
+    seed: int = 0,
+    emulated: bool = True,
+    boot: str = "",
+) -> tuple[Path, list[int]]:
+    """One vm-churn bundle (state None: a kernel without the series; boot "": none
+    recorded); its VMs' times."""
+    host: dict[str, object] = {
+        "emulated": emulated,
+        "kernel_release": "6.1.176-tk-kp1",
+        "boot_id": boot or None,
+    }
+    if state is not None:
+        host["kpatch"] = {"mode": "nvhe", "teardown_flush": state, "teardown_flushes": 0}
+    writer = BundleWriter.create(root, Manifest(host=host, scenario={"name": "vm-churn"}))
+    run = writer.start_run(RunRecord("churn", "churn", RunKind.CHURN, 0, start_ns=T0))
+    text, totals = _vm_lines(state or "off", vms, failed, seed)
+    writer.path("runs/churn/vmm.txt").write_text(text)
+    latencies = np.full(500, 10_000, dtype=np.int64)
+    latencies[250] = int(MAX_US[state or "off"] * 1000)
+    _write_cyclictest(writer, run, latencies)
+    run.end_ns = T0 + sum(totals) + vms * GAP_NS
+    files = (root / "runs").rglob("*")
+    run.files = sorted(p.relative_to(root).as_posix() for p in files if p.is_file())
+    writer.end_run(run)
+    writer.finish()
+    return root, totals
+
+
+def test_the_plan_is_one_untraced_churn_run_of_repeat_vms() -> None:
+    scenario = scenario_named("vm-churn")
+    roles = Roles(rt_cpu=1, stress_cpus=(0,), guest_cpus=(0,))
+    params = scenario.defaults.merged(repeat=20)
+    (run,) = plan_runs(scenario, roles, 3, 1, "none", params)
+    assert (run.run_id, run.kind, run.detail["repeat"]) == ("churn", RunKind.CHURN, 20)
+    assert run.detail["rt_cpu"] == 1 and run.detail["cpus"] == (0,)
+    assert RunKind.CHURN not in TRACED_KINDS
+    assert scenario.defaults.repeat == 500  # the brief's count
+    with pytest.raises(TracekitError, match="does not have"):
+        plan_runs(scenario, roles, 3, 1, "hotplug", params)
+
+
+def test_per_vm_time_is_create_start_to_teardown_end(tmp_path: Path) -> None:
+    text, totals = _vm_lines("off", 5, (), 1)
+    table = ch.per_vm(parse_vmm_output(text).vms)
+    assert table["total_ns"].to_list() == totals
+    with pytest.raises(TracekitError, match="no VM"):
+        ch.per_vm(parse_vmm_output(text.splitlines()[0] + "\n").vms)
+
+
+def _loaded(tmp_path: Path, **states: dict[str, object]) -> list:
+    """Bundles of the named states (keyword: directory, value: churn_bundle's options)."""
+    return [load_bundle(churn_bundle(tmp_path / name, **opts)[0]) for name, opts in states.items()]
+
+
+def test_summary_leaves_out_the_first_and_failed_vms_and_counts_them(tmp_path: Path) -> None:
+    root, totals = churn_bundle(tmp_path / "off", "off", vms=20, failed=(3,))
+    data = load_bundle(root)
+    run = data.manifest.runs[0]
+    table = ch.per_vm(data.run(run).vmm.vms)
+    summary = ch.summarize("off", [(table, data.run(run).cyclictest)])
+    steady = np.array([t for i, t in enumerate(totals) if i not in (0, 3)]) / 1e6
+    assert (summary.vms, summary.failed, summary.total.n) == (20, 1, 18)
+    assert summary.total.median == pytest.approx(float(np.median(steady)))
+    assert summary.total.mean == pytest.approx(float(steady.mean()))
+    assert summary.first_vm_ms == pytest.approx(FIRST_VM_MS)
+    # The brief's "ms each": the churn's whole span over its VMs, gaps and first VM included.
+    span_ns = sum(totals) + 19 * GAP_NS
+    assert summary.each_ms == pytest.approx(span_ns / 20 / 1e6)
+    assert summary.latency is not None
+    assert (summary.latency.samples, summary.latency.max) == (500, MAX_US["off"])
+    assert summary.latency.median == 10.0
+
+
+def test_each_state_is_compared_with_off(tmp_path: Path) -> None:
+    bundles = _loaded(
+        tmp_path,
+        a={"state": "alle1is", "vms": 60, "seed": 1},
+        b={"state": "off", "vms": 60, "seed": 2},
+        c={"state": "last-ran", "vms": 60, "seed": 3},
+    )
+    built = section.section(bundles)
+    assert built is not None
+    summary = built.tables[0].frame
+    assert summary["teardown_flush"].to_list() == ["off", "alle1is", "last-ran"]
+    compared = {row["teardown_flush"]: row for row in built.tables[1].frame.iter_rows(named=True)}
+    for state in ("alle1is", "last-ran"):
+        row = compared[state]
+        truth = (BASE_MS + COSTS_MS[state]) / BASE_MS
+        # The spread is uniform +-1 ms over 59 VMs: the interval holds the injected ratio.
+        assert row["ci_low"] <= truth <= row["ci_high"], (state, row)
+        assert row["ci_low"] > 1.0, state  # both costs are beyond the noise of 59 VMs
+        assert row["median_diff_ms"] == pytest.approx(COSTS_MS[state], abs=0.4)
+        assert row["rt_max_ratio"] == pytest.approx(MAX_US[state] / MAX_US["off"], abs=1e-3)
+    assert built.findings[0].startswith("EMULATED host")
+    assert any(
+        f.startswith("teardown_flush alle1is vs off: per-VM time x1.0") for f in built.findings
+    )
+    assert built.unknowns == []
+    points = built.plots[0].frame
+    assert points.group_by("state").len().sort("state")["len"].to_list() == [59, 59, 59]
+
+
+def test_without_off_there_is_nothing_to_compare_with(tmp_path: Path) -> None:
+    bundles = _loaded(tmp_path, a={"state": "alle1is"}, b={"state": None, "emulated": False})
+    built = section.section(bundles)
+    assert built is not None and len(built.tables) == 1
+    assert built.tables[0].frame["teardown_flush"].to_list() == ["alle1is", ch.NO_SERIES]
+    assert any("nothing to compare" in u for u in built.unknowns)
+    assert built.findings[0].startswith("EMULATED host")  # one of the two is emulated
+    assert not any("EMULATED" in f for f in section.section(bundles[1:]).findings)
+
+
+def test_bundles_of_one_state_are_pooled(tmp_path: Path) -> None:
+    bundles = _loaded(
+        tmp_path,
+        a={"state": "off", "vms": 10, "seed": 1},
+        b={"state": "off", "vms": 10, "seed": 2},
+    )
+    built = section.section(bundles)
+    assert built is not None
+    row = built.tables[0].frame.row(0, named=True)
+    assert (row["churns"], row["vms"], row["rt_samples"]) == (2, 20, 1000)
+    assert len(built.tables) == 1  # one state: no comparison
+
+
+def test_other_bundles_have_no_churn_section(tmp_path: Path) -> None:
+    writer = BundleWriter.create(tmp_path / "main", Manifest(host={}, scenario={"name": "main"}))
+    writer.end_run(writer.start_run(RunRecord("before-quiet-0", "before", "quiet", 0)))
+    writer.finish()
+    assert section.section([load_bundle(tmp_path / "main")]) is None
+
+
+def test_a_state_with_only_its_first_vm_is_one_line(tmp_path: Path) -> None:
+    text, _ = _vm_lines("off", 1, (), 0)
+    table = ch.per_vm(parse_vmm_output(text).vms)
+    with pytest.raises(TracekitError, match="--repeat 2 or more"):
+        ch.summarize("off", [(table, None)])
+
+
+# Stand-ins for the two tools (neither cyclictest nor KVM runs on the test machine): the
+# "cyclictest" prints until SIGINT, then says whether the VMM's output was whole by then.
+_CYCLIC = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('stopped; vmm lines:', open(sys.argv[1]).read().count('record=vm'))\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGINT, stop)\n"
+    "while True:\n"
+    "    time.sleep(0.01)\n"
+)
+
+
+def _spawn(argv: list[str], out: Path) -> subprocess.Popen[bytes]:
+    """Start a stand-in in its own process group, stdout into `out` (as Session.spawn)."""
+    with out.open("wb") as handle:
+        return subprocess.Popen(argv, stdout=handle, start_new_session=True)
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], name: str, duration_s: int, ok_codes: tuple[int, ...] = (0,)
+) -> None:
+    """Session.wait's contract: the tool ends with an accepted code."""
+    assert proc.wait(timeout=duration_s + 10) in ok_codes, name
+
+
+def _commands(tmp_path: Path, vmm: str, budget_s: int) -> ChurnCommands:
+    """The stand-ins as a churn run's commands (the VMM prints two VM records)."""
+    cyclic = [sys.executable, "-c", _CYCLIC, str(tmp_path / "vmm.txt")]
+    return ChurnCommands(["sh", "-c", vmm], cyclic, vms=2, budget_s=budget_s)
+
+
+def test_cyclictest_runs_around_the_whole_churn(tmp_path: Path) -> None:
+    vmm = "echo 'record=vm vm=0 result=ok'; sleep 0.5; echo 'record=vm vm=1 result=ok'"
+    commands = _commands(tmp_path, vmm, budget_s=30)
+    outcome = churn(commands, _spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
+    assert (outcome.status, outcome.vms_done) == ("ok", 2)
+    # Stopped only once the VMM's last VM was recorded.
+    assert (tmp_path / "cyclic.txt").read_text() == "stopped; vmm lines: 2\n"
+
+
+def test_a_churn_over_its_budget_is_stopped_and_cyclictest_too(tmp_path: Path) -> None:
+    commands = _commands(tmp_path, "echo 'record=vm vm=0 result=ok'; sleep 60", budget_s=2)
+    outcome = churn(commands, _spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
+    assert (outcome.status, outcome.vms_done) == ("over-budget", 1)
+    assert "after 1 of 2 VMs" in outcome.note
+    assert (tmp_path / "cyclic.txt").read_text() == "stopped; vmm lines: 1\n"
+
+
+def test_states_churned_in_one_boot_are_said_so(tmp_path: Path) -> None:
+    bundles = _loaded(
+        tmp_path,
+        a={"state": "off", "boot": "b1" * 8},
+        b={"state": "alle1is", "boot": "b1" * 8},
+        c={"state": "last-ran", "boot": "b2" * 8},
+    )
+    built = section.section(bundles)
+    assert built is not None
+    notes = [f for f in built.findings if "one boot" in f]
+    assert notes == [
+        "teardown_flush off, alle1is were churned in one boot (b1b1b1b1): not a fresh boot "
+        "each, so an order effect is not excluded"
+    ]
+    assert not any("host.boot_id" in f for f in built.findings)
+
+
+def test_bundles_without_their_boot_are_said_so() -> None:
+    notes = ch.shared_boots({"off": {None}, "alle1is": {"x"}})
+    assert notes == [
+        "teardown_flush off: bundles without host.boot_id, so whether each state had a "
+        "fresh boot is unknown"
+    ]
