@@ -38,7 +38,7 @@ from tracekit.perfetto.compact import (
     can_compact,
     decide,
 )
-from tracekit.perfetto.events import EventPlan, plan_event
+from tracekit.perfetto.events import COMMON_COLUMNS, EventPlan, plan_event
 from tracekit.perfetto.protos import FtraceEventBundle, FtraceStats, TracePacket, pb
 from tracekit.perfetto.system import kernel_release
 from tracekit.perfetto.writer import (
@@ -209,6 +209,7 @@ def write_ftrace(
     `write_stats` over all their losses at the end.
     """
     release = kernel_release(meta or {})
+    tables = {**tables, **untyped_tables(events, tables)}
     plans = {name: plan_event(name, table.schema, release) for name, table in tables.items()}
     sequence = sequence or FtraceSequence()
     interner = sequence.interner(symbols)
@@ -238,6 +239,21 @@ def write_ftrace(
     if stats:
         write_stats(writer, lost)
     return counts
+
+
+def untyped_tables(
+    events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]
+) -> dict[str, pl.DataFrame]:
+    """Tables of the events that have no typed table (an id without a format file, kept
+    by ingest as unknown_id_N): written generic with no field, never dropped."""
+    if sum(table.height for table in tables.values()) == events.height:
+        return {}  # the usual case, without a pass over the events
+    names = pl.col("event").cast(pl.String)
+    rest = events.filter(~names.is_in(list(tables))).with_columns(names)
+    return {
+        str(key[0]): part.select(COMMON_COLUMNS)
+        for key, part in rest.partition_by("event", as_dict=True, maintain_order=True).items()
+    }
 
 
 def _own_rows(
