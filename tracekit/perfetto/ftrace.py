@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from tracekit.errors import TracekitError
 from tracekit.perfetto import wire
 from tracekit.perfetto.columns import encode_rows as columns_encode
 from tracekit.perfetto.columns import symbol_column
@@ -275,11 +276,21 @@ def _own_rows(
         if not dense and (
             (at >= ids.size).any() or (ids[np.minimum(at, ids.size - 1)] != mine).any()
         ):
-            raise AssertionError(f"event table {name} out of step with events ({first}..{last})")
+            raise _disagree(f"the {name} table has rows the events table lacks", first, last)
         own[name] = (tables[name].slice(int(lo), int(hi - lo)), at)
     if sum(at.size for _, at in own.values()) != ids.size:
-        raise AssertionError(f"event tables and the events table differ ({first}..{last})")
+        raise _disagree("the events table has rows no event table has", first, last)
     return own
+
+
+def _disagree(what: str, first: int, last: int) -> TracekitError:
+    """The one-line error for a trace whose tables do not agree row for row (ingest
+    writes them together: a damaged or hand-edited cache, or a bug), never written half."""
+    return TracekitError(
+        f"{what} (rows {first}..{last}): the trace's tables disagree, so it is not exported;"
+        " remove its ingest cache (.NAME.tracekit/ beside a trace file, .tracekit-cache/ in"
+        " a capture or bundle) and export again, and report it if that does not help"
+    )
 
 
 @dataclass
