@@ -220,8 +220,10 @@ def write_ftrace(
     columns = events.select("row", "ts", "cpu", "common_pid", "event", "flags")
     rows = {name: table["row"].to_numpy() for name, table in tables.items()}
     # Two threads: one chunk encoded (numpy and polars, mostly without the GIL) while the
-    # next is prepared and the one before written; the bytes are those of one thread.
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    # next is prepared and the one before written; the bytes are those of one thread. A
+    # trace of one chunk has nothing to overlap: no thread is started for it.
+    one_chunk = columns.height <= CHUNK_ROWS
+    with _Inline() if one_chunk else ThreadPoolExecutor(max_workers=1) as pool:
         waiting: tuple[_Chunk, Future[Any]] | None = None
         for start in range(0, columns.height, CHUNK_ROWS):
             chunk = columns.slice(start, CHUNK_ROWS)
@@ -255,6 +257,22 @@ def untyped_tables(
         str(key[0]): part.select(COMMON_COLUMNS)
         for key, part in rest.partition_by("event", as_dict=True, maintain_order=True).items()
     }
+
+
+class _Inline:
+    """An executor that runs each job at once, in the caller's thread."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def submit(self, job: Callable[..., Any], *args: Any) -> Future[Any]:
+        """JOB(*ARGS) done now, as a finished future."""
+        done: Future[Any] = Future()
+        done.set_result(job(*args))
+        return done
 
 
 def _own_rows(
