@@ -12,17 +12,24 @@ generation's memory nor an earlier measurement's is in what is measured.
 
     python3 benchmarks/perfetto_export.py [--events 1000000] [--cpus 4] [--runs 1] [--repeat 3]
     python3 benchmarks/perfetto_export.py --events 4000000 --runs 4
-    python3 benchmarks/perfetto_export.py --tracedat TRACE.dat [--turns 5]
+    python3 benchmarks/perfetto_export.py --tracedat TRACE.dat [TRACE.dat ...] [--turns 5]
 
 One run (the default): the trace's tables are read, then its export is timed (--repeat
 times, each in a fresh process; the spread is printed). With --runs K the events are split
 into K traces one after another in time, exported into one file the way a bundle's traced
 runs are: each read when the export asks for it (the read's time is left out of the
 export's, not its memory); the 1x peak (one of those traces exported with its tables
-held) is measured too and the ratio printed. With --tracedat, a recorded trace.dat is
-ingested once, then its export and `trace-cmd report` of the same file (the workaround:
-its text opened in the UI) are timed side by side, each the median of --turns runs, with
-their ratio; the export's first run in a fresh process (imports done) is printed too.
+held) is measured too and the ratio printed. With --tracedat, each recorded trace.dat
+(and a small recorded one beside them: tests/fixtures/ingest/arm64-nvhe.dat, 1,935 events
+of 47 types, unless --no-small) is ingested once, then its export and `trace-cmd report`
+of the same file (the workaround: its text opened in the UI) are timed side by side, each
+the median of --turns runs, with their ratio; the export's first run in a fresh process
+(imports done) and the whole `tracekit perfetto TRACE -o OUT` command (a fresh process:
+imports, export, its check, as a user runs it) are printed too, and at the end one line
+per trace with the three ratios, the small trace's beside the large one's.
+With --repeat, each measurement also says where its time went: the CPU's share of the
+wall time (the rest is the machine's other load), the garbage collector's passes, and
+the first step of the chunk pipeline (between progress calls) against the median one.
 With --against DIR (another checkout, e.g. a `git worktree` of main), every measurement is
 made with both, alternately, in one run, so both see the same load.
 """
@@ -30,6 +37,7 @@ made with both, alternately, in one run, so both see the same load.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -52,6 +60,10 @@ sys.path.insert(0, str(ROOT))  # that checkout's tracekit, not an installed one
 
 from tracekit.ingest.tables import LOST_SCHEMA, Tables  # noqa: E402
 from tracekit.ingest.trace import Trace  # noqa: E402
+
+# A small recorded trace (a real arm64 KVM host's, 1,935 events of 47 types), timed
+# beside the large ones: what a short trace costs, fixed costs and all.
+SMALL = ROOT / "tests" / "fixtures" / "ingest" / "arm64-nvhe.dat"
 
 # Event mix: (name, share of events).
 MIX = (
@@ -212,6 +224,30 @@ class RssSampler:
         self.peak = max(self.peak, current_rss_mb())
 
 
+class GcWatch:
+    """Counts the garbage collector's passes (and their time) while it is entered."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def _hear(self, phase: str, _info: dict[str, int]) -> None:
+        """gc.callbacks' call at each pass's start and stop."""
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.passes += 1
+            self.seconds += time.perf_counter() - self._began
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._hear)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._hear)
+
+
 def generate(directory: Path, events: int, cpus: int, seed: int, start: int, chained: bool) -> int:
     """One generated trace's tables as Parquet in DIRECTORY; its last timestamp."""
     from tracekit.ingest.parquet import export_parquet
@@ -276,21 +312,30 @@ def measure(inputs: list[Path], out: Path) -> dict[str, Any]:
             del trace
 
     shown: list[int] = []
+    told: list[float] = []  # when each chunk's progress was told
+
+    def progress(_name: str, done: int, _total: int) -> None:
+        """Count the calls and time each chunk."""
+        shown.append(done)
+        told.append(time.perf_counter())
+
     before = current_rss_mb()
-    with RssSampler() as sampler:
+    with RssSampler() as sampler, GcWatch() as collector:
         start, cpu = time.perf_counter(), time.process_time()
         if held is not None:
-            result = export_trace(held, out, progress=lambda *a: shown.append(a[1]))
+            result = export_trace(held, out, progress=progress)
         else:
-            result = export_parts(parts(), out, progress=lambda *a: shown.append(a[1]))
+            result = export_parts(parts(), out, progress=progress)
         seconds = time.perf_counter() - start - sum(reading)
         cpu_seconds = time.process_time() - cpu - sum(reading_cpu)
+    chunks = np.diff([start, *told]).tolist() if held is not None else []
     return {
         "events": sum(result.counts.values()), "types": len(result.counts),
         "traces": len(inputs), "seconds": seconds, "cpu": cpu_seconds,
         "reading": sum(reading), "bytes": result.bytes, "packets": result.packets,
         "before": before, "peak": sampler.peak, "progress": len(shown),
-        "load": os.getloadavg()[0],
+        "load": os.getloadavg()[0], "gc": collector.passes, "gc_s": collector.seconds,
+        "chunks": chunks,
     }  # fmt: skip
 
 
@@ -311,16 +356,30 @@ def show(label: str, m: dict[str, Any]) -> None:
     print(f"RSS             : {m['before']:.0f} MB holding {held}, peak {m['peak']:.0f} MB")
     print(f"peak - before   : {m['peak'] - m['before']:.0f} MB (sampled every 5 ms)")
     print(f"progress        : told {m['progress']} times")
+    # What made a run slow: the machine (CPU share), the collector, or a first chunk.
+    share = cpu / seconds / 2  # of the two cores the export's two threads can use
+    print(f"CPU share       : {share:.0%} of 2 cores over the wall time (load {m['load']:.1f})")
+    print(f"garbage collect : {m['gc']} passes, {m['gc_s'] * 1e3:.0f} ms")
+    if len(m["chunks"]) > 1:
+        first, rest = m["chunks"][0], statistics.median(m["chunks"][1:])
+        print(f"chunks          : first {first:.3f} s, median of the others {rest:.3f} s")
     if m["traces"] > 1:
         print(f"reading         : {m['reading']:.2f} s, left out of the times (not of the memory)")
 
 
-def spread(label: str, rates: list[float]) -> None:
-    """Min, median and max of several runs' events/s."""
-    low, mid, high = min(rates), statistics.median(rates), max(rates)
-    every = ", ".join(f"{r / 1e6:.2f}" for r in rates)
-    print(f"== {label}: {len(rates)} runs, M events/s wall {every}")
-    print(f"spread          : min {low / 1e6:.2f}, median {mid / 1e6:.2f}, max {high / 1e6:.2f}")
+def spread(label: str, runs: list[dict[str, Any]]) -> None:
+    """Min, median and max of several runs' events/s, of wall and of CPU time."""
+    print(f"== {label}: {len(runs)} runs")
+    for what, key in (("wall", "seconds"), ("CPU", "cpu")):
+        rates = [m["events"] / m[key] for m in runs]
+        every = ", ".join(f"{r / 1e6:.2f}" for r in rates)
+        low, mid, high = min(rates), statistics.median(rates), max(rates)
+        print(f"M events/s {what:4s}: {every}")
+        print(
+            f"spread          : min {low / 1e6:.2f}, median {mid / 1e6:.2f}, max {high / 1e6:.2f}"
+        )
+    loads = ", ".join(f"{m['load']:.1f}" for m in runs)
+    print(f"load            : {loads}")
 
 
 def export_once(path: Path, out: Path) -> dict[str, float]:
@@ -341,27 +400,51 @@ def export_once(path: Path, out: Path) -> dict[str, float]:
             "cpu": later[1]}  # fmt: skip
 
 
-def versus_trace_cmd(path: Path, turns: int, roots: dict[str, Path]) -> None:
+def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
+    """Run ARGV (output dropped) with bytecode, as an installed package has it (with
+    PYTHONDONTWRITEBYTECODE set, as on this machine, every run would compile tracekit's
+    sources again; the bytecode goes to the benchmark's cache, never into a tree timed):
+    its wall and CPU seconds (children included, from wait4)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache_root() / "pycache")
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"benchmark step failed: {' '.join(argv)}")
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def run_cli(path: Path, out: Path, root: Path) -> tuple[float, float]:
+    """`tracekit perfetto PATH -o OUT` of ROOT's checkout in a fresh process."""
+    return timed([sys.executable, "-m", "tracekit", "perfetto", str(path), "-o", str(out)], root)
+
+
+def versus_trace_cmd(path: Path, turns: int, roots: dict[str, Path]) -> list[str]:
     """A trace.dat's export (by each checkout) against `trace-cmd report` of it: medians
-    of TURNS runs, alternately."""
+    of TURNS runs, alternately. Returns each checkout's one-line summary."""
     import tracekit
 
     tracekit.open(path)  # ingested (and cached) before anything is timed
     out = cache_root() / "perfetto_export.pftrace"
+    for root in roots.values():
+        run_cli(path, out, root)  # its bytecode written, as after an install
     ours: dict[str, list[dict[str, float]]] = {label: [] for label in roots}
     theirs = []
     for _ in range(turns):
         for label, root in roots.items():
-            ours[label].append(in_child(export_once, (path, out), root))
+            cli, cli_cpu = run_cli(path, out, root)
+            ours[label].append({**in_child(export_once, (path, out), root), "cli": cli,
+                                "cli_cpu": cli_cpu})  # fmt: skip
         if shutil.which("trace-cmd"):
-            start = time.perf_counter()
-            with open(os.devnull, "w") as sink:
-                subprocess.run(["trace-cmd", "report", str(path)], stdout=sink, check=True)
-            theirs.append(time.perf_counter() - start)
+            theirs.append(timed(["trace-cmd", "report", str(path)]))
+    out.unlink(missing_ok=True)
+    lines = []
     for label, runs in ours.items():
         total = int(runs[0]["events"])
-        mine = statistics.median(r["seconds"] for r in runs)
-        first = statistics.median(r["first"] for r in runs)
+        mine, first, cli = (
+            statistics.median(r[k] for r in runs) for k in ("seconds", "first", "cli")
+        )
         print(f"== {label} {path.name}")
         print(f"trace           : {path.name}, {total:,} events, load {os.getloadavg()[0]:.1f}")
         print(
@@ -369,13 +452,21 @@ def versus_trace_cmd(path: Path, turns: int, roots: dict[str, Path]) -> None:
         )
         print(f"export CPU time : {statistics.median(r['cpu'] for r in runs):.3f} s")
         print(f"first export    : {first:.3f} s in a fresh process (imports done; median)")
+        cli_cpu = statistics.median(r["cli_cpu"] for r in runs)
+        print(f"the command     : {cli:.3f} s, CPU {cli_cpu:.3f} s: `tracekit perfetto` (median)")
         if theirs:
-            tc = statistics.median(theirs)
+            tc, tc_cpu = (statistics.median(t[k] for t in theirs) for k in (0, 1))
             print(
-                f"trace-cmd report: {tc:.3f} s  ->  {total / tc:,.0f} events/s (median of {turns})"
+                f"trace-cmd report: {tc:.3f} s, CPU {tc_cpu:.3f} s  ->  {total / tc:,.0f} events/s"
+                f" (median of {turns})"
             )
-            print(f"export / report : {tc / mine:.2f}x trace-cmd's throughput"
-                  f" ({tc / first:.2f}x for the first export)")  # fmt: skip
+            ratios = (
+                f"{tc / mine:.2f}x, first {tc / first:.2f}x, command {tc / cli:.2f}x"
+                f" (CPU {tc_cpu / cli_cpu:.2f}x)"
+            )
+            print(f"export / report : {ratios} trace-cmd's throughput")
+            lines.append(f"{label:8s} {path.name:28s} {total:>10,} events  {ratios}")
+    return lines
 
 
 def main() -> None:
@@ -389,7 +480,12 @@ def main() -> None:
     parser.add_argument(
         "--unchained", action="store_true", help="random pids: no switch can go compact"
     )
-    parser.add_argument("--tracedat", type=Path, help="time this trace.dat against trace-cmd")
+    parser.add_argument(
+        "--tracedat", type=Path, nargs="+", help="time these trace.dat against trace-cmd"
+    )
+    parser.add_argument(
+        "--no-small", action="store_true", help="with --tracedat: not the small trace beside"
+    )
     parser.add_argument("--turns", type=int, default=5, help="with --tracedat: runs per side")
     parser.add_argument("--against", type=Path, help="another checkout, measured alternately")
     args = parser.parse_args()
@@ -397,23 +493,30 @@ def main() -> None:
     if args.against is not None:
         roots["against"] = args.against.resolve()
     if args.tracedat is not None:
-        versus_trace_cmd(args.tracedat.resolve(), args.turns, roots)
+        paths = [p.resolve() for p in args.tracedat]
+        if not args.no_small and SMALL not in paths:
+            paths.append(SMALL)
+        lines = [line for p in paths for line in versus_trace_cmd(p, args.turns, roots)]
+        print(
+            "== export / trace-cmd report, side by side: warm, first export, the command (its CPU)"
+        )
+        print("\n".join(lines))
         return
     inputs = generated_inputs(args.events, args.cpus, args.runs, not args.unchained)
     out = cache_root() / "perfetto_export.pftrace"
-    rates: dict[str, list[float]] = {label: [] for label in roots}
+    measured: dict[str, list[dict[str, Any]]] = {label: [] for label in roots}
     for _ in range(args.repeat):
         for label, root in roots.items():
             m = in_child(measure, (inputs, out), root)
             show(f"{label}: {len(inputs)} trace(s)", m)
-            rates[label].append(m["events"] / m["seconds"])
+            measured[label].append(m)
             if len(inputs) > 1:
                 one = in_child(measure, (inputs[:1], out), root)
                 show(f"{label}: 1x (the first trace alone, its tables held)", one)
                 grow = m["peak"] / one["peak"] - 1
                 print(f"streamed peak   : {m['peak']:.0f} MB, {grow:+.0%} over the 1x peak")
     if args.repeat > 1:
-        for label, got in rates.items():
+        for label, got in measured.items():
             spread(label, got)
     if not args.keep:
         out.unlink(missing_ok=True)

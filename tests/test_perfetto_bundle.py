@@ -6,6 +6,7 @@ import gc
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from perfetto_support import ftrace_events
@@ -19,6 +20,7 @@ from tracekit.perfetto.system import Tasks, process_tree_packet
 from tracekit.perfetto.writer import read_packets
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
+WAKEUP = Path(__file__).parent / "fixtures" / "analysis" / "wakeup-bundle"
 
 
 def _bundle(root: Path, traced: int, fixture: str = "small.v7.dat") -> Path:
@@ -53,6 +55,26 @@ def test_bundle_export_draws_runs(tmp_path: Path) -> None:
     names = {p.track_event.name for p in packets if p.HasField("track_event")}
     assert {"before", "q0", "t0"} <= names  # the phase and its runs
     assert len(ftrace_events(packets)) == 503  # compact sched events included
+
+
+def test_events_of_unknown_ids_are_exported_not_a_traceback(tmp_path: Path) -> None:
+    """A real bundle whose guest trace has ids without a format file (unknown_id_N, kept
+    by ingest in the events table only): exported as generic events without fields."""
+    bundle = tmp_path / "b"
+    shutil.copytree(WAKEUP, bundle, ignore=shutil.ignore_patterns(".tracekit-cache"))
+    out = tmp_path / "b.pftrace"
+    done = _run(str(bundle), "-o", str(out))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    packets = [TracePacket.FromString(raw) for raw in read_packets(out)]
+    generic = Counter(
+        e.generic.event_name
+        for p in packets
+        if p.HasField("ftrace_events")
+        for e in p.ftrace_events.event
+        if e.HasField("generic")
+    )
+    assert generic["unknown_id_1235"] == 4 and generic["unknown_id_55"] == 4
+    assert "every import rule holds" in done.stdout  # the counts per type included
 
 
 def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from perfetto_support import ftrace_events
 
 import tracekit
+from tracekit.errors import TracekitError
 from tracekit.perfetto.export import export_trace, parse_window
 from tracekit.perfetto.ftrace import BUNDLE_EVENTS, write_ftrace
 from tracekit.perfetto.protos import TracePacket
@@ -300,3 +301,14 @@ def test_cli_progress_lines_at_each_tenth(capsys: pytest.CaptureFixture[str]) ->
     lines("tiny", 5, 10)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 10 and err[-1] == "exporting run: 1,000 of 1,000 events (100%)"
+
+
+def test_tables_that_disagree_are_a_one_line_error(tmp_path: Path) -> None:
+    """A typed table short of a row its events table has (a damaged cache): one line
+    saying what to do, and no file half written is taken for an export."""
+    trace = tracekit.open(FIXTURES / "small.v7.dat", use_cache=False)
+    name = trace.event_names[0]
+    trace._tables.by_event[name] = trace.event(name).slice(1)  # its first row gone
+    with pytest.raises(TracekitError, match=r"tables disagree.*remove its ingest cache"):
+        export_trace(trace, tmp_path / "out.pftrace")
+    assert not list(tmp_path.iterdir())  # nor a partial file left

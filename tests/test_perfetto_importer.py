@@ -34,6 +34,8 @@ from tracekit.perfetto.protos import CounterDescriptor
 
 INGEST = Path(__file__).parent / "fixtures" / "ingest"
 BUNDLE = Path(__file__).parent / "fixtures" / "perfetto" / "nvhe-a76-kprobes"
+# A real bundle whose guest run has events of ids without a format file (unknown_id_N).
+WAKEUP = Path(__file__).parent / "fixtures" / "analysis" / "wakeup-bundle"
 
 
 def _scenario(name: str, scenario: str) -> Callable[[Path], Path]:
@@ -47,7 +49,7 @@ def _scenario(name: str, scenario: str) -> Callable[[Path], Path]:
 # tracks (VM lifecycle, teardown kprobes, stage-2 flushes, cyclictest, TLBI probe); then
 # bundles made around fixtures (callables): each scenario's tracks (teardown on 6.1 and
 # 6.12, cache toggle, guest broadcast) and the ground truth's per-CPU EL2 and broadcast
-# invalidation tracks (issue 15).
+# invalidation tracks (issue 15); a bundle with events of unknown ids.
 EXPORTS: dict[str, Path | Callable[[Path], Path]] = {
     "tracedat": INGEST / "small.v7.dat",
     "arm64": INGEST / "arm64-nvhe.dat",
@@ -61,6 +63,7 @@ EXPORTS: dict[str, Path | Callable[[Path], Path]] = {
     "cache-toggle": _scenario("cacheflush-2vcpu", "cache-toggle"),
     "guest-broadcast": during_tlbi_loop_bundle,
     "groundtruth": gt_bundle,
+    "unknown-ids": WAKEUP,
 }
 # An error stat that the recorded data itself causes, checked against the data below.
 SWITCH_MISMATCH = "mismatched_sched_switch_tids"
@@ -86,12 +89,12 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     shell = require_shell()
     source = EXPORTS[request.param]
     out = tmp_path_factory.mktemp("tp") / f"{request.param}.pftrace"
-    if source == BUNDLE or callable(source):
+    if source in (BUNDLE, WAKEUP) or callable(source):
         root = out.parent / "bundle"
         if callable(source):
             source(root)
         else:
-            shutil.copytree(source, root)
+            shutil.copytree(source, root, ignore=shutil.ignore_patterns(".tracekit-cache"))
         result, _ = export_bundle(root, out)
         trace = tracekit.open(root, use_cache=False)
     else:

@@ -21,10 +21,10 @@ def _rows(piece: wire.Piece) -> list[bytes]:
 
 
 @pytest.mark.parametrize("longest", [4, 200])  # short texts (padded table), long (by index)
-def test_rows_of_fields_equal_protobufs_own_encoding(longest: int) -> None:
+@pytest.mark.parametrize("n", [100, 500, 6000])  # wire's paths for few rows and for many
+def test_rows_of_fields_equal_protobufs_own_encoding(longest: int, n: int) -> None:
     """Ints (negative, 64-bit, absent) and texts joined per row, as SerializeToString."""
     rng = np.random.default_rng(7)
-    n = 500
     pids = rng.integers(-(2**31), 2**31, size=n)
     states = rng.integers(-(2**62), 2**62, size=n)
     names = [None if i % 7 == 0 else "task-é" * (i % 4) + "x" * (i % longest) for i in range(n)]

@@ -15,25 +15,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
-from tracekit.analysis.conditions import simulated_label
-from tracekit.analysis.wakeup import sleep_due_times
 from tracekit.bundle import Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
-from tracekit.ingest.bundle import BundleData, load_bundle
-from tracekit.ingest.rundata import RunData
 from tracekit.perfetto.export import ExportResult, Progress, TracePart, export_parts
-from tracekit.perfetto.groundtruth import write_ground_truth
-from tracekit.perfetto.latency import timelines, write_latencies
-from tracekit.perfetto.probe import write_probe_samples
 from tracekit.perfetto.runs import OTHER_RANK, run_group
 from tracekit.perfetto.scenario import TLBI_LOOP
 from tracekit.perfetto.tracks import TrackWriter, write_spans
-from tracekit.progress import Steps
-from tracekit.simulate.model import SIMULATED_NOTE
+
+# What only a bundle needs (its loading, analyses, simulation notes, latency and probe
+# tracks) is imported when a bundle is exported: `tracekit perfetto TRACE.dat` imports
+# this module too, and those imports cost more than exporting a small trace.
+if TYPE_CHECKING:
+    import polars as pl
+
+    from tracekit.ingest.bundle import BundleData
+    from tracekit.ingest.rundata import RunData
+    from tracekit.progress import Steps
 
 EMULATED = "emulated host: its timings are not hardware timings"
 # A trace may start before its run (the instance is armed first) and end after it.
@@ -96,6 +95,10 @@ def export_bundle(
 
     `steps` hears each traced run before it is read and written; `progress`, the events
     written of each trace."""
+    from tracekit.analysis.conditions import simulated_label
+    from tracekit.ingest.bundle import load_bundle
+    from tracekit.simulate.model import SIMULATED_NOTE
+
     data = load_bundle(root)
     manifest = data.manifest
     selected = [r for r in select_runs(manifest, run_id, phase) if _overlaps(r, window)]
@@ -172,6 +175,9 @@ class BundleExport:
 
     def without_trace(self, tracks: TrackWriter, top: int) -> None:
         """Untraced runs' latencies and probe samples; a during phase's guest."""
+        from tracekit.perfetto.groundtruth import write_ground_truth
+        from tracekit.perfetto.probe import write_probe_samples
+
         traced = {r.run_id for r in self.traced}
         for run in self.selected:
             found = self.data.run(run)
@@ -195,6 +201,9 @@ class BundleExport:
         events: pl.DataFrame | None,
     ) -> None:
         """One run's cyclictest samples as a latency counter and its worst wake-ups."""
+        from tracekit.analysis.wakeup import sleep_due_times
+        from tracekit.perfetto.latency import timelines, write_latencies
+
         found = self.data.run(next(r for r in self.selected if r.run_id == run["run_id"]))
         interval, samples = found.cyclictest_interval_ns, found.cyclictest
         if interval is None or samples is None:

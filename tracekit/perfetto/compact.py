@@ -7,10 +7,11 @@ those inferences give back what was recorded: the switch's prev_pid and prev_pri
 the previous switch's next_pid and next_prio on its CPU (and its common_pid is prev_pid),
 the waking's common_pid is the task the CPU's last switch (strictly earlier) ran. A
 switch whose prev_comm is not the previous next_comm (the task exec'd or was renamed
-while it ran), or that leaves the idle task (whose name the importer makes "swapper"),
-stays full too, so the export keeps every recorded value; every other event
-stays a full FtraceEvent. The state runs across chunks and traces of one sequence, as the
-importer's does.
+while it ran), or not the name the process tree gave the task (the importer takes the
+thread's name for prev_comm, and a tree's name outranks every sched event's comm), or
+that leaves the idle task (whose name the importer makes "swapper"), stays full too, so
+the export keeps every recorded value; every other event stays a full FtraceEvent. The
+state runs across chunks and traces of one sequence, as the importer's does.
 
 Everything is decided and encoded for a whole chunk at once, in the chunk's output order
 (per CPU, time order within it): a switch's predecessor is the row before it, a waking's
@@ -54,6 +55,8 @@ class SchedState:
     next_prio: dict[int, int] = field(default_factory=dict)
     next_comm: dict[int, str] = field(default_factory=dict)
     switch_ts: dict[int, int] = field(default_factory=dict)
+    # Per pid, the thread name a process tree gave: the importer's prev_comm for it.
+    tree_names: dict[int, str] = field(default_factory=dict)
 
 
 def can_compact(tables: Mapping[str, pl.DataFrame]) -> bool:
@@ -174,6 +177,7 @@ def compact_switches(
     good = (
         known
         & (prev_comm == previous(next_comm, comm_of))
+        & _named_so(cols["prev_pid"], prev_comm, state.tree_names, comms.distinct)
         & (cols["prev_pid"] == previous(cols["next_pid"], state.next_pid))
         & (cols["prev_pid"] != 0)  # the importer names every CPU's idle task "swapper"
         & (cols["prev_prio"] == previous(cols["next_prio"], state.next_prio))
@@ -227,6 +231,22 @@ def compact_wakings(
     keep = keep[in_output_order(where[keep], chunk.rank.size)[1]]
     columns = [ts, *fields, flags[at]]
     return Compact(where[keep], [c[keep] for c in columns], comms[keep])
+
+
+def _named_so(
+    pids: Ints, comms: Ints, names: Mapping[int, str], texts: list[bytes]
+) -> npt.NDArray[np.bool_]:
+    """Rows whose comm (codes into TEXTS) is the name NAMES gives their pid, if any."""
+    if not names or not pids.size:
+        return np.ones(pids.size, dtype=bool)
+    distinct, inverse = np.unique(pids, return_inverse=True)
+    code = {text: i for i, text in enumerate(texts)}
+    # -1: no name given (any comm goes); -2: a name none of the comms is (none goes).
+    wanted = np.array(
+        [code.get(names[p].encode(), -2) if p in names else -1 for p in distinct.tolist()],
+        dtype=np.int64,
+    )[inverse.reshape(-1)]
+    return (wanted == -1) | (wanted == comms)
 
 
 def _in(values: npt.NDArray[np.int64], bounds: tuple[int, int]) -> npt.NDArray[np.bool_]:

@@ -24,6 +24,7 @@ from tracekit.perfetto.system import (
     kernel_release,
     process_tree_packet,
     system_info_packet,
+    tree_names,
 )
 from tracekit.perfetto.timeline import write_trace_tracks
 from tracekit.perfetto.tracks import TrackWriter
@@ -188,9 +189,11 @@ def _write_part(
     first_ts, last_ts = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
     if sequence.first:
         writer.write(system_info_packet(trace.meta, first_ts, part.host))
-    tree = process_tree_packet(collect_tasks(events, tables), first_ts)
+    tasks = collect_tasks(events, tables)
+    tree = process_tree_packet(tasks, first_ts)
     if tree is not None:
         writer.write(tree)
+        sequence.sched.tree_names.update(tree_names(tasks))
     release = {"kernel_release": kernel_release(trace.meta, part.host)}
     told = None if progress is None else (lambda done, total: progress(part.name, done, total))
     result.counts += write_ftrace(

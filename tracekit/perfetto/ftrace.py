@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from tracekit.errors import TracekitError
 from tracekit.perfetto import wire
 from tracekit.perfetto.columns import encode_rows as columns_encode
 from tracekit.perfetto.columns import symbol_column
@@ -38,7 +39,7 @@ from tracekit.perfetto.compact import (
     can_compact,
     decide,
 )
-from tracekit.perfetto.events import EventPlan, plan_event
+from tracekit.perfetto.events import COMMON_COLUMNS, EventPlan, plan_event
 from tracekit.perfetto.protos import FtraceEventBundle, FtraceStats, TracePacket, pb
 from tracekit.perfetto.system import kernel_release
 from tracekit.perfetto.writer import (
@@ -209,6 +210,7 @@ def write_ftrace(
     `write_stats` over all their losses at the end.
     """
     release = kernel_release(meta or {})
+    tables = {**tables, **untyped_tables(events, tables)}
     plans = {name: plan_event(name, table.schema, release) for name, table in tables.items()}
     sequence = sequence or FtraceSequence()
     interner = sequence.interner(symbols)
@@ -218,8 +220,10 @@ def write_ftrace(
     columns = events.select("row", "ts", "cpu", "common_pid", "event", "flags")
     rows = {name: table["row"].to_numpy() for name, table in tables.items()}
     # Two threads: one chunk encoded (numpy and polars, mostly without the GIL) while the
-    # next is prepared and the one before written; the bytes are those of one thread.
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    # next is prepared and the one before written; the bytes are those of one thread. A
+    # trace of one chunk has nothing to overlap: no thread is started for it.
+    one_chunk = columns.height <= CHUNK_ROWS
+    with _Inline() if one_chunk else ThreadPoolExecutor(max_workers=1) as pool:
         waiting: tuple[_Chunk, Future[Any]] | None = None
         for start in range(0, columns.height, CHUNK_ROWS):
             chunk = columns.slice(start, CHUNK_ROWS)
@@ -238,6 +242,37 @@ def write_ftrace(
     if stats:
         write_stats(writer, lost)
     return counts
+
+
+def untyped_tables(
+    events: pl.DataFrame, tables: Mapping[str, pl.DataFrame]
+) -> dict[str, pl.DataFrame]:
+    """Tables of the events that have no typed table (an id without a format file, kept
+    by ingest as unknown_id_N): written generic with no field, never dropped."""
+    if sum(table.height for table in tables.values()) == events.height:
+        return {}  # the usual case, without a pass over the events
+    names = pl.col("event").cast(pl.String)
+    rest = events.filter(~names.is_in(list(tables))).with_columns(names)
+    return {
+        str(key[0]): part.select(COMMON_COLUMNS)
+        for key, part in rest.partition_by("event", as_dict=True, maintain_order=True).items()
+    }
+
+
+class _Inline:
+    """An executor that runs each job at once, in the caller's thread."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def submit(self, job: Callable[..., Any], *args: Any) -> Future[Any]:
+        """JOB(*ARGS) done now, as a finished future."""
+        done: Future[Any] = Future()
+        done.set_result(job(*args))
+        return done
 
 
 def _own_rows(
@@ -259,11 +294,21 @@ def _own_rows(
         if not dense and (
             (at >= ids.size).any() or (ids[np.minimum(at, ids.size - 1)] != mine).any()
         ):
-            raise AssertionError(f"event table {name} out of step with events ({first}..{last})")
+            raise _disagree(f"the {name} table has rows the events table lacks", first, last)
         own[name] = (tables[name].slice(int(lo), int(hi - lo)), at)
     if sum(at.size for _, at in own.values()) != ids.size:
-        raise AssertionError(f"event tables and the events table differ ({first}..{last})")
+        raise _disagree("the events table has rows no event table has", first, last)
     return own
+
+
+def _disagree(what: str, first: int, last: int) -> TracekitError:
+    """The one-line error for a trace whose tables do not agree row for row (ingest
+    writes them together: a damaged or hand-edited cache, or a bug), never written half."""
+    return TracekitError(
+        f"{what} (rows {first}..{last}): the trace's tables disagree, so it is not exported;"
+        " remove its ingest cache (.NAME.tracekit/ beside a trace file, .tracekit-cache/ in"
+        " a capture or bundle) and export again, and report it if that does not help"
+    )
 
 
 @dataclass

@@ -107,10 +107,31 @@ def _last_per_pid(frame: pl.DataFrame, pid: str, *columns: str) -> Iterator[tupl
     yield from last.select(pid, *columns).iter_rows()
 
 
-def process_tree_packet(tasks: Tasks, first_ts: int | None) -> TracePacket | None:
-    """ProcessTree with every process (with a cmdline) and thread the trace shows."""
+def _leaders(tasks: Tasks) -> set[int]:
+    """The processes the tree lists: thread-group leaders seen, and those that exec'd."""
     leaders = {tgid for tgid in tasks.tgids.values() if tgid} | set(tasks.executed)
     leaders.discard(0)
+    return leaders
+
+
+def tree_names(tasks: Tasks) -> dict[int, str]:
+    """The thread names the process tree gives (process_tree_packet's): trace_processor
+    holds them above any sched event's comm, so a compact switch's prev_comm is that."""
+    leaders = _leaders(tasks)
+    if not leaders:
+        return {}
+    names = {
+        pid: tasks.names.get(pid) or f"<pid {pid}>" for pid in leaders if pid not in tasks.executed
+    }
+    for tid, tgid in tasks.tgids.items():
+        if tid and tgid and tid != tgid and tid in tasks.names:
+            names[tid] = tasks.names[tid]
+    return names
+
+
+def process_tree_packet(tasks: Tasks, first_ts: int | None) -> TracePacket | None:
+    """ProcessTree with every process (with a cmdline) and thread the trace shows."""
+    leaders = _leaders(tasks)
     if not leaders:
         return None
     packet = TracePacket(trusted_packet_sequence_id=FTRACE_SEQUENCE)

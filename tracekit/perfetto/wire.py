@@ -26,6 +26,8 @@ Writer = Callable[[Bytes, Ints], None]
 # Texts up to this many bytes are written column by column from a padded table; longer
 # ones byte by byte from one index (a padded table of long texts would be mostly padding).
 _SHORT_TEXT = 32
+# Up to this many rows a text column is coded in Python (faster than polars' casts).
+_FEW_ROWS = 4096
 # v >= _SIZE_STEPS[k] needs more than k + 1 varint bytes.
 _SIZE_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
@@ -92,6 +94,9 @@ def _put_columns(
 def put_varints(data: Bytes, at: Ints, values: npt.NDArray[np.uint64], sizes: Ints) -> None:
     """Write each value's varint (SIZES bytes) at its offset."""
     longest = int(sizes.max(initial=0))
+    if values.size <= _FEW_ROWS // 8:
+        _put_few_varints(data, at, values, sizes, longest)
+        return
 
     def byte_of(j: int) -> npt.NDArray[np.uint8]:
         """The j-th varint byte of every value, with its continuation bit."""
@@ -103,10 +108,26 @@ def put_varints(data: Bytes, at: Ints, values: npt.NDArray[np.uint64], sizes: In
     _put_columns(data, at, byte_of, sizes)
 
 
+def _put_few_varints(
+    data: Bytes, at: Ints, values: npt.NDArray[np.uint64], sizes: Ints, longest: int
+) -> None:
+    """put_varints of a few values: every byte of every value at once, as a matrix (a
+    dozen numpy calls, where byte by byte takes a dozen per byte)."""
+    j = np.arange(longest, dtype=np.int64)
+    low = (values[:, None] >> (np.uint64(7) * j.astype(np.uint64))) & np.uint64(0x7F)
+    more = (j[None, :] + 1 < sizes[:, None]).astype(np.uint64) << np.uint64(7)
+    used = j[None, :] < sizes[:, None]
+    data[(at[:, None] + j)[used]] = (low | more).astype(np.uint8)[used]
+
+
 def _put_constant(data: Bytes, at: Ints, payload: bytes) -> None:
-    """Write the same bytes at every offset."""
-    for k, byte in enumerate(payload):
-        data[at + k] = byte
+    """Write the same bytes at every offset (a key of one or two bytes, mostly)."""
+    if len(payload) == 1:
+        data[at] = payload[0]
+    elif payload:
+        # One scatter of every row's bytes, not one per byte of the payload.
+        ramp = np.arange(len(payload), dtype=np.int64)
+        data[at[:, None] + ramp] = np.frombuffer(payload, dtype=np.uint8)
 
 
 def constant(payload: bytes, n: int) -> Piece:
@@ -153,6 +174,8 @@ class Texts:
 def text_codes(column: pl.Series) -> Texts:
     """A text column (String or Categorical; null as empty) as codes and distinct texts,
     by hashing (a sort of the texts would cost more than the whole encoding)."""
+    if column.len() <= _FEW_ROWS:
+        return _few_text_codes(column)
     cats = column if column.dtype == pl.Categorical else column.cast(pl.String)
     if cats.null_count():
         cats = cats.cast(pl.String).fill_null("")
@@ -166,6 +189,14 @@ def text_codes(column: pl.Series) -> Texts:
     some[physical] = np.arange(physical.size)
     distinct = cats[some[present]].cast(pl.String).to_list()
     return Texts(lookup[physical], [t.encode() for t in distinct])
+
+
+def _few_text_codes(column: pl.Series) -> Texts:
+    """text_codes of a short column, by a dict in Python: a few polars casts and gathers
+    cost more than the rows themselves (a small trace has dozens of such columns)."""
+    index: dict[str, int] = {}
+    codes = [index.setdefault(t or "", len(index)) for t in column.cast(pl.String).to_list()]
+    return Texts(np.array(codes, dtype=np.int64), [t.encode() for t in index])
 
 
 class TableTexts:
