@@ -111,6 +111,19 @@ def test_counts_per_phase_cpu_and_reach(given, steps) -> None:
     assert set(hyp["reach"]) == {"local"}
 
 
+def test_per_phase_counts_keep_the_workarounds_repeats_apart(given, steps) -> None:
+    """The fixture's CPUs run the REPEAT_TLBI workaround (review 15b B1): its repeat
+    TLBIs have their own reach per phase and CPU, and no broadcast count holds one."""
+    summary = _summary(given, steps)
+    labelled = g.by_instruction(given)
+    repeats = labelled.filter(pl.col("operation").str.ends_with(", XZR (REPEAT_TLBI)")).height
+    apart = summary.by_phase.filter(pl.col("reach") == g.REPEAT_REACH)
+    assert repeats > 0 and apart["count"].sum() == repeats
+    broadcast = labelled.filter(pl.col("reach") == "broadcast").height - repeats
+    plain = summary.by_phase.filter(pl.col("reach") == "broadcast")
+    assert plain["count"].sum() == broadcast
+
+
 def test_a_probe_that_never_fired_on_an_executed_path_is_blind(given, steps) -> None:
     """A probe with 0 hits while its path's invalidation executed is named blind; one that
     fired on a path that executed nothing says so."""
