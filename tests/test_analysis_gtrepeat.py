@@ -73,6 +73,7 @@ def test_a_missing_repeat_is_missing(table: pl.DataFrame) -> None:
     assert done.filter(pl.col("outcome") == "missing").height == 1
     line = gtrepeat.completion_line(done, repeats.height - 1)
     assert line is not None and "1 once it is patched in have none" in line
+    assert line.startswith("REPEAT_TLBI workaround, in the bundle's runs:")  # its scope
 
 
 def test_the_repeats_are_labelled_apart_in_the_counts(table: pl.DataFrame) -> None:

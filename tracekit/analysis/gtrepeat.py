@@ -149,8 +149,11 @@ def completion_line(done: pl.DataFrame, repeats: int) -> str | None:
         if early
         else ""
     )
+    # The rows are the runs' only: a completion in a run's last instructions can read as
+    # missing, a repeat just inside the next run as unfollowed; the line says its scope.
     return (
-        f"REPEAT_TLBI workaround: {by.get('repeat', 0)} DSB ISH completing a broadcast "
+        f"REPEAT_TLBI workaround, in the bundle's runs: {by.get('repeat', 0)} DSB ISH "
+        "completing a broadcast "
         f"stage-1 TLBI are followed directly by the repeat TLBI, {by.get('repeat-after', 0)} "
         f"after an interrupt or a switch in between, {by.get('missing', 0)} once it is "
         f"patched in have none ({followed} of the {repeats} repeat TLBIs counted){before}"
