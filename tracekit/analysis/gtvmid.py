@@ -47,7 +47,10 @@ VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
 HYP_INIT = "___kvm_hyp_init"
 HYP_INIT_HOW = (
     "0, stated by the source, not read: ___kvm_hyp_init loads VTTBR_EL2 from the init "
-    "parameters (0: cpu_prepare_hyp_mode) just before it (6.1 hyp-init.S)"
+    "parameters (0: cpu_prepare_hyp_mode) just before it (6.1 hyp-init.S), with stage 2 "
+    "off (HCR_HOST_NVHE_FLAGS): VMID 0 is the host's own tag, so it invalidated the "
+    "host's EL1&0 stage-1 entries on that CPU, nothing of any VM's (run on every online "
+    "CPU at each first VM's creation)"
 )
 # A VM's vCPU on one CPU: its thread's enter marker to the VM's teardown (traced runs).
 SPAN_SCHEMA = {
