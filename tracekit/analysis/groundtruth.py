@@ -533,6 +533,7 @@ def summarise(
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     repeats = rows.filter(gtrepeat.is_repeat_label()).height
+    done = gtrepeat.completions(given)
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
     lines = []
     for step in steps.unique("step", keep="first").sort("step").iter_rows(named=True):
@@ -546,14 +547,20 @@ def summarise(
         by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
         by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup, facts)),
         checks=checked,
-        findings=findings(checked, series, mode),
+        findings=findings(checked, series, mode) + _missing(done),
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls, probe_misses),
         signature_lines=lines,
         vmids=gtvmid.vmid_counts(attributed),
         vmid_rows=attributed,
-        repeat_line=gtrepeat.completion_line(gtrepeat.completions(given), repeats),
+        repeat_line=gtrepeat.completion_line(done, repeats),
     )
+
+
+def _missing(done: pl.DataFrame) -> list[str]:
+    """The REPEAT_TLBI contradiction, if any (gtrepeat.missing_line), as a finding."""
+    line = gtrepeat.missing_line(done)
+    return [] if line is None else [line]
 
 
 def attributed_vmids(
