@@ -111,6 +111,19 @@ def test_counts_per_phase_cpu_and_reach(given, steps) -> None:
     assert set(hyp["reach"]) == {"local"}
 
 
+def test_per_phase_counts_keep_the_workarounds_repeats_apart(given, steps) -> None:
+    """The fixture's CPUs run the REPEAT_TLBI workaround (review 15b B1): its repeat
+    TLBIs have their own reach per phase and CPU, and no broadcast count holds one."""
+    summary = _summary(given, steps)
+    labelled = g.by_instruction(given)
+    repeats = labelled.filter(pl.col("operation").str.ends_with(", XZR (REPEAT_TLBI)")).height
+    apart = summary.by_phase.filter(pl.col("reach") == g.REPEAT_REACH)
+    assert repeats > 0 and apart["count"].sum() == repeats
+    broadcast = labelled.filter(pl.col("reach") == "broadcast").height - repeats
+    plain = summary.by_phase.filter(pl.col("reach") == "broadcast")
+    assert plain["count"].sum() == broadcast
+
+
 def test_a_probe_that_never_fired_on_an_executed_path_is_blind(given, steps) -> None:
     """A probe with 0 hits while its path's invalidation executed is named blind; one that
     fired on a path that executed nothing says so."""
@@ -476,3 +489,41 @@ def test_signatures_are_looked_up_by_the_guest_cpus_model() -> None:
     assert g.signature_model(cpus, (9,)) == "cortex-a55"
     assert g.signature_model(cpus, ()) == "cortex-a55"
     assert g.signature_model([], (1,)) == "?"
+
+
+def test_the_6_1_hotplug_other_signature_is_chosen_on_6_1(given) -> None:
+    """6.1 has no kvm.enable_virt_at_load (bundles record it "absent", review 15b B10):
+    its nVHE hotplug-other signature is chosen there and checks the control CPU: nothing
+    at EL2 passes, a ___kvm_hyp_init ALLE2 on it is a finding."""
+    action = g.action_step("h", "hotplug-other", 0, 1 << 62)
+    facts = {"enable_virt_at_load": "absent"}
+    signatures = packaged_signatures()
+    chosen, why = g.choose(signatures, SETUP, action.row(0, named=True), facts)
+    assert why is None and chosen is not None and chosen.kernel == "6.1" and not chosen.expect
+    context = g.StepContext((0, 1, 2, 3), (1,), (2,))
+    host = given.filter(pl.col("where") != "hyp").head(1).with_columns(run_id=pl.lit("h"))
+    quiet = g.summarise(host, action, signatures, SETUP, context, {}, [], None, facts)
+    assert quiet.findings == [] and quiet.uncovered == []
+    replug = given.filter(pl.col("where") == "hyp").head(1)
+    replug = replug.with_columns(
+        run_id=pl.lit("h"),
+        cpu=pl.lit(2, dtype=replug["cpu"].dtype),
+        operation=pl.lit("TLBI ALLE2"),
+        symbol=pl.lit("__kvm_nvhe____kvm_hyp_init+0x74"),
+    )
+    rows = pl.concat([host, replug])
+    loud = g.summarise(rows, action, signatures, SETUP, context, {}, [], None, facts)
+    assert any("TLBI ALLE2" in f and "on CPU 2" in f for f in loud.findings), loud.findings
+
+
+def test_a_requires_the_series_cannot_have_is_refused() -> None:
+    """A 6.1 signature requiring kvm.enable_virt_at_load (6.12+) could never be met: the
+    parser names it instead of leaving the step silently unchecked."""
+    text = packaged_signatures_text().replace(
+        'when = "no VM alive; a CPU that never ran the guest (6.1',
+        'requires = { enable_virt_at_load = ["yes"] }\nwhen = "no VM alive; (6.1',
+        1,
+    )
+    with pytest.raises(TracekitError, match=r"requires enable_virt_at_load, which 6\.1 does not"):
+        parse_signatures(text)
+    parse_signatures(packaged_signatures_text())  # the 6.12 entries' requires stay allowed

@@ -73,6 +73,45 @@ def test_a_missing_repeat_is_missing(table: pl.DataFrame) -> None:
     assert done.filter(pl.col("outcome") == "missing").height == 1
     line = gtrepeat.completion_line(done, repeats.height - 1)
     assert line is not None and "1 once it is patched in have none" in line
+    assert line.startswith("REPEAT_TLBI workaround, in the bundle's runs:")  # its scope
+    contradiction = gtrepeat.missing_line(done)
+    assert contradiction is not None and f"(CPU {gone['cpu']})" in contradiction
+    assert gtrepeat.missing_line(gtrepeat.completions(table)) is None
+
+
+def test_a_missing_repeat_is_a_contradiction_in_the_summarys_lead(table: pl.DataFrame) -> None:
+    """summarise puts a missing repeat among its findings (the report's lead: the
+    workaround did not run there), not only in the REPEAT line (review 15b B9)."""
+    from tracekit.analysis.gtsignatures import packaged_signatures
+
+    gone = table.filter(gtrepeat.is_repeat()).sort("ts").row(20, named=True)
+    kept = ~((pl.col("ts_host") == gone["ts_host"]) & (pl.col("cpu") == gone["cpu"]))
+    run = {"run_id": pl.lit("r"), "phase": pl.lit("before"), "regime": pl.lit(None, pl.String)}
+
+    def lead(rows: pl.DataFrame) -> list[str]:
+        """The summary's findings on these rows, as one run with no VM steps."""
+        steps = pl.DataFrame(schema=g.STEP_SCHEMA)
+        setup, context = ("6.1", "nvhe", "cortex-a76"), g.StepContext((0, 1, 2, 3), (1,))
+        given = rows.with_columns(**run)
+        signatures = packaged_signatures()
+        return g.summarise(given, steps, signatures, setup, context, {}, [], None, {}).findings
+
+    assert lead(table) == []
+    found = lead(table.filter(kept))
+    assert len(found) == 1 and found[0].startswith("REPEAT_TLBI workaround: 1 DSB ISH")
+
+
+def test_a_completion_at_the_rows_end_is_cut_not_missing(table: pl.DataFrame) -> None:
+    """Rows that end right after a completing DSB ISH (a run's last instructions, review
+    15b B9): no next TLBI to judge by, so `cut`, never a `missing` contradiction."""
+    done = gtrepeat.completions(table)
+    last = done.filter(pl.col("outcome") == "repeat").sort("ts").row(-1, named=True)
+    before = table.filter((pl.col("cpu") != last["cpu"]) | (pl.col("ts") <= last["ts"]))
+    ended = gtrepeat.completions(before)
+    assert ended.filter(pl.col("ts") == last["ts"])["outcome"].to_list() == ["cut"]
+    assert gtrepeat.missing_line(ended) is None
+    line = gtrepeat.completion_line(ended, 0)
+    assert line is not None and line.endswith("; 1 at the rows' end, not known")
 
 
 def test_the_repeats_are_labelled_apart_in_the_counts(table: pl.DataFrame) -> None:

@@ -435,6 +435,12 @@ def test_a_traced_vms_row_on_another_cpu_is_not_untraced() -> None:
     two = pl.concat([steps, steps.with_columns(vm=pl.lit(1, pl.Int64))])
     out = gtvmid.attribute_vmids(rows, spans, found, two, {"guest": 8}, "nvhe", margin_ns=0)
     assert out["vmid_basis"].to_list() == ["other-cpu"]
+    # The debug series' operation with no logged request loads its own VTTBR_EL2, not the
+    # live VM's (review 15b B5): neither only-vm off the vCPU's CPU nor inferred on it.
+    maint = ("TLBI VMALLS12E1IS", "__kvm_debug_maint", "hyp", "vmid-s12", "EL1&0")
+    manual = _rows(("guest", 5_500, 0, *maint), ("guest", 5_500, 1, *maint))
+    out = gtvmid.attribute_vmids(manual, spans, found, steps, {"guest": 8}, "nvhe", margin_ns=0)
+    assert out.select("vmid", "vmid_basis").rows() == [(None, "unrequested")] * 2
 
 
 def test_an_after_guest_request_gives_the_vmid_it_asked_for(tmp_path: Path) -> None:
@@ -467,8 +473,8 @@ def test_an_after_guest_request_gives_the_vmid_it_asked_for(tmp_path: Path) -> N
     assert out.select("ts", "cpu", "vmid", "vmid_basis").rows() == [
         (7_100, 1, 0, "source"),
         (7_200, 1, 5, "requested"),
-        (7_200, 0, None, "no-vm"),
-        (9_000, 1, None, "no-vm"),
+        (7_200, 0, None, "unrequested"),
+        (9_000, 1, None, "unrequested"),
     ]
     how = out.filter(pl.col("vmid_basis") == "requested")["vmid_how"][0]
     assert "asked the debug series" in how and "not read" in how

@@ -132,11 +132,13 @@ _ALLE1_SCOPE = (
 )
 _VMIDS = "2^VMID-bits (255 with 8-bit, 65535 with 16-bit VMIDs)"
 # run_after_guest runs the throwaway VMs one after another: on 6.1 each is created with
-# none alive, so each brings EL2 up again on every CPU (the guest's included).
+# none alive, so each brings EL2 up again on every CPU (the guest's included), and its
+# first vCPU load flushes the guest CPU with VMID 0 (6.1.176 arm.c:425, before :929).
 _PER_VM_INIT = (
     "on 6.1 (nVHE) the local TLBI ALLE2 and VMALLS12E1 of VMID 0 (___kvm_hyp_init; no"
     " ALLE1) that every VM creation with none alive runs on every CPU, the guest's"
-    " included"
+    " included, and the TLBI VMALLE1 of each VM's first vCPU load, its VMID still 0"
+    " (__kvm_flush_cpu_context: the host's own tag), on the guest CPU"
 )
 
 

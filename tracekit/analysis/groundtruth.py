@@ -38,6 +38,11 @@ STEP_SCHEMA = {
 }
 
 
+# The per-phase counts' reach of the workaround's repeat TLBIs (broadcast too, but not
+# the kernel's own request: counted apart so no broadcast count mixes them in).
+REPEAT_REACH = "broadcast (REPEAT_TLBI)"
+
+
 def invalidations(table: pl.DataFrame) -> pl.DataFrame:
     """The executed TLBI and IC IALLU(IS) rows, with function (the kallsyms name without
     its offset and nVHE prefix), reach (broadcast when the effective shareability is
@@ -59,6 +64,12 @@ def by_instruction(table: pl.DataFrame) -> pl.DataFrame:
     """invalidations() with operation as tables count and signatures name it: the
     REPEAT_TLBI workaround's TLBIs apart from the rest (the instruction column)."""
     return invalidations(table).with_columns(operation=pl.col("instruction"))
+
+
+def counted_reach() -> pl.Expr:
+    """reach, with the REPEAT_TLBI workaround's repeats as REPEAT_REACH: a per-CPU
+    broadcast count then holds the kernel's own TLBIs only (A55/A76 repeat, A53 not)."""
+    return pl.when(gtrepeat.is_repeat_label()).then(pl.lit(REPEAT_REACH)).otherwise(pl.col("reach"))
 
 
 def counts(rows: pl.DataFrame, by: Iterable[str]) -> pl.DataFrame:
@@ -475,7 +486,7 @@ def entry_probes(definitions: Iterable[str]) -> list[str]:
 class GroundTruthSummary:
     """What one bundle's ground truth says: counts, the steps checked, findings, probes."""
 
-    by_phase: pl.DataFrame  # phase, run_id, cpu, where, reach, count
+    by_phase: pl.DataFrame  # phase, run_id, cpu, where, reach (REPEAT_REACH apart), count
     by_instruction: pl.DataFrame  # where, regime, reach, operation, function, count
     by_step: pl.DataFrame  # run_id, step, cpu, operation, function, where, steps, count
     checks: pl.DataFrame  # CHECK_SCHEMA
@@ -522,6 +533,7 @@ def summarise(
     checked, uncovered = check_steps(rows, steps, signatures, series, mode, model, context, facts)
     traced = rows.filter(pl.col("run_id").is_in(list(traced_runs)))
     repeats = rows.filter(gtrepeat.is_repeat_label()).height
+    done = gtrepeat.completions(given)
     placed = {p: probe_hits.get(p, 0) for p in probe_hits}
     lines = []
     for step in steps.unique("step", keep="first").sort("step").iter_rows(named=True):
@@ -529,18 +541,26 @@ def summarise(
         if chosen is not None:
             lines.append(f"{series} {mode} {chosen.summary()} [{chosen.when}]")
     return GroundTruthSummary(
-        by_phase=counts(rows, ("phase", "run_id", "cpu", "where", "reach")),
+        by_phase=counts(
+            rows.with_columns(reach=counted_reach()), ("phase", "run_id", "cpu", "where", "reach")
+        ),
         by_instruction=counts(rows, ("where", "regime", "reach", "operation", "function")),
         by_step=step_counts(rows, steps, _action_owned(steps, signatures, setup, facts)),
         checks=checked,
-        findings=findings(checked, series, mode),
+        findings=findings(checked, series, mode) + _missing(done),
         uncovered=uncovered,
         probes=probe_checks(traced, placed, signatures.probe_paths, probe_calls, probe_misses),
         signature_lines=lines,
         vmids=gtvmid.vmid_counts(attributed),
         vmid_rows=attributed,
-        repeat_line=gtrepeat.completion_line(gtrepeat.completions(given), repeats),
+        repeat_line=gtrepeat.completion_line(done, repeats),
     )
+
+
+def _missing(done: pl.DataFrame) -> list[str]:
+    """The REPEAT_TLBI contradiction, if any (gtrepeat.missing_line), as a finding."""
+    line = gtrepeat.missing_line(done)
+    return [] if line is None else [line]
 
 
 def attributed_vmids(

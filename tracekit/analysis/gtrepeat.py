@@ -31,6 +31,7 @@ OUTCOMES = {
         "other records first (an interrupt or a switch), then its repeat as the CPU's next TLBI"
     ),
     "missing": "no repeat as the CPU's next TLBI",
+    "cut": "the rows end before the CPU's next TLBI (a run's last ones): not known",
     "not-patched": "none, before the log's first repeat (the workaround not patched in yet)",
 }
 COMPLETION_SCHEMA = {
@@ -83,6 +84,8 @@ def completions(table: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("repeat-after"))
         .when(pl.col("ts") < first)
         .then(pl.lit("not-patched"))
+        .when(~pl.col("next_tlbi_known"))
+        .then(pl.lit("cut"))
         .otherwise(pl.lit("missing"))
     )
     between = pl.when(outcome == "repeat-after").then(pl.col("next_symbol"))
@@ -100,7 +103,8 @@ def completions(table: pl.DataFrame) -> pl.DataFrame:
 def _stream(table: pl.DataFrame) -> pl.DataFrame:
     """Each CPU's maintenance records in order, with what completions() needs: sync (a
     DSB ISH of kernel or hyp text), completes (the broadcast stage-1 TLBI it completes,
-    else null), the next record's repeat and symbol, and whether the next TLBI repeats."""
+    else null), the next record's repeat and symbol, whether the next TLBI repeats and
+    whether the rows hold a next TLBI at all."""
     code = pl.col("where").is_in(["kernel", "hyp"])
     tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"]) & code
     rows = (
@@ -122,6 +126,7 @@ def _stream(table: pl.DataFrame) -> pl.DataFrame:
             next_repeat=pl.col("repeat").shift(-1).over("cpu").fill_null(False),
             next_symbol=pl.col("symbol").shift(-1).over("cpu"),
             next_tlbi_repeat=next_tlbi.fill_null(False),
+            next_tlbi_known=next_tlbi.is_not_null(),
         )
     )
 
@@ -133,6 +138,20 @@ def completion_counts(done: pl.DataFrame) -> pl.DataFrame:
         done.group_by("where", "outcome", function)
         .agg(pl.len().alias("count"))
         .sort("where", "outcome", "function", nulls_last=True)
+    )
+
+
+def missing_line(done: pl.DataFrame) -> str | None:
+    """A contradiction when completions lack their repeat once it is patched in (the
+    workaround did not run there), else None."""
+    missing = done.filter(pl.col("outcome") == "missing")
+    if missing.is_empty():
+        return None
+    cpus = ", ".join(str(c) for c in sorted(set(missing["cpu"].to_list())))
+    return (
+        f"REPEAT_TLBI workaround: {missing.height} DSB ISH completing a broadcast stage-1 "
+        f"TLBI once it is patched in are not followed by the repeat TLBI (CPU {cpus}): the "
+        "workaround did not run there"
     )
 
 
@@ -149,9 +168,13 @@ def completion_line(done: pl.DataFrame, repeats: int) -> str | None:
         if early
         else ""
     )
+    # The rows are the runs' only: a completion in a run's last instructions can read as
+    # missing, a repeat just inside the next run as unfollowed; the line says its scope.
     return (
-        f"REPEAT_TLBI workaround: {by.get('repeat', 0)} DSB ISH completing a broadcast "
+        f"REPEAT_TLBI workaround, in the bundle's runs: {by.get('repeat', 0)} DSB ISH "
+        "completing a broadcast "
         f"stage-1 TLBI are followed directly by the repeat TLBI, {by.get('repeat-after', 0)} "
         f"after an interrupt or a switch in between, {by.get('missing', 0)} once it is "
         f"patched in have none ({followed} of the {repeats} repeat TLBIs counted){before}"
+        + (f"; {by['cut']} at the rows' end, not known" if by.get("cut") else "")
     )

@@ -35,6 +35,9 @@ REQUIRE_FIELDS = (
     "repeat_tlbi",
     "enable_virt_at_load",
 )
+# Conditions a kernel series does not have: its bundles record them "absent", so a
+# `requires` on one could never be met and the step would silently go unchecked.
+SERIES_LACKS = {"6.1": ("enable_virt_at_load",)}
 _OPTIONAL = {"cpu_models", "requires"}
 _FIELDS = {
     "kernel",
@@ -135,6 +138,7 @@ def _problems_of(number: int, raw: object) -> list[str]:
         if name in raw and raw[name] not in allowed:
             bad.append(f"{where}: {name} {raw[name]!r} is not one of {', '.join(allowed)}")
     bad += _requires_problems(where, raw.get("requires", {}))
+    bad += _series_problems(where, raw)
     if "exact" in raw and not isinstance(raw["exact"], bool):
         bad.append(f"{where}: exact must be true or false")
     if "rests_on" in raw and (not isinstance(raw["rests_on"], list) or not raw["rests_on"]):
@@ -162,6 +166,19 @@ def _requires_problems(where: str, requires: object) -> list[str]:
         if not isinstance(allowed, list) or not allowed
     ]
     return bad
+
+
+def _series_problems(where: str, raw: dict) -> list[str]:
+    """A `requires` on a condition the entry's kernel series cannot have."""
+    requires = raw.get("requires", {})
+    lacks = SERIES_LACKS.get(str(raw.get("kernel")), ())
+    if not isinstance(requires, dict):
+        return []
+    return [
+        f"{where}: requires {name}, which {raw['kernel']} does not have (its bundles record"
+        " it absent): the step would never be checked; drop the condition"
+        for name in sorted(set(requires) & set(lacks))
+    ]
 
 
 def _expect_problems(where: str, item: object) -> list[str]:

@@ -47,7 +47,10 @@ VMID_SCOPES = ("vmid", "vmid-s12", "ipa", "ipa-range", "asid", "va", "va-range")
 HYP_INIT = "___kvm_hyp_init"
 HYP_INIT_HOW = (
     "0, stated by the source, not read: ___kvm_hyp_init loads VTTBR_EL2 from the init "
-    "parameters (0: cpu_prepare_hyp_mode) just before it (6.1 hyp-init.S)"
+    "parameters (0: cpu_prepare_hyp_mode) just before it (6.1 hyp-init.S), with stage 2 "
+    "off (HCR_HOST_NVHE_FLAGS): VMID 0 is the host's own tag, so it invalidated the "
+    "host's EL1&0 stage-1 entries on that CPU, nothing of any VM's (run on every online "
+    "CPU at each first VM's creation)"
 )
 # A VM's vCPU on one CPU: its thread's enter marker to the VM's teardown (traced runs).
 SPAN_SCHEMA = {
@@ -79,6 +82,7 @@ BASES = {
         "KVM TLBI targets (the host has none), and its id then"
     ),
     "requested": "the VMID the user asked the after-guest action to invalidate (its log)",
+    "unrequested": "a debug-series operation no logged request names: its own VTTBR, no VM's",
     "source": "stated by the kernel source",
     "not-vmid-scoped": "no VMID tags what it invalidates",
     "ambiguous": "two VMs there, or the VM's id changed within reach of the row",
@@ -118,6 +122,11 @@ REQUEST_SCHEMA = {
 # (reproducer/kpatch/6.1 0002 debug_maint_run: VTTBR_EL2 = vmid << VTTBR_VMID_SHIFT | an
 # empty stage 2; 0001 __kvm_debug_maint writes it before the operation).
 DEBUG_MAINT = "__kvm_debug_maint"
+UNREQUESTED_HOW = (
+    "the debug series' operation, but no request in the run's el2-maint.txt names it "
+    "(a manual one?): the series loads that request's VTTBR_EL2 (kpatch 0002 "
+    "debug_maint_run), no VM's, so no VM's VMID"
+)
 OUT_COLUMNS = {"vmid": pl.Int64, "vmid_basis": pl.String, "vmid_how": pl.String}
 
 
@@ -307,6 +316,10 @@ class _Index:
             return None, "clock-error", wide
         if (asked := self.requested(row)) is not None:
             return asked
+        if row.get("function") == DEBUG_MAINT:
+            # The series loads the request's own VTTBR_EL2, never a VM's: a live VM's
+            # VMID (inferred, only-vm) would be wrong for it (review 15b B5).
+            return None, "unrequested", UNREQUESTED_HOW
         if self.protected:
             # pKVM's EL2 also maintains the host's own stage 2 (VMID 0) while a vCPU's
             # first KVM_RUN shares pages with it (kvm_share_hyp): which VM's vCPU is on
@@ -400,7 +413,9 @@ class _Index:
     ) -> tuple[int | None, str, str]:
         """A traced VM ran but no vCPU span holds the row's CPU: issued by another thread
         (an MMU notifier's __kvm_tlb_flush_vmid_ipa); the only live VM's VMID in nVHE."""
-        # "The only VM alive" counts every run's VMs, not only the row's run's.
+        # "The only VM alive" counts every run's VMs, not only the row's run's; alive is
+        # running here (a VMM `run` window): one-VM-at-a-time, a VM's create and teardown
+        # never overlap another's run (review 15b B6).
         alive = {
             (vm["run_id"], vm["vm"]) for w in self.windows.values() for vm in w.holding(ts)
         } | {(vm["run_id"], vm["vm"]) for vm in held}

@@ -12,10 +12,12 @@
   (__kvm_flush_vm_context, TLBI ALLE1IS): the same one the proposed fix adds. On 6.1
   (nVHE) each of these VMs, created with none alive, also re-runs the EL2 init on every
   CPU (local TLBI ALLE2 and VMALLS12E1 of VMID 0, not ALLE1: hyp-init.S), and EL2 is
-  reset when it goes: a confound the decision rules name. The VMIDs are read by a kprobe
-  on kvm_arm_vmid_update in a small instance of its own, at entry and, where the kernel
-  can (6.10+), at return: on 6.12 the function runs once per vCPU load, so a throwaway
-  VM's entry shows 0 and only the return shows its VMID.
+  reset when it goes: a confound the decision rules name. Its first vCPU load also
+  flushes with the VM's VMID still 0 (__kvm_flush_cpu_context's TLBI VMALLE1 before
+  kvm_arm_vmid_update): the host's own tag on the guest CPU, once per throwaway VM.
+  The VMIDs are read by a kprobe on kvm_arm_vmid_update in a small instance of its own,
+  at entry and, where the kernel can (6.10+), at return: on 6.12 the function runs once
+  per vCPU load, so a throwaway VM's entry shows 0 and only the return shows its VMID.
 - rollover-minus-one: rollover's negative control, the same throwaway VMs one fewer, so
   the VMIDs do not roll over (no TLBI ALLE1IS): the allocator (arch/arm64/kvm/vmid.c,
   6.1 and 6.12) hands out VMIDs in order from its last one (new_vmid, find_next_zero_bit

@@ -54,8 +54,9 @@ SYNC_SLOT = 63
 SYNC_MATCH_NS = 100_000
 SYNC_SCHEMA = {"source": pl.String, "cpu": pl.Int64, "t0": pl.Int64, "t1": pl.Int64}
 # KVM's VHE TLB helpers that clear HCR_EL2.TGE and load the guest's VTTBR first
-# (__tlb_switch_to_guest in 6.1.176 arch/arm64/kvm/hyp/vhe/tlb.c:82-135,
-# enter_vmid_context in 6.12.107's :92-206; reproducer/kpatch's __kvm_debug_maint for its
+# (__tlb_switch_to_guest, 6.1.176 arch/arm64/kvm/hyp/vhe/tlb.c:19-61, in the helpers at
+# :82-143; enter_vmid_context, 6.12.107's :20-68, which clears TGE on every path, in the
+# helpers at :92-214; reproducer/kpatch's __kvm_debug_maint for its
 # VMID operations): their EL1-form TLBIs act on the guest's EL1&0. Named one by one, not
 # by the "__kvm_" prefix: 6.12's __kvm_tlbi_s1e2 (:232-245, nested virtualisation only)
 # issues EL1-form TLBIs with TGE set when it has no guest MMU, on the host's EL2&0, so it

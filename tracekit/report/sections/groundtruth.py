@@ -224,7 +224,8 @@ def _tables(label: str, summary: gt.GroundTruthSummary) -> list[Table]:
             f"{label}: invalidations per phase, run and CPU",
             summary.by_phase,
             "TLBI and IC IALLU(IS) executed; reach: broadcast when the effective "
-            "shareability is inner or outer",
+            f"shareability is inner or outer; {gt.REPEAT_REACH}: the erratum workaround's "
+            "repeat TLBI VALE1IS/VALE2IS, XZR, counted apart from the kernel's own",
         ),
         Table(
             f"{label}: invalidations by instruction and where",
