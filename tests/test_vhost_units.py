@@ -256,7 +256,8 @@ def test_cli_bad_kernel_is_one_line() -> None:
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "tracekit: error: unknown kernel flavour 'weird' for suite 'sid'; use one of: "
-        "bookworm, bookworm:rt, bookworm:tk, bookworm:kpatch, trixie, sid, sid:16k"
+        "bookworm, bookworm:rt, bookworm:tk, bookworm:kpatch, bookworm:tk-ci, bookworm:kpatch-ci, "
+        "trixie, sid, sid:16k"
     ]
 
 
