@@ -324,7 +324,8 @@ class Scenario:
         "kvm_arch_destroy_vm",
     )
     probe_modes: tuple[str, ...] = ("page",)
-    # Probe slots on every CPU but the guest's (else: the rt CPU and one stress CPU).
+    # Probe slots on every CPU (else: the rt CPU, the guest CPUs and one control stress
+    # CPU); a during phase leaves the busy guest CPUs out either way (probe_cpus).
     probe_everywhere: bool = False
     # Parameters a sweep phase varies, one traced VMM run per combination.
     sweep: tuple[str, ...] = ()
@@ -395,6 +396,23 @@ def scenario_named(name: str) -> Scenario:
     if name not in SCENARIOS:
         raise TracekitError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}")
     return SCENARIOS[name]
+
+
+def with_probe_modes(scenario: Scenario, modes: tuple[str, ...]) -> Scenario:
+    """The scenario with the probe modes the user chose (--probe-modes; empty: its own).
+
+    Range and munmap slots run once per --probe-pages count, on both sides of the
+    kernel's by-VA limit by default (DEFAULT_PROBE_PAGES); the manifest records the modes.
+    """
+    if not modes:
+        return scenario
+    unknown = [m for m in modes if m not in PROBE_MODES]
+    if unknown or len(set(modes)) != len(modes):
+        raise TracekitError(
+            f"--probe-modes {','.join(modes)}: name each of {', '.join(PROBE_MODES)} at most "
+            "once, separated by commas (e.g. page,range)"
+        )
+    return replace(scenario, probe_modes=modes)
 
 
 @dataclass(frozen=True)
@@ -481,8 +499,9 @@ def plan_runs(
     params = (params or scenario.defaults).with_ipa_limit(None)
     if "probe_pages" in params.given and set(scenario.probe_modes) <= {"page"}:
         raise TracekitError(
-            f"--probe-pages sets the range and munmap probe slots; scenario {scenario.name!r}"
-            " probes in page mode only (one page), so leave it out"
+            "--probe-pages sets the range and munmap probe slots, and this collection probes "
+            "in page mode only (one page): add --probe-modes page,range (or munmap), or "
+            "leave --probe-pages out"
         )
     planned = vmid_prep_runs(scenario, roles, vmid)
     for phase in scenario.phases:
