@@ -207,3 +207,27 @@ def test_the_after_guest_actions_cpus_are_the_guests_or_the_controls() -> None:
     assert action_cpus("hotplug", roles) == (1,)
     assert action_cpus("hotplug-other", roles) == (0,)
     assert action_cpus("none", roles) == ()
+
+
+def test_only_the_callers_the_kernel_defines_are_named_as_probed() -> None:
+    """Review of 17, point 10: on 6.1 kvm_arch_flush_remote_tlbs and
+    kvm_tlb_flush_vmid_range do not exist (6.12 names), so neither is planned nor named."""
+    from tracekit.host.protocol import host_side
+
+    # 6.1.176's: the hypercall handlers and the two callers it has (nvhe-a76 kallsyms).
+    kallsyms = {
+        "__kvm_nvhe_handle___kvm_tlb_flush_vmid",
+        "__kvm_nvhe_handle___kvm_flush_vm_context",
+        "kvm_flush_remote_tlbs",
+        "kvm_pgtable_stage2_map",
+        "kvm_arm_vmid_update",
+    }
+    probed, unseen = host_side(("__kvm_tlb_flush_vmid", "__kvm_flush_vm_context"), "nvhe", kallsyms)
+    assert probed == ["kvm_flush_remote_tlbs", "kvm_pgtable_stage2_map", "kvm_arm_vmid_update"]
+    said = unseen["__kvm_tlb_flush_vmid"]
+    assert "probed instead: kvm_flush_remote_tlbs, kvm_pgtable_stage2_map" in said
+    assert "kvm_arch_flush_remote_tlbs" not in said and "kvm_tlb_flush_vmid_range" not in said
+    probed, unseen = host_side(
+        ("__kvm_flush_vm_context",), "nvhe", kallsyms - {"kvm_arm_vmid_update"}
+    )
+    assert probed == [] and "is in this kernel: not probed" in unseen["__kvm_flush_vm_context"]

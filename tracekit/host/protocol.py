@@ -146,18 +146,26 @@ def host_side(
             kept.append(function)
             unseen[function] = "KVM's mode is unknown: probed, but it fires only with VHE"
             continue
-        callers = EL2_CALLERS.get(function, ())
+        callers = defined_callers(function, kallsyms)
         kept += callers
         instead = (
             f"its host-side callers are probed instead: {', '.join(callers)}"
             if callers
-            else "no host-side caller is known to tracekit: not probed"
+            else "no host-side caller known to tracekit is in this kernel: not probed"
         )
         unseen[function] = (
             f"runs at EL2 in {mode} mode, unseen by ftrace (kallsyms names only its VHE "
             f"copy); {instead}"
         )
     return list(dict.fromkeys(kept)), unseen
+
+
+def defined_callers(function: str, kallsyms: Collection[str]) -> tuple[str, ...]:
+    """The host-side callers of an EL2-only function this kernel defines (kallsyms; 6.1
+    has no kvm_arch_flush_remote_tlbs or kvm_tlb_flush_vmid_range); without kallsyms,
+    every caller tracekit knows (the collector then probes those it finds)."""
+    callers = EL2_CALLERS.get(function, ())
+    return tuple(c for c in callers if c in kallsyms) if kallsyms else callers
 
 
 def user_probes_unseen(
