@@ -12,12 +12,12 @@ open question, with the runs needed when that is known.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import polars as pl
 
-from tracekit.analysis.beforeafter import PRIMARY
+from tracekit.analysis.beforeafter import PRIMARY, while_saturated
 from tracekit.analysis.compare import (
     ABSENT,
     INCONCLUSIVE,
@@ -353,11 +353,14 @@ def condition_effects(
     primary: str = PRIMARY,
     kind: str = "quiet",
     thresholds: Thresholds | None = None,
+    saturated: Collection[str] = (),
 ) -> list[ConditionEffect]:
     """Per condition, the primary metric after vs before: over runs, or over boots.
 
     One bundle of a condition: its runs are the units. Several bundles (boots) of it: each
-    boot is one unit, valued at the mean of its runs.
+    boot is one unit, valued at the mean of its runs. A condition with a bundle labelled
+    in `saturated` (its rt CPU could not keep up: beforeafter.saturated) gets no verdict
+    any run count could reach (beforeafter.while_saturated).
     """
     options = {} if thresholds is None else {"thresholds": thresholds}
     effects = []
@@ -374,6 +377,7 @@ def condition_effects(
             **options,
         )
         labels = tuple(label for label, _ in bundles)
+        [comparison] = while_saturated([comparison], bool(set(labels) & set(saturated)))
         effects.append(ConditionEffect(condition, labels, comparison, unit))
     return effects
 

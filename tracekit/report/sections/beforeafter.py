@@ -97,15 +97,18 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     phases = set(quiet["phase"].unique())
     if not {"before", "after"} <= phases:
         return [], [f"{prefix}no before/after verdict: quiet runs only in {sorted(phases)}"]
-    found = latency_comparisons(data.latencies)
+    found = latency_comparisons(data.latencies, interval_us=interval_of(data))
     found.sort(key=lambda c: c.role != "primary")
     quiet_stress = data.stress.filter(pl.col("kind") == RunKind.QUIET.value)
     if set(quiet_stress["phase"].unique()) >= {"before", "after"}:
         found.append(stress_comparison(data.stress))
     found = [replace(c, metric=prefix + c.metric) for c in found] if prefix else found
     short = [c for c in found if c.needed_runs is not None]
+    unreachable = [c for c in found if c.no_verdict]
     unknowns = []
-    if short:
+    if unreachable:
+        unknowns.append(f"{prefix}whether the effect is there: {unreachable[0].no_verdict}")
+    elif short:
         c = short[0]
         unknowns.append(
             f"{prefix}whether the effect is there: {c.n_before}+{c.n_after} quiet runs cannot"
@@ -114,15 +117,21 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     return found, unknowns
 
 
+def interval_of(data: BundleData) -> float | None:
+    """cyclictest's interval (us) as the bundle's options recorded it; None: not recorded."""
+    interval = data.manifest.options.get("interval_us")
+    return float(interval) if interval else None
+
+
 def _saturated(bundles: list[BundleData], many: bool) -> list[str]:
     """Say plainly when the rt CPU could not keep up with cyclictest's timer: one sentence
     for every bundle of the same host kind and interval, each bundle's medians in it."""
     found: dict[tuple[str, object], list[str]] = {}
     for data in bundles:
-        interval = data.manifest.options.get("interval_us")
-        if not interval:
+        interval = interval_of(data)
+        if interval is None:
             continue
-        rows = saturated_phases(data.latencies, float(interval))
+        rows = saturated_phases(data.latencies, interval)
         if rows.is_empty():
             continue
         where = ", ".join(
@@ -133,9 +142,9 @@ def _saturated(bundles: list[BundleData], many: bool) -> list[str]:
             f"{bundle_label(data)} ({where})" if many else f"({where})"
         )
     return [
-        f"SATURATED: the {host}rt CPU's median wake-up latency"
+        f"the {host}rt CPU is saturated: its median wake-up latency"
         f"{' in ' if many else ' '}{'; '.join(where)} is above"
-        f" cyclictest's {interval} us interval: most wake-ups come after the next period"
+        f" cyclictest's {interval:.0f} us interval: most wake-ups come after the next period"
         " was due, so these latencies measure how far behind the CPU fell, not its"
         " wake-up path"
         for (host, interval), where in found.items()
