@@ -186,6 +186,22 @@ def test_one_inconclusive_side_is_an_open_question_with_runs_needed() -> None:
     assert both == []  # no side shows anything: not even a question
 
 
+def test_kernel_rule_fires_between_6_1_and_6_12_despite_enable_virt_at_load() -> None:
+    """Review of 17, point 14: 6.1 records kvm.enable_virt_at_load "absent", 6.12 "yes",
+    so the two kernels always differ in both fields; the rule entails the parameter (and
+    its implication names it), while a third field differing still blocks it."""
+    old = replace(BASE, kernel="6.1.0-50-arm64", enable_virt_at_load="absent")
+    new = replace(old, kernel="6.12.48+deb13-arm64", enable_virt_at_load="yes")
+    assert set(old.differing(new)) == {"kernel", "enable_virt_at_load"}
+    [found] = [c for c in conclusions([_effect(old, PRESENT), _effect(new, ABSENT)]) if c.settled]
+    assert found.text == (
+        "depends on the kernel: present with 6.1.0-50-arm64, absent with 6.12.48+deb13-arm64"
+    )
+    assert "kvm.enable_virt_at_load" in found.implies
+    other = replace(new, kvm_mode="vhe")
+    assert conclusions([_effect(old, PRESENT), _effect(other, ABSENT)]) == []
+
+
 def test_kernel_rule_names_both_kernels() -> None:
     """The wildcard rule fills in the kernels it compared."""
     patched = replace(BASE, kernel="6.1-fix")
