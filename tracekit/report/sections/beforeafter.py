@@ -27,7 +27,8 @@ from tracekit.report.header import bundle_label, is_emulated, kvm_mode
 from tracekit.report.model import Plot, Section, Table
 from tracekit.report.sections.tlbi import PROBE_NOTE
 
-PROBE_COLUMNS = ("phase", "cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns")
+# pages: a range/munmap slot's count (1, 511, 513 by default); absent in older datasets.
+PROBE_COLUMNS = ("phase", "cpu", "mode", "pages", "count", "p50_ns", "p99_ns", "max_ns")
 # Below this many samples a run's p99.9 is its maximum (QUANTILE_INTERPOLATION "higher").
 P999_SAMPLES = 1000
 
@@ -155,7 +156,7 @@ def _probe_us(probes: pl.DataFrame) -> pl.DataFrame:
     """The probe's own summary in us, the unit every probe table of the report uses."""
     times = [c for c in PROBE_COLUMNS if c.endswith("_ns")]
     return probes.select(
-        *(c for c in PROBE_COLUMNS if c not in times),
+        *(c for c in PROBE_COLUMNS if c not in times and c in probes.columns),
         *((pl.col(c) / 1000).alias(c.removesuffix("_ns") + "_us") for c in times),
     )
 
