@@ -598,13 +598,18 @@ def action_cpus(after_guest: str, roles: Roles) -> tuple[int, ...]:
     if after_guest == "hotplug":
         return roles.guest_cpus
     if after_guest == "hotplug-other":
-        return control_cpus(roles)
+        return hotplug_control(roles)
     return ()
 
 
 def control_cpus(roles: Roles) -> tuple[int, ...]:
-    """The control CPU (hotplug-other, tlbi:alle1@other-cpu, tlbi:vmalls12e1is@vmid): the
-    first stress CPU that did not run the guest."""
+    """The control CPU (tlbi:alle1@other-cpu, tlbi:vmalls12e1is@vmid): the first stress
+    CPU that did not run the guest (hotplug-other takes the last: hotplug_control)."""
+    return (other_stress_cpus(roles)[0],)
+
+
+def other_stress_cpus(roles: Roles) -> list[int]:
+    """The stress CPUs that did not run the guest, or one line when there is none."""
     others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
     if not others:
         raise TracekitError(
@@ -612,7 +617,17 @@ def control_cpus(roles: Roles) -> tuple[int, ...]:
             "act on a stress CPU that did not run the guest, and every stress CPU ran it; "
             "give --stress-cpus one the guest does not use"
         )
-    return (others[0],)
+    return others
+
+
+def hotplug_control(roles: Roles) -> tuple[int, ...]:
+    """hotplug-other's CPU: the last stress CPU that did not run the guest, not the first.
+
+    With nohz_full the kernel keeps the timekeeping duty on a housekeeping CPU, usually
+    the boot CPU 0, and refuses to take it offline (6.1 kernel/time/tick-sched.c
+    tick_nohz_cpu_hotpluggable: EBUSY); the nvhe-a76 boot's hotplug of CPU 0 failed so.
+    """
+    return (other_stress_cpus(roles)[-1],)
 
 
 def tlbi_cpu(action: str, roles: Roles) -> int:
