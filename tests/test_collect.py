@@ -127,6 +127,15 @@ def test_collect_makes_a_complete_bundle(vhost_boot) -> None:  # type: ignore[no
     )
     assert (here / "online-before").read_text() == (here / "online-after").read_text()
     assert "offline" in (here / "bundle/runs/after-guest-hotplug/hotplug.txt").read_text()
+    # Issue 17 point 10: no EL2-only function is kprobed, and the callers named as probed
+    # in their place are the ones 6.1 defines (not 6.12's kvm_arch_flush_remote_tlbs).
+    unseen = manifest.scenario["el2_unseen"]
+    assert set(unseen) == {"__kvm_tlb_flush_vmid", "__kvm_flush_vm_context"}
+    assert unseen["__kvm_tlb_flush_vmid"].endswith(
+        "probed instead: kvm_flush_remote_tlbs, kvm_pgtable_stage2_map"
+    )
+    targets = {line.split()[1] for line in manifest.scenario["kprobes"]}
+    assert not targets & set(unseen) and "kvm_flush_remote_tlbs" in targets
     # The ground truth (the boot loads the plugin): every step the 6.1 nVHE signatures
     # cover (the guest's create, run and teardown, the hotplug with no VM alive) executed
     # at EL2 what its signature says, and none is left unchecked.
