@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from bundlegen import Spec, generate
+from report_bundles import edit_manifest
 
 from tracekit.analysis.beforeafter import latency_comparisons
 from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, Comparison, runs_to_decide
@@ -42,9 +43,14 @@ GENERATED = Condition(
 )  # fmt: skip
 
 
-def _bundle(tmp_path: Path, name: str, spec: Spec) -> BundleData:
-    """Generate and load one bundle."""
-    return load_bundle(generate(tmp_path / name, spec))
+def _bundle(tmp_path: Path, name: str, spec: Spec, interval_us: int | None = None) -> BundleData:
+    """Generate and load one bundle; `interval_us`: cyclictest's interval as recorded
+    (the generated latencies are a real emulated run's: saturated at the recorded 1000 us,
+    not at 10 ms)."""
+    root = generate(tmp_path / name, spec)
+    if interval_us is not None:
+        edit_manifest(root, lambda m: m["options"].update(interval_us=interval_us))
+    return load_bundle(root)
 
 
 def _primary(data: BundleData) -> Comparison:
@@ -107,18 +113,31 @@ def test_decision_table_names_the_injected_condition(tmp_path: Path) -> None:
 
 def test_too_few_runs_is_inconclusive_and_says_how_many(tmp_path: Path) -> None:
     """2+2 runs with a large effect: inconclusive, and the section names 4+4."""
-    short = _bundle(tmp_path, "short", Spec(factor=INJECTED, runs=2))
+    short = _bundle(tmp_path, "short", Spec(factor=INJECTED, runs=2), interval_us=10_000)
     assert _primary(short).verdict == INCONCLUSIVE
-    other = _bundle(tmp_path, "off", Spec(variant="mmu-off", runs=2))
+    other = _bundle(tmp_path, "off", Spec(variant="mmu-off", runs=2), interval_us=10_000)
     s = section([short, other])
     assert s is not None
     assert any("inconclusive with 2+2 runs; the rule needs 4+4" in f for f in s.findings)
 
 
+def test_a_saturated_rt_cpu_gets_no_run_count(tmp_path: Path) -> None:
+    """Review of 17, point 17: at the recorded 1000 us interval the same bundles' rt CPU
+    is saturated, so no run count is asked for: more runs would measure its backlog."""
+    short = _bundle(tmp_path, "short", Spec(factor=INJECTED, runs=2))
+    other = _bundle(tmp_path, "off", Spec(variant="mmu-off", runs=2))
+    s = section([short, other])
+    assert s is not None
+    said = "\n".join(s.findings)
+    assert "inconclusive with 2+2 runs; no run count makes this a verdict" in said
+    assert "the rule needs" not in said and "would decide it" not in said
+    assert all(c.needed_runs is None and c.no_verdict for c in s.comparisons)
+
+
 def test_bundles_of_one_condition_are_pooled_and_one_bundle_gives_none(tmp_path: Path) -> None:
     """Two bundles (boots) of one condition: one row whose unit is the boot."""
-    a = _bundle(tmp_path, "a", Spec(runs=3, seed=1))
-    b = _bundle(tmp_path, "b", Spec(runs=3, seed=2))
+    a = _bundle(tmp_path, "a", Spec(runs=3, seed=1), interval_us=10_000)
+    b = _bundle(tmp_path, "b", Spec(runs=3, seed=2), interval_us=10_000)
     assert section([a]) is None
     s = section([a, b])
     assert s is not None
@@ -165,6 +184,22 @@ def test_one_inconclusive_side_is_an_open_question_with_runs_needed() -> None:
     assert found[0].runs_needed == 4
     both = conclusions([_effect(BASE, INCONCLUSIVE), _effect(hot, INCONCLUSIVE)])
     assert both == []  # no side shows anything: not even a question
+
+
+def test_kernel_rule_fires_between_6_1_and_6_12_despite_enable_virt_at_load() -> None:
+    """Review of 17, point 14: 6.1 records kvm.enable_virt_at_load "absent", 6.12 "yes",
+    so the two kernels always differ in both fields; the rule entails the parameter (and
+    its implication names it), while a third field differing still blocks it."""
+    old = replace(BASE, kernel="6.1.0-50-arm64", enable_virt_at_load="absent")
+    new = replace(old, kernel="6.12.48+deb13-arm64", enable_virt_at_load="yes")
+    assert set(old.differing(new)) == {"kernel", "enable_virt_at_load"}
+    [found] = [c for c in conclusions([_effect(old, PRESENT), _effect(new, ABSENT)]) if c.settled]
+    assert found.text == (
+        "depends on the kernel: present with 6.1.0-50-arm64, absent with 6.12.48+deb13-arm64"
+    )
+    assert "kvm.enable_virt_at_load" in found.implies
+    other = replace(new, kvm_mode="vhe")
+    assert conclusions([_effect(old, PRESENT), _effect(other, ABSENT)]) == []
 
 
 def test_kernel_rule_names_both_kernels() -> None:

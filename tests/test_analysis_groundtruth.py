@@ -527,3 +527,35 @@ def test_a_requires_the_series_cannot_have_is_refused() -> None:
     with pytest.raises(TracekitError, match=r"requires enable_virt_at_load, which 6\.1 does not"):
         parse_signatures(text)
     parse_signatures(packaged_signatures_text())  # the 6.12 entries' requires stay allowed
+
+
+def test_probe_slot_tlbis_counts_the_slots_own_cpu_per_sample() -> None:
+    """Issue 17 point 7: per probe syscall, the host kernel's TLBIs on the slot's CPU by
+    what they name; other CPUs' and EL2's are not the slot's, a slot with none reads 0."""
+    rows = [
+        *[("range-511", 1, "kernel", "va")] * 1022,  # 2 calls x 511 pages
+        ("range-511", 1, "kernel", "asid"),
+        *[("range-511", 0, "kernel", "va")] * 50,  # another CPU's, not the slot's
+        ("range-511", 1, "hyp", "all-vmids"),
+        *[("range-513", 1, "kernel", "asid")] * 2,
+        *[("range-513", 1, "kernel", "va-range")] * 4,
+    ]
+    frame = pl.DataFrame(
+        rows,
+        schema={"run_id": pl.String, "cpu": pl.Int32, "where": pl.String, "scope": pl.String},
+        orient="row",
+    )
+    slots = pl.DataFrame(
+        {
+            "run_id": ["range-511", "range-513", "page"],
+            "cpu": [1, 1, 3],
+            "mode": ["range", "range", "page"],
+            "pages": [511, 513, 1],
+            "count": [2, 2, 10],
+        }
+    )
+    found = {r["run_id"]: r for r in g.probe_slot_tlbis(frame, slots).iter_rows(named=True)}
+    assert (found["range-511"]["by_va"], found["range-511"]["whole_asid"]) == (511.0, 0.5)
+    assert found["range-511"]["by_range"] == 0
+    assert (found["range-513"]["whole_asid"], found["range-513"]["by_range"]) == (1.0, 2.0)
+    assert found["page"]["by_va"] == found["page"]["whole_asid"] == 0

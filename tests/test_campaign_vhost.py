@@ -281,7 +281,10 @@ def check_guest_invalidations(out: Path) -> None:
         counts = dict(rows.group_by("operation").len().iter_rows())
         assert counts == expected, cell["cell_id"]
         # Executed on the guest's CPU only: the log has no record of the broadcast on
-        # the other CPUs (they execute nothing); FB's upgrade is a derived column.
+        # the other CPUs (they execute nothing). effective_shareability is derived
+        # (ingest/gtalign.py upgrades a guest's non-shareable operation under FB; the
+        # plugin reads no HCR_EL2): this checks that derivation, it does not show FB in
+        # emulation.
         assert set(rows["cpu"]) == set(manifest.options["guest_cpus"])
         assert set(rows["effective_shareability"]) == {"inner"}
         assert set(rows.filter(pl.col("kind") == "tlbi")["regime"]) == {"EL1&0"}

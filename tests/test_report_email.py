@@ -136,13 +136,13 @@ CAMPAIGN = {
 
 
 def test_a_campaign_email_lead_fits_a_screen_and_says_each_bundle_once(tmp_path: Path) -> None:
-    """Shared setup said once, one result line per bundle, one SATURATED line for all."""
+    """Shared setup said once, one result line per bundle, one saturated line for all."""
     report = build_report([load_bundle(generate(tmp_path / n, s)) for n, s in CAMPAIGN.items()])
     lead = _lead_lines(render_email(report))
     # 46 before issue 17.13's facts (CPU features, THP, backing) joined the shared setup.
     assert len(lead) <= 47, len(lead)
     flat = _unwrapped("\n".join(lead))
-    assert flat.count("6.1.0-50-arm64") == 1 and flat.count("SATURATED") == 1
+    assert flat.count("6.1.0-50-arm64") == 1 and flat.count("rt CPU is saturated: its median") == 1
     result = flat.split("Result (", 1)[1].split("Controls:", 1)[0]
     assert result.startswith("after/before, exact rank test, 8+8 runs per bundle):")
     for label in CAMPAIGN:

@@ -44,7 +44,9 @@ def test_json_round_trips_tables_and_comparisons(tmp_path: Path) -> None:
         for plot, plot_data in zip(section.plots, out["plots"], strict=True):
             assert len(plot_data["rows"]) == plot.frame.height  # every point, not a sample
     primary = by_key["beforeafter"]["headline"][0]
-    assert primary["metric"] == "cyclictest p99.9" and primary["needed_runs"] == 4
+    # The real emulated bundle's rt CPU is saturated: no run count is asked for.
+    assert primary["metric"] == "cyclictest p99.9" and primary["needed_runs"] is None
+    assert "saturated" in primary["no_verdict"]
 
 
 def test_json_is_strict_and_keeps_awkward_values() -> None:

@@ -8,8 +8,10 @@ the VMM's KVM part is exercised in the emulated host, not here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -364,6 +366,53 @@ def test_the_knob_table_names_every_tlbi_the_guest_code_holds(build: Path) -> No
     expected = set(PRE_TLBI_EXECUTES).union(*TLBI_EXECUTES.values())
     assert in_code == expected
     assert set(TLBI_EXECUTES) == set(TLBI_CHOICES) - {"none"}
+
+
+# What a guest name means, by GUEST_REVISION: a digest of guest.S, knobs.h and knobset.c's
+# value tables, knob definitions and presets (guest_meaning_digest). A change to any of
+# them fails test_a_change_of_what_a_guest_does_needs_a_revision until it gets an entry:
+# bump GUEST_REVISION in knobs.h when what any guest executes changed (so new bundles
+# never pool with old ones of the same name), then add the new revision's digest here;
+# only a change that leaves every guest's execution as it was (a comment, a description)
+# may replace the current revision's digest instead.
+GUEST_MEANINGS = {"3": "63f2d9ab6beb7784"}
+
+
+def guest_meaning_digest(reproducer: Path) -> str:
+    """The first 16 hex digits of a SHA-256 over what defines each guest's execution."""
+    knobset = (reproducer / "knobset.c").read_text()
+    start = knobset.index("static const struct knob_value")
+    tables = knobset[start : knobset.index("};", knobset.index("presets[] = {")) + 2]
+    digest = hashlib.sha256()
+    for part in (
+        (reproducer / "guests/guest.S").read_bytes(),
+        (reproducer / "guests/knobs.h").read_bytes(),
+        tables.encode(),
+    ):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:16]
+
+
+def test_a_change_of_what_a_guest_does_needs_a_revision(tmp_path: Path) -> None:
+    """Review of 17, Versions: a preset's meaning (guest.S, knobs.h, the preset table)
+    cannot change silently under the same GUEST_REVISION."""
+    copy = tmp_path / "reproducer"
+    for name in ("knobset.c", "guests/guest.S", "guests/knobs.h"):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPRODUCER / name, copy / name)
+    knobset = copy / "knobset.c"
+    knobset.write_text(knobset.read_text().replace('"pre_tlbi=1 mmu=1 caches=1"', '"mmu=1"'))
+    assert guest_meaning_digest(copy) != guest_meaning_digest(REPRODUCER)  # mmu-on-report
+    header = (REPRODUCER / "guests/knobs.h").read_text()
+    match = re.search(r"#define GUEST_REVISION\s+(\d+)", header)
+    assert match is not None
+    revision, digest = match[1], guest_meaning_digest(REPRODUCER)
+    assert GUEST_MEANINGS.get(revision) == digest, (
+        f"guest.S, knobs.h or knobset.c's tables changed (digest {digest}) under "
+        f"GUEST_REVISION {revision}: if what a guest executes changed, bump GUEST_REVISION "
+        f"and add its digest to GUEST_MEANINGS; if not, update revision {revision}'s entry"
+    )
+    assert revision == max(GUEST_MEANINGS, key=int)  # no going back to an old revision
 
 
 def test_old_guest_reads_revision_unknown(build: Path, tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ metric is secondary and Holm-corrected.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import polars as pl
 
 from tracekit.analysis.compare import Comparison, compare, compare_all
@@ -17,10 +19,21 @@ from tracekit.bundle import NO_CPUIDLE, RunRecord
 PRIMARY = "p99.9"
 
 
+# What a saturated rt CPU's comparisons say instead of the runs a verdict would need.
+SATURATED_NO_VERDICT = "the rt CPU is saturated (more runs measure its backlog)"
+
+
 def latency_comparisons(
-    latencies: pl.DataFrame, kind: str = "quiet", primary: str = PRIMARY
+    latencies: pl.DataFrame,
+    kind: str = "quiet",
+    primary: str = PRIMARY,
+    interval_us: float | None = None,
 ) -> list[Comparison]:
-    """cyclictest max, p99, p99.9 and mean: per-run values, after vs before."""
+    """cyclictest max, p99, p99.9 and mean: per-run values, after vs before.
+
+    With the run's `interval_us`, a phase of `kind` whose median wake-up is above it
+    (saturated_phases) makes every comparison unreachable by more runs (no_verdict).
+    """
     runs = latencies.filter(pl.col("kind") == kind)
     per_phase = {
         phase: run_metrics(runs.filter(pl.col("phase") == phase)) for phase in ("before", "after")
@@ -35,7 +48,21 @@ def latency_comparisons(
         )
         for metric in RUN_METRICS
     ]
-    return compare_all(comparisons, f"cyclictest {primary}")
+    return while_saturated(
+        compare_all(comparisons, f"cyclictest {primary}"), saturated(runs, interval_us)
+    )
+
+
+def saturated(latencies: pl.DataFrame, interval_us: float | None) -> bool:
+    """Whether any phase and kind of these latencies is saturated (False: no interval)."""
+    return interval_us is not None and not saturated_phases(latencies, interval_us).is_empty()
+
+
+def while_saturated(comparisons: list[Comparison], is_saturated: bool) -> list[Comparison]:
+    """Comparisons of a saturated rt CPU's latencies: no run count makes them a verdict."""
+    if not is_saturated:
+        return comparisons
+    return [replace(c, needed_runs=None, no_verdict=SATURATED_NO_VERDICT) for c in comparisons]
 
 
 def stress_comparison(stress: pl.DataFrame, kind: str = "quiet") -> Comparison:

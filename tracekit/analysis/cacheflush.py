@@ -67,8 +67,10 @@ def cache_state_changes(toggles: pl.DataFrame) -> pl.DataFrame | None:
 def flush_rows(toggles: pl.DataFrame | None, setways: pl.DataFrame | None) -> pl.DataFrame:
     """Every flush event with its kind: row, ts, cpu, common_pid, source, flushed.
 
-    A kvm_toggle_cache whose `was` equals `now` flushed nothing (it only re-armed TVM) and
-    is kept with flushed=False so per-vCPU toggle counts stay complete.
+    A kvm_toggle_cache whose `was` equals `now` flushed nothing (6.1 mmu.c: stage2_flush_vm
+    only when the state changes; with the caches on it clears HCR_EL2.TVM again, with them
+    off it does nothing) and is kept with flushed=False so per-vCPU toggle counts stay
+    complete.
     """
     parts = []
     if toggles is not None:

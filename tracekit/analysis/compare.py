@@ -112,6 +112,9 @@ class Comparison:
     ratio_label: str = "after/before"
     # The groups' sizes as said; "" is "B+A runs" (two groups of runs, not one run in both).
     runs_said: str = ""
+    # Why no run count can make this a verdict (then needed_runs is None), e.g. a saturated
+    # rt CPU, whose latencies measure its backlog; "" when more runs could.
+    no_verdict: str = ""
 
     def interval(self) -> str:
         """The interval as "[lo, hi]", or "n/a" when one run per phase has no spread."""
@@ -133,6 +136,8 @@ class Comparison:
         text = self._line(f" ({self.test}, {self._runs()})")
         if self.needed_runs is not None:
             text += f"; needs {self.needs()} to show an effect"
+        if self.no_verdict:
+            text += f"; no run count makes this a verdict: {self.no_verdict}"
         return textwrap.fill(text + self._excluded_text(), DESCRIBE_WIDTH, subsequent_indent="  ")
 
     def needs(self) -> str | None:
@@ -328,6 +333,8 @@ def runs_to_decide(c: Comparison) -> int | None:
     (beyond min_effect for "present", inside the equivalence band for "absent"). None when
     the estimate sits on a boundary, or the comparison is not inconclusive.
     """
+    if c.no_verdict:
+        return None
     if c.verdict != INCONCLUSIVE or c.ratio <= 0 or not c.ci_low > 0:
         return c.needed_runs  # not c.ci_low > 0 also catches an interval of n/a (NaN)
     log_r, t = math.log(c.ratio), c.thresholds

@@ -12,12 +12,12 @@ open question, with the runs needed when that is known.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import polars as pl
 
-from tracekit.analysis.beforeafter import PRIMARY
+from tracekit.analysis.beforeafter import PRIMARY, while_saturated
 from tracekit.analysis.compare import (
     ABSENT,
     INCONCLUSIVE,
@@ -93,7 +93,8 @@ def _rule(
 # - EL2 init (nVHE): ___kvm_hyp_init (nvhe/hyp-init.S), local to the CPU that runs it,
 #   differs per kernel (analysis/gtsignatures.toml): 6.1 issues `tlbi alle2; tlbi
 #   vmalls12e1; dsb sy` with VTTBR_EL2 = 0 (VMID 0; read in 6.1.176's source, seen in
-#   emulation), 6.12 TLBI ALLE2 and ALLE1 (seen in emulation; its source was not read).
+#   emulation), 6.12 TLBI ALLE2 and ALLE1 (6.12.107 hyp/nvhe/hyp-init.S:143-144 `tlbi
+#   alle2; tlbi alle1; dsb sy`; seen in emulation).
 #   arm.c's cpu_hyp_reinit runs it; cpu_hyp_reset puts EL2 back to the stub.
 # - hotplug is PSCI CPU_OFF then CPU_ON, a power cycle of the core (in QEMU a CPU
 #   reset); the secondary boot runs __cpu_setup (arch/arm64/mm/proc.S), which starts
@@ -108,8 +109,9 @@ def _rule(
 #   whenever hyp was enabled on that CPU: a power-down idle exit re-runs ___kvm_hyp_init.
 #   On 6.12 (virtualisation enabled at module load, kvm.enable_virt_at_load) that is
 #   every such exit; on 6.1 only while a VM is alive.
-# - a rollover is about 2^VMID-bits throwaway VMs (255 with 8-bit, 65535 with 16-bit
-#   VMIDs), then one TLBI ALLE1IS (__kvm_flush_vm_context from vmid.c): eviction by
+# - a rollover is the 2^bits - 1 usable VMIDs (255 with 8-bit, 65535 with 16-bit VMIDs;
+#   VMID 0 is reserved) used up by throwaway VMs, the next allocation rolling over with
+#   one TLBI ALLE1IS (__kvm_flush_vm_context from vmid.c): eviction by
 #   those VMs is not separated from it.
 _FB = " (executed as broadcast: KVM sets HCR_EL2.FB)"
 # Under FB, VMALLE1 and VMALLE1IS are one experiment: one implication for both.
@@ -130,7 +132,7 @@ _ALLE1_SCOPE = (
     " alive the interface also runs the EL2 init there first (___kvm_hyp_init: TLBI"
     " ALLE2, VMALLS12E1 of VMID 0)"
 )
-_VMIDS = "2^VMID-bits (255 with 8-bit, 65535 with 16-bit VMIDs)"
+_VMIDS = "2^bits - 1 (255 with 8-bit, 65535 with 16-bit VMIDs: every usable one)"
 # run_after_guest runs the throwaway VMs one after another: on 6.1 each is created with
 # none alive, so each brings EL2 up again on every CPU (the guest's included), and its
 # first vCPU load flushes the guest CPU with VMID 0 (6.1.176 arm.c:425, before :929).
@@ -322,9 +324,14 @@ RULES: tuple[Rule, ...] = (
     _rule("kvm_mode", "nvhe", PRESENT, "protected", ABSENT,
           "no before/after change in protected mode",
           "with pKVM the host runs under stage 2 from boot; compare the before values"),
+    # 6.1 has no kvm.enable_virt_at_load ("absent"), 6.12 has it on by default: a kernel
+    # change carries it along, so the contrast cannot hold it equal across 6.1 and 6.12.
     _rule("kernel", None, PRESENT, None, ABSENT,
           "depends on the kernel: present with {a}, absent with {b}",
-          "something that differs between these kernels removes or hides it"),
+          "something that differs between these kernels removes or hides it (their"
+          " kvm.enable_virt_at_load among others: with it EL2 stays initialised while no"
+          " VM exists; the contrast does not say which difference)",
+          entails=("enable_virt_at_load",)),
 )  # fmt: skip
 
 
@@ -355,11 +362,14 @@ def condition_effects(
     primary: str = PRIMARY,
     kind: str = "quiet",
     thresholds: Thresholds | None = None,
+    saturated: Collection[str] = (),
 ) -> list[ConditionEffect]:
     """Per condition, the primary metric after vs before: over runs, or over boots.
 
     One bundle of a condition: its runs are the units. Several bundles (boots) of it: each
-    boot is one unit, valued at the mean of its runs.
+    boot is one unit, valued at the mean of its runs. A condition with a bundle labelled
+    in `saturated` (its rt CPU could not keep up: beforeafter.saturated) gets no verdict
+    any run count could reach (beforeafter.while_saturated).
     """
     options = {} if thresholds is None else {"thresholds": thresholds}
     effects = []
@@ -376,6 +386,7 @@ def condition_effects(
             **options,
         )
         labels = tuple(label for label, _ in bundles)
+        [comparison] = while_saturated([comparison], bool(set(labels) & set(saturated)))
         effects.append(ConditionEffect(condition, labels, comparison, unit))
     return effects
 

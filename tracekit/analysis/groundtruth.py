@@ -629,3 +629,36 @@ def drawn(rows: pl.DataFrame, host_functions: tuple[str, ...]) -> pl.DataFrame:
     (EL2 in nVHE, which ftrace cannot see), of KVM's host functions, and every broadcast."""
     kvm = (pl.col("where") == "hyp") | pl.col("function").is_in(host_functions)
     return rows.filter(kvm | (pl.col("reach") == "broadcast")).sort("ts")
+
+
+# The host kernel's stage-1 invalidations a probe syscall makes, by what they name: one
+# page (VALE1IS/VAE1IS, and the REPEAT_TLBI erratum's extra VALE1IS per completion), a
+# range of pages (FEAT_TLBIRANGE) or the whole address space (ASIDE1IS).
+PROBE_TLBI_SCOPES = {"va": "by_va", "va-range": "by_range", "asid": "whole_asid"}
+
+
+def probe_slot_tlbis(rows: pl.DataFrame, slots: pl.DataFrame) -> pl.DataFrame:
+    """What the kernel executed on each probe slot's own CPU, per sample (one syscall).
+
+    `rows`: invalidations() given to the bundle's runs; `slots`: run_id, cpu, mode, pages
+    and count (samples) per probe slot (BundleData.probes). Returns those columns with
+    by_va, by_range and whole_asid: the slot CPU's host-kernel TLBIs of each kind inside
+    the slot's run, divided by its samples (the process's own setup is inside too, so
+    these are upper bounds on one syscall's, by a few over the whole slot).
+    """
+    mine = rows.filter(pl.col("where") == "kernel", pl.col("scope").is_in(list(PROBE_TLBI_SCOPES)))
+    per_slot = (
+        mine.join(slots.select("run_id", "cpu"), on=["run_id", "cpu"])
+        .with_columns(kind=pl.col("scope").replace_strict(PROBE_TLBI_SCOPES))
+        .group_by("run_id", "kind")
+        .len()
+        .pivot(on="kind", index="run_id", values="len")
+    )
+    joined = slots.select("run_id", "cpu", "mode", "pages", "count").join(
+        per_slot, on="run_id", how="left"
+    )
+    kinds = list(PROBE_TLBI_SCOPES.values())
+    return joined.with_columns(
+        (pl.col(k).fill_null(0) / pl.col("count") if k in joined.columns else pl.lit(0.0)).alias(k)
+        for k in kinds
+    ).select("run_id", "cpu", "mode", "pages", "count", *kinds)

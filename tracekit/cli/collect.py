@@ -62,16 +62,29 @@ def _int_list(text: str | None, option: str) -> list[int]:
     show_default=True,
     help="main, teardown, cache-toggle, guest-broadcast or vm-churn (--dry-run shows its plan).",
 )
-@click.option("--ipa-bits", help="teardown: IPA sizes, e.g. 36,40,44 (default: up to the limit).")
-@click.option("--vcpus", help="cache-toggle: vCPU counts, e.g. 1,2,4.")
-@click.option("--touch-kb", help="cache-toggle: KB each vCPU touches, e.g. 0,4096.")
+@click.option(
+    "--ipa-bits",
+    help="Guest IPA size(s); teardown sweeps them, e.g. 36,40,44 (default: up to the limit).",
+)
+@click.option("--vcpus", help="Guest vCPU count(s); cache-toggle sweeps them, e.g. 1,2,4.")
+@click.option("--touch-kb", help="KB each vCPU touches; cache-toggle sweeps them, e.g. 0,4096.")
 @click.option(
     "--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point; vm-churn: VMs."
 )
-@click.option("--tlbi-count", type=int, help="guest-broadcast: TLBIs the guest issues.")
+@click.option(
+    "--tlbi-count",
+    type=int,
+    help="TLBIs a TLBI guest issues (any scenario; guest-broadcast's default: endless).",
+)
+@click.option(
+    "--probe-modes",
+    help="Probe slot modes, e.g. page,range: page (mprotect of one page), range (mprotect),"
+    " munmap (default: the scenario's, page).",
+)
 @click.option(
     "--probe-pages",
-    help="Range/munmap probe slots: page counts, e.g. 1,511,513 (the default).",
+    help="Range/munmap probe slots: page counts, e.g. 1,511,513 (the default: both sides"
+    " of the kernel's 512-page by-VA limit).",
 )
 @click.option(
     "--vm-budget",
@@ -83,7 +96,8 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "knobs",
     multiple=True,
     metavar="NAME=VALUE",
-    help="Set one of the guest's knobs over its preset (repeatable; reproducer/README.md).",
+    help="Set one of the guest's knobs over its preset, e.g. spin_us=500 or pages=64 (repeatable;"
+    " every knob: reproducer/README.md).",
 )
 @click.option(
     "--backing",
@@ -154,6 +168,7 @@ def collect(
     touch_kb: str | None,
     repeat: int | None,
     tlbi_count: int | None,
+    probe_modes: str | None,
     probe_pages: str | None,
     vm_budget: int | None,
     knobs: tuple[str, ...],
@@ -211,6 +226,7 @@ def collect(
         tlbi_count=tlbi_count,
         vm_budget_s=vm_budget,
         probe_pages=_int_list(probe_pages, "--probe-pages"),
+        probe_modes=[m for m in (probe_modes or "").split(",") if m],
         knobs=list(knobs),
         backing=backing,
         vmid=vmid,

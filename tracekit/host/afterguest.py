@@ -67,13 +67,25 @@ def hotplug(cpus: tuple[int, ...], stack: CleanupStack, now: Callable[[], int]) 
         stack.change(
             f"bring CPU {cpu} back online",
             lambda p=online: p.write_text("1"),
-            lambda p=online: p.write_text("0"),
+            lambda p=online, c=cpu: _offline(p, c),
             journal.setting(online, "1"),
         )
         log.append(f"cpu{cpu} offline at {now()}")
         online.write_text("1")
         log.append(f"cpu{cpu} online at {now()}")
     return log
+
+
+def _offline(online: Path, cpu: int) -> None:
+    """Take one CPU offline, or one line saying why the kernel refused."""
+    try:
+        online.write_text("0")
+    except OSError as err:
+        raise TracekitError(
+            f"the kernel refused to take CPU {cpu} offline ({err.strerror}); with nohz_full"
+            " the timekeeping CPU (usually the boot CPU 0) must stay online: choose roles"
+            " that leave it out of the hotplug"
+        ) from None
 
 
 @dataclass

@@ -64,6 +64,7 @@ from tracekit.host.protocol import (
     plan_runs,
     scenario_named,
     user_probes_unseen,
+    with_probe_modes,
 )
 from tracekit.host.runners import RUNNERS, Outcome, RunContext
 from tracekit.host.tracefs import Tracefs, require_root
@@ -126,6 +127,7 @@ class CollectOptions:
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
     probe_pages: list[int] = field(default_factory=list)  # range/munmap slots' page counts
+    probe_modes: list[str] = field(default_factory=list)  # empty: the scenario's own
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
     backing: str = "4k"  # guest RAM: 4k, thp, hugetlb or default (reproducer/README.md)
     vmid: int | None = None  # the guest's VMID: vmid-1 throwaway VMs run first
@@ -152,7 +154,7 @@ def resolve_guest(options: CollectOptions, scenario: Scenario) -> tuple[Path, Gu
 
 def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioParams]:
     """Validate options before anything on the host changes."""
-    scenario = scenario_named(options.scenario)
+    scenario = with_probe_modes(scenario_named(options.scenario), tuple(options.probe_modes))
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
     check_capture(options.capture, options.after_guest)

@@ -146,18 +146,26 @@ def host_side(
             kept.append(function)
             unseen[function] = "KVM's mode is unknown: probed, but it fires only with VHE"
             continue
-        callers = EL2_CALLERS.get(function, ())
+        callers = defined_callers(function, kallsyms)
         kept += callers
         instead = (
             f"its host-side callers are probed instead: {', '.join(callers)}"
             if callers
-            else "no host-side caller is known to tracekit: not probed"
+            else "no host-side caller known to tracekit is in this kernel: not probed"
         )
         unseen[function] = (
             f"runs at EL2 in {mode} mode, unseen by ftrace (kallsyms names only its VHE "
             f"copy); {instead}"
         )
     return list(dict.fromkeys(kept)), unseen
+
+
+def defined_callers(function: str, kallsyms: Collection[str]) -> tuple[str, ...]:
+    """The host-side callers of an EL2-only function this kernel defines (kallsyms; 6.1
+    has no kvm_arch_flush_remote_tlbs or kvm_tlb_flush_vmid_range); without kallsyms,
+    every caller tracekit knows (the collector then probes those it finds)."""
+    callers = EL2_CALLERS.get(function, ())
+    return tuple(c for c in callers if c in kallsyms) if kallsyms else callers
 
 
 def user_probes_unseen(
@@ -326,7 +334,8 @@ class Scenario:
         "kvm_arch_destroy_vm",
     )
     probe_modes: tuple[str, ...] = ("page",)
-    # Probe slots on every CPU but the guest's (else: the rt CPU and one stress CPU).
+    # Probe slots on every CPU (else: the rt CPU, the guest CPUs and one control stress
+    # CPU); a during phase leaves the busy guest CPUs out either way (probe_cpus).
     probe_everywhere: bool = False
     # Parameters a sweep phase varies, one traced VMM run per combination.
     sweep: tuple[str, ...] = ()
@@ -416,6 +425,23 @@ def scenario_named(name: str) -> Scenario:
     return SCENARIOS[name]
 
 
+def with_probe_modes(scenario: Scenario, modes: tuple[str, ...]) -> Scenario:
+    """The scenario with the probe modes the user chose (--probe-modes; empty: its own).
+
+    Range and munmap slots run once per --probe-pages count, on both sides of the
+    kernel's by-VA limit by default (DEFAULT_PROBE_PAGES); the manifest records the modes.
+    """
+    if not modes:
+        return scenario
+    unknown = [m for m in modes if m not in PROBE_MODES]
+    if unknown or len(set(modes)) != len(modes):
+        raise TracekitError(
+            f"--probe-modes {','.join(modes)}: name each of {', '.join(PROBE_MODES)} at most "
+            "once, separated by commas (e.g. page,range)"
+        )
+    return replace(scenario, probe_modes=modes)
+
+
 @dataclass(frozen=True)
 class Roles:
     """Which CPU does what; checked before anything on the host changes."""
@@ -500,8 +526,9 @@ def plan_runs(
     params = (params or scenario.defaults).with_ipa_limit(None)
     if "probe_pages" in params.given and set(scenario.probe_modes) <= {"page"}:
         raise TracekitError(
-            f"--probe-pages sets the range and munmap probe slots; scenario {scenario.name!r}"
-            " probes in page mode only (one page), so leave it out"
+            "--probe-pages sets the range and munmap probe slots, and this collection probes "
+            "in page mode only (one page): add --probe-modes page,range (or munmap), or "
+            "leave --probe-pages out"
         )
     planned = vmid_prep_runs(scenario, roles, vmid)
     for phase in scenario.phases:
@@ -593,13 +620,18 @@ def action_cpus(after_guest: str, roles: Roles) -> tuple[int, ...]:
     if after_guest == "hotplug":
         return roles.guest_cpus
     if after_guest == "hotplug-other":
-        return control_cpus(roles)
+        return hotplug_control(roles)
     return ()
 
 
 def control_cpus(roles: Roles) -> tuple[int, ...]:
-    """The control CPU (hotplug-other, tlbi:alle1@other-cpu, tlbi:vmalls12e1is@vmid): the
-    first stress CPU that did not run the guest."""
+    """The control CPU (tlbi:alle1@other-cpu, tlbi:vmalls12e1is@vmid): the first stress
+    CPU that did not run the guest (hotplug-other takes the last: hotplug_control)."""
+    return (other_stress_cpus(roles)[0],)
+
+
+def other_stress_cpus(roles: Roles) -> list[int]:
+    """The stress CPUs that did not run the guest, or one line when there is none."""
     others = [c for c in roles.stress_cpus if c not in roles.guest_cpus]
     if not others:
         raise TracekitError(
@@ -607,7 +639,17 @@ def control_cpus(roles: Roles) -> tuple[int, ...]:
             "act on a stress CPU that did not run the guest, and every stress CPU ran it; "
             "give --stress-cpus one the guest does not use"
         )
-    return (others[0],)
+    return others
+
+
+def hotplug_control(roles: Roles) -> tuple[int, ...]:
+    """hotplug-other's CPU: the last stress CPU that did not run the guest, not the first.
+
+    With nohz_full the kernel keeps the timekeeping duty on a housekeeping CPU, usually
+    the boot CPU 0, and refuses to take it offline (6.1 kernel/time/tick-sched.c
+    tick_nohz_cpu_hotpluggable: EBUSY); the nvhe-a76 boot's hotplug of CPU 0 failed so.
+    """
+    return (other_stress_cpus(roles)[-1],)
 
 
 def tlbi_cpu(action: str, roles: Roles) -> int:

@@ -57,7 +57,7 @@ class BundleData:
     manifest: Manifest
     latencies: pl.DataFrame  # run_id, phase, kind, latency_ns: every cyclictest sample
     stress: pl.DataFrame  # run_id, phase, kind, bogo_ops_per_s (real time)
-    probes: pl.DataFrame  # run_id, phase, cpu, count, p50_ns, p99_ns, max_ns, mean_ns
+    probes: pl.DataFrame  # run_id, phase, cpu, mode, pages, count, p50_ns, p99_ns, max_ns, mean_ns
     lost: pl.DataFrame  # run_id, phase, kind, lost (sum over CPUs; traced runs only)
     cycles: pl.DataFrame  # run_id, cycles: loops cyclictest counted (its --json), per run
     opened: dict[str, RunData] = field(default_factory=dict, repr=False, compare=False)
@@ -225,6 +225,7 @@ def _probe(run: RunRecord, path: Path) -> dict[str, object]:
         "phase": run.phase,
         "cpu": summary["cpu"],
         "mode": summary["mode"],
+        "pages": summary.get("pages", 1),  # range/munmap slots' own count (page mode: 1)
         "count": summary["count"],
         "p50_ns": summary["p50_ns"],
         "p99_ns": summary["p99_ns"],

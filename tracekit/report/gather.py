@@ -101,12 +101,16 @@ def said_by_result(item: str, section: Section) -> bool:
     """True when the item is a headline comparison's shortfall its result line states.
 
     Each verdict once: "2+2 quiet runs cannot reach a verdict; the rule needs 4+4" says
-    again what "(..., 2+2 runs): inconclusive; needs 4+4 runs to show an effect" said.
+    again what "(..., 2+2 runs): inconclusive; needs 4+4 runs to show an effect" said,
+    and a saturated rt CPU's reason (no_verdict) is said by its result line too.
     """
     return any(
-        c.needed_runs is not None
-        and f"{c.n_before}+{c.n_after} " in item
-        and f"needs {c.needed_runs}+{c.needed_runs}" in item
+        (c.no_verdict and c.no_verdict in item)
+        or (
+            c.needed_runs is not None
+            and f"{c.n_before}+{c.n_after} " in item
+            and f"needs {c.needed_runs}+{c.needed_runs}" in item
+        )
         for c in section.headline
     )
 

@@ -27,7 +27,8 @@ from tracekit.report.header import bundle_label, is_emulated, kvm_mode
 from tracekit.report.model import Plot, Section, Table
 from tracekit.report.sections.tlbi import PROBE_NOTE
 
-PROBE_COLUMNS = ("phase", "cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns")
+# pages: a range/munmap slot's count (1, 511, 513 by default); absent in older datasets.
+PROBE_COLUMNS = ("phase", "cpu", "mode", "pages", "count", "p50_ns", "p99_ns", "max_ns")
 # Below this many samples a run's p99.9 is its maximum (QUANTILE_INTERPOLATION "higher").
 P999_SAMPLES = 1000
 
@@ -97,15 +98,18 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     phases = set(quiet["phase"].unique())
     if not {"before", "after"} <= phases:
         return [], [f"{prefix}no before/after verdict: quiet runs only in {sorted(phases)}"]
-    found = latency_comparisons(data.latencies)
+    found = latency_comparisons(data.latencies, interval_us=interval_of(data))
     found.sort(key=lambda c: c.role != "primary")
     quiet_stress = data.stress.filter(pl.col("kind") == RunKind.QUIET.value)
     if set(quiet_stress["phase"].unique()) >= {"before", "after"}:
         found.append(stress_comparison(data.stress))
     found = [replace(c, metric=prefix + c.metric) for c in found] if prefix else found
     short = [c for c in found if c.needed_runs is not None]
+    unreachable = [c for c in found if c.no_verdict]
     unknowns = []
-    if short:
+    if unreachable:
+        unknowns.append(f"{prefix}whether the effect is there: {unreachable[0].no_verdict}")
+    elif short:
         c = short[0]
         unknowns.append(
             f"{prefix}whether the effect is there: {c.n_before}+{c.n_after} quiet runs cannot"
@@ -114,15 +118,21 @@ def _comparisons(data: BundleData, prefix: str) -> tuple[list[Comparison], list[
     return found, unknowns
 
 
+def interval_of(data: BundleData) -> float | None:
+    """cyclictest's interval (us) as the bundle's options recorded it; None: not recorded."""
+    interval = data.manifest.options.get("interval_us")
+    return float(interval) if interval else None
+
+
 def _saturated(bundles: list[BundleData], many: bool) -> list[str]:
     """Say plainly when the rt CPU could not keep up with cyclictest's timer: one sentence
     for every bundle of the same host kind and interval, each bundle's medians in it."""
     found: dict[tuple[str, object], list[str]] = {}
     for data in bundles:
-        interval = data.manifest.options.get("interval_us")
-        if not interval:
+        interval = interval_of(data)
+        if interval is None:
             continue
-        rows = saturated_phases(data.latencies, float(interval))
+        rows = saturated_phases(data.latencies, interval)
         if rows.is_empty():
             continue
         where = ", ".join(
@@ -133,9 +143,9 @@ def _saturated(bundles: list[BundleData], many: bool) -> list[str]:
             f"{bundle_label(data)} ({where})" if many else f"({where})"
         )
     return [
-        f"SATURATED: the {host}rt CPU's median wake-up latency"
+        f"the {host}rt CPU is saturated: its median wake-up latency"
         f"{' in ' if many else ' '}{'; '.join(where)} is above"
-        f" cyclictest's {interval} us interval: most wake-ups come after the next period"
+        f" cyclictest's {interval:.0f} us interval: most wake-ups come after the next period"
         " was due, so these latencies measure how far behind the CPU fell, not its"
         " wake-up path"
         for (host, interval), where in found.items()
@@ -146,7 +156,7 @@ def _probe_us(probes: pl.DataFrame) -> pl.DataFrame:
     """The probe's own summary in us, the unit every probe table of the report uses."""
     times = [c for c in PROBE_COLUMNS if c.endswith("_ns")]
     return probes.select(
-        *(c for c in PROBE_COLUMNS if c not in times),
+        *(c for c in PROBE_COLUMNS if c not in times and c in probes.columns),
         *((pl.col(c) / 1000).alias(c.removesuffix("_ns") + "_us") for c in times),
     )
 

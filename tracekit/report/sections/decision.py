@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import polars as pl
 
-from tracekit.analysis.beforeafter import PRIMARY
+from tracekit.analysis.beforeafter import PRIMARY, saturated
 from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, runs_to_decide
 from tracekit.analysis.conditions import (
     FIELD_LABELS,
@@ -32,6 +32,7 @@ from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label
 from tracekit.report.model import Plot, Section, Table
+from tracekit.report.sections.beforeafter import interval_of
 
 
 def section(bundles: list[BundleData]) -> Section | None:
@@ -41,7 +42,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     groups, unknowns = condition_groups(bundles, "the decision table")
     if not groups:
         return None
-    effects = condition_effects(groups)
+    effects = condition_effects(groups, saturated=saturated_labels(bundles))
     varying = varying_fields(list(groups))
     found = conclusions(effects)
     findings = [_summary(effects, varying)]
@@ -94,6 +95,17 @@ def condition_groups(
     return groups, unknowns
 
 
+def saturated_labels(bundles: list[BundleData]) -> list[str]:
+    """The bundles whose quiet runs saturated the rt CPU (analysis.beforeafter.saturated)."""
+    return [
+        bundle_label(data)
+        for data in bundles
+        if saturated(
+            data.latencies.filter(pl.col("kind") == RunKind.QUIET.value), interval_of(data)
+        )
+    ]
+
+
 def _has_quiet_phases(data: BundleData) -> bool:
     """Whether the bundle has quiet runs before and after the guest."""
     quiet = data.latencies.filter(pl.col("kind") == RunKind.QUIET.value)
@@ -123,7 +135,12 @@ def _short(effects: list[ConditionEffect], varying: tuple[str, ...]) -> list[str
     out = []
     for e in effects:
         c = e.comparison
-        if c.needed_runs is not None:
+        if c.no_verdict:
+            out.append(
+                f"{e.condition.label(varying)}: {c.verdict} with {c.n_before}+{c.n_after}"
+                f" {e.unit}; no run count makes this a verdict: {c.no_verdict}"
+            )
+        elif c.needed_runs is not None:
             out.append(
                 f"{e.condition.label(varying)}: {INCONCLUSIVE} with {c.n_before}+{c.n_after}"
                 f" {e.unit}; the rule needs {c.needed_runs}+{c.needed_runs}"

@@ -180,7 +180,14 @@ def _vmid_updates(found: VmRun) -> tuple[pl.DataFrame | None, int | None, str]:
     bits = vm.vmid_width(updates, recorded)
     if recorded is not None:
         return updates, bits, f"the run's {RunFile.ROLLOVER}"
-    return updates, bits, "inferred from the smallest VMID seen (generation 1 assumed)"
+    return (
+        updates,
+        bits,
+        (
+            "inferred from the smallest VMID+generation value read (valid on a fresh host,"
+            " whose generation is 1)"
+        ),
+    )
 
 
 def _rollover_finding(updates: pl.DataFrame, bits: int, bits_from: str, label: str) -> str:

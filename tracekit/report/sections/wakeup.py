@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tracekit.analysis.beforeafter import saturated
 from tracekit.analysis.wakecheck import against_cyclictest, paired_offset
 from tracekit.analysis.wakeup import COMPONENTS, Wakeups, decompose
 from tracekit.bundle import RunKind, RunRecord
@@ -18,6 +19,7 @@ from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleData, open_run_trace, traced_runs
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table, run_key, used_runs
+from tracekit.report.sections.beforeafter import interval_of
 
 WORST = 8  # wake-ups shown in the worst-wake-ups table
 
@@ -108,7 +110,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     runs, problems = decomposed_runs(bundles)
     if not runs and not problems:
         return None
-    findings = _emulated(bundles)
+    findings = _emulated(bundles) + _saturated(bundles)
     used = [r for r in runs if r.rt_lost == 0]
     for r in runs:
         if r.rt_lost:
@@ -148,6 +150,22 @@ def _emulated(bundles: list[BundleData]) -> list[str]:
             " not what hardware does; compare parts, not absolute numbers"
         ]
     return []
+
+
+def _saturated(bundles: list[BundleData]) -> list[str]:
+    """A saturated rt CPU in the traced runs: its wake-ups queue behind each other."""
+    traced = [
+        bundle_label(b) if len(bundles) > 1 else "the traced runs"
+        for b in bundles
+        if saturated(b.latencies.filter(pl.col("kind") == RunKind.TRACED.value), interval_of(b))
+    ]
+    if not traced:
+        return []
+    return [
+        f"SATURATED rt CPU in {', '.join(traced)} (median wake-up above cyclictest's"
+        " interval): each wake-up waits behind the ones before it, so these parts (irq_delay"
+        " above all) decompose that backlog, not the wake-up path"
+    ]
 
 
 def _all_wakeups(runs: list[RunWakeups], bundles: list[BundleData]) -> pl.DataFrame:
