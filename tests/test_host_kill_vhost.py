@@ -95,4 +95,6 @@ def test_the_matrix_runs_every_cell_once_sigkill_first_and_keeps_time_for_the_cu
     assert matrix.cell_budget(None) is None
     assert matrix.cell_budget(25) == 25 * 60 - matrix.RESERVE_S
     assert matrix.cell_budget(1) == 0.0  # no cell starts; the power cut still runs
+    assert matrix.cell_budget(24, cut=False) == 24 * 60 - matrix.RESERVE_NO_CUT_S
+    assert matrix.cell_budget(24, cut=False) > matrix.cell_budget(24)  # no boot 2
     assert matrix.estimate("kill-hotplug") > matrix.estimate("term-hotplug")  # the recovery
