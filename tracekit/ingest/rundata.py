@@ -174,24 +174,19 @@ class RunData:
         rel = run_file(self.run_id, RunFile.STRESS_YAML)
         if path is None or rel in self.cut:
             return None
-        from tracekit.ingest.tools import read_tool
-
         try:
-            _, tables, _ = read_tool(path)
+            return stress_throughput(path)
         except TracekitError as err:
             if not self.stopped:
                 raise
-            # A stopped stress-ng writes its YAML without metrics: said, never dropped.
+            # A stopped stress-ng writes its YAML without metrics, or with part of them:
+            # said, never dropped.
             reason = str(err).replace(f"{path}: ", "")
             self.problems.append(
                 f"{rel}: not read, the run ended {self.run.status} ({reason}): "
                 "its throughput is not known"
             )
             return None
-        table = tables.get("stress_ng")
-        if table is None or table.height == 0:
-            raise TracekitError(f"{path}: no stress-ng metrics; the run's stress-ng did not finish")
-        return float(table["bogo_ops_per_second_real_time"].sum())
 
     @cached_property
     def cyclictest_interval_ns(self) -> int | None:
@@ -233,3 +228,30 @@ class RunData:
         except (OSError, ValueError) as err:
             raise TracekitError(f"{path}: not the collector's argv record ({err})") from None
         return [str(a) for a in argv] if isinstance(argv, list) else []
+
+
+STRESS_RATE = "bogo_ops_per_second_real_time"
+
+
+def stress_throughput(path: Path) -> float:
+    """stress-ng's bogo-ops/s of wall time summed over its stressors, from its --yaml.
+
+    Every stressor must have the number: a sum that skipped one would be too low, silently.
+    """
+    from tracekit.ingest.tools import read_tool
+
+    _, tables, _ = read_tool(path)
+    table = tables.get("stress_ng")
+    whole = (
+        table is not None
+        and table.height > 0
+        and STRESS_RATE in table.columns
+        and table[STRESS_RATE].dtype.is_numeric()
+        and table[STRESS_RATE].null_count() == 0
+    )
+    if not whole:
+        raise TracekitError(
+            f"{path}: no stress-ng bogo-ops-per-second-real-time for every stressor; "
+            "the run's stress-ng did not finish"
+        )
+    return float(table[STRESS_RATE].sum())
