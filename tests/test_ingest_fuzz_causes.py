@@ -8,8 +8,6 @@ table, the summary and `tracekit events` (with `--salvage` where the error advis
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,107 +15,58 @@ from fuzzing import outcome, seed_copy
 
 import tracekit
 
-
-def _replace(rel: str, old: bytes, new: bytes) -> Callable[[Path], None]:
-    """A damage: the first `old` of the input's file `rel` ('' for the input) becomes `new`."""
-
-    def damage(path: Path) -> None:
-        target = path / rel if rel else path
-        data = target.read_bytes()
-        assert old in data, (target, old)  # the seed still holds what the case changes
-        target.write_bytes(data.replace(old, new, 1))
-
-    return damage
-
-
-def _prepend(rel: str, head: bytes) -> Callable[[Path], None]:
-    """A damage: `head` put before the contents of the input's file `rel`."""
-
-    def damage(path: Path) -> None:
-        target = path / rel
-        target.write_bytes(head + target.read_bytes())
-
-    return damage
-
-
-def _append(text: bytes) -> Callable[[Path], None]:
-    """A damage: `text` added at the end of the input."""
-
-    def damage(path: Path) -> None:
-        path.write_bytes(path.read_bytes() + text)
-
-    return damage
-
-
-def _json_list(rel: str) -> Callable[[Path], None]:
-    """A damage: the JSON object in `rel` wrapped in a list (another type of document)."""
-
-    def damage(path: Path) -> None:
-        target = path / rel
-        target.write_text(json.dumps([json.loads(target.read_text())]))
-
-    return damage
-
-
-SCHED_SWITCH_FORMAT = "events/sched/sched_switch/format"
-CASES: dict[str, tuple[str, str, Callable[[Path], None]]] = {
+# case -> (reader, seed, file of the seed ('' for the seed itself), bytes, replaced by):
+# the first occurrence is replaced (b"" puts the new bytes at the start of the file).
+CASES: dict[str, tuple[str, str, str, bytes, bytes]] = {
     "format file not UTF-8": (
-        "raw capture",
-        "ingest/rawcap",
-        _replace(SCHED_SWITCH_FORMAT, b"sched_switch", b"sched_\xff\xfewitch"),
+        "raw capture", "ingest/rawcap", "events/sched/sched_switch/format",
+        b"sched_switch", b"sched_\xff\xfewitch",
     ),
-    "stats not UTF-8": (
-        "raw capture",
-        "ingest/rawcap",
-        _prepend("per_cpu/cpu0/stats", b"\xff\xfe"),
-    ),
-    "capture.json not UTF-8": ("raw capture", "ingest/rawcap", _prepend("capture.json", b"\xff")),
-    "capture.json a list": ("raw capture", "ingest/rawcap", _json_list("capture.json")),
+    "stats not UTF-8": ("raw capture", "ingest/rawcap", "per_cpu/cpu0/stats", b"", b"\xff\xfe"),
+    "capture.json not UTF-8": ("raw capture", "ingest/rawcap", "capture.json", b"", b"\xff"),
     "text pid beyond Int32": (
-        "ftrace text",
-        "ingest/small.trace.txt",
-        _replace("", b"python3-8085 ", b"python3-99999999999999999999 "),
+        "ftrace text", "ingest/small.trace.txt", "",
+        b"python3-8085 ", b"python3-99999999999999999999 ",
     ),
     "text CPU beyond Int32": (
-        "ftrace text",
-        "ingest/small.trace.txt",
-        _replace("", b"[001]", b"[99999999999]"),
+        "ftrace text", "ingest/small.trace.txt", "", b"[001]", b"[99999999999]",
     ),
     "perf script pid beyond Int32": (
-        "perf script",
-        "ingest/perf-script.txt",
-        _replace("", b"perf 10530 ", b"perf 99999999999999999999 "),
+        "perf script", "ingest/perf-script.txt", "",
+        b"perf 10530 ", b"perf 99999999999999999999 ",
     ),
     "perf script address beyond 64 bits": (
-        "perf script",
-        "ingest/perf-script-cpuclock-g.txt",
-        _replace("", b"ffffffff815a4bc1", b"ffffffffffffffffff815a4bc1"),
+        "perf script", "ingest/perf-script-cpuclock-g.txt", "",
+        b"ffffffff815a4bc1", b"ffffffffffffffffff815a4bc1",
     ),
     "cyclictest summary non-digit": (
-        "cyclictest",
-        "ingest/tools/cyclictest.txt",
-        _replace("", b"C:    300", b"C:    3x0"),
+        "cyclictest", "ingest/tools/cyclictest.txt", "", b"C:    300", b"C:    3x0",
     ),
     "cyclictest latency beyond Int64": (
-        "cyclictest",
-        "ingest/tools/cyclictest-verbose.txt",
-        _replace("", b"       0:       0:   42325", b"       0:       0:   99999999999999999999"),
+        "cyclictest", "ingest/tools/cyclictest-verbose.txt", "",
+        b"       0:       0:   42325", b"       0:       0:   99999999999999999999",
     ),
     "perf stat line of four fields": (
-        "perf stat",
-        "ingest/tools/perf-stat.csv",
-        _append(b"1,2,3,4\n"),
+        "perf stat", "ingest/tools/perf-stat.csv", "", b"", b"1,2,3,4\n",
     ),
-    "perf stat form feed": ("perf stat", "ingest/tools/perf-stat.csv", _append(b"\x0c\n")),
-}
+    "perf stat form feed": ("perf stat", "ingest/tools/perf-stat.csv", "", b"", b"\x0c\n"),
+}  # fmt: skip
+
+
+def _damaged(case: str, dest: Path) -> Path:
+    """A copy of the case's seed under `dest`, damaged as the case says."""
+    _, seed, rel, old, new = CASES[case]
+    path = seed_copy(seed, dest)
+    target = path / rel if rel else path
+    data = target.read_bytes()
+    assert old in data, (target, old)  # the seed still holds what the case changes
+    target.write_bytes(data.replace(old, new, 1))
+    return path
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_cause_fuzzing_found_reads_or_fails_in_one_line(tmp_path: Path, case: str) -> None:
-    reader, seed, damage = CASES[case]
-    path = seed_copy(seed, tmp_path)
-    damage(path)
-    got = outcome(path, reader)
+    got = outcome(_damaged(case, tmp_path), CASES[case][0])
     assert got.kind in ("read", "error"), f"{case}: {got.detail}: {got.message}"
 
 
@@ -133,14 +82,11 @@ SAID = {
 
 @pytest.mark.parametrize("case", list(SAID))
 def test_a_line_beyond_the_integer_types_is_said_as_skipped(tmp_path: Path, case: str) -> None:
-    _, seed, damage = CASES[case]
     (tmp_path / "whole").mkdir()
-    whole = tracekit.open(seed_copy(seed, tmp_path / "whole"), use_cache=False).events.height
-    path = seed_copy(seed, tmp_path)
-    damage(path)
-    trace = tracekit.open(path, use_cache=False)
+    whole = tracekit.open(seed_copy(CASES[case][1], tmp_path / "whole"), use_cache=False)
+    trace = tracekit.open(_damaged(case, tmp_path), use_cache=False)
     fewer, note = SAID[case]
-    assert trace.events.height == whole - fewer
+    assert trace.events.height == whole.events.height - fewer
     assert any(line.startswith(note) for line in trace.meta["skipped"]), trace.meta["skipped"]
 
 
