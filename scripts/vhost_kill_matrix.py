@@ -4,6 +4,7 @@ Run from the repository root, under the machine's vhost lock (it boots twice):
 
     python scripts/vhost_kill_matrix.py --out DIR [--minutes M] [--boot-only] [CELL...]
     python scripts/vhost_kill_matrix.py --tabulate --out DIR   # after --boot-only, unlocked
+    python scripts/vhost_kill_matrix.py --tabulate --out DIR --earlier DIR1 ...  # runs together
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
@@ -516,12 +517,12 @@ def kinds(changed: dict[str, list[str]]) -> str:
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     """The matrix as fixed-width lines."""
-    head = f"{'cell':21} {'at the signal':36} {'exit':>4}  {'left after the run':34}"
-    lines = [head + f" {'recovery':20} {'left after':10} bundle"]
+    head = f"{'cell':21} {'began (UTC)':16} {'at the signal':36} {'exit':>4}  "
+    lines = [head + f"{'left after the run':34} {'recovery':20} {'left after':10} bundle"]
     for r in results:
         exit_ = str(r.get("exit", "cut"))
         lines.append(
-            f"{r['cell']:21} {', '.join(r['at_signal']):36} {exit_:>4}  "
+            f"{r['cell']:21} {r.get('began', '-'):16} {', '.join(r['at_signal']):36} {exit_:>4}  "
             f"{kinds(r['left_after_run']):34} {r['recovery']:20} "
             f"{kinds(r['left_after_recovery']):10} {r['bundle_read']}"
         )
@@ -548,21 +549,20 @@ def outside(
         tabulate(out)
 
 
-def tabulate(out: Path) -> None:
-    """The bundles read here with the full toolkit, the table, the details as JSON."""
-    results = boot_results(out / "boot1")
-    cut = out / "boot2/after-cut.json"
-    if cut.is_file():
-        results.append({**json.loads(cut.read_text()), "dir": cut_bundle(out, results)})
-    elif (bundle := cut_bundle(out, results)).is_dir():  # cut, not yet booted again
-        unknown = {"unknown (no boot after the cut yet)": []}
-        row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
-        results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
-    results += boot_results(out / "boot2")
-    not_run = [r["cell"] for r in results if "not_run" in r]
+def tabulate(out: Path, earlier: tuple[Path, ...] = ()) -> None:
+    """The bundles read here with the full toolkit, the table, the details as JSON.
+
+    With `earlier` runs' output directories, their cells come first, in one table: each
+    cell says when its collect began (its bundle's manifest), and a cell counts as not
+    run only if no run ran it.
+    """
+    results = [row for run in (*earlier, out) for row in run_results(run)]
+    ran = {r["cell"] for r in results if "not_run" not in r}
+    not_run = list(dict.fromkeys(r["cell"] for r in results if r["cell"] not in ran))
     results = [r for r in results if "not_run" not in r]
     for result in results:
         bundle = result.pop("dir")
+        result["began"] = began(bundle)
         result["bundle"] = bundle_state(bundle)
         result["bundle_read"] = f"{result['bundle']}; {read_bundle(bundle)}"
     (out / "matrix.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -579,8 +579,31 @@ def tabulate(out: Path) -> None:
         print(f"not run (time budget): {' '.join(not_run)}")
     for result in results:
         if result["cell"].startswith("powercut") and result.get("recovery_said"):
-            print("after the power cut, `tracekit cleanup` in the fresh boot said:")
+            cut = f"after the power cut ({result['began']})"
+            print(f"{cut}, `tracekit cleanup` in the fresh boot said:")
             print("\n".join(f"  {line}" for line in result["recovery_said"]))
+
+
+def run_results(out: Path) -> list[dict[str, Any]]:
+    """One run's cells (boot 1's, the power cut's, boot 2's), each with its bundle's "dir"."""
+    results = boot_results(out / "boot1")
+    cut = out / "boot2/after-cut.json"
+    if cut.is_file():
+        results.append({**json.loads(cut.read_text()), "dir": cut_bundle(out, results)})
+    elif (bundle := cut_bundle(out, results)).is_dir():  # cut, not yet booted again
+        unknown = {"unknown (no boot after the cut yet)": []}
+        row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
+        results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
+    return results + boot_results(out / "boot2")
+
+
+def began(bundle: Path) -> str:
+    """When a cell's collect began (UTC, its manifest's `created`), or '-' without one."""
+    try:
+        created = json.loads((bundle / "manifest.json").read_text())["created"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "-"
+    return str(created).replace("T", " ")[:16]
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:
@@ -623,7 +646,9 @@ def cut_bundle(out: Path, done: list[dict[str, Any]]) -> Path:
     if (out / "disk/bundle").is_dir():
         return out / "disk/bundle"
     finished = {r["cell"] for r in done}
-    running = [d for d in sorted((out / "boot1/cells").iterdir()) if d.name not in finished]
+    cells = out / "boot1/cells"  # absent when boot 1 started no cell
+    started = sorted(cells.iterdir()) if cells.is_dir() else []
+    running = [d for d in started if d.name not in finished]
     return running[0] / "bundle" if running else out / "disk/bundle"
 
 
@@ -640,13 +665,20 @@ def main() -> None:
     parser.add_argument("--no-powercut", action="store_true", help="outside: cells only, one boot")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
     parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --tabulate: an earlier run's --out, its cells in the same table",
+    )
+    parser.add_argument(
         "--boot-only", action="store_true", help="outside: boot, leave the table to --tabulate"
     )
     parser.add_argument("--minutes", type=float, help="outside: the whole run's time, both boots")
     parser.add_argument("--budget", type=float, help="inside: seconds after which no cell starts")
     args = parser.parse_args()
     if args.tabulate:
-        tabulate(args.out.resolve())
+        tabulate(args.out.resolve(), tuple(d.resolve() for d in args.earlier))
     elif args.mode == "outside":
         cells = args.cells or all_cells()
         outside(args.out.resolve(), cells, args.minutes, not args.boot_only, not args.no_powercut)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import VhostBoot, register_vhost_check
@@ -102,3 +103,24 @@ def test_the_matrix_runs_every_cell_once_sigkill_first_and_keeps_time_for_the_cu
     assert matrix.cell_budget(24, cut=False) == 24 * 60 - matrix.RESERVE_NO_CUT_S
     assert matrix.cell_budget(24, cut=False) > matrix.cell_budget(24)  # no boot 2
     assert matrix.estimate("kill-hotplug") > matrix.estimate("term-hotplug")  # the recovery
+
+
+def test_runs_tabulated_together_count_a_cell_not_run_only_if_no_run_ran_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix = load_script("vhost_kill_matrix")
+    ran = {"at_signal": ["instances 1"], "exit": 143, "left_after_run": {}, "recovery": "none"}
+    ran |= {"left_after_recovery": {}, "seconds": 30.0}
+    runs = {
+        "first": [{"cell": "term-quiet", **ran}, {"cell": "int-quiet", "not_run": "time budget"}],
+        "second": [{"cell": "int-quiet", **ran}, {"cell": "int-probe", "not_run": "time budget"}],
+    }
+    for name, rows in runs.items():
+        (tmp_path / name / "boot1").mkdir(parents=True)
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
+        (tmp_path / name / "boot1" / "cells.json").write_text(lines)
+    matrix.tabulate(tmp_path / "second", (tmp_path / "first",))
+    said = capsys.readouterr().out
+    assert "not run (time budget): int-probe\n" in said
+    saved = json.loads((tmp_path / "second" / "matrix.json").read_text())
+    assert [(r["cell"], r["began"]) for r in saved] == [("term-quiet", "-"), ("int-quiet", "-")]
