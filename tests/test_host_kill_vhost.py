@@ -14,6 +14,7 @@ session, boot included, took 312 s).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,3 +125,19 @@ def test_runs_tabulated_together_count_a_cell_not_run_only_if_no_run_ran_it(
     assert "not run (time budget): int-probe\n" in said
     saved = json.loads((tmp_path / "second" / "matrix.json").read_text())
     assert [(r["cell"], r["began"]) for r in saved] == [("term-quiet", "-"), ("int-quiet", "-")]
+
+
+def test_the_probe_point_is_reached_by_its_argv_record_and_said_so(tmp_path: Path) -> None:
+    matrix = load_script("vhost_kill_matrix")
+    stand_in = subprocess.Popen(["sleep", "30"], text=True)  # the collect, still running
+    try:
+        collect = matrix.Collect(stand_in, ["[3/12 +139s] before-probe-page-cpu3"], tmp_path)
+        slot = tmp_path / "runs" / "before-probe-page-cpu3"
+        slot.mkdir(parents=True)
+        (slot / "probe.json.argv").write_text('["tlbiprobe"]\n')  # written just before it runs
+        assert matrix.reach("probe", collect) == "reached"  # not "missed (preflight over)"
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    collect = matrix.Collect(stand_in, ["[3/12 +139s] before-probe-page-cpu3"], tmp_path / "x")
+    assert matrix.reach("probe", collect) == "not reached"  # the collect ended without one
