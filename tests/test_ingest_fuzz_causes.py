@@ -8,6 +8,7 @@ table, the summary and `tracekit events` (with `--salvage` where the error advis
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,32 @@ def test_salvage_of_a_trace_cut_before_a_cpus_data_reads_the_other_cpu(tmp_path:
     trace = tracekit.open(path, use_cache=False, salvage=True)
     assert set(trace.events["cpu"].unique().to_list()) == {0}
     assert any("CPU 1" in line for line in trace.meta["skipped"])
+
+
+# small.v6.dat's uname option: u16 id 5, u32 size 32, then its text.
+UNAME_AT, UNAME_SIZE = 36057, 32
+
+
+@pytest.mark.parametrize(
+    ("option", "body"),
+    [(n, b"") for n in (1, 2, 3, 4, 5, 7, 8, 9, 14)] + [(7, b"0xzz\0")],
+    ids=[f"empty-{n}" for n in (1, 2, 3, 4, 5, 7, 8, 9, 14)] + ["offset-not-a-number"],
+)
+def test_an_empty_trace_dat_option_reads_or_fails_in_one_line(
+    tmp_path: Path, option: int, body: bytes
+) -> None:
+    # The uname option becomes an empty (or short) one of another kind, followed by an
+    # unknown option holding the rest of its bytes: every offset after it stays put. An
+    # empty OFFSET option (7) was a TypeError in int().
+    path = seed_copy("ingest/small.v6.dat", tmp_path)
+    data = bytearray(path.read_bytes())
+    assert struct.unpack_from("<HI", data, UNAME_AT) == (5, UNAME_SIZE)
+    filler = UNAME_SIZE - 6 - len(body)
+    data[UNAME_AT : UNAME_AT + 6 + UNAME_SIZE] = (
+        struct.pack("<HI", option, len(body)) + body + struct.pack("<HI", 30, filler)
+    ) + bytes(filler)
+    path.write_bytes(bytes(data))
+    got = outcome(path, "trace.dat v6")
+    assert got.kind in ("read", "error"), f"option {option}: {got.detail}: {got.message}"
+    if option == 7 and body:
+        assert "the time offset option at offset 36063 is not a number: '0xzz'" in got.detail
