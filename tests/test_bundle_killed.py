@@ -234,3 +234,24 @@ def test_a_vmm_output_and_a_probe_summary_cut_mid_line_are_said_not_misread(
     vmm_output = data.run(guest).vmm
     assert vmm_output is not None and vmm_output.vms.is_empty()  # the cut record is not read
     assert "before-probe-page-cpu0" not in data.probes["run_id"].to_list()
+
+
+@pytest.mark.parametrize(
+    "summary", ["", '{"record": "tlbiprobe", "cpu": 0}\n'], ids=["empty", "without-numbers"]
+)
+def test_a_killed_probe_slots_summary_reads_incomplete_in_one_line(
+    tmp_path: Path, summary: str
+) -> None:
+    # The kill matrix's kill-probe cell (2026-12-02 14:04), once its SIGKILL landed while
+    # tlbiprobe ran, left probe.json empty: report and perfetto stopped with exit 2.
+    root = tmp_path / "b"
+    shutil.copytree(REPORT_FIXTURE, root)
+    slot = "before-probe-page-cpu0"
+    _killed(root, (slot,))
+    (root / "runs" / slot / "probe.json").write_text(summary)
+    said = _outputs(root, tmp_path)
+    for name in ("report", "perfetto"):
+        assert "INCOMPLETE" in said[name], name
+        assert f"runs/{slot}/probe.json: not read, the run ended running" in said[name], name
+        assert "the probe slot's summary is not known" in said[name], name
+    assert slot not in load_bundle(root).probes["run_id"].to_list()
