@@ -4,6 +4,7 @@ Run from the repository root, under the machine's vhost lock (it boots twice):
 
     python scripts/vhost_kill_matrix.py --out DIR [--minutes M] [--boot-only] [CELL...]
     python scripts/vhost_kill_matrix.py --tabulate --out DIR   # after --boot-only, unlocked
+    python scripts/vhost_kill_matrix.py --tabulate --out DIR --earlier DIR1 ...  # runs together
 
 Boot 1 (nVHE, 4 x cortex-a76, two clusters, CPU 3 isolated: the brief's main case, real
 KVM, kprobes, CPU hotplug) runs one cell per (signal, point): a `tracekit collect` is
@@ -74,7 +75,8 @@ POWERCUT_LINE = "POWERCUT-NOW"
 # Where a boot's cells are saved, one JSON line each, in the directory it runs from.
 CELLS_JSON = Path("cells.json")
 # How long the collect is left to run once its point is reached, before the signal.
-SETTLE_S = {"preflight": 2.0, "quiet": 1.0, "traced": 1.5, "hotplug": 0.0, "probe": 0.5}
+# The probe runs 2 s from its argv record: none, the state's scan before the signal is long.
+SETTLE_S = {"preflight": 2.0, "quiet": 1.0, "traced": 1.5, "hotplug": 0.0, "probe": 0.0}
 
 
 # --- the host's state, inside the emulated host -------------------------------------------
@@ -176,6 +178,7 @@ class Collect:
 
     proc: subprocess.Popen[str]
     lines: list[str]
+    bundle: Path
 
     @classmethod
     def start(cls, roles: str, bundle: Path) -> Collect:
@@ -187,7 +190,7 @@ class Collect:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
-        collect = cls(proc, [])
+        collect = cls(proc, [], bundle)
         threading.Thread(target=collect._gather, daemon=True).start()
         return collect
 
@@ -226,16 +229,22 @@ def reach(point: str, collect: Collect) -> str:
         ),
         "traced": lambda: collect.said("before-traced-0") and _tracing(),
         "hotplug": lambda: collect.said("after-guest-hotplug"),
-        "probe": lambda: (
-            collect.said("before-probe-page")
-            and any(p.startswith("tlbiprobe") for p in _tool_processes())
-        ),
+        "probe": lambda: collect.said("before-probe-page") and _probe_spawned(collect),
     }[point]
     # Preflight is short: once its lines are printed, it is over.
     missed = (lambda: collect.said("host: ")) if point == "preflight" else (lambda: False)
-    if not wait_for(lambda: started() or missed(), collect, 900):
+    seen: list[bool] = []  # the point as first seen: a short one may be over on a 2nd look
+
+    def arrived() -> bool:
+        """The point is reached (noted), or missed."""
+        if started():
+            seen.append(True)
+            return True
+        return missed()
+
+    if not wait_for(arrived, collect, 900):
         return "not reached"
-    if not started():
+    if not seen:
         return "missed (preflight over)"
     if point == "hotplug":
         # Wait for the CPU to go offline: the signal then lands with it offline.
@@ -244,6 +253,16 @@ def reach(point: str, collect: Collect) -> str:
         return "cpu offline" if offline else "hotplug started"
     time.sleep(SETTLE_S[point])
     return "reached"
+
+
+def _probe_spawned(collect: Collect) -> bool:
+    """A probe slot's tlbiprobe is starting: its argv record is written just before it.
+
+    Not /proc: in the loaded emulated host a scan of every process took longer than the
+    probe's 2 s, so the 2026-12-02 matrix's probe cells saw it as it ended and signalled
+    between slots (with no tlbiprobe running).
+    """
+    return any((collect.bundle / "runs").glob("before-probe-page-*/probe.json.argv"))
 
 
 def _journal_of(collect: Collect) -> bool:
@@ -448,11 +467,15 @@ def all_cells() -> list[str]:
 # beside its cells (its cut came before any traced run); a traced run is reached in
 # ~1.5 min more. The table is made after the lock (--boot-only, then --tabulate).
 RESERVE_S = 6 * 60
+# Without the power cut only QEMU's start (under 1 min in the 2026-12-02 runs) and the
+# overrun of a cell started near the end are left.
+RESERVE_NO_CUT_S = 2 * 60
 
 
-def cell_budget(minutes: float | None) -> float | None:
+def cell_budget(minutes: float | None, cut: bool = True) -> float | None:
     """Seconds boot 1's cells may take so that the whole run takes `minutes`, or None."""
-    return None if minutes is None else max(0.0, minutes * 60 - RESERVE_S)
+    reserve = RESERVE_S if cut else RESERVE_NO_CUT_S
+    return None if minutes is None else max(0.0, minutes * 60 - reserve)
 
 
 def boot(out: Path, disk: Path, command: list[str], on_line: Callable[[str], None]) -> int | str:
@@ -512,50 +535,52 @@ def kinds(changed: dict[str, list[str]]) -> str:
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     """The matrix as fixed-width lines."""
-    head = f"{'cell':21} {'at the signal':36} {'exit':>4}  {'left after the run':34}"
-    lines = [head + f" {'recovery':20} {'left after':10} bundle"]
+    head = f"{'cell':21} {'began (UTC)':16} {'at the signal':36} {'exit':>4}  "
+    lines = [head + f"{'left after the run':34} {'recovery':20} {'left after':10} bundle"]
     for r in results:
         exit_ = str(r.get("exit", "cut"))
         lines.append(
-            f"{r['cell']:21} {', '.join(r['at_signal']):36} {exit_:>4}  "
+            f"{r['cell']:21} {r.get('began', '-'):16} {', '.join(r['at_signal']):36} {exit_:>4}  "
             f"{kinds(r['left_after_run']):34} {r['recovery']:20} "
             f"{kinds(r['left_after_recovery']):10} {r['bundle_read']}"
         )
     return lines
 
 
-def outside(out: Path, cells: list[str], minutes: float | None, table_too: bool = True) -> None:
-    """Both boots, then the table (unless `table_too` is False: --tabulate later)."""
+def outside(
+    out: Path, cells: list[str], minutes: float | None, table_too: bool = True, cut: bool = True
+) -> None:
+    """Both boots (boot 1 only without the `cut`), then the table (or --tabulate later)."""
     disk = out / "disk"
     disk.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     inside = ["python3", "/tracekit/scripts/vhost_kill_matrix.py"]
-    budget = cell_budget(minutes)
+    budget = cell_budget(minutes, cut)
     limit = [] if budget is None else ["--budget", f"{budget:.0f}"]
     print(f"cells: {' '.join(cells)}; boot 1's budget: {limit[1:] or 'none'} s", flush=True)
-    first = boot(out / "boot1", disk, [*inside, "inside", *cells, *limit, "--powercut"], cut_power)
-    second = boot(out / "boot2", disk, [*inside, "after-power-cut"], cut_power)
+    ending = ["--powercut"] if cut else []
+    first = boot(out / "boot1", disk, [*inside, "inside", *cells, *limit, *ending], cut_power)
+    second = boot(out / "boot2", disk, [*inside, "after-power-cut"], cut_power) if cut else "-"
     minutes = (time.monotonic() - began) / 60
     print(f"boot 1: {first}; boot 2 (same disk, after the power cut): {second}; {minutes:.0f} min")
     if table_too:
         tabulate(out)
 
 
-def tabulate(out: Path) -> None:
-    """The bundles read here with the full toolkit, the table, the details as JSON."""
-    results = boot_results(out / "boot1")
-    cut = out / "boot2/after-cut.json"
-    if cut.is_file():
-        results.append({**json.loads(cut.read_text()), "dir": cut_bundle(out, results)})
-    elif (bundle := cut_bundle(out, results)).is_dir():  # cut, not yet booted again
-        unknown = {"unknown (no boot after the cut yet)": []}
-        row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
-        results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
-    results += boot_results(out / "boot2")
-    not_run = [r["cell"] for r in results if "not_run" in r]
+def tabulate(out: Path, earlier: tuple[Path, ...] = ()) -> None:
+    """The bundles read here with the full toolkit, the table, the details as JSON.
+
+    With `earlier` runs' output directories, their cells come first, in one table: each
+    cell says when its collect began (its bundle's manifest), and a cell counts as not
+    run only if no run ran it.
+    """
+    results = [row for run in (*earlier, out) for row in run_results(run)]
+    ran = {r["cell"] for r in results if "not_run" not in r}
+    not_run = list(dict.fromkeys(r["cell"] for r in results if r["cell"] not in ran))
     results = [r for r in results if "not_run" not in r]
     for result in results:
         bundle = result.pop("dir")
+        result["began"] = began(bundle)
         result["bundle"] = bundle_state(bundle)
         result["bundle_read"] = f"{result['bundle']}; {read_bundle(bundle)}"
     (out / "matrix.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -572,8 +597,31 @@ def tabulate(out: Path) -> None:
         print(f"not run (time budget): {' '.join(not_run)}")
     for result in results:
         if result["cell"].startswith("powercut") and result.get("recovery_said"):
-            print("after the power cut, `tracekit cleanup` in the fresh boot said:")
+            cut = f"after the power cut ({result['began']})"
+            print(f"{cut}, `tracekit cleanup` in the fresh boot said:")
             print("\n".join(f"  {line}" for line in result["recovery_said"]))
+
+
+def run_results(out: Path) -> list[dict[str, Any]]:
+    """One run's cells (boot 1's, the power cut's, boot 2's), each with its bundle's "dir"."""
+    results = boot_results(out / "boot1")
+    cut = out / "boot2/after-cut.json"
+    if cut.is_file():
+        results.append({**json.loads(cut.read_text()), "dir": cut_bundle(out, results)})
+    elif (bundle := cut_bundle(out, results)).is_dir():  # cut, not yet booted again
+        unknown = {"unknown (no boot after the cut yet)": []}
+        row = {"cell": "powercut", "at_signal": ["?"], "left_after_run": unknown}
+        results.append({**row, "recovery": "-", "left_after_recovery": unknown, "dir": bundle})
+    return results + boot_results(out / "boot2")
+
+
+def began(bundle: Path) -> str:
+    """When a cell's collect began (UTC, its manifest's `created`), or '-' without one."""
+    try:
+        created = json.loads((bundle / "manifest.json").read_text())["created"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "-"
+    return str(created).replace("T", " ")[:16]
 
 
 def boot_results(boot_out: Path) -> list[dict[str, Any]]:
@@ -616,7 +664,9 @@ def cut_bundle(out: Path, done: list[dict[str, Any]]) -> Path:
     if (out / "disk/bundle").is_dir():
         return out / "disk/bundle"
     finished = {r["cell"] for r in done}
-    running = [d for d in sorted((out / "boot1/cells").iterdir()) if d.name not in finished]
+    cells = out / "boot1/cells"  # absent when boot 1 started no cell
+    started = sorted(cells.iterdir()) if cells.is_dir() else []
+    running = [d for d in started if d.name not in finished]
     return running[0] / "bundle" if running else out / "disk/bundle"
 
 
@@ -630,7 +680,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("vhost-kill-matrix"))
     parser.add_argument("--roles", default=MAIN_ROLES, help="inside: collect's CPU roles")
     parser.add_argument("--powercut", action="store_true", help="inside: end with the power cut")
+    parser.add_argument("--no-powercut", action="store_true", help="outside: cells only, one boot")
     parser.add_argument("--tabulate", action="store_true", help="only re-read --out's results")
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --tabulate: an earlier run's --out, its cells in the same table",
+    )
     parser.add_argument(
         "--boot-only", action="store_true", help="outside: boot, leave the table to --tabulate"
     )
@@ -638,9 +696,10 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="inside: seconds after which no cell starts")
     args = parser.parse_args()
     if args.tabulate:
-        tabulate(args.out.resolve())
+        tabulate(args.out.resolve(), tuple(d.resolve() for d in args.earlier))
     elif args.mode == "outside":
-        outside(args.out.resolve(), args.cells or all_cells(), args.minutes, not args.boot_only)
+        cells = args.cells or all_cells()
+        outside(args.out.resolve(), cells, args.minutes, not args.boot_only, not args.no_powercut)
     elif args.mode == "after-power-cut":
         result = after_power_cut(Path("/share"))
         Path("/out/after-cut.json").write_text(json.dumps(result, sort_keys=True) + "\n")

@@ -108,3 +108,42 @@ def test_a_damaged_trace_is_one_line_not_read(tmp_path: Path) -> None:
     guest = next(r for r in data.manifest.runs if r.run_id == "guest")
     with pytest.raises(TracekitError, match="guest's trace is damaged and not read"):
         open_run_trace(data, guest)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "removed", "said"),
+    [
+        ("report/nvhe-a76", "runs/before-quiet-1", "runs/before-quiet-1/cyclictest.txt"),
+        ("perfetto/nvhe-a76-kprobes", "runs/guest/trace", "runs/guest/trace/capture.json"),
+        (
+            "perfetto/nvhe-a76-kprobes",
+            "runs/guest/trace/capture.json",
+            "runs/guest/trace/capture.json",
+        ),
+        (
+            "perfetto/nvhe-a76-kprobes",
+            "runs/guest/trace/per_cpu/cpu0/trace_pipe_raw",
+            "runs/guest/trace/per_cpu/cpu0/trace_pipe_raw",
+        ),
+    ],
+    ids=["run-directory", "trace", "capture-json", "cpu-file"],
+)
+def test_a_removed_run_trace_or_cpu_file_is_said_by_verify_report_and_perfetto(
+    tmp_path: Path, fixture: str, removed: str, said: str
+) -> None:
+    # Issue 16 point 5: each of these once removed its run or section silently (exit 0).
+    root = tmp_path / "b"
+    shutil.copytree(Path(__file__).parent / "fixtures" / fixture, root)
+    gone = root / removed
+    shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+    for argv, code in (
+        (["verify", str(root)], 1),
+        (["report", "--no-progress", str(root)], 0),
+        (["perfetto", str(root), "-o", str(tmp_path / "out.pftrace")], 0),
+    ):
+        result = CliRunner().invoke(main, argv)
+        assert not isinstance(result.exception, Exception), (argv, result.exception)
+        assert result.exit_code == code, (argv, result.output)
+        assert f"{said}: missing (the manifest lists it)" in " ".join(result.output.split()), argv
+        if argv[0] == "report":
+            assert "DAMAGED bundle" in _first_line(result.output)

@@ -134,6 +134,32 @@ def test_a_stopped_stress_ng_without_metrics_or_cut_reads_incomplete(
     assert "before-quiet-0" not in load_bundle(bundle).stress["run_id"].to_list()
 
 
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        "    - stressor: tlb-shootdown\n",  # stopped after the first whole line
+        "    - stressor: tlb-shootdown\n      bogo-ops-per-second-real-time: \n",  # no value
+        "    - stressor: a\n      bogo-ops-per-second-real-time: 1.5\n    - stressor: b\n",
+    ],
+    ids=["stressor-only", "empty-value", "one-of-two"],
+)
+def test_a_stopped_stress_ng_with_part_of_its_metrics_reads_incomplete_in_one_line(
+    bundle: Path, tmp_path: Path, metrics: str
+) -> None:
+    # The YAML parses, but its table lacks the throughput (for a stressor): a polars
+    # column error in report and perfetto before, or a sum that skipped a stressor.
+    yaml = bundle / STRESS
+    yaml.write_text(yaml.read_text().split("metrics:")[0] + "metrics:\n" + metrics)
+    said = _outputs(bundle, tmp_path)
+    problem = (
+        f"{STRESS}: not read, the run ended running (no stress-ng "
+        "bogo-ops-per-second-real-time for every stressor; the run's stress-ng did not finish)"
+    )
+    for name in ("report", "perfetto"):
+        assert "INCOMPLETE" in said[name] and problem in said[name], name
+    assert "before-quiet-0" not in load_bundle(bundle).stress["run_id"].to_list()
+
+
 def test_a_run_stopped_before_cyclictest_printed_a_sample_has_none(bundle: Path) -> None:
     text = (bundle / CYCLIC).read_text()
     first = next(n for n, line in enumerate(text.splitlines()) if line.lstrip()[:1].isdigit())
@@ -208,3 +234,24 @@ def test_a_vmm_output_and_a_probe_summary_cut_mid_line_are_said_not_misread(
     vmm_output = data.run(guest).vmm
     assert vmm_output is not None and vmm_output.vms.is_empty()  # the cut record is not read
     assert "before-probe-page-cpu0" not in data.probes["run_id"].to_list()
+
+
+@pytest.mark.parametrize(
+    "summary", ["", '{"record": "tlbiprobe", "cpu": 0}\n'], ids=["empty", "without-numbers"]
+)
+def test_a_killed_probe_slots_summary_reads_incomplete_in_one_line(
+    tmp_path: Path, summary: str
+) -> None:
+    # The kill matrix's kill-probe cell (2026-12-02 14:04), once its SIGKILL landed while
+    # tlbiprobe ran, left probe.json empty: report and perfetto stopped with exit 2.
+    root = tmp_path / "b"
+    shutil.copytree(REPORT_FIXTURE, root)
+    slot = "before-probe-page-cpu0"
+    _killed(root, (slot,))
+    (root / "runs" / slot / "probe.json").write_text(summary)
+    said = _outputs(root, tmp_path)
+    for name in ("report", "perfetto"):
+        assert "INCOMPLETE" in said[name], name
+        assert f"runs/{slot}/probe.json: not read, the run ended running" in said[name], name
+        assert "the probe slot's summary is not known" in said[name], name
+    assert slot not in load_bundle(root).probes["run_id"].to_list()

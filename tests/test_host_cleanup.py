@@ -403,3 +403,28 @@ def test_stop_processes_stops_children_first_and_keeps_the_other_undos(tmp_path:
         assert undone == []  # only the children were stopped
         proc.stdout.close()
     assert undone == ["setting"]
+
+
+def test_a_file_undone_out_of_turn_leaves_one_record_however_many_runs_made_it(
+    tmp_path: Path,
+) -> None:
+    # Each quiet or traced run makes and removes the same cyclictest histogram (runners.
+    # run_measure); pending until the run's end, each one added a record of it, and a
+    # recovery after a power cut named the file once per run (the 2026-12-02 matrix).
+    hist = tmp_path / "tracekit-1-cyclictest-hist.txt"
+    stack = CleanupStack(Journal.create(tmp_path / "j"))
+    assert stack.journal is not None
+    for _ in range(3):
+        removal = stack.push(
+            f"remove {hist}", lambda: hist.unlink(missing_ok=True), journal.temporary_file(hist)
+        )
+        hist.write_text("000000 1\n")
+        stack.undo_now(removal)
+        assert not hist.exists()
+        assert pending_entries(stack.journal.path.read_text()) == []
+    stack.push(f"remove {hist}", lambda: hist.unlink(missing_ok=True), journal.temporary_file(hist))
+    hist.write_text("000000 1\n")
+    stack.journal.close()  # killed during the fourth run: its record alone is pending
+    assert [e["path"] for e in pending_entries(stack.journal.path.read_text())] == [str(hist)]
+    assert recover(tmp_path / "j").undone == [f"remove {hist}"]
+    assert not hist.exists()

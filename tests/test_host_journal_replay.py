@@ -76,6 +76,20 @@ def test_a_journal_from_an_earlier_boot_signals_nothing_and_removes_only_files(
     assert not hist.exists()
 
 
+def test_a_file_recorded_by_every_run_in_an_earlier_boot_is_named_once(tmp_path: Path) -> None:
+    # Journals on disk written before runs undid their histogram out of turn hold a
+    # record per run for one file; after a reboot the recovery names it once.
+    hist = tmp_path / "tracekit-1-cyclictest-hist.txt"
+    hist.write_text("000000 1\n")
+    twice = [journal.temporary_file(hist), journal.temporary_file(hist)]
+    path = dead_journal(tmp_path / "j", "00000000-0000-0000-0000-000000000000", *twice)
+    assert recover(tmp_path / "j").undone == [
+        f"{path.name} is from an earlier boot: kernel state already reset; "
+        f"files it left: {hist} (removed)"
+    ]
+    assert not hist.exists() and not path.exists()
+
+
 def test_a_journal_that_names_no_boot_is_taken_as_an_earlier_one(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:

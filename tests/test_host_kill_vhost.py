@@ -14,7 +14,9 @@ session, boot included, took 312 s).
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import VhostBoot, register_vhost_check
@@ -49,6 +51,10 @@ def test_sigkill_in_a_traced_run_is_undone_by_cleanup(
     # What SIGKILL left is real: the instance and kprobes stayed until cleanup ran.
     assert {"instances", "kprobe_events"} <= set(cell["left_after_run"])
     assert any(line.startswith("undone: ") for line in cell["recovery_said"])
+    # The quiet and the traced run each made the cyclictest histogram; undone once read,
+    # only the traced run's record can be pending (it was once per run: named twice).
+    removals = [line for line in cell["recovery_said"] if "cyclictest-hist" in line]
+    assert len(removals) <= 1, removals
     assert cell["left_after_recovery"] == {}
     assert str(cell["bundle"]).startswith("INCOMPLETE")
 
@@ -95,4 +101,43 @@ def test_the_matrix_runs_every_cell_once_sigkill_first_and_keeps_time_for_the_cu
     assert matrix.cell_budget(None) is None
     assert matrix.cell_budget(25) == 25 * 60 - matrix.RESERVE_S
     assert matrix.cell_budget(1) == 0.0  # no cell starts; the power cut still runs
+    assert matrix.cell_budget(24, cut=False) == 24 * 60 - matrix.RESERVE_NO_CUT_S
+    assert matrix.cell_budget(24, cut=False) > matrix.cell_budget(24)  # no boot 2
     assert matrix.estimate("kill-hotplug") > matrix.estimate("term-hotplug")  # the recovery
+
+
+def test_runs_tabulated_together_count_a_cell_not_run_only_if_no_run_ran_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    matrix = load_script("vhost_kill_matrix")
+    ran = {"at_signal": ["instances 1"], "exit": 143, "left_after_run": {}, "recovery": "none"}
+    ran |= {"left_after_recovery": {}, "seconds": 30.0}
+    runs = {
+        "first": [{"cell": "term-quiet", **ran}, {"cell": "int-quiet", "not_run": "time budget"}],
+        "second": [{"cell": "int-quiet", **ran}, {"cell": "int-probe", "not_run": "time budget"}],
+    }
+    for name, rows in runs.items():
+        (tmp_path / name / "boot1").mkdir(parents=True)
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
+        (tmp_path / name / "boot1" / "cells.json").write_text(lines)
+    matrix.tabulate(tmp_path / "second", (tmp_path / "first",))
+    said = capsys.readouterr().out
+    assert "not run (time budget): int-probe\n" in said
+    saved = json.loads((tmp_path / "second" / "matrix.json").read_text())
+    assert [(r["cell"], r["began"]) for r in saved] == [("term-quiet", "-"), ("int-quiet", "-")]
+
+
+def test_the_probe_point_is_reached_by_its_argv_record_and_said_so(tmp_path: Path) -> None:
+    matrix = load_script("vhost_kill_matrix")
+    stand_in = subprocess.Popen(["sleep", "30"], text=True)  # the collect, still running
+    try:
+        collect = matrix.Collect(stand_in, ["[3/12 +139s] before-probe-page-cpu3"], tmp_path)
+        slot = tmp_path / "runs" / "before-probe-page-cpu3"
+        slot.mkdir(parents=True)
+        (slot / "probe.json.argv").write_text('["tlbiprobe"]\n')  # written just before it runs
+        assert matrix.reach("probe", collect) == "reached"  # not "missed (preflight over)"
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    collect = matrix.Collect(stand_in, ["[3/12 +139s] before-probe-page-cpu3"], tmp_path / "x")
+    assert matrix.reach("probe", collect) == "not reached"  # the collect ended without one

@@ -104,10 +104,23 @@ class CleanupStack:
         undo: Callable[[], None],
         record: Entry | None = None,
         process: bool = False,
-    ) -> None:
+    ) -> UndoAction:
         """Remember how to undo a change; `record` is written to the journal first."""
         journal_id = self.journal.record(record) if self.journal and record else None
-        self._actions.append(UndoAction(description, undo, journal_id, process))
+        action = UndoAction(description, undo, journal_id, process)
+        self._actions.append(action)
+        return action
+
+    def undo_now(self, action: UndoAction) -> None:
+        """Undo one change now, out of turn, and mark it done in the journal.
+
+        For a change whose life ends inside a step (a tool's temporary file, read and
+        done with): left pending until the run ends, each step would add a record of its
+        own for the same change, and a recovery would undo and name it once per step.
+        """
+        with hold_stop_signals():  # no signal between leaving the stack and the undo
+            self._actions.remove(action)
+            self._run(action)
 
     def change(
         self,

@@ -356,7 +356,11 @@ def _recover_earlier_boot(path: Path, fd: int, entries: list[Entry], recovery: R
     a tracefs mount at its path is this boot's: nothing but its files is touched.
     """
     files = [entry for entry in reversed(entries) if entry.get("kind") == "file"]
-    removed = [str(entry["path"]) for entry in files if _undo_or_say(entry, fd, recovery, "")]
+    # Named once each: a journal kept on disk from an earlier version holds a record per
+    # run for one file (each run's histogram stayed pending until the collect ended).
+    removed = dict.fromkeys(
+        str(entry["path"]) for entry in files if _undo_or_say(entry, fd, recovery, "")
+    )
     recovery.undone.append(
         f"{path.name} is from an earlier boot: kernel state already reset; files it left: "
         + (f"{', '.join(removed)} (removed)" if removed else "none")

@@ -101,8 +101,9 @@ def run_measure(session: Session, ctx: RunContext) -> None:
     # The histogram file has a line per bucket: written locally, kept compacted.
     histogram = Path(tempfile.gettempdir()) / f"tracekit-{os.getpid()}-cyclictest-hist.txt"
     # Journaled: a SIGKILLed run's histogram is removed by the next start (a board's /tmp
-    # may be on disk, where even a reboot keeps it).
-    session.stack.push(
+    # may be on disk, where even a reboot keeps it). Undone once read, so that the
+    # journal holds one record of it at most, not one per run.
+    removal = session.stack.push(
         f"remove {histogram}",
         lambda: histogram.unlink(missing_ok=True),
         journal.temporary_file(histogram),
@@ -118,7 +119,7 @@ def run_measure(session: Session, ctx: RunContext) -> None:
     cyclic = session.spawn(cyclic_argv, ctx.path(RunFile.CYCLICTEST))
     session.wait(cyclic, "cyclictest", opts.duration_s)
     ctx.path(RunFile.CYCLICTEST_HIST).write_text(toolbox.compact_histogram(histogram.read_text()))
-    histogram.unlink()
+    session.stack.undo_now(removal)
     session.wait(stress, "stress-ng", opts.duration_s)
     if perf is not None:
         # perf stat prints its last interval and exits on SIGINT, like Ctrl-C.

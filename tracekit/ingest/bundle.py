@@ -27,7 +27,6 @@ from tracekit.bundle import (
     damaged_files,
     read_manifest,
     run_dir,
-    run_file,
     run_trace_path,
 )
 from tracekit.errors import TracekitError
@@ -113,8 +112,8 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
                 cycles.append((run.run_id, _cycles(counted)))
         if (ops := data.stress_ops_per_s) is not None:
             stress.append((run.run_id, run.phase, run.kind, ops))
-        summary = data.path(RunFile.PROBE_SUMMARY) if run.kind == RunKind.PROBE else None
-        if summary is not None and run_file(run.run_id, RunFile.PROBE_SUMMARY) not in cut:
+        summary = data.probe_summary if run.kind == RunKind.PROBE else None
+        if summary is not None:
             probes.append(_probe(run, summary))
     return BundleData(
         path=path,
@@ -214,12 +213,8 @@ def _cycles(path: Path) -> int:
         raise TracekitError(f"{path}: not cyclictest's --json output ({err})") from None
 
 
-def _probe(run: RunRecord, path: Path) -> dict[str, object]:
-    """One probe slot's summary as the probe printed it."""
-    try:
-        summary = json.loads(path.read_text().splitlines()[0])
-    except (ValueError, IndexError) as err:
-        raise TracekitError(f"{path}: not the probe's JSON summary ({err})") from None
+def _probe(run: RunRecord, summary: dict[str, Any]) -> dict[str, object]:
+    """One probe slot's row from its summary as the probe printed it (RunData.probe_summary)."""
     return {
         "run_id": run.run_id,
         "phase": run.phase,

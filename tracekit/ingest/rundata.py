@@ -180,28 +180,33 @@ class RunData:
     def stress_ops_per_s(self) -> float | None:
         """stress-ng's bogo-ops per second of wall time, all workers (its --yaml metrics);
         None without the file, when it is cut, or when a stopped run's has no metrics."""
-        path = self.path(RunFile.STRESS_YAML)
-        rel = run_file(self.run_id, RunFile.STRESS_YAML)
+        return self._whole(RunFile.STRESS_YAML, stress_throughput, "its throughput is not known")
+
+    @cached_property
+    def probe_summary(self) -> dict[str, Any] | None:
+        """The probe slot's JSON summary (its first line); None without the file, when it
+        is cut, or when a stopped run's is empty or not whole."""
+        unknown = "the probe slot's summary is not known"
+        return self._whole(RunFile.PROBE_SUMMARY, read_probe_summary, unknown)
+
+    def _whole(self, name: str, read: Callable[[Path], T], unknown: str) -> T | None:
+        """`read` of one of the run's files; None without it or when it is cut. A stopped
+        run's file that `read` refuses (a tool stopped before it printed, or mid-way) is
+        one of the run's problems, saying what is `unknown`, never an error."""
+        path = self.path(name)
+        rel = run_file(self.run_id, name)
         if path is None or rel in self.cut:
             return None
-        from tracekit.ingest.tools import read_tool
-
         try:
-            _, tables, _ = read_tool(path)
+            return read(path)
         except TracekitError as err:
             if not self.stopped:
                 raise
-            # A stopped stress-ng writes its YAML without metrics: said, never dropped.
             reason = str(err).replace(f"{path}: ", "")
             self.problems.append(
-                f"{rel}: not read, the run ended {self.run.status} ({reason}): "
-                "its throughput is not known"
+                f"{rel}: not read, the run ended {self.run.status} ({reason}): {unknown}"
             )
             return None
-        table = tables.get("stress_ng")
-        if table is None or table.height == 0:
-            raise TracekitError(f"{path}: no stress-ng metrics; the run's stress-ng did not finish")
-        return float(table["bogo_ops_per_second_real_time"].sum())
 
     @cached_property
     def cyclictest_interval_ns(self) -> int | None:
@@ -243,3 +248,48 @@ class RunData:
         except (OSError, ValueError) as err:
             raise TracekitError(f"{path}: not the collector's argv record ({err})") from None
         return [str(a) for a in argv] if isinstance(argv, list) else []
+
+
+STRESS_RATE = "bogo_ops_per_second_real_time"
+
+
+def stress_throughput(path: Path) -> float:
+    """stress-ng's bogo-ops/s of wall time summed over its stressors, from its --yaml.
+
+    Every stressor must have the number: a sum that skipped one would be too low, silently.
+    """
+    from tracekit.ingest.tools import read_tool
+
+    _, tables, _ = read_tool(path)
+    table = tables.get("stress_ng")
+    whole = (
+        table is not None
+        and table.height > 0
+        and STRESS_RATE in table.columns
+        and table[STRESS_RATE].dtype.is_numeric()
+        and table[STRESS_RATE].null_count() == 0
+    )
+    if not whole:
+        raise TracekitError(
+            f"{path}: no stress-ng bogo-ops-per-second-real-time for every stressor; "
+            "the run's stress-ng did not finish"
+        )
+    return float(table[STRESS_RATE].sum())
+
+
+# What a probe summary holds that the bundle's probe table takes (tlbiprobe's first line).
+PROBE_SUMMARY_KEYS = ("cpu", "mode", "count", "p50_ns", "p99_ns", "max_ns", "mean_ns")
+
+
+def read_probe_summary(path: Path) -> dict[str, Any]:
+    """The probe's JSON summary line, with every key the probe table takes."""
+    try:
+        summary = json.loads(path.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError) as err:
+        raise TracekitError(f"{path}: not the probe's JSON summary ({err})") from None
+    missing = [
+        key for key in PROBE_SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary
+    ]
+    if missing:
+        raise TracekitError(f"{path}: not the probe's JSON summary (no {', '.join(missing)})")
+    return summary  # type: ignore[no-any-return]

@@ -38,6 +38,16 @@ class Truncated(Exception):
     """A read went past the end of the file or of a section."""
 
 
+def _offset_option(text: str, at: int) -> int:
+    """The OFFSET option's timestamp offset (an integer in C syntax; none when empty)."""
+    try:
+        return int(text or "0", 0)
+    except ValueError:
+        raise Truncated(
+            f"the time offset option at offset {at} is not a number: {text!r}"
+        ) from None
+
+
 class Cursor:
     """Reads integers and strings from a byte buffer, remembering the file offset."""
 
@@ -162,7 +172,8 @@ class TraceDat:
         tag = bytes(cur.take(10))
         if tag == b"options  \0":
             while (opt := cur.uint(2)) != OPT_DONE:
-                self._option(opt, Cursor(cur.take(cur.uint(4)), self.endian, cur.offset))
+                size = cur.uint(4)  # the body's file offset is where it starts, as in v7
+                self._option(opt, Cursor(cur.take(size), self.endian, cur.offset - size))
             tag = bytes(cur.take(10))
         if tag == b"latency  \0":
             raise TracekitError(
@@ -286,7 +297,8 @@ class TraceDat:
         elif opt == OPT_CPUCOUNT:
             self.n_cpus = body.uint(4)
         elif opt == OPT_OFFSET:
-            self.ts_offset = int(body.text(len(body.data)) or 0, 0)
+            at = body.offset
+            self.ts_offset = _offset_option(body.text(len(body.data)), at)
         elif opt == OPT_DATE:
             self.meta["date_offset"] = body.text(len(body.data))
         elif opt == OPT_TSC2NSEC:
