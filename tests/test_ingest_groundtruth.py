@@ -641,3 +641,21 @@ def test_bundle_sync_lines_from_vmm_and_probe(tmp_path: Path) -> None:
     probe.write_text('{"record":"tlbiprobe","sync":[{"event":"start","cpu":2}]}\n')
     with pytest.raises(TracekitError, match="without integer cpu, t0 and t1"):
         gt.bundle_sync_lines(bundle, runs)
+
+
+def test_a_stopped_runs_empty_probe_summary_has_no_sync_lines(tmp_path: Path) -> None:
+    """A probe slot killed before it printed leaves an empty probe.json: for a stopped run
+    its markers are not known (RunData names the file as a problem) and the other runs' fit
+    the clock; for a run that ended normally the same file stays one error line."""
+    from dataclasses import replace
+
+    from tracekit.bundle import RunFile, run_path
+
+    out = _copy_fixture(tmp_path)
+    bundle = generate(out / "bundle", Spec(runs=2))
+    runs = read_manifest(bundle).runs
+    run_path(bundle, runs[1].run_id, RunFile.PROBE_SUMMARY).write_text("")
+    with pytest.raises(TracekitError, match="not the probe's JSON summary"):
+        gt.bundle_sync_lines(bundle, runs)
+    killed = [runs[0], replace(runs[1], status="interrupted")]
+    assert gt.bundle_sync_lines(bundle, killed).height == 0

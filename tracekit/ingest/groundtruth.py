@@ -485,7 +485,7 @@ def bundle_sync_lines(bundle: Path, runs: Iterable[RunRecord]) -> pl.DataFrame:
                 rows.append(_sync_row(source, line, vmm))
         probe = run_path(bundle, run.run_id, RunFile.PROBE_SUMMARY)
         if probe.is_file():
-            for line in _probe_syncs(probe):
+            for line in _probe_syncs(probe, stopped=run.status != "ok"):
                 rows.append(_sync_row(f"probe {run.run_id} {line.get('event')}", line, probe))
     return pl.DataFrame(rows, schema=gtalign.SYNC_SCHEMA, orient="row")
 
@@ -498,11 +498,15 @@ def sync_lines_of(bundles: Iterable[Path]) -> pl.DataFrame | None:
     return pl.concat(found) if found else None
 
 
-def _probe_syncs(path: Path) -> list[dict[str, object]]:
-    """The `sync` list of a probe summary (none in summaries from before it)."""
+def _probe_syncs(path: Path, stopped: bool = False) -> list[dict[str, object]]:
+    """The `sync` list of a probe summary (none in summaries from before it). A stopped
+    run's summary may be empty or cut (RunData says so as one of its problems): its
+    markers are then not known, and the fit rests on the other runs' markers."""
     try:
         summary = json.loads(path.read_text().splitlines()[0])
     except (OSError, ValueError, IndexError) as err:
+        if stopped:
+            return []
         raise TracekitError(f"{path}: not the probe's JSON summary ({err})") from None
     return list(summary.get("sync", []))
 
