@@ -40,7 +40,7 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         smp=4,
         clusters=2,
         append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
-        timeout_s=1200,
+        timeout_s=1800,
         ground_truth=True,
     ),
     # The related cases' scenarios (teardown, cache-toggle, guest-broadcast): the same host
