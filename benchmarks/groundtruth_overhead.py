@@ -65,7 +65,7 @@ def one_boot(out: Path, ground_truth: bool, command: list[str]) -> tuple[float, 
 
 
 def main() -> None:
-    """Boot once to warm up, then with and without the plugin in alternating order; print the ratios."""
+    """One warm-up boot, then with and without the plugin in alternating order; the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="boots of each kind")
     parser.add_argument("--runs", type=int, default=2, help="quiet runs per phase")
