@@ -157,6 +157,11 @@ class RunRecord:
     # states; None: before any guest ended, or a bundle from before it was recorded.
     idle_since_guest: dict[str, int] | None = None
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the run did not end normally (killed, interrupted, failed)."""
+        return self.status != "ok"
+
 
 # RunRecord.idle_since_guest's state name for a CPU with no power-down idle state (QEMU's
 # virt machine has no cpuidle driver): an empty record reads "WFI only", not "0 entries".

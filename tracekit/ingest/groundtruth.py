@@ -485,7 +485,7 @@ def bundle_sync_lines(bundle: Path, runs: Iterable[RunRecord]) -> pl.DataFrame:
                 rows.append(_sync_row(source, line, vmm))
         probe = run_path(bundle, run.run_id, RunFile.PROBE_SUMMARY)
         if probe.is_file():
-            for line in _probe_syncs(probe, stopped=run.status != "ok"):
+            for line in _probe_syncs(probe, stopped=run.stopped):
                 rows.append(_sync_row(f"probe {run.run_id} {line.get('event')}", line, probe))
     return pl.DataFrame(rows, schema=gtalign.SYNC_SCHEMA, orient="row")
 

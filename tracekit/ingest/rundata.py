@@ -55,7 +55,7 @@ class RunData:
     @property
     def stopped(self) -> bool:
         """Whether the run did not end normally (killed, interrupted, failed)."""
-        return self.run.status != "ok"
+        return self.run.stopped
 
     def _cut(self, rel: str) -> bool:
         """Whether `rel`, or a file under it, was cut by a stopped writer."""
