@@ -200,6 +200,10 @@ def test_kernel_rule_fires_between_6_1_and_6_12_despite_enable_virt_at_load() ->
     assert "kvm.enable_virt_at_load" in found.implies
     other = replace(new, kvm_mode="vhe")
     assert conclusions([_effect(old, PRESENT), _effect(other, ABSENT)]) == []
+    # Both kernels have the parameter, booted yes and no: that is kvm.enable_virt_at_load=0
+    # on the command line, not the kernel (review 17b).
+    newer = replace(new, kernel="6.12.57+deb13-arm64", enable_virt_at_load="no")
+    assert conclusions([_effect(new, PRESENT), _effect(newer, ABSENT)]) == []
 
 
 def test_kernel_rule_names_both_kernels() -> None:

@@ -46,11 +46,15 @@ class Rule:
     implies: str  # what it says about where the state is
     # Fields the contrast cannot hold equal (another cluster is another guest CPU).
     entails: tuple[str, ...] = ()
+    # Fields that may differ only where one side's kernel lacks them ("absent"): a setting
+    # both kernels have, set differently, is a contrast of its own, not the kernel's.
+    entails_absent: tuple[str, ...] = ()
 
     def matches(self, a: Condition, b: Condition) -> bool:
         """Whether A and B differ in this rule's field and nothing else, with its values."""
         diff = set(a.differing(b))
-        if self.field not in diff or not diff <= {self.field, *self.entails}:
+        lacking = {f for f in self.entails_absent if "absent" in (getattr(a, f), getattr(b, f))}
+        if self.field not in diff or not diff <= {self.field, *self.entails, *lacking}:
             return False
         # The same --knob overrides on two variants can make them one guest: a variant
         # rule compares presets as they are, so both sides must run without overrides.
@@ -74,9 +78,10 @@ def _rule(
     c: str,
     i: str,
     entails: tuple[str, ...] = (),
+    entails_absent: tuple[str, ...] = (),
 ) -> Rule:
     """Shorthand for the table below."""
-    return Rule(field, a, av, b, bv, c, i, entails)
+    return Rule(field, a, av, b, bv, c, i, entails, entails_absent)
 
 
 # The conclusions tracekit may draw, each with its evidence pattern. Order: creation,
@@ -325,13 +330,14 @@ RULES: tuple[Rule, ...] = (
           "no before/after change in protected mode",
           "with pKVM the host runs under stage 2 from boot; compare the before values"),
     # 6.1 has no kvm.enable_virt_at_load ("absent"), 6.12 has it on by default: a kernel
-    # change carries it along, so the contrast cannot hold it equal across 6.1 and 6.12.
+    # change carries it along, so the contrast cannot hold it equal across 6.1 and 6.12;
+    # two kernels that both have it, set yes and no, differ by a boot parameter instead.
     _rule("kernel", None, PRESENT, None, ABSENT,
           "depends on the kernel: present with {a}, absent with {b}",
           "something that differs between these kernels removes or hides it (their"
           " kvm.enable_virt_at_load among others: with it EL2 stays initialised while no"
           " VM exists; the contrast does not say which difference)",
-          entails=("enable_virt_at_load",)),
+          entails_absent=("enable_virt_at_load",)),
 )  # fmt: skip
 
 
