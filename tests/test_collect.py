@@ -258,8 +258,8 @@ def test_range_slots_issue_by_va_below_the_limit_and_one_asid_flush_above(vhost_
     completion, so the bounds are >= 511 and a few, never exact counts. The slot's process
     also flushes its whole ASID a few times of its own (exec and exit: 2-4 per slot here),
     which a slot of 8 samples reads as 0.5 per call, so no per-call bound is put on the
-    511-page slots' ASID flushes: every call's page-by-page invalidation (>= 511 by VA)
-    and every 513-page call's ASID flush (and no page-by-page) are what is asserted."""
+    511-page slots' ASID flushes: page-by-page invalidation (>= 511 by VA per call, a slot's
+    mean) and the 513-page calls' ASID flush (and no page-by-page) are what is asserted."""
     from tracekit.analysis.groundtruth import invalidations, probe_slot_tlbis
 
     here = _check_dir(vhost_boot(NVHE), "collect_hotplug_other")
