@@ -253,12 +253,57 @@ def vhost_available() -> None:
         pytest.skip("apt-get/dpkg-deb missing: the vhost image is built from Debian packages")
 
 
+# Replay: TRACEKIT_VHOST_REPLAY=DIR (a --basetemp of an earlier boot run) makes every
+# vhost test read that run's saved boot of its config instead of booting, so a change to
+# the host-side code (ingest, analyses, reports) is checked against real boots in
+# seconds. The checks' own code ran at boot time: a replay proves nothing about them.
+REPLAY_ENV = "TRACEKIT_VHOST_REPLAY"
+STREAMED_FILE = "streamed.txt"
+
+
+class _ReplayedChecks(dict[str, CheckResult]):
+    """A replayed boot's checks: one the saved boot did not run skips its test."""
+
+    def __missing__(self, name: str) -> CheckResult:
+        pytest.skip(f"{REPLAY_ENV}: the saved boot did not run check {name}")
+
+
+def _replayed(config_name: str, root: Path) -> VhostBoot:
+    """The saved boot of `config_name` under `root` (pytest's vhost-CONFIG0 directory)."""
+    import json
+
+    from tracekit.vhost.runner import RUN_RECORD
+
+    out = root / f"vhost-{config_name}0"
+    record_file = out / RUN_RECORD
+    if not record_file.is_file():
+        pytest.skip(f"{REPLAY_ENV}: no saved boot of {config_name} under {root}")
+    record = json.loads(record_file.read_text())
+    fields = {name: record[name] for name in VhostResult.__dataclass_fields__ if name in record}
+    for name in ("out_dir", "console_log", "boot_dmesg", "ground_truth_log"):
+        if fields.get(name) is not None:
+            fields[name] = out / Path(fields[name]).relative_to(record["out_dir"])
+    result = VhostResult(**fields)
+    checks = _ReplayedChecks(
+        (directory.name, _read_check(directory))
+        for directory in sorted((out / "checks").iterdir())
+        if directory.is_dir()
+    )
+    streamed_file = out / STREAMED_FILE
+    streamed = streamed_file.read_text().splitlines() if streamed_file.is_file() else []
+    return VhostBoot(result, checks, streamed)
+
+
 @pytest.fixture(scope="session")
 def vhost_boot(
     vhost_available: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], VhostBoot]:
     """`vhost_boot(config)`: that configuration's one boot with all its checks (cached)."""
     from tracekit.vhost.runner import run
+
+    replay = os.environ.get(REPLAY_ENV)
+    if replay:
+        return lambda config_name: _replayed(config_name, Path(replay))
 
     boots: dict[str, VhostBoot] = {}
     # A boot that failed (e.g. timed out) fails every test of its config with the same
@@ -288,6 +333,7 @@ def vhost_boot(
                 failed[config_name] = err
                 raise
             checks = {name: _read_check(out / "checks" / name) for name in _CHECKS[config_name]}
+            (out / STREAMED_FILE).write_text("".join(line + "\n" for line in streamed))
             boots[config_name] = VhostBoot(result, checks, streamed)
         return boots[config_name]
 
