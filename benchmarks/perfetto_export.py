@@ -17,15 +17,16 @@ generation's memory nor an earlier measurement's is in what is measured.
 One run (the default): the trace's tables are read, then its export is timed (--repeat
 times, each in a fresh process; the spread is printed). With --runs K the events are split
 into K traces one after another in time, exported into one file the way a bundle's traced
-runs are: each read when the export asks for it (the read's time is left out of the
-export's, not its memory); the 1x peak (one of those traces exported with its tables
-held) is measured too and the ratio printed. With --tracedat, each recorded trace.dat
+runs are (a TAR of one trace per run and one of the tracks): each read when the export
+asks for it (the read's time is left out of the export's, not its memory); the 1x peak
+(one of those traces exported with its tables held) is measured too and the ratio printed.
+With --tracedat, each recorded trace.dat
 (and a small recorded one beside them: tests/fixtures/ingest/arm64-nvhe.dat, 1,935 events
 of 47 types, unless --no-small) is ingested once, then its export and `trace-cmd report`
 of the same file (the workaround: its text opened in the UI) are timed side by side, each
 the median of --turns runs, with their ratio; the export's first run in a fresh process
 (imports done) and the whole `tracekit perfetto TRACE -o OUT` command (a fresh process:
-imports, export, its check, as a user runs it) are printed too, and at the end one line
+imports, export and its count check, as a user runs it) are printed too, and at the end one line
 per trace with the three ratios, the small trace's beside the large one's.
 With --repeat, each measurement also says where its time went: the CPU's share of the
 wall time (the rest is the machine's other load), the garbage collector's passes, and
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import multiprocessing
 import os
@@ -324,7 +326,10 @@ def measure(inputs: list[Path], out: Path) -> dict[str, Any]:
         start, cpu = time.perf_counter(), time.process_time()
         if held is not None:
             result = export_trace(held, out, progress=progress)
-        else:
+        elif "separate" in inspect.signature(export_parts).parameters:
+            # as a bundle of several traced runs is written: a TAR of one trace per run
+            result = export_parts(parts(), out, progress=progress, separate=True)
+        else:  # an --against tree from before the TAR
             result = export_parts(parts(), out, progress=progress)
         seconds = time.perf_counter() - start - sum(reading)
         cpu_seconds = time.process_time() - cpu - sum(reading_cpu)

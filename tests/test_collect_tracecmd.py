@@ -255,4 +255,4 @@ def test_perfetto_export_of_a_trace_cmd_bundle(vhost_boot, tmp_path: Path) -> No
     result = CliRunner().invoke(main, ["perfetto", str(bundle), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "traced runs exported: before-traced-0, guest, after-traced-0" in result.output
-    assert "every import rule holds" in result.output
+    assert "every event written (" in result.output

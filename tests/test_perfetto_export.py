@@ -187,14 +187,19 @@ def test_bundles_are_bounded_and_symbols_interned(tmp_path: Path) -> None:
 
 
 def test_cli_exports_and_checks(tmp_path: Path) -> None:
-    """`tracekit perfetto` writes, validates, and reports bad input in one line."""
+    """`tracekit perfetto` writes, checks its counts (every rule with --check OUT), and
+    reports bad input in one line."""
     out = tmp_path / "cli.pftrace"
     rawcap = tmp_path / "rawcap"  # a copy: the CLI caches tables beside its input
     shutil.copytree(FIXTURES / "rawcap", rawcap)
     cmd = [sys.executable, "-m", "tracekit", "perfetto"]
     ok = subprocess.run([*cmd, str(rawcap), "-o", str(out)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    assert "every import rule holds" in ok.stdout
+    assert f"{out}: every event written (" in ok.stdout
+    assert "import rule holds" not in ok.stdout  # the file is not read back unasked
+    checked = [*cmd, str(rawcap), "-o", str(out), "--check", str(out)]
+    both = subprocess.run(checked, capture_output=True, text=True)
+    assert both.returncode == 0 and "every import rule holds" in both.stdout, both.stderr
     no_out = subprocess.run([*cmd, str(rawcap)], capture_output=True, text=True)
     assert no_out.returncode == 2
     assert no_out.stderr.strip().splitlines() == [

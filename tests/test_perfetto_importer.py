@@ -9,6 +9,7 @@ the trace_processor version it used (tests/trace_processor_support.py finds it).
 
 from __future__ import annotations
 
+import bisect
 import shutil
 import subprocess
 import sys
@@ -26,11 +27,13 @@ from trace_processor_support import Imported, require_shell
 from vm_bundles import KERNELS, during_tlbi_loop_bundle, make_vm_bundle
 
 import tracekit
+from tracekit.ingest.bundle import load_bundle
 from tracekit.ingest.tables import LOST_SCHEMA
 from tracekit.perfetto import ftrace
 from tracekit.perfetto.bundle import export_bundle
-from tracekit.perfetto.export import export_trace
+from tracekit.perfetto.export import TIMELINE, export_trace
 from tracekit.perfetto.protos import CounterDescriptor
+from tracekit.perfetto.writer import read_members
 
 INGEST = Path(__file__).parent / "fixtures" / "ingest"
 BUNDLE = Path(__file__).parent / "fixtures" / "perfetto" / "nvhe-a76-kprobes"
@@ -70,13 +73,22 @@ SWITCH_MISMATCH = "mismatched_sched_switch_tids"
 
 
 class Case:
-    """One export: the source's trace (stacked runs for a bundle), file, import."""
+    """One export: the source's trace (stacked runs for a bundle) and, for a bundle, each
+    traced run's own; the file, its import."""
 
-    def __init__(self, trace: Any, out: Path, counts: Counter[str], imported: Imported) -> None:
+    def __init__(
+        self,
+        trace: Any,
+        out: Path,
+        counts: Counter[str],
+        imported: Imported,
+        runs: list[Any] | None = None,
+    ) -> None:
         self.trace = trace
         self.out = out
         self.counts = counts
         self.imported = imported
+        self.runs = [trace] if runs is None else runs
 
     def say(self, what: str) -> str:
         """A check's message, naming the importer's version."""
@@ -97,6 +109,7 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             shutil.copytree(source, root, ignore=shutil.ignore_patterns(".tracekit-cache"))
         result, _ = export_bundle(root, out)
         trace = tracekit.open(root, use_cache=False)
+        runs = _run_traces(root)
     else:
         trace = tracekit.open(source, use_cache=False)
         kallsyms = source / "kallsyms"
@@ -106,9 +119,17 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
             symbols = address_names(str(kallsyms))
         result = export_trace(trace, out, symbols=symbols)
+        runs = None
     imported = Imported(shell, out)
     print(f"trace_processor: {imported.version} ({shell})")
-    return Case(trace, out, result.source_counts, imported)
+    return Case(trace, out, result.source_counts, imported, runs)
+
+
+def _run_traces(root: Path) -> list[Any]:
+    """A bundle's traced runs' traces, in time order."""
+    data = load_bundle(root)
+    runs = sorted(data.manifest.runs, key=lambda run: run.start_ns or 0)
+    return [data.run(r).trace for r in runs if data.run(r).trace_path is not None]
 
 
 def test_ftrace_events_per_name_equal_ingest(case: Case) -> None:
@@ -206,11 +227,13 @@ def test_no_import_error(case: Case) -> None:
     }
     mismatches = problems.pop(SWITCH_MISMATCH, 0)
     assert problems == {}, case.say(f"import errors {problems}")
-    assert mismatches == _switch_mismatches(case.trace), case.say(SWITCH_MISMATCH)
+    want = sum(_switch_mismatches(trace) for trace in case.runs)
+    assert mismatches == want, case.say(f"{SWITCH_MISMATCH}: {mismatches}, recorded {want}")
 
 
 def _switch_mismatches(trace: Any) -> int:
-    """sched_switches whose prev_pid is not the previous switch's next_pid on that CPU."""
+    """sched_switches whose prev_pid is not the previous switch's next_pid on that CPU in
+    one recording (a run's: the gap between two runs is no mismatch)."""
     if "sched_switch" not in trace.event_names:
         return 0
     switches = (
@@ -221,6 +244,23 @@ def _switch_mismatches(trace: Any) -> int:
     return switches.filter(pl.col("last") != pl.col("prev_pid")).height
 
 
+def test_no_sched_slice_spans_an_untraced_gap(case: Case) -> None:
+    """Every ended sched slice lies within one traced run: none is drawn through the time
+    between two runs, when nothing was recorded."""
+    if len(case.runs) < 2 or not case.counts.get("sched_switch"):
+        pytest.skip("not a bundle of two traced runs with sched_switch")
+    spans = sorted((int(t.events["ts"].min()), int(t.events["ts"].max())) for t in case.runs)
+    starts = [first for first, _ in spans]
+    rows = case.imported.query("select ts, dur from sched_slice where dur > 0")
+    across = []
+    for r in rows:
+        ts, end = int(r["ts"]), int(r["ts"]) + int(r["dur"])
+        first, last = spans[max(bisect.bisect_right(starts, ts) - 1, 0)]
+        if not first <= ts <= end <= last:
+            across.append((ts, end))
+    assert not across, case.say(f"{len(across)} sched slices span runs, e.g. {across[:3]}")
+
+
 def test_data_losses_equal_tracekits(case: Case) -> None:
     """The importer's per-CPU loss flags and overrun counts are tracekit's lost events."""
     lost = case.trace.lost
@@ -229,15 +269,15 @@ def test_data_losses_equal_tracekits(case: Case) -> None:
         "('ftrace_cpu_has_data_loss', 'ftrace_cpu_overrun_end', 'ftrace_cpu_dropped_events_end')"
     )
     flagged = {int(r["idx"]) for r in rows if r["name"] == "ftrace_cpu_has_data_loss"}
-    overrun = {
-        int(r["idx"]): int(r["value"]) for r in rows if r["name"] == "ftrace_cpu_overrun_end"
-    }
-    dropped = {
-        int(r["idx"]): int(r["value"]) for r in rows if r["name"] == "ftrace_cpu_dropped_events_end"
-    }
+    overrun: Counter[int] = Counter()  # summed over a TAR's traces (a row per trace)
+    dropped: Counter[int] = Counter()
+    for r in rows:
+        into = {"ftrace_cpu_overrun_end": overrun, "ftrace_cpu_dropped_events_end": dropped}
+        if r["name"] in into:
+            into[r["name"]][int(r["idx"])] += int(r["value"])
     assert flagged == _cpus_with_loss(lost), case.say("CPUs flagged with data loss")
-    assert overrun == _counts(lost, "stats_overrun"), case.say("overrun per CPU")
-    assert dropped == _counts(lost, "stats_dropped"), case.say("dropped per CPU")
+    assert dict(overrun) == _counts(lost, "stats_overrun"), case.say("overrun per CPU")
+    assert dict(dropped) == _counts(lost, "stats_dropped"), case.say("dropped per CPU")
 
 
 def _cpus_with_loss(lost: pl.DataFrame) -> set[int]:
@@ -265,6 +305,21 @@ def test_cli_trace_processor_prints_version_and_fails_on_loss(tmp_path: Path) ->
     assert f"trace_processor {Imported(shell, out).version}" in done.stdout
     assert "data_loss: ftrace_cpu_has_data_loss[0] = 1" in done.stdout
     assert done.returncode == 1 and "error/data-loss stats" in done.stderr
+
+
+def test_cli_trace_processor_passes_a_multi_run_bundle(tmp_path: Path) -> None:
+    """A bundle of two traced runs: the importer reports no error (its untraced gap is no
+    sched_switch mismatch), and the export is a TAR of the runs and the tracks."""
+    shell = require_shell()
+    root = tmp_path / "bundle"
+    shutil.copytree(BUNDLE, root, ignore=shutil.ignore_patterns(".tracekit-cache"))
+    out = tmp_path / "bundle.pftrace"
+    cmd = [sys.executable, "-m", "tracekit", "perfetto", str(root), "-o", str(out)]
+    done = subprocess.run([*cmd, "--trace-processor", str(shell)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "imported it with no error or data-loss stat\n" in done.stdout
+    names = [name for name, _ in read_members(out)]
+    assert names == ["01-before-traced-0.pftrace", "02-guest.pftrace", TIMELINE]
 
 
 class _ChainTrace:

@@ -54,16 +54,21 @@ def test_interleave_places_each_piece_at_its_rows() -> None:
 
 def test_generic_list_field_is_the_per_value_text() -> None:
     """A list of integers (syscall args) as one text per row, the way events._list_text
-    writes it, whether polars joins the column (no null item) or Python does (one)."""
+    writes it, whether polars joins the column (no null item) or Python does (one); a
+    fixed array (trace.dat's syscall args) the same way."""
     from tracekit.perfetto import columns, events
     from tracekit.perfetto.protos import FtraceEvent
 
     lists = [[1, 2, 2**64 - 1], [], None, [7]]
-    for args in (lists, [*lists, [None, 3]]):
+    arrays = [[1, 2, 2**64 - 1], None, [0, 0, 5]]
+    listed, fixed = pl.List(pl.UInt64), pl.Array(pl.UInt64, 3)
+    kinds = [(lists, listed), ([*lists, [None, 3]], listed), (arrays, fixed),
+             ([*arrays, [None, 1, 2]], fixed)]  # fmt: skip
+    for args, dtype in kinds:
         n = len(args)
         table = pl.DataFrame(
             {"row": range(n), "ts": range(n), "cpu": [0] * n, "common_pid": [1] * n,
-             "args": pl.Series(args, dtype=pl.List(pl.UInt64))}
+             "args": pl.Series(args, dtype=dtype)}
         )  # fmt: skip
         plan = events.plan_event("sys_enter_x", table.schema)
         got = [

@@ -2,8 +2,10 @@
 
 All of a bundle's runs happened on one boot of one host, one after another, and every
 trace is on the trace clock (CLOCK_BOOTTIME) that the manifest's run times use, so the
-runs' timestamps line up as they are; `check_timeline` says so when they do not (a trace
-outside its run's times, traced runs overlapping). `--run` selects one run, `--phase` a
+runs' timestamps line up as they are (two traced runs or more are written as a TAR of
+one Perfetto trace per run and one of the tracks, which Perfetto merges on BOOTTIME);
+`check_timeline` says so when they do not (a trace outside its run's times, traced runs
+overlapping). `--run` selects one run, `--phase` a
 phase's runs; the manifest's phases and runs are drawn for what is selected.
 
 Per run, in its group: its trace's tracks, its cyclictest latencies (timed from the
@@ -114,9 +116,13 @@ def export_bundle(
     simulated = simulated_label(manifest)
     if simulated != "none":
         title += f" (SIMULATED EFFECT {simulated})"
+    # Two traced runs or more: one trace each in a TAR (export.py), so the importer does
+    # not join one run's sched state to the next's across the untraced gap between them.
+    separate = len(job.traced) > 1
     result = export_parts(
-        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title, progress
-    )
+        job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title,
+        progress, separate,
+    )  # fmt: skip
     notes = check_timeline(job.spans)
     notes += [f"the bundle is damaged or incomplete: {p}" for p in data.problems]
     if manifest.host.get("emulated"):

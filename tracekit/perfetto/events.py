@@ -297,7 +297,7 @@ def _generic_kind(dtype: pl.DataType) -> tuple[str, Convert]:
         return "uint_value", int
     if dtype.is_integer():
         return ("int_value", int) if dtype.is_signed_integer() else ("uint_value", int)
-    if isinstance(dtype, pl.List):
+    if isinstance(dtype, (pl.List, pl.Array)):  # trace.dat's fixed arrays (syscall args)
         return "str_value", _list_text
     return "str_value", str
 

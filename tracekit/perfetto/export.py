@@ -4,14 +4,24 @@ Order of packets: the phases and runs (from a bundle's manifest), then per trace
 info (first trace only) and process tree (so names and the kernel release are known
 before its events), its ftrace bundles and its tracks; then the loss counters summed
 over the traces, and tracks that need no trace (a bundle's untraced runs).
+
+Several traces recorded one after another (a bundle's traced runs) go, `separate`, into
+a TAR of Perfetto traces (writer.py): one member per trace with its own system info,
+process tree, ftrace bundles and loss counters, and one member with every track
+(TIMELINE). Each recording is then its own trace to the importer, which starts each
+CPU's sched state afresh in it: in one file, the first sched_switch of a run on a CPU
+would be joined to the last of the run before across the untraced gap (one slice
+through the gap when the pids agree, a mismatched_sched_switch_tids error when not).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -30,6 +40,9 @@ from tracekit.perfetto.timeline import write_trace_tracks
 from tracekit.perfetto.tracks import TrackWriter
 from tracekit.perfetto.writer import PacketWriter
 
+# The archive member with every track (it sorts before the runs' members).
+TIMELINE = "00-timeline.pftrace"
+
 if TYPE_CHECKING:
     from tracekit.ingest.trace import Trace
 
@@ -44,6 +57,11 @@ class ExportResult:
     bytes: int
     traces: list[str] = field(default_factory=list)  # the runs (or trace paths) written
     empty: list[str] = field(default_factory=list)  # those with no event in the window
+    members: list[str] = field(default_factory=list)  # a TAR's traces (none: one trace)
+    # sched_switches whose prev_pid is not the previous switch's next_pid on that CPU in
+    # the same trace, as recorded (e.g. a CPU taken offline): the importer counts each
+    # as mismatched_sched_switch_tids.
+    switch_gaps: int = 0
 
 
 @dataclass
@@ -130,35 +148,81 @@ def export_parts(
     extra: ExtraTracks | None = None,
     title: str = "tracekit",
     progress: Progress | None = None,
+    separate: bool = False,
 ) -> ExportResult:
     """Write several traces (a bundle's runs, one after another in time) into one file.
 
-    They share one ftrace sequence and one track tree: the phases and runs first, then
-    per trace its system info (once), process tree, events and tracks, then the summed
-    loss counters and the EXTRA tracks. PARTS may be a generator: one trace at a time
-    is held in memory. TITLE names the root track (e.g. that the host was emulated).
+    They share one track tree: the phases and runs first, then per trace its system info
+    (once), process tree, events and tracks, then the summed loss counters and the EXTRA
+    tracks. One ftrace sequence, unless SEPARATE: then OUT is a TAR of one trace per part
+    and one of the tracks (module docstring). PARTS may be a generator: one trace at a
+    time is held in memory. TITLE names the root track (e.g. that the host was emulated).
     """
     result = ExportResult(Counter(), Counter(), 0, 0)
     losts: list[pl.DataFrame] = []
-    with PacketWriter(out) as writer:
-        tracks = TrackWriter(writer)
-        root = tracks.track("root", title, ordering="EXPLICIT")
-        write_phases(tracks, root, runs)
-        sequence = FtraceSequence()
-        for part in parts:
-            lost = _write_part(writer, tracks, root, part, window, sequence, runs, result, progress)
-            if lost is not None:
-                losts.append(lost)
-                if run_tracks is not None and part.run is not None:
-                    parent = run_group(tracks, root, part.run, runs)
-                    run_tracks(tracks, parent, part, _tables(part.trace, window))
-            del part  # not held while the next trace is made: one trace at a time
-        if losts:
-            write_stats(writer, pl.concat(losts, how="vertical_relaxed"))
-        if extra is not None:
-            extra(tracks, root)
-    result.packets, result.bytes = writer.packets, writer.bytes
+    with PacketWriter(out, archive=separate) as writer:
+        timeline = PacketWriter(_timeline_path(out)) if separate else writer
+        with _Owned(timeline, separate):
+            tracks = TrackWriter(timeline)
+            root = tracks.track("root", title, ordering="EXPLICIT")
+            write_phases(tracks, root, runs)
+            sequence = FtraceSequence()
+            for part in parts:  # no enumerate: its reused tuple would hold the last part
+                if separate:  # each recording its own trace: its own sequence state
+                    sequence = FtraceSequence(sequence.sched.tree_names)
+                member = _member_name(len(writer.members) + 1, part.name) if separate else None
+                lost = _write_part(
+                    writer, tracks, root, part, window, sequence, runs, result, progress, member
+                )
+                if lost is not None:
+                    losts.append(lost)
+                    if separate:
+                        write_stats(writer, lost)
+                        writer.end_member()
+                    if run_tracks is not None and part.run is not None:
+                        parent = run_group(tracks, root, part.run, runs)
+                        run_tracks(tracks, parent, part, _tables(part.trace, window))
+                del part  # not held while the next trace is made: one trace at a time
+            if losts and not separate:
+                write_stats(writer, pl.concat(losts, how="vertical_relaxed"))
+            if extra is not None:
+                extra(tracks, root)
+        if separate:
+            writer.append_file(TIMELINE, timeline.path, timeline.packets)
+            timeline.path.unlink()
+    result.packets, result.bytes = writer.packets, Path(out).stat().st_size
+    result.members = list(writer.members)
     return result
+
+
+def _timeline_path(out: str | os.PathLike[str]) -> Path:
+    """Where the tracks wait, beside OUT, until they join the archive."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.timeline")
+
+
+def _member_name(n: int, name: str) -> str:
+    """The archive member of the Nth trace: numbered in time order, named after its run."""
+    return f"{n:02d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)[-80:]}.pftrace"
+
+
+class _Owned:
+    """A with-block over a writer only when this export opened it (else a no-op), so a
+    failed export leaves no timeline file behind."""
+
+    def __init__(self, writer: PacketWriter, owned: bool) -> None:
+        self.writer = writer
+        self.owned = owned
+
+    def __enter__(self) -> None:
+        if self.owned:
+            self.writer.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.owned:
+            self.writer.__exit__(*exc)
+            if exc[0] is not None:
+                self.writer.path.unlink(missing_ok=True)
 
 
 def _tables(trace: Trace, window: tuple[int | None, int | None]) -> dict[str, pl.DataFrame]:
@@ -177,13 +241,17 @@ def _write_part(
     runs: Sequence[Mapping[str, Any]],
     result: ExportResult,
     progress: Progress | None = None,
+    member: str | None = None,
 ) -> pl.DataFrame | None:
-    """One trace's packets and tracks; its lost-events table, or None if it had no event."""
+    """One trace's packets (in the archive MEMBER, begun here when given) and tracks; its
+    lost-events table, or None if it had no event."""
     trace = part.trace
     events = _in_window(trace.events, window)
     if events.is_empty():
         result.empty.append(part.name)
         return None
+    if member is not None:
+        writer.begin_member(member)
     tables = _tables(trace, window)
     lost = _in_window(trace.lost, window)
     first_ts, last_ts = int(events["ts"].min()), int(events["ts"].max())  # type: ignore[arg-type]
@@ -208,5 +276,15 @@ def _write_part(
     )  # fmt: skip
     per_type = events.group_by("event").len().with_columns(pl.col("event").cast(pl.String))
     result.source_counts += Counter(dict(per_type.iter_rows()))
+    result.switch_gaps += switch_gaps(tables.get("sched_switch"))
     result.traces.append(part.name)
     return lost
+
+
+def switch_gaps(switches: pl.DataFrame | None) -> int:
+    """sched_switches (rows in time order) whose prev_pid is not the next_pid of the
+    switch before on their CPU: where the importer counts mismatched_sched_switch_tids."""
+    if switches is None or switches.is_empty():
+        return 0
+    before = pl.col("next_pid").shift(1).over("cpu")
+    return int(switches.select((pl.col("prev_pid") != before).sum()).item() or 0)

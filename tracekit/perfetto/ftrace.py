@@ -105,12 +105,15 @@ class FtraceSequence:
 
     Its first packet clears the incremental state; interned symbols stay valid for the
     traces after it (the runs of one bundle share one boot, so one symbol table).
+    TREE_NAMES: the thread names earlier traces of the same machine gave (the importer
+    keeps one thread table per machine, whatever the trace file).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tree_names: Mapping[int, str] | None = None) -> None:
         self.first = True
         self.symbols: KernelSymbols | None = None
         self.sched = SchedState()  # what the importer infers compact sched events from
+        self.sched.tree_names.update(tree_names or {})
 
     def interner(self, names: Mapping[int, str] | None) -> KernelSymbols:
         """The symbol interner for the next trace (its names; addresses only without)."""

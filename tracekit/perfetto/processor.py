@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tracekit.errors import TracekitError
 
+# The importer's error for a sched_switch whose prev_pid is not the CPU's running task.
+SWITCH_MISMATCH = "mismatched_sched_switch_tids"
 _STATS_QUERY = (
     "select name, idx, severity, source, value from stats where value != 0 order by severity, name"
 )

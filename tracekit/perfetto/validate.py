@@ -10,7 +10,8 @@ track, track uuids are declared once and exist when used, counter values go to c
 tracks and slices never do, interned data follows the sequence flags and defines every
 kernel-symbol iid used, every dedicated print is atrace text (the importer counts an
 error for any other), and (given the source's counts) no event was lost on the way. The
-file is read one packet at a time.
+file is read one packet at a time; a TAR's traces each on their own (sequences and
+tracks are a trace's own to the importer), their events counted together.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tracekit.perfetto.protos import TracePacket, TrackEvent
 from tracekit.perfetto.writer import (
     SEQ_INCREMENTAL_STATE_CLEARED,
     SEQ_NEEDS_INCREMENTAL_STATE,
-    read_packets,
+    read_members,
 )
 
 RULES = (
@@ -97,6 +98,10 @@ class Validator:
     def __init__(self, expected_counts: Mapping[str, int] | None = None) -> None:
         self.report = Report()
         self._expected = expected_counts
+        self._start_trace()
+
+    def _start_trace(self) -> None:
+        """A trace's own state: its sequences and tracks."""
         self._sequences: dict[int, _Sequence] = {}
         self._tracks: dict[int, bytes] = {}
         self._counters: set[int] = set()
@@ -105,6 +110,11 @@ class Validator:
         self._parents: dict[int, int] = {}
         self._open: dict[int, list[int]] = {}
         self._last_ts: dict[int, int] = {}
+
+    def next_trace(self) -> None:
+        """End one trace of an archive and start the next (its counts carry on)."""
+        self.finish(counts=False)
+        self._start_trace()
 
     def packet(self, index: int, packet: Any) -> None:
         """Check one packet."""
@@ -241,8 +251,8 @@ class Validator:
             else:
                 stack.pop()
 
-    def finish(self) -> Report:
-        """End-of-trace checks: open slices, undeclared tracks, event counts."""
+    def finish(self, counts: bool = True) -> Report:
+        """End-of-trace checks: open slices, undeclared tracks, event counts (COUNTS)."""
         for uuid, stack in self._open.items():
             for begin in stack:
                 self.report.add("slice_nesting", begin, f"slice on track {uuid} never ends")
@@ -250,7 +260,7 @@ class Validator:
             if uuid and uuid not in self._tracks:
                 self.report.add("track_uuids", first_use, f"track {uuid} used but never declared")
         self._check_counter_tracks()
-        if self._expected is not None:
+        if counts and self._expected is not None:
             self._check_counts()
         return self.report
 
@@ -299,6 +309,11 @@ def validate_file(
 ) -> Report:
     """Validate a .pftrace file; EXPECTED_COUNTS are the source's events per type."""
     validator = Validator(expected_counts)
-    for index, raw in enumerate(read_packets(path)):
-        validator.packet(index, TracePacket.FromString(raw))
+    index = 0
+    for n, (_, packets) in enumerate(read_members(path)):
+        if n:
+            validator.next_trace()
+        for raw in packets:
+            validator.packet(index, TracePacket.FromString(raw))
+            index += 1
     return validator.finish()
