@@ -21,7 +21,9 @@ import polars as pl
 from tracekit import __version__
 from tracekit.ingest.tables import Tables
 
-CACHE_FORMAT = 4  # 3: `<field>_sym` columns; 4: the events table says `common_pid` (was `pid`)
+# 3: `<field>_sym` columns; 4: the events table says `common_pid` (was `pid`); 5: `_sym`
+# columns Categorical.
+CACHE_FORMAT = 5
 # The cache's key (format, tracekit version, input size and mtime, options); not a
 # bundle manifest, so not called one.
 CACHE_KEY_FILE = "cache.json"
