@@ -257,6 +257,8 @@ def _decode(binary: pl.Series) -> pl.Series:
 def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
     """Split a flat array into one list per event (empty lists kept)."""
     n = len(counts)
+    if not len(values):  # every list empty (function_graph's args[] without funcgraph-args)
+        return pl.Series(values[:0]).implode().gather(np.zeros(n, np.uint32))
     rows = np.repeat(np.arange(n), counts)
     grouped = (
         pl.DataFrame({"row": rows, "v": values})
