@@ -28,6 +28,12 @@ from tracekit.ingest.formats import EventFormat, FormatSet
 from tracekit.ingest.symcols import Symbols, add_symbol_columns
 from tracekit.ingest.threads import map_threads
 
+# The columns every typed table shows after `row`. The binary readers (and a bundle's or
+# campaign's stack) store their typed tables without them: they are the events table's,
+# and kept twice they were a third of a small-event trace's output (16 bytes an event).
+# tables.Tables.event puts them back.
+COMMON_COLUMNS = ("ts", "cpu", "common_pid")
+
 
 @dataclass
 class Common:
@@ -180,15 +186,14 @@ def _piece(
     span = fixed_span(fmt)
     if span is not None:
         sub.prefetch(*span)
-    head = [
-        pl.Series("row", idx.astype(np.int64, copy=False)), pl.Series("ts", c.ts[idx]),
-        pl.Series("cpu", c.cpu[idx]), pl.Series("common_pid", c.pid[idx]),
-    ]  # fmt: skip
+    # Lean (tables.Tables.event): ts, cpu and common_pid are the events table's. A field
+    # named like one of them is still renamed, as the whole table shows all four.
+    row = pl.Series("row", idx.astype(np.int64, copy=False))
     cols = [field_column(sub, s, dec.printk, dec.long_size) for s in fmt.own]
     cols = add_symbol_columns(cols, fmt.own, dec.symbols, dec.long_size)
     sub.fixed = None  # the prefetched words: not needed once the columns exist
     # Built from Series directly: with_columns would go through a lazy query per piece.
-    return pl.DataFrame([*head, *_unique_names(cols, {s.name for s in head})])
+    return pl.DataFrame([row, *_unique_names(cols, {"row", *COMMON_COLUMNS})])
 
 
 def _runs(grouped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
