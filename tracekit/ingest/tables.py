@@ -382,7 +382,13 @@ def _events_frame(
     comms = {**trace.cmdlines, 0: "<idle>"}
     comm = pl.Series([comms.get(int(p)) for p in pids], dtype=pl.Categorical)
     tgid = pl.Series([trace.tgids.get(int(p)) for p in pids], dtype=pl.Int32)
-    cols.update(tgid=tgid.gather(pid_at), comm=comm.gather(pid_at))
+    if tgid.null_count() == len(tgid):  # no saved_tgids (trace-cmd's usual trace.dat)
+        # A column of nulls made whole: its zeroed values are never written, so they take
+        # no memory (a gather writes 4 bytes an event).
+        cols["tgid"] = pl.repeat(None, len(ids), dtype=pl.Int32, eager=True)
+    else:
+        cols["tgid"] = tgid.gather(pid_at)
+    cols["comm"] = comm.gather(pid_at)
     del pid_at
     return pl.DataFrame(
         {
