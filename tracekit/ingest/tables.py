@@ -115,9 +115,11 @@ class Tables:
             common = common.gather(table["row"])
         else:  # rows not numbered by position (a hand-made events table): by key
             keyed = self.events.select("row", *COMMON_COLUMNS)
-            common = table.select("row").join(keyed, on="row", how="left", maintain_order="left")
+            rows = table.select(pl.col("row").cast(pl.Int64))
+            common = rows.join(keyed, on="row", how="left", maintain_order="left")
             common = common.drop("row")
-        return pl.concat([table.select("row"), common, table.drop("row")], how="horizontal")
+        row = table.select(pl.col("row").cast(pl.Int64))  # UInt32 as the binary readers store it
+        return pl.concat([row, common, table.drop("row")], how="horizontal")
 
     def _positional(self) -> bool:
         """Whether the events table's `row` is each row's position (every reader's is)."""
