@@ -178,6 +178,7 @@ def _piece(
 ) -> pl.DataFrame:
     """The rows `idx` (all of one event type) of that type's table."""
     sub = Gatherer(g.buf, g.payload[idx], g.length[idx], g.endian)
+    sub.pinned = g.pinned  # one list: the releaser reads it
     if not have_header or not has_standard_common(fmt):
         common = common_columns(sub, fmt)
         c.flags[idx] = common.get("common_flags", 0)
@@ -217,13 +218,29 @@ def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
     return out
 
 
-def releaser(buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray) -> Callable[[int], None]:
-    """after_block for typed_tables: release each CPU's bytes up to its cut."""
+def releaser(
+    buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray, pinned: list[tuple[int, int]]
+) -> Callable[[int], None]:
+    """after_block for typed_tables: release each CPU's bytes up to its cut, except the
+    `pinned` ranges (columns point into them: columns.Gatherer.pinned)."""
 
     def after_block(k: int) -> None:
         """Drop the bytes block k finished with (from the CPU's start: membuf rounds
         inwards to whole pages, so a page cut at the last block's end goes now)."""
         for c, s in enumerate(spans):
-            membuf.release(buf, s.first_byte, int(cuts[k, c]))
+            for lo, hi in unpinned(s.first_byte, int(cuts[k, c]), pinned):
+                membuf.release(buf, lo, hi)
 
     return after_block
+
+
+def unpinned(start: int, stop: int, pinned: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, stop) without the pinned ranges, as ranges (membuf keeps partial pages)."""
+    out, at = [], start
+    for lo, hi in sorted(p for p in pinned if p[1] > start and p[0] < stop):
+        if lo > at:
+            out.append((at, lo))
+        at = max(at, hi)
+    if at < stop:
+        out.append((at, stop))
+    return out

@@ -44,9 +44,10 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
 
 WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
 WIDE_MIN = 256  # bytes: strings wider than this are cut one by one (see _wide_strings)
-# Wide strings are copied span by span (_span_copies): strings closer than this share one.
+# Wide strings are taken span by span (_spans): strings closer than this share one.
 SPAN_GAP = 4096
 SPAN_MAX = 1 << 30  # bytes in one span (its views' offsets are 32-bit)
+PIN_WASTE = 1.25  # spans used in place when they hold at most this much over the strings
 
 
 class Gatherer:
@@ -60,6 +61,9 @@ class Gatherer:
         self.length = length
         self.endian = endian
         self.fixed: tuple[int, np.ndarray] | None = None  # see prefetch()
+        # Byte ranges of buf that columns made by this gatherer (and the gatherers made
+        # from it, which share the list) still use: never to be released (bytype).
+        self.pinned: list[tuple[int, int]] = []
 
     def prefetch(self, lo: int, hi: int) -> None:
         """Read payload bytes [lo, hi) of every event in one gather of 4-byte words.
@@ -193,8 +197,16 @@ class Gatherer:
             return None
         data, base = src
         length = _nul_cut(data, (start + base).tolist(), count.tolist())
-        copies, data_of, data_at = _span_copies(self.buf, start, length)
-        return _decode(view_column(self.buf, start, length, copies, data_of, data_at))
+        spans, data_of, data_at = _spans(start, length)
+        held = sum(hi - lo for lo, hi in spans)
+        if held <= PIN_WASTE * max(int(length.sum()), 1):
+            # The strings fill their spans: the column's views point into buf itself,
+            # and those bytes are kept from the release behind the blocks.
+            data = [self.buf[lo:hi] for lo, hi in spans]
+            self.pinned.extend(spans)
+        else:  # sparse strings: pinning their pages would keep more than them; copied
+            data = [_populated(self.buf[lo:hi]) for lo, hi in spans]
+        return _decode(view_column(self.buf, start, length, data, data_of, data_at))
 
     def _string_words(
         self, start: np.ndarray, count: np.ndarray, width: int, rel: int
@@ -243,15 +255,15 @@ def _nul_cut(data: mmap.mmap | bytes, starts: list[int], counts: list[int]) -> n
     return np.where(end >= 0, end - np.array(starts, np.int64), np.array(counts, np.int64))
 
 
-def _span_copies(
-    buf: np.ndarray, start: np.ndarray, length: np.ndarray
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Copies of the spans of buf holding the strings [start, start + length), and per
-    string the copy and offset it is at.
+def _spans(
+    start: np.ndarray, length: np.ndarray
+) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The byte spans [lo, hi) of the buffer holding the strings [start, start + length),
+    and per string the span and offset it is at.
 
     Strings less than SPAN_GAP apart share a span (the bytes between, record headers and
-    the small events among the prints, are copied with them: one large copy instead of
-    one per string); a span holds at most SPAN_MAX bytes (a view's offset is 32-bit).
+    the small events among the prints, come with them: one large piece instead of one
+    per string); a span holds at most SPAN_MAX bytes (a view's offset is 32-bit).
     """
     order = np.argsort(start, kind="stable")
     lo, hi = start[order], start[order] + length[order]
@@ -266,15 +278,21 @@ def _span_copies(
             bounds.append((a, end))
             a = end
     data_of, data_at = np.empty(len(start), np.int64), np.empty(len(start), np.int64)
-    copies = []
+    spans = []
     for k, (a, b) in enumerate(bounds):
         base = int(lo[a])
-        span = membuf.alloc(int(reach[b - 1]) - base, populate=True)
-        span[:] = buf[base : int(reach[b - 1])]
-        copies.append(span)
+        spans.append((base, int(reach[b - 1])))
         data_of[order[a:b]] = k
         data_at[order[a:b]] = lo[a:b] - base
-    return copies, data_of, data_at
+    return spans, data_of, data_at
+
+
+def _populated(part: np.ndarray) -> np.ndarray:
+    """A copy of part in a mapping whose pages are mapped at once (one call, not a
+    fault per page)."""
+    out = membuf.alloc(len(part), populate=True)
+    out[:] = part
+    return out
 
 
 def _decode(binary: pl.Series) -> pl.Series:

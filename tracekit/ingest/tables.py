@@ -228,13 +228,14 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
     ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
-    after_block = releaser(
-        merged.buf, merged.spans, release_cuts(order, merged.payload, merged.spans, ends)
-    )
+    pinned: list[tuple[int, int]] = []  # bytes the wide strings' columns point into
+    cuts = release_cuts(order, merged.payload, merged.spans, ends)
+    after_block = releaser(merged.buf, merged.spans, cuts, pinned)
     merged.sort(order)
     del order
     membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
+    g.pinned = pinned
     header = standard_header(g) if len(g.payload) else None
     if header is not None:
         ids = header["common_type"]
