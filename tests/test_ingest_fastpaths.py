@@ -171,3 +171,23 @@ def test_wide_strings_keep_their_span_copies_until_polars_drops_them() -> None:
     del kept
     gc.collect()
     assert len(arrowbuf._alive) == before  # released: the copies are gone
+
+
+def test_wide_strings_point_into_private_memory_only(tmp_path: Path) -> None:
+    import mmap
+
+    text = (b"y" * 300 + b"\0") * 4
+    start, count = np.arange(4) * 301, np.full(4, 301)
+    held = membuf.alloc(len(text))
+    held[:] = np.frombuffer(text, np.uint8)
+    private = Gatherer(held, start, count)
+    assert private.strings(start, count).to_list() == ["y" * 300] * 4
+    assert private.pinned  # used in place: this process's own memory
+    path = tmp_path / "strings.bin"
+    path.write_bytes(text)
+    with open(path, "rb") as f:
+        mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    from_file = Gatherer(mapped, start, count)
+    got = from_file.strings(start, count)
+    path.write_bytes(b"z" * len(text))  # the file rewritten: the column must not change
+    assert got.to_list() == ["y" * 300] * 4 and not from_file.pinned

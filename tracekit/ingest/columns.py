@@ -199,9 +199,11 @@ class Gatherer:
         length = _nul_cut(data, (start + base).tolist(), count.tolist())
         spans, data_of, data_at = _spans(start, length)
         held = sum(hi - lo for lo, hi in spans)
-        if held <= PIN_WASTE * max(int(length.sum()), 1):
+        if held <= PIN_WASTE * max(int(length.sum()), 1) and membuf.is_private(self.buf):
             # The strings fill their spans: the column's views point into buf itself,
-            # and those bytes are kept from the release behind the blocks.
+            # and those bytes are kept from the release behind the blocks. Not into a
+            # file mapped from disk (an uncompressed trace.dat): rewriting the file would
+            # change the column, truncating it would fault.
             data = [self.buf[lo:hi] for lo, hi in spans]
             self.pinned.extend(spans)
         else:  # sparse strings: pinning their pages would keep more than them; copied

@@ -33,8 +33,18 @@ def alloc(nbytes: int, populate: bool = False) -> np.ndarray:
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     if populate:
         flags |= getattr(mmap, "MAP_POPULATE", 0)
-    mapping = mmap.mmap(-1, nbytes, flags=flags)
+    mapping = _Private(-1, nbytes, flags=flags)
     return np.frombuffer(mapping, dtype=np.uint8)
+
+
+class _Private(mmap.mmap):
+    """An anonymous mapping of alloc's: memory of this process only (a file mapping's
+    bytes change, or fault, when someone rewrites or truncates the file)."""
+
+
+def is_private(arr: np.ndarray) -> bool:
+    """Whether arr's bytes can only change by this process: alloc's memory or bytes."""
+    return isinstance(_owner(arr), (_Private, bytes))
 
 
 def _owner(arr: np.ndarray) -> object:
