@@ -496,9 +496,26 @@ def print_row(r: Row) -> None:
     print("".join(cells), flush=True)
 
 
-def footer(baseline: int) -> None:
-    """What the columns mean, the interpreter's own memory, the load at the end."""
-    print(f"baseline RSS (a process that only imports tracekit, polars): {baseline / 1e6:.0f} MB")
+def floor(repeat: int) -> tuple[list[Figures], list[Figures]]:
+    """A bare interpreter, and a process that only imports tracekit and polars: what any
+    ingest pays before it reads a byte, timed `repeat` times (after one warm-up)."""
+    bare = [sys.executable, "-P", "-c", "pass"]
+    imports = [sys.executable, "-P", "-c", BASELINE_CHILD]
+    measure(imports)
+    return [measure(bare) for _ in range(repeat)], [measure(imports) for _ in range(repeat)]
+
+
+def footer(bare: list[Figures], imports: list[Figures], rows: list[Row]) -> None:
+    """What the columns mean, the start-up floor and what it allows, the load at the end."""
+    wall, cpu = (statistics.median(f[k] for f in imports) for k in (0, 1))
+    print(
+        f"floor: bare interpreter {statistics.median(f[0] for f in bare):.3f} s wall; a process"
+        f" that only imports tracekit, polars {wall:.3f} s wall, {cpu:.3f} s CPU,"
+        f" {statistics.median(f[2] for f in imports) / 1e6:.0f} MB RSS"
+    )
+    for shape in dict.fromkeys(r.shape for r in rows if r.same_file):
+        tc = statistics.median(f[0] for f in next(r for r in rows if r.shape == shape).tc)
+        print(f"  {shape}: trace-cmd {tc:.2f} s / floor {wall:.3f} s = at most {tc / wall:.1f}x")
     print("ref ev: trace-cmd report's event lines (a leaf call's entry+exit is one line, a "
           "kernel stack several; rawcap: the sched-mix file's)")  # fmt: skip
     print(f"load average at the end: {_load()}")
@@ -533,10 +550,12 @@ def main() -> None:
     for source in sources.values():  # bytecode before any timing (see measure)
         measure([sys.executable, "-P", "-c", "import tracekit.ingest"], source=source)
     header(repeat)
+    rows = []
     for shape in shapes:
         for row in bench(shape, root, size, repeat, not args.quick, sources):
             print_row(row)
-    footer(measure([sys.executable, "-P", "-c", BASELINE_CHILD])[2])
+            rows.append(row)
+    footer(*floor(repeat), rows)
 
 
 if __name__ == "__main__":

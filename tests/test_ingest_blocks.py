@@ -110,3 +110,23 @@ def test_bad_page_in_a_later_batch_stops_there(monkeypatch: pytest.MonkeyPatch) 
     rec = ringbuf.decode_pages(buf, hp, he, page_size=hp.page_size, salvage=True)
     assert rec.page.tolist() == [0, 1] and rec.ts.tolist() == [15, 25]
     assert rec.damage is not None and rec.damage.offset == 2 * hp.page_size + 16
+
+
+@pytest.mark.parametrize("name", BINARY)
+@pytest.mark.parametrize("waste", [1e9, 0.0])  # strings used in place (pinned), or copied
+def test_strings_in_the_ring_buffer_survive_the_release_behind_blocks(
+    name: str, waste: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every string column made by the wide path (its views point into the ring buffer
+    itself when pinned) reads the same after tiny blocks released the pages around it:
+    a released page reads back as zeros, so a pinned page released would show."""
+    from tracekit.ingest import columns
+
+    whole = _frames(FIXTURES / name)
+    monkeypatch.setattr(columns, "WORDS_MAX", 0)  # every string through the wide path
+    monkeypatch.setattr(columns, "WIDE_MIN", 0)
+    monkeypatch.setattr(columns, "PIN_WASTE", waste)
+    monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    blocks = _frames(FIXTURES / name)
+    for key, frame in whole.items():
+        assert_frame_equal(blocks[key], frame, categorical_as_str=True)

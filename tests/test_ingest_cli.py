@@ -90,7 +90,10 @@ def test_every_command_shows_an_example_its_options_accept() -> None:
 
     def walk(group: click.Group, prefix: str) -> dict[str, click.Command]:
         found = {}
-        for name, command in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # the root's commands load when asked for
+            command = group.get_command(ctx, name)
+            assert command is not None, name
             found[prefix + name] = command
             if isinstance(command, click.Group):
                 found |= walk(command, f"{prefix}{name} ")
@@ -106,9 +109,27 @@ def test_every_command_shows_an_example_its_options_accept() -> None:
             words = shlex.split(line)
             words = words[words.index("tracekit") + 1 :]
             group: click.Command = main
-            while isinstance(group, click.Group) and words and words[0] in group.commands:
-                group, words = group.commands[words[0]], words[1:]
+            while isinstance(group, click.Group) and words:
+                sub = group.get_command(click.Context(group), words[0])
+                if sub is None:
+                    break
+                group, words = sub, words[1:]
             group.make_context(key, words)  # raises on an option the command does not take
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from click.testing import CliRunner; from tracekit.cli import main; "
+        "CliRunner().invoke(main, ['verify', '--help']); "
+        "print(sorted(m for m in sys.modules if m.startswith('tracekit.cli.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['tracekit.cli.examples',", "'tracekit.cli.verify']"]
+    listed = CliRunner().invoke(main, ["--help"]).output
+    assert all(f"  {name} " in listed for name in ("vhost", "collect", "board-pack", "events"))
 
 
 def test_a_bundle_ingest_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:

@@ -88,13 +88,20 @@ def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool
 
 @pytest.mark.parametrize("width", [257, 300, 2000])
 @pytest.mark.parametrize("owner", ["bytes", "mmap"])  # the memories cut one by one
-@pytest.mark.parametrize("chunk", [columns.WIDE_CHUNK, 5000])  # one column, or many chunks
+# one span; a span per string (gap 0: any byte between cuts); spans cut by their size
+@pytest.mark.parametrize("gap, most", [(columns.SPAN_GAP, columns.SPAN_MAX), (0, 1 << 30),
+                                       (columns.SPAN_GAP, 5000)])  # fmt: skip
+@pytest.mark.parametrize("shuffled", [False, True])  # rows in buffer order, or not (CPUs)
 def test_wide_strings_cut_at_nul_and_count(
-    width: int, owner: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+    width: int, owner: str, gap: int, most: int, shuffled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(columns, "WIDE_CHUNK", chunk)
+    monkeypatch.setattr(columns, "SPAN_GAP", gap)
+    monkeypatch.setattr(columns, "SPAN_MAX", most)
     rng = np.random.default_rng(width)
     buf, start, count, want = _generated(rng, 2000, width, 50)
+    if shuffled:
+        order = rng.permutation(len(start))
+        start, count, want = start[order], count[order], [want[i] for i in order]
     if owner == "bytes":
         held = np.frombuffer(buf.tobytes(), np.uint8)
     else:
@@ -145,3 +152,42 @@ def test_byte_gather_reads_each_events_bytes(width: int) -> None:
     offset = rng.integers(0, 4099 - width + 1, 500)
     got = Gatherer(buf, offset, np.full(500, width))._bytes(offset, width)
     assert np.array_equal(got, np.stack([buf[o : o + width] for o in offset]))
+
+
+def test_wide_strings_keep_their_span_copies_until_polars_drops_them() -> None:
+    import gc
+
+    from tracekit.ingest import arrowbuf
+
+    text = b"x" * 300 + b"\0"
+    held = np.frombuffer(text * 4, np.uint8)
+    start, count = np.arange(4) * len(text), np.full(4, len(text))
+    before = len(arrowbuf._alive)
+    got = Gatherer(held, start, count).strings(start, count)
+    kept = got.filter(pl.Series([True, False, True, False]))  # shares the buffers
+    del got
+    gc.collect()
+    assert kept.to_list() == ["x" * 300] * 2 and len(arrowbuf._alive) > before
+    del kept
+    gc.collect()
+    assert len(arrowbuf._alive) == before  # released: the copies are gone
+
+
+def test_wide_strings_point_into_private_memory_only(tmp_path: Path) -> None:
+    import mmap
+
+    text = (b"y" * 300 + b"\0") * 4
+    start, count = np.arange(4) * 301, np.full(4, 301)
+    held = membuf.alloc(len(text))
+    held[:] = np.frombuffer(text, np.uint8)
+    private = Gatherer(held, start, count)
+    assert private.strings(start, count).to_list() == ["y" * 300] * 4
+    assert private.pinned  # used in place: this process's own memory
+    path = tmp_path / "strings.bin"
+    path.write_bytes(text)
+    with open(path, "rb") as f:
+        mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    from_file = Gatherer(mapped, start, count)
+    got = from_file.strings(start, count)
+    path.write_bytes(b"z" * len(text))  # the file rewritten: the column must not change
+    assert got.to_list() == ["y" * 300] * 4 and not from_file.pinned

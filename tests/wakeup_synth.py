@@ -19,8 +19,8 @@ HOG = 200  # a task that keeps the CPU
 TIMER = 0xFFFF000012340000
 PERIOD = 1_000_000
 SCHEMAS = {
-    "hrtimer_start": {"hrtimer": pl.UInt64, "function_sym": pl.String, "expires": pl.Int64},
-    "hrtimer_expire_entry": {"hrtimer": pl.UInt64, "now": pl.Int64, "function_sym": pl.String},
+    "hrtimer_start": {"hrtimer": pl.UInt64, "function_sym": pl.Categorical, "expires": pl.Int64},
+    "hrtimer_expire_entry": {"hrtimer": pl.UInt64, "now": pl.Int64, "function_sym": pl.Categorical},
     "irq_handler_entry": {"irq": pl.Int32, "name": pl.String},
     "irq_handler_exit": {"irq": pl.Int32, "ret": pl.Int32},
     "sched_waking": {"comm": pl.String, "pid": pl.Int32, "prio": pl.Int32, "target_cpu": pl.Int32},

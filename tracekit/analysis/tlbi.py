@@ -250,7 +250,8 @@ def funcgraph_durations(exits: pl.DataFrame) -> pl.DataFrame:
         "0x{}",
         pl.col("func").cast(pl.UInt64).map_elements(lambda a: f"{a:x}", return_dtype=pl.String),
     )
-    name = pl.col("func_sym").fill_null(hex_name) if "func_sym" in exits.columns else hex_name
+    named = pl.col("func_sym").cast(pl.String)  # Categorical in the tables
+    name = named.fill_null(hex_name) if "func_sym" in exits.columns else hex_name
     return exits.select(
         name.alias("function"),
         pl.col("cpu").cast(pl.Int32),

@@ -105,9 +105,9 @@ def how_to_record(event: str) -> str:
 # The columns this analysis reads, for an event the recording enabled but that never fired.
 EMPTY_SCHEMAS = {
     "hrtimer_start": {"hrtimer": pl.UInt64, "function": pl.UInt64, "expires": pl.Int64}
-    | {"function_sym": pl.String},
+    | {"function_sym": pl.Categorical},
     "hrtimer_expire_entry": {"hrtimer": pl.UInt64, "now": pl.Int64, "function": pl.UInt64}
-    | {"function_sym": pl.String},
+    | {"function_sym": pl.Categorical},
     "irq_handler_entry": {"irq": pl.Int32, "name": pl.String},
     "irq_handler_exit": {"irq": pl.Int32, "ret": pl.Int32},
     "sched_waking": {"comm": pl.String, "pid": pl.Int32, "prio": pl.Int32},

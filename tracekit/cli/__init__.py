@@ -6,11 +6,13 @@ Each command group lives in its own module here and imports the library lazily, 
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from tracekit import __version__
+from tracekit.cli.examples import add_examples_to
 from tracekit.errors import TracekitError
 
 # What the analysis side imports beyond the host side's click and pyelftools.
@@ -19,7 +21,9 @@ ANALYSIS_MODULES = ("polars", "numpy", "perfetto", "zstandard")
 
 def missing_analysis(ctx: click.Context, module: str) -> str:
     """One line: this command analyses, the module is missing, what to install."""
-    command = ctx.invoked_subcommand or "this command"
+    # While a command's module is imported click has not yet named it: resolve_command's
+    # first argument is the name.
+    command = ctx.invoked_subcommand or (ctx.protected_args or ["this command"])[0]
     return (
         f"`tracekit {command}` analyses traces and needs {module}, which this python does"
         f" not have: pip install tracekit (polars, numpy, perfetto, zstandard); a board needs"
@@ -27,8 +31,42 @@ def missing_analysis(ctx: click.Context, module: str) -> str:
     )
 
 
+# Each command: the module that defines it and its name there. A command's module is
+# imported only when that command runs (or when --help lists them all): importing every
+# one cost each command about 0.45 s of start-up (the vhost and host-side modules).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "board-pack": ("tracekit.cli.boardpack", "board_pack"),
+    "campaign": ("tracekit.cli.campaign", "campaign"),
+    "cleanup": ("tracekit.cli.cleanup", "cleanup"),
+    "collect": ("tracekit.cli.collect", "collect"),
+    "dataset": ("tracekit.cli.dataset", "dataset"),
+    "events": ("tracekit.cli.ingest", "events"),
+    "ingest": ("tracekit.cli.ingest", "ingest"),
+    "perfetto": ("tracekit.cli.perfetto", "perfetto"),
+    "report": ("tracekit.cli.report", "report"),
+    "simulate": ("tracekit.cli.simulate", "simulate"),
+    "symbols": ("tracekit.cli.symbols", "symbols"),
+    "verify": ("tracekit.cli.verify", "verify"),
+    "vhost": ("tracekit.cli.vhost", "vhost"),
+}
+
+
 class TracekitGroup(click.Group):
-    """A click group that turns TracekitError and Ctrl-C into one clear line."""
+    """A click group that loads each command's module when it is needed (click's lazy
+    group) and turns TracekitError and Ctrl-C into one clear line."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every command, loaded or not."""
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command, its module imported on first use (with its examples attached)."""
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attribute = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            add_examples_to(cmd_name, command)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -57,39 +95,3 @@ def main() -> None:
     for a board), vhost (the emulated arm64 host), ingest, events, report, perfetto,
     symbols, verify, campaign, dataset.
     """
-
-
-def _register() -> None:
-    """Attach the command groups that exist; each module owns its commands."""
-    from tracekit.cli import (
-        boardpack,
-        campaign,
-        cleanup,
-        collect,
-        dataset,
-        ingest,
-        perfetto,
-        report,
-        simulate,
-        symbols,
-        verify,
-        vhost,
-    )
-    from tracekit.cli.examples import add_examples
-
-    main.add_command(vhost.vhost)
-    main.add_command(collect.collect)
-    main.add_command(cleanup.cleanup)
-    ingest.register(main)
-    main.add_command(perfetto.perfetto)
-    main.add_command(simulate.simulate)
-    main.add_command(symbols.symbols)
-    main.add_command(report.report)
-    main.add_command(verify.verify)
-    main.add_command(campaign.campaign)
-    main.add_command(dataset.dataset)
-    main.add_command(boardpack.board_pack)
-    add_examples(main)
-
-
-_register()

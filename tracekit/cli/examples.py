@@ -64,13 +64,13 @@ EXAMPLES: dict[str, list[str]] = {
 }
 
 
-def add_examples(group: click.Group, prefix: str = "") -> None:
-    """Put each command's examples at the end of its help, subcommands included."""
-    for name, command in group.commands.items():
-        key = f"{prefix}{name}"
-        lines = EXAMPLES.get(key)
-        if lines:
-            # \b keeps click from rewrapping the lines.
-            command.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
-        if isinstance(command, click.Group):
-            add_examples(command, f"{key} ")
+def add_examples_to(key: str, command: click.Command) -> None:
+    """Put the examples of the command KEY ("symbols fetch") at the end of its help, and
+    those of its subcommands at the end of theirs."""
+    lines = EXAMPLES.get(key)
+    if lines:
+        # \b keeps click from rewrapping the lines.
+        command.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            add_examples_to(f"{key} {name}", sub)

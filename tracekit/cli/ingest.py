@@ -148,9 +148,3 @@ def _flat(df: "pl.DataFrame") -> "pl.DataFrame":  # noqa: F821, UP037
 
     lists = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Array))]
     return df.with_columns(pl.col(c).cast(pl.List(pl.String)).list.join(" ") for c in lists)
-
-
-def register(group: click.Group) -> None:
-    """Attach the ingest commands to the root group."""
-    group.add_command(ingest)
-    group.add_command(events)

@@ -18,7 +18,7 @@ import polars as pl
 
 from tracekit.bundle import RunRecord, run_trace_path
 from tracekit.ingest.bundle import BundleData, load_bundle, open_run_trace
-from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables
+from tracekit.ingest.tables import EVENTS_SCHEMA, LOST_SCHEMA, Tables, lean
 from tracekit.ingest.trace import Trace
 from tracekit.progress import Steps
 
@@ -80,7 +80,7 @@ def _stack(
         events.append(tag(trace.events, key, offset))
         lost.append(tag(trace.lost, key, None))
         for name in trace.event_names:
-            by_event.setdefault(name, []).append(tag(trace.event(name), key, offset))
+            by_event.setdefault(name, []).append(lean(tag(trace.event(name), key, offset)))
         offset += trace.events.height
     return Tables(
         _concat(events, EVENTS_SCHEMA),

@@ -28,6 +28,12 @@ from tracekit.ingest.formats import EventFormat, FormatSet
 from tracekit.ingest.symcols import Symbols, add_symbol_columns
 from tracekit.ingest.threads import map_threads
 
+# The columns every typed table shows after `row`. The binary readers (and a bundle's or
+# campaign's stack) store their typed tables without them: they are the events table's,
+# and kept twice they were a third of a small-event trace's output (16 bytes an event).
+# tables.Tables.event puts them back.
+COMMON_COLUMNS = ("ts", "cpu", "common_pid")
+
 
 @dataclass
 class Common:
@@ -172,6 +178,7 @@ def _piece(
 ) -> pl.DataFrame:
     """The rows `idx` (all of one event type) of that type's table."""
     sub = Gatherer(g.buf, g.payload[idx], g.length[idx], g.endian)
+    sub.pinned = g.pinned  # one list: the releaser reads it
     if not have_header or not has_standard_common(fmt):
         common = common_columns(sub, fmt)
         c.flags[idx] = common.get("common_flags", 0)
@@ -180,15 +187,15 @@ def _piece(
     span = fixed_span(fmt)
     if span is not None:
         sub.prefetch(*span)
-    head = [
-        pl.Series("row", idx.astype(np.int64, copy=False)), pl.Series("ts", c.ts[idx]),
-        pl.Series("cpu", c.cpu[idx]), pl.Series("common_pid", c.pid[idx]),
-    ]  # fmt: skip
+    # Lean (tables.Tables.event): ts, cpu and common_pid are the events table's. A field
+    # named like one of them is still renamed, as the whole table shows all four.
+    # row as UInt32 while stored (4 bytes an event less; Tables.event shows it Int64)
+    row = pl.Series("row", idx.astype(np.uint32 if len(c.ts) < 2**32 else np.int64))
     cols = [field_column(sub, s, dec.printk, dec.long_size) for s in fmt.own]
     cols = add_symbol_columns(cols, fmt.own, dec.symbols, dec.long_size)
     sub.fixed = None  # the prefetched words: not needed once the columns exist
     # Built from Series directly: with_columns would go through a lazy query per piece.
-    return pl.DataFrame([*head, *_unique_names(cols, {s.name for s in head})])
+    return pl.DataFrame([row, *_unique_names(cols, {"row", *COMMON_COLUMNS})])
 
 
 def _runs(grouped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -211,13 +218,29 @@ def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
     return out
 
 
-def releaser(buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray) -> Callable[[int], None]:
-    """after_block for typed_tables: release each CPU's bytes up to its cut."""
+def releaser(
+    buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray, pinned: list[tuple[int, int]]
+) -> Callable[[int], None]:
+    """after_block for typed_tables: release each CPU's bytes up to its cut, except the
+    `pinned` ranges (columns point into them: columns.Gatherer.pinned)."""
 
     def after_block(k: int) -> None:
         """Drop the bytes block k finished with (from the CPU's start: membuf rounds
         inwards to whole pages, so a page cut at the last block's end goes now)."""
         for c, s in enumerate(spans):
-            membuf.release(buf, s.first_byte, int(cuts[k, c]))
+            for lo, hi in unpinned(s.first_byte, int(cuts[k, c]), pinned):
+                membuf.release(buf, lo, hi)
 
     return after_block
+
+
+def unpinned(start: int, stop: int, pinned: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, stop) without the pinned ranges, as ranges (membuf keeps partial pages)."""
+    out, at = [], start
+    for lo, hi in sorted(p for p in pinned if p[1] > start and p[0] < stop):
+        if lo > at:
+            out.append((at, lo))
+        at = max(at, hi)
+    if at < stop:
+        out.append((at, stop))
+    return out

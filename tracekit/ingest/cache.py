@@ -21,7 +21,9 @@ import polars as pl
 from tracekit import __version__
 from tracekit.ingest.tables import Tables
 
-CACHE_FORMAT = 4  # 3: `<field>_sym` columns; 4: the events table says `common_pid` (was `pid`)
+# 3: `<field>_sym` columns; 4: the events table says `common_pid` (was `pid`); 5: `_sym`
+# columns Categorical.
+CACHE_FORMAT = 5
 # The cache's key (format, tracekit version, input size and mtime, options); not a
 # bundle manifest, so not called one.
 CACHE_KEY_FILE = "cache.json"
@@ -120,13 +122,17 @@ def _write_manifest(cdir: Path, manifest: dict[str, Any]) -> None:
     tmp.replace(cdir / CACHE_KEY_FILE)
 
 
-def write_tables(directory: Path, tables: Tables) -> tuple[dict[str, str], dict[str, str]]:
-    """events.parquet, lost.parquet, one event-<name> and tool-event-<name> file per table;
-    returns the file of each event table and of each tool table, by name."""
+def write_tables(
+    directory: Path, tables: Tables, whole: bool = False
+) -> tuple[dict[str, str], dict[str, str]]:
+    """events.parquet, lost.parquet, one event-<name> and tool-event-<name> file per table
+    (typed tables as stored, lean or not, unless `whole`: then as `Tables.event` gives
+    them); returns the file of each event table and of each tool table, by name."""
     tables.events.write_parquet(directory / "events.parquet")
     tables.lost.write_parquet(directory / "lost.parquet")
     names = {name: _table_file(name) for name in tables.by_event}
-    for name, df in tables.by_event.items():
+    for name in tables.by_event:
+        df = tables.event(name) if whole else tables.by_event[name]
         df.write_parquet(directory / names[name])
     tools = {name: f"tool-{_table_file(name)}" for name in tables.tools}
     for name, df in tables.tools.items():

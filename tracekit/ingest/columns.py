@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.ingest import membuf
+from tracekit.ingest.arrowbuf import view_column
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
@@ -43,7 +44,10 @@ def polars_dtype(spec: FieldSpec) -> pl.DataType:
 
 WORDS_MAX = 64  # bytes: strings up to this wide are read as words and deduplicated
 WIDE_MIN = 256  # bytes: strings wider than this are cut one by one (see _wide_strings)
-WIDE_CHUNK = 8 << 20  # bytes of such strings made into a column at once (peak memory)
+# Wide strings are taken span by span (_spans): strings closer than this share one.
+SPAN_GAP = 4096
+SPAN_MAX = 1 << 30  # bytes in one span (its views' offsets are 32-bit)
+PIN_WASTE = 1.25  # spans used in place when they hold at most this much over the strings
 
 
 class Gatherer:
@@ -57,6 +61,9 @@ class Gatherer:
         self.length = length
         self.endian = endian
         self.fixed: tuple[int, np.ndarray] | None = None  # see prefetch()
+        # Byte ranges of buf that columns made by this gatherer (and the gatherers made
+        # from it, which share the list) still use: never to be released (bytype).
+        self.pinned: list[tuple[int, int]] = []
 
     def prefetch(self, lo: int, hi: int) -> None:
         """Read payload bytes [lo, hi) of every event in one gather of 4-byte words.
@@ -189,14 +196,19 @@ class Gatherer:
         if src is None or int(start.min()) < 0 or int((start + count).max()) > len(self.buf):
             return None
         data, base = src
-        rows = max(1, WIDE_CHUNK // max(int(count.max()), 1))
-        chunks = [
-            _cut_at_nul(
-                data, (start[lo : lo + rows] + base).tolist(), count[lo : lo + rows].tolist()
-            )
-            for lo in range(0, len(start), rows)
-        ]  # a chunk at a time: the strings as bytes objects, then a column, of a chunk only
-        return pl.concat(chunks, rechunk=False) if len(chunks) > 1 else chunks[0]
+        length = _nul_cut(data, (start + base).tolist(), count.tolist())
+        spans, data_of, data_at = _spans(start, length)
+        held = sum(hi - lo for lo, hi in spans)
+        if held <= PIN_WASTE * max(int(length.sum()), 1) and membuf.is_private(self.buf):
+            # The strings fill their spans: the column's views point into buf itself,
+            # and those bytes are kept from the release behind the blocks. Not into a
+            # file mapped from disk (an uncompressed trace.dat): rewriting the file would
+            # change the column, truncating it would fault.
+            data = [self.buf[lo:hi] for lo, hi in spans]
+            self.pinned.extend(spans)
+        else:  # sparse strings: pinning their pages would keep more than them; copied
+            data = [_populated(self.buf[lo:hi]) for lo, hi in spans]
+        return _decode(view_column(self.buf, start, length, data, data_of, data_at))
 
     def _string_words(
         self, start: np.ndarray, count: np.ndarray, width: int, rel: int
@@ -237,13 +249,52 @@ class Gatherer:
         return _to_lists(values, counts)
 
 
-def _cut_at_nul(data: mmap.mmap | bytes, starts: list[int], counts: list[int]) -> pl.Series:
-    """The strings at `starts` in data, each up to its first NUL or its count of bytes."""
-    find, out = data.find, []
-    for at, n in zip(starts, counts, strict=True):
-        end = find(b"\0", at, at + n)
-        out.append(data[at : end if end >= 0 else at + n])
-    return _decode(pl.Series(out, dtype=pl.Binary))
+def _nul_cut(data: mmap.mmap | bytes, starts: list[int], counts: list[int]) -> np.ndarray:
+    """The length of each string at `starts`: up to its first NUL, else its count."""
+    find = data.find
+    ends = [find(b"\0", at, at + n) for at, n in zip(starts, counts, strict=True)]
+    end = np.array(ends, np.int64)
+    return np.where(end >= 0, end - np.array(starts, np.int64), np.array(counts, np.int64))
+
+
+def _spans(
+    start: np.ndarray, length: np.ndarray
+) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The byte spans [lo, hi) of the buffer holding the strings [start, start + length),
+    and per string the span and offset it is at.
+
+    Strings less than SPAN_GAP apart share a span (the bytes between, record headers and
+    the small events among the prints, come with them: one large piece instead of one
+    per string); a span holds at most SPAN_MAX bytes (a view's offset is 32-bit).
+    """
+    order = np.argsort(start, kind="stable")
+    lo, hi = start[order], start[order] + length[order]
+    reach = np.maximum.accumulate(hi)
+    gap = np.flatnonzero(lo[1:] - reach[:-1] > SPAN_GAP) + 1
+    first = [0, *gap.tolist()]
+    bounds = []  # [first string, end string) of each span, cut further at SPAN_MAX
+    for a, b in zip(first, [*first[1:], len(lo)], strict=True):
+        while a < b:
+            end = int(np.searchsorted(reach[a:b], lo[a] + SPAN_MAX, side="right")) + a
+            end = max(end, a + 1)
+            bounds.append((a, end))
+            a = end
+    data_of, data_at = np.empty(len(start), np.int64), np.empty(len(start), np.int64)
+    spans = []
+    for k, (a, b) in enumerate(bounds):
+        base = int(lo[a])
+        spans.append((base, int(reach[b - 1])))
+        data_of[order[a:b]] = k
+        data_at[order[a:b]] = lo[a:b] - base
+    return spans, data_of, data_at
+
+
+def _populated(part: np.ndarray) -> np.ndarray:
+    """A copy of part in a mapping whose pages are mapped at once (one call, not a
+    fault per page)."""
+    out = membuf.alloc(len(part), populate=True)
+    out[:] = part
+    return out
 
 
 def _decode(binary: pl.Series) -> pl.Series:
@@ -257,6 +308,8 @@ def _decode(binary: pl.Series) -> pl.Series:
 def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
     """Split a flat array into one list per event (empty lists kept)."""
     n = len(counts)
+    if not len(values):  # every list empty (function_graph's args[] without funcgraph-args)
+        return pl.Series(values[:0]).implode().gather(np.zeros(n, np.uint32))
     rows = np.repeat(np.arange(n), counts)
     grouped = (
         pl.DataFrame({"row": rows, "v": values})

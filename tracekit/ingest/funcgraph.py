@@ -158,7 +158,8 @@ def _rows(parsed: pl.DataFrame) -> pl.DataFrame:
 def _graph_table(rows: pl.DataFrame, event: str) -> pl.DataFrame:
     """The funcgraph_entry or funcgraph_exit table, shaped like the binary one."""
     cols = ["row", "ts", "cpu", pl.col("pid").alias("common_pid"),
-            pl.lit(None, pl.UInt64).alias("func"), "func_sym", "depth"]  # fmt: skip
+            pl.lit(None, pl.UInt64).alias("func"), pl.col("func_sym").cast(pl.Categorical),
+            "depth"]  # fmt: skip
     if event == "funcgraph_exit":
         cols.append("duration_ns")
     rows = rows.filter(pl.col("event") == event)

@@ -18,8 +18,9 @@ import numpy as np
 PAGE = mmap.PAGESIZE
 
 
-def alloc(nbytes: int) -> np.ndarray:
-    """A writable uint8 array of nbytes backed by an anonymous mapping (releasable)."""
+def alloc(nbytes: int, populate: bool = False) -> np.ndarray:
+    """A writable uint8 array of nbytes backed by an anonymous mapping (releasable);
+    `populate`: its pages mapped now, in one call, rather than one fault at a time."""
     if nbytes <= 0:
         return np.zeros(0, dtype=np.uint8)
     if not hasattr(mmap, "MAP_PRIVATE"):  # not a POSIX system: an ordinary array
@@ -29,8 +30,21 @@ def alloc(nbytes: int) -> np.ndarray:
     # defrag on madvise (the kernel's default) each 2 MB fault may compact memory first,
     # and on a machine up for a while that cost twice the system time of 4 kB faults
     # (benchmarks/results/ingest.txt).
-    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    if populate:
+        flags |= getattr(mmap, "MAP_POPULATE", 0)
+    mapping = _Private(-1, nbytes, flags=flags)
     return np.frombuffer(mapping, dtype=np.uint8)
+
+
+class _Private(mmap.mmap):
+    """An anonymous mapping of alloc's: memory of this process only (a file mapping's
+    bytes change, or fault, when someone rewrites or truncates the file)."""
+
+
+def is_private(arr: np.ndarray) -> bool:
+    """Whether arr's bytes can only change by this process: alloc's memory or bytes."""
+    return isinstance(_owner(arr), (_Private, bytes))
 
 
 def _owner(arr: np.ndarray) -> object:

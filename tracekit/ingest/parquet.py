@@ -35,7 +35,7 @@ def export_parquet(tables: Tables, source: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for old in directory.glob("*.parquet"):  # a previous export's tables, all replaced
         old.unlink()
-    names, tools = write_tables(directory, tables)
+    names, tools = write_tables(directory, tables, whole=True)  # the documented schemas
     index = {
         "format": INDEX_FORMAT,
         "tracekit": __version__,
@@ -43,7 +43,7 @@ def export_parquet(tables: Tables, source: Path, directory: Path) -> Path:
         "tables": {
             "events": _entry("events.parquet", tables.events),
             "lost": _entry("lost.parquet", tables.lost),
-            **{f"event:{n}": _entry(f, tables.by_event[n]) for n, f in names.items()},
+            **{f"event:{n}": _entry(f, tables.event(n)) for n, f in names.items()},
             **{f"tool:{n}": _entry(f, tables.tools[n]) for n, f in tools.items()},
         },
         "meta": tables.meta,

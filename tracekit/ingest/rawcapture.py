@@ -89,7 +89,7 @@ def _optional(path: Path) -> str:
 def _read_back_to_back(files: list[Path]) -> list[np.ndarray]:
     """Each file's bytes, laid back to back in one releasable array (no merge copy later)."""
     sizes = [f.stat().st_size for f in files]
-    whole = membuf.alloc(sum(sizes))
+    whole = membuf.alloc(sum(sizes), populate=True)  # every byte is read into next
     out, pos = [], 0
     for f, size in zip(files, sizes, strict=True):
         with open(f, "rb") as fh:

@@ -162,6 +162,7 @@ def _walk_batches(
     for first in range(0, len(size), PAGES_PER_WALK):
         last = first + PAGES_PER_WALK
         w = _walk(words, page_ts[first:last], size[first:last], hp, he, page_size, first)
+        w.length = w.length.astype(np.int32)  # a record is shorter than a page
         walks.append(w)
         if w.bad_page >= 0:
             break
@@ -169,7 +170,14 @@ def _walk_batches(
         return walks[0]
     if not walks:
         return _walk(words, page_ts, size, hp, he, page_size)  # no pages: empty arrays
-    joined = _Walk(*(np.concatenate([getattr(w, k) for w in walks]) for k in _Walk.ARRAYS))
+    # Joined one array at a time, each batch's copy dropped once joined: the records are
+    # never all there twice (peak memory: the walks run for every CPU at once).
+    empty = np.zeros(0, np.int64)
+    joined = _Walk(empty, empty, empty, empty)
+    for k in _Walk.ARRAYS:
+        setattr(joined, k, np.concatenate([getattr(w, k) for w in walks]))
+        for w in walks:
+            setattr(w, k, empty)
     last_walk = walks[-1]
     joined.bad_page, joined.bad_pos = last_walk.bad_page, last_walk.bad_pos
     joined.bad_reason = last_walk.bad_reason

@@ -18,6 +18,7 @@ import polars as pl
 from tracekit.errors import TracekitError
 from tracekit.ingest import membuf
 from tracekit.ingest.bytype import (
+    COMMON_COLUMNS,
     Common,
     CpuSpan,
     Decoder,
@@ -90,13 +91,47 @@ EVENTS_SCHEMA = {
 
 @dataclass
 class Tables:
-    """The decoded tables of one trace (or of one tool's output: then `tools` only)."""
+    """The decoded tables of one trace (or of one tool's output: then `tools` only).
+
+    A typed table in `by_event` is either whole (row, ts, cpu, common_pid, fields) or
+    lean (row, fields: no `ts`); `event(name)` gives it whole either way.
+    """
 
     events: pl.DataFrame
     by_event: dict[str, pl.DataFrame]
     lost: pl.DataFrame
     meta: dict[str, Any]
     tools: dict[str, pl.DataFrame] = field(default_factory=dict)
+    _row_is_position: bool | None = field(default=None, repr=False, compare=False)
+
+    def event(self, name: str) -> pl.DataFrame:
+        """The typed table NAME whole: a lean one gets ts, cpu, common_pid from the events
+        table, gathered at its rows (a few ms per million rows; its own columns shared)."""
+        table = self.by_event[name]
+        if "ts" in table.columns:
+            return table
+        common = self.events.select(COMMON_COLUMNS)
+        if self._positional():
+            common = common.gather(table["row"])
+        else:  # rows not numbered by position (a hand-made events table): by key
+            keyed = self.events.select("row", *COMMON_COLUMNS)
+            rows = table.select(pl.col("row").cast(pl.Int64))
+            common = rows.join(keyed, on="row", how="left", maintain_order="left")
+            common = common.drop("row")
+        row = table.select(pl.col("row").cast(pl.Int64))  # UInt32 as the binary readers store it
+        return pl.concat([row, common, table.drop("row")], how="horizontal")
+
+    def _positional(self) -> bool:
+        """Whether the events table's `row` is each row's position (every reader's is)."""
+        if self._row_is_position is None:
+            rows = self.events["row"].to_numpy()
+            self._row_is_position = bool((rows == np.arange(len(rows))).all())
+        return self._row_is_position
+
+
+def lean(table: pl.DataFrame) -> pl.DataFrame:
+    """A typed table without the columns `Tables.event` takes from the events table."""
+    return table.drop(COMMON_COLUMNS, strict=False) if "ts" in table.columns else table
 
 
 def parse_stats(text: str) -> dict[str, str]:
@@ -193,13 +228,14 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
     ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
-    after_block = releaser(
-        merged.buf, merged.spans, release_cuts(order, merged.payload, merged.spans, ends)
-    )
+    pinned: list[tuple[int, int]] = []  # bytes the wide strings' columns point into
+    cuts = release_cuts(order, merged.payload, merged.spans, ends)
+    after_block = releaser(merged.buf, merged.spans, cuts, pinned)
     merged.sort(order)
     del order
     membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
+    g.pinned = pinned
     header = standard_header(g) if len(g.payload) else None
     if header is not None:
         ids = header["common_type"]
@@ -349,7 +385,13 @@ def _events_frame(
     comms = {**trace.cmdlines, 0: "<idle>"}
     comm = pl.Series([comms.get(int(p)) for p in pids], dtype=pl.Categorical)
     tgid = pl.Series([trace.tgids.get(int(p)) for p in pids], dtype=pl.Int32)
-    cols.update(tgid=tgid.gather(pid_at), comm=comm.gather(pid_at))
+    if tgid.null_count() == len(tgid):  # no saved_tgids (trace-cmd's usual trace.dat)
+        # A column of nulls made whole: its zeroed values are never written, so they take
+        # no memory (a gather writes 4 bytes an event).
+        cols["tgid"] = pl.repeat(None, len(ids), dtype=pl.Int32, eager=True)
+    else:
+        cols["tgid"] = tgid.gather(pid_at)
+    cols["comm"] = comm.gather(pid_at)
     del pid_at
     return pl.DataFrame(
         {

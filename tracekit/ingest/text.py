@@ -123,7 +123,7 @@ def _print_columns(fields: pl.Series) -> list[pl.Series]:
     parts = fields.str.extract_groups(PRINT_RE)
     if parts.struct.field("buf").null_count():
         return []
-    return [parts.struct.field("ip_sym"), parts.struct.field("buf")]
+    return [parts.struct.field("ip_sym").cast(pl.Categorical), parts.struct.field("buf")]
 
 
 # A kprobe's `(sym+0xoff/0xsize)`, a kretprobe's `(caller+0xoff/0xsize <- func)`.
@@ -143,7 +143,8 @@ def _probe_site(fields: pl.Series) -> list[pl.Series]:
     at = site.struct.field("at")
     if at.null_count():
         return []  # not a probe (or not every line of it is): nothing is guessed
-    func = site.struct.field("func")
+    func = site.struct.field("func").cast(pl.Categorical)  # as the binary `_sym` columns
+    at = at.cast(pl.Categorical)
     if func.null_count() == 0:
         return [func.alias("__probe_func_sym"), at.alias("__probe_ret_ip_sym")]
     return [at.alias("__probe_ip_sym")]

@@ -50,7 +50,7 @@ class Trace:
     def event(self, name: str) -> pl.DataFrame:
         """The typed table of one event type (row, ts, cpu, common_pid, then its fields)."""
         try:
-            return self._tables.by_event[name]
+            return self._tables.event(name)
         except KeyError:
             have = ", ".join(self.event_names) or "none"
             raise TracekitError(

@@ -392,7 +392,7 @@ class TraceDat:
         """
         plan = [(cpu, offset, self._chunk_plan(offset)) for cpu, offset, size in buf.cpus if size]
         sizes = [sum(usize for _, _, usize in chunks) for *_, chunks in plan]
-        out = membuf.alloc(sum(sizes))
+        out = membuf.alloc(sum(sizes), populate=True)  # every byte is written next
         starts = list(itertools.accumulate(sizes, initial=0))[:-1]
         pieces = [out[at : at + n] for at, n in zip(starts, sizes, strict=True)]
         map_threads(lambda i: self._inflate_into(plan[i][2], pieces[i]), range(len(plan)))
