@@ -355,3 +355,28 @@ def test_object_counts_tell_a_seeded_copy_from_what_was_compiled(tmp_path: Path)
     os.utime(tmp_path / "a.o", (1000, 1000))
     assert kbuild._objects(tmp_path) == 3
     assert kbuild._objects(tmp_path, since=2000) == 2
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_a_seeded_build_recompiles_changed_files_older_than_the_seed(tmp_path: Path) -> None:
+    """A patched tree older than the seed build: make still remakes what the series wrote."""
+    pristine, patched = tmp_path / "linux", tmp_path / "linux+series"
+    for tree, text in ((pristine, "old"), (patched, "new")):
+        tree.mkdir()
+        (tree / "a.c").write_text(text)
+        (tree / "b.c").write_text("same")
+        os.utime(tree / "a.c", (1000, 1000))
+        os.utime(tree / "b.c", (1000, 1000))
+    seed = pristine / "build-0123456789"
+    seed.mkdir()
+    (seed / "Makefile").write_text("all: a.o b.o\n%.o: ../%.c\n\tcp $< $@\n")
+    subprocess.run(["make", "-s", "-C", str(seed)], check=True)
+    (seed / kbuild.BUILD_RECORD).write_text("{}")
+    build = patched / seed.name
+    kbuild.seed_build(seed, build, ["a.c", "missing.c"])
+    assert not (build / kbuild.BUILD_RECORD).exists()
+    made = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(build), "-n"], capture_output=True, text=True
+    )
+    assert made.stdout.splitlines() == ["cp ../a.c a.o"]
+    assert (pristine / "a.c").stat().st_mtime == 1000

@@ -19,7 +19,7 @@ import resource
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -386,8 +386,10 @@ def build_kernel(
     patch_hash: str,
     progress: Progress,
     seed: Path | None = None,
+    changed: Sequence[str] = (),
 ) -> BuiltKernel:
-    """Build `tree` with `config` (cached); `seed` is a finished build to start from."""
+    """Build `tree` with `config` (cached); `seed` is a finished build to start from, of a
+    tree that differs from `tree` only in the files `changed` (paths relative to it)."""
     build = tree / f"build-{config_hash(config)}"
     cached = load_build(build)
     if cached is not None:
@@ -398,7 +400,7 @@ def build_kernel(
     # The lock sits beside the tree: inside, a patched copy of the tree would link it.
     with _locked(tree.parent / f".{tree.name}-{build.name}.lock", progress):
         return load_build(build) or _build(
-            build, config, source_version, patch_hash, progress, seed
+            build, config, source_version, patch_hash, progress, (seed, changed)
         )
 
 
@@ -414,24 +416,40 @@ def _locked(path: Path, progress: Progress) -> Iterator[None]:
         yield
 
 
+def seed_build(seed: Path, build: Path, changed: Sequence[str]) -> None:
+    """Start `build` as a copy of the finished build `seed`, the `changed` files of its
+    tree made newer than every copied object."""
+    subprocess.run(["cp", "-a", str(seed), str(build)], check=True)
+    (build / BUILD_RECORD).unlink()
+    # The log is this build's own: the seed's warnings are not the series'.
+    (build / BUILD_LOG).unlink(missing_ok=True)
+    # make rebuilds by mtime: where the patched tree is older than the seed (the unpatched
+    # build of a new config, made after the tree was patched), it kept the seed's objects
+    # of the files the series writes and linked a kernel without the series' hyp code.
+    # Those files are real copies in the patched tree (ksource.patched_tree): touching
+    # them leaves the pristine tree's times alone.
+    for relative in changed:
+        path = build.parent / relative
+        if path.is_file():
+            os.utime(path)
+
+
 def _build(
     build: Path,
     config: str,
     source_version: str,
     patch_hash: str,
     progress: Progress,
-    seed: Path | None,
+    seeding: tuple[Path | None, Sequence[str]],
 ) -> BuiltKernel:
     """The build itself, under the lock: seeded, resumed or cold."""
     digest = config_hash(config)
     tree = build.parent
+    seed, changed = seeding
     # An interrupted build is resumed (make redoes only what is missing), never restarted.
     if not build.exists() and seed is not None and load_build(seed) is not None:
         progress(f"kernel build: starting from {seed.name} of {seed.parent.name}")
-        subprocess.run(["cp", "-a", str(seed), str(build)], check=True)
-        (build / BUILD_RECORD).unlink()
-        # The log is this build's own: the seed's warnings are not the series'.
-        (build / BUILD_LOG).unlink(missing_ok=True)
+        seed_build(seed, build, changed)
     build.mkdir(exist_ok=True)
     log = build / BUILD_LOG
     _write_if_changed(build / ".config", config)

@@ -96,11 +96,18 @@ def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.
     if spec.info.build == "kpatch":
         patches = ksource.series_files(series_dir(spec.suite))
         patched = ksource.patched_tree(tree, patches, progress)
+        touched = ksource.touched_files(patches)
         result = kbuild.build_kernel(
-            patched, wanted, version, ksource.series_hash(patches), progress, seed=base.directory
+            patched,
+            wanted,
+            version,
+            ksource.series_hash(patches),
+            progress,
+            seed=base.directory,
+            changed=touched,
         )
         _check_series_on(result)
-        _check_series_warnings(result, ksource.touched_files(patches))
+        _check_series_warnings(result, touched)
     kbuild.enforce_cap(ksource.source_root(), [base.directory, result.directory], progress)
     return result
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The teardown fix's cost in the emulated host: one vm-churn per fresh boot, per state.
+
+Issue 20 point 4 as the brief measured it: each `teardown_flush` state of
+reproducer/kpatch's kernel (`off`, the fix `alle1is`, the alternative `last-ran`) gets a
+boot of its own, in which the switch is set and ONE `tracekit collect --scenario
+vm-churn` runs (N MMU-on VMs in turn on CPU 0, cyclictest on CPU 1, isolated as the
+brief's rt CPU is); with `--twin`, the unpatched kernel of the same config (`:tk-ci` for
+`:kpatch-ci`) churns too, as the "no debug series" state. No ground-truth plugin: it
+slows every emulated instruction, and per-VM time is the quantity compared. Then
+`tracekit report` over the bundles (its "VM churn" section compares each state with
+`off`). Prints each boot's wall minutes and load average, then the report's text.
+Emulated timings: they say nothing about hardware. Output under $TRACEKIT_CACHE (or
+~/.cache/tracekit)/bench/churn, never in the repo.
+
+    python3 benchmarks/vm_churn_boots.py [--kernel bookworm:kpatch-ci] [--vms 500]
+        [--states off,alle1is,last-ran] [--twin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tracekit.vhost.cache import cache_root
+from tracekit.vhost.runner import VhostConfig, run
+
+MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
+# 2 x cortex-a76 in nVHE as the kpatch boots; CPU 1 isolated as the brief's rt CPU.
+CONFIG = VhostConfig(
+    kvm_mode="nvhe",
+    cpu_model="cortex-a76",
+    smp=2,
+    append="isolcpus=1 nohz_full=1 rcu_nocbs=1",
+    timeout_s=1500,
+)
+# The unpatched twin of each patched flavour: the same config without the series.
+TWINS = {"bookworm:kpatch-ci": "bookworm:tk-ci", "bookworm:kpatch": "bookworm:tk"}
+
+
+def churn_command(state: str | None, vms: int) -> list[str]:
+    """Set the switch (None: the unpatched twin has none), then one churn into /out/bundle."""
+    collect = (
+        "python3 -m tracekit collect --scenario vm-churn --rt-cpu 1 --stress-cpus 0 "
+        f"--guest-cpu 0 --repeat {vms} -o /out/bundle"
+    )
+    switch = f"echo {state} > {MAINT}/teardown_flush && " if state else ""
+    return ["sh", "-c", f"set -e; {switch}{collect}"]
+
+
+def one_boot(out: Path, kernel: str, state: str | None, vms: int) -> float:
+    """Boot `kernel`, churn in state `state`: the boot's wall seconds (fails loudly)."""
+    shutil.rmtree(out, ignore_errors=True)  # collect refuses an earlier run's bundle
+    config = VhostConfig(**{**CONFIG.__dict__, "kernel": kernel, "out": out})
+    started = time.monotonic()
+    result = run(config, churn_command(state, vms), on_output=lambda line: None)
+    if result.exit_status != 0:
+        raise SystemExit(f"churn failed in {out} (status {result.exit_status})")
+    return time.monotonic() - started
+
+
+def main() -> None:
+    """A fresh boot per state, then the report over their bundles."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default="bookworm:kpatch-ci")
+    parser.add_argument("--vms", type=int, default=500, help="VMs per churn")
+    parser.add_argument("--states", default="off,alle1is,last-ran")
+    parser.add_argument("--twin", action="store_true", help="churn the unpatched twin too")
+    args = parser.parse_args()
+    base = cache_root() / "bench" / "churn"
+    boots: list[tuple[str, str | None]] = [(args.kernel, s) for s in args.states.split(",")]
+    if args.twin:
+        boots.append((TWINS[args.kernel], None))
+    bundles = []
+    for kernel, state in boots:
+        name = state or "unpatched"
+        load = os.getloadavg()[0]
+        wall = one_boot(base / name, kernel, state, args.vms)
+        print(
+            f"{kernel} {name}: boot + churn of {args.vms} VMs {wall / 60:.1f} min wall, "
+            f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        bundles.append(str(base / name / "bundle"))
+    report = [sys.executable, "-m", "tracekit", "report", "--no-progress", *bundles]
+    subprocess.run(report, check=True)
+
+
+if __name__ == "__main__":
+    main()
