@@ -67,7 +67,6 @@ def cells(vhost_boot) -> dict[str, BundleData]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
     """The manifest names the model and its hash; the report's first lines say both."""
     label = load_model(MODEL).label
@@ -82,7 +81,6 @@ def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, BundleData]) -> None:
     """Created only by the MMU-on guests' SCTLR_EL1 writes on the guest CPU, cleared by
     the 6.12 hotplug's local ALLE1 there (re-counted in the ground truth), and every
@@ -111,7 +109,6 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
     """On cyclictest p99.9 (VERDICT_METRIC): mmu-on without a clearing action: present
     (4+4 runs, what the exact rank test needs); mmu-off and mmu-on after the guest CPU's
@@ -132,7 +129,6 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 @pytest.mark.xfail(
     reason="session 9's boot (the housekeeping CPUs still paid as responders on their "
     "wake-ups: 8250 payments, 831 s, each holding up every broadcast in MTTCG's exclusive "
