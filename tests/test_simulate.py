@@ -32,7 +32,7 @@ from tracekit.host.facts import simulated_model
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.render import render
-from tracekit.report.sections import predictions
+from tracekit.report.sections import predictions, simulated
 from tracekit.simulate.expected import (
     OPEN,
     broadcast_completions,
@@ -52,9 +52,24 @@ from tracekit.simulate.model import (
     shipped_models,
 )
 from tracekit.simulate.predict import VERDICT_METRIC, check_model, predict, predict_plan
-from tracekit.simulate.simlog import SimEvent, parse_sim_log, read_sim_log
+from tracekit.simulate.simlog import (
+    RESPONDER_KEYS,
+    VCPU_KEYS,
+    WAKE_KEYS,
+    SimEvent,
+    parse_sim_log,
+    read_sim_log,
+)
 from tracekit.vhost import groundtruth
-from tracekit.vhost.runner import KALLSYMS, SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
+from tracekit.vhost.runner import (
+    GT_BUNDLE_DIR,
+    KALLSYMS,
+    SIM_FORM,
+    SIM_LOG,
+    SIM_SOURCE,
+    VhostConfig,
+    prepare_simulation,
+)
 from tracekit.vhost.runner import run as run_vhost
 
 GOOD = """
@@ -549,6 +564,55 @@ def test_every_report_format_says_simulated_beside_emulated(fmt: str, tmp_path: 
     assert "SIMULATED EFFECT (brief-literal@0123456789abcdef)" in head
     assert head.index("EMULATED HOST") < head.index("SIMULATED EFFECT")
     assert report.warnings[0].startswith("EMULATED HOST") and "SIMULATED" in report.warnings[1]
+
+
+def _vcpu_line(vcpu: int, **values: int) -> str:
+    """A sim log's per-vCPU line: `values`, every other key 0."""
+    keys = (*VCPU_KEYS, *RESPONDER_KEYS, *WAKE_KEYS)
+    return f"vcpu {vcpu} " + " ".join(f"{k} {values.get(k, 0)}" for k in keys)
+
+
+SIM_TEXT = "\n".join(
+    [
+        "tksim-log 4",
+        "model brief-literal 0123456789abcdef",
+        "clock 1",
+        "responder-cpus 1",
+        "create 100 0 1 0x4000015c",
+        _vcpu_line(
+            0,
+            delayed=20,
+            injected_ns=20_000_000,
+            actual_ns=21_000_000,
+            waited_spans=3,
+            waited_ns=2_500_000,
+        ),
+        _vcpu_line(
+            1, pays=2, owed=4, asked_ns=400_000_000, paid_ns=300_000_000, paid_actual_ns=300_100_000
+        ),
+        "complete 1",
+    ]
+)
+
+
+def test_the_report_says_where_the_delays_landed_beside_the_intent(tmp_path: Path) -> None:
+    """Per vCPU of the boot: the issuer delays asked and taken, the responder payments,
+    the spans held up; a bundle that was not simulated makes no section."""
+    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
+    assert simulated.section([load_bundle(bundle)]) is None
+    _simulated(bundle, "brief-literal@0123456789abcdef")
+    (bundle / GT_BUNDLE_DIR).mkdir()
+    (bundle / GT_BUNDLE_DIR / SIM_LOG).write_text(SIM_TEXT)
+    section = simulated.section([load_bundle(bundle)])
+    assert section is not None and len(section.tables) == 1
+    rows = section.tables[0].frame.to_dicts()
+    assert [(r["vCPU"], r["issuer delays"], r["took ms"], r["held up ms"]) for r in rows] == [
+        (0, 20, 21.0, 2.5),
+        (1, 0, 0.0, 0.0),
+    ]
+    assert (rows[1]["responder pays"], rows[1]["responder asked ms"]) == (2, 400.0)
+    assert "asked 420.0 ms of delays" in section.findings[0]
+    assert "took 321.1 ms" in section.findings[0] and "(3 TLBI -> DSB spans)" in section.findings[0]
 
 
 def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path) -> None:

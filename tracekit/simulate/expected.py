@@ -27,21 +27,24 @@ OPEN = 2**63 - 1  # a paying window still open when QEMU exited
 
 
 def completion_spans(rows: pl.DataFrame, cpu: int, clock: str = "ts_host") -> pl.DataFrame:
-    """Each DSB (not NSH) on `cpu` that completes a broadcast TLBI: its time (`clock`) and
-    the span from the first broadcast TLBI it completes to it (span_ns)."""
+    """Each DSB (not NSH) on `cpu` that completes a broadcast TLBI: its time (ts, on
+    `clock`; ts_host too where the rows have it) and the span from the first broadcast
+    TLBI it completes to it (span_ns)."""
     tlbi = pl.col("kind").is_in(["tlbi", "tlbi-nxs"]) & pl.col("shareability").is_in(BROADCAST)
     dsb = pl.col("kind").is_in(["dsb", "dsb-nxs"]) & (pl.col("shareability") != "non-shareable")
     mine = rows.filter((pl.col("cpu") == cpu) & (tlbi | dsb)).sort(clock)
     is_tlbi = mine.select(tlbi.alias("t"))["t"]
     after_tlbi = is_tlbi.shift(1, fill_value=False)
+    host = [pl.col("ts_host").cast(pl.Int64)] if "ts_host" in rows.columns else []
     # A DSB right after a TLBI (of those rows) completes the run of TLBIs before it.
     return (
         mine.with_columns(first=is_tlbi & ~after_tlbi, done=~is_tlbi & after_tlbi)
         .with_columns(start=pl.when("first").then(pl.col(clock)).forward_fill())
         .filter("done")
         .select(
-            ts=pl.col(clock).cast(pl.Int64),
-            span_ns=(pl.col(clock) - pl.col("start")).cast(pl.Int64),
+            pl.col(clock).cast(pl.Int64).alias("ts"),
+            (pl.col(clock) - pl.col("start")).cast(pl.Int64).alias("span_ns"),
+            *(host if clock != "ts_host" else []),
         )
     )
 
@@ -56,9 +59,16 @@ def expected_increase_ns(cost_ns: int, completions: int, calls: int) -> float:
     return cost_ns * completions / calls if calls else 0.0
 
 
-def per_call(samples: pl.DataFrame, rows: pl.DataFrame, cpu: int) -> pl.DataFrame:
+def per_call(
+    samples: pl.DataFrame,
+    rows: pl.DataFrame,
+    cpu: int,
+    paying: list[tuple[int, int]] | None = None,
+) -> pl.DataFrame:
     """The probe's calls (timestamp_ns, duration_ns: one slot's samples, trace clock) with
-    the completions its CPU executed inside each and their TLBI -> DSB spans (held_ns)."""
+    the completions its CPU executed inside each that paid (inside `paying`, the CPU's
+    paying windows on the rows' ts_host; None: all) and the TLBI -> DSB spans of all of
+    them (held_ns)."""
     spans = completion_spans(rows, cpu, clock="ts")
     starts = samples["timestamp_ns"].to_numpy()
     ends = starts + samples["duration_ns"].to_numpy()
@@ -66,7 +76,8 @@ def per_call(samples: pl.DataFrame, rows: pl.DataFrame, cpu: int) -> pl.DataFram
     at = np.searchsorted(starts[order], spans["ts"].to_numpy(), side="right") - 1
     call = order[np.clip(at, 0, None)]
     inside = (at >= 0) & (spans["ts"].to_numpy() <= ends[call])
-    completions = np.bincount(call[inside], minlength=len(starts))
+    paid = inside if paying is None else inside & _within(spans["ts_host"], paying)
+    completions = np.bincount(call[paid], minlength=len(starts))
     held = np.bincount(
         call[inside], weights=spans["span_ns"].to_numpy()[inside], minlength=len(starts)
     )
@@ -74,6 +85,14 @@ def per_call(samples: pl.DataFrame, rows: pl.DataFrame, cpu: int) -> pl.DataFram
         completions=pl.Series(completions, dtype=pl.Int64),
         held_ns=pl.Series(held.astype(np.int64), dtype=pl.Int64),
     )
+
+
+def _within(times: pl.Series, windows: list[tuple[int, int]]) -> np.ndarray:
+    """Which of `times` fall in any [start, end) window."""
+    found = np.zeros(len(times), dtype=bool)
+    for lo, hi in windows:
+        found |= times.is_between(lo, hi, closed="left").to_numpy()
+    return found
 
 
 @dataclass(frozen=True)
@@ -90,10 +109,10 @@ class ProbeAccount:
     def line(self) -> str:
         """One line for a test's message or a note."""
         return (
-            f"{self.calls} calls, {self.completions:.2f} completions each: observed"
-            f" +{self.observed_ns / 1e6:.2f} ms per call (p50) = model's intent"
-            f" {self.intended_ns / 1e6:.2f} + held up inside its invalidations"
-            f" {self.held_ns / 1e6:.2f} + rest {self.rest_ns / 1e6:.2f}"
+            f"{self.calls} calls, {self.completions:.2f} paying completions each: observed"
+            f" {self.observed_ns / 1e6:+.2f} ms per call (p50) = model's intent"
+            f" {self.intended_ns / 1e6:.2f} {self.held_ns / 1e6:+.2f} held up inside its"
+            f" own invalidations {self.rest_ns / 1e6:+.2f} rest"
         )
 
 
@@ -154,5 +173,5 @@ def charged_completions(
     counted = {}
     for vcpu, spans in windows.items():
         done = completion_spans(records.rename({"vcpu": "cpu"}, strict=False), vcpu)["ts"]
-        counted[vcpu] = sum(int(done.is_between(lo, hi, closed="left").sum()) for lo, hi in spans)
+        counted[vcpu] = int(_within(done, spans).sum())
     return counted
