@@ -171,7 +171,7 @@ def test_plugin_form_follows_the_boot_mode() -> None:
     assert f"model brief-literal {brief.digest}" in vhe
     assert "clear alle1is" in plugin_form(load_model("rollover-only"), "nvhe")
     assert "clear alle1-local" not in plugin_form(load_model("rollover-only"), "nvhe")
-    assert "pay all" in nvhe and "responder_ns 100000000" in nvhe
+    assert "pay all" in nvhe and "responder_ns 300000000" in nvhe
     assert "pay issuer" in plugin_form(load_model("null"), "nvhe")
     with pytest.raises(TracekitError, match="needs the boot's kallsyms"):
         plugin_form(brief, "nvhe")
@@ -897,7 +897,7 @@ def test_the_probe_account_adds_up_to_the_observed_increase() -> None:
     after = after.with_columns(held_ns=pl.Series([300, 310, 320]))
     account = probe_account(before, after, 1000)
     assert (account.intended_ns, account.observed_ns, account.held_ns) == (2000, 2490, 300)
-    assert account.rest_ns == 190 and account.calls == 3
+    assert account.rest_ns == 190 and account.calls == 3 and account.floor_ns == 2400
     assert "observed +0.00 ms per call (p50) = model's intent 0.00" in account.line()
 
 

@@ -105,6 +105,7 @@ class ProbeAccount:
     observed_ns: float  # p50 duration, after - before
     held_ns: float  # p50 TLBI -> DSB time inside a call, after - before
     rest_ns: float  # observed - intended - held: what neither accounts for
+    floor_ns: float  # the fastest call, after - before: the least disturbed one
 
     def line(self) -> str:
         """One line for a test's message or a note."""
@@ -112,7 +113,8 @@ class ProbeAccount:
             f"{self.calls} calls, {self.completions:.2f} paying completions each: observed"
             f" {self.observed_ns / 1e6:+.2f} ms per call (p50) = model's intent"
             f" {self.intended_ns / 1e6:.2f} {self.held_ns / 1e6:+.2f} held up inside its"
-            f" own invalidations {self.rest_ns / 1e6:+.2f} rest"
+            f" own invalidations {self.rest_ns / 1e6:+.2f} rest; fastest call"
+            f" {self.floor_ns / 1e6:+.2f} ms"
         )
 
 
@@ -128,6 +130,7 @@ def probe_account(before: pl.DataFrame, after: pl.DataFrame, cost_ns: int) -> Pr
         observed_ns=observed,
         held_ns=held,
         rest_ns=observed - cost_ns * completions - held,
+        floor_ns=float(after["duration_ns"].min() or 0) - float(before["duration_ns"].min() or 0),
     )
 
 
