@@ -80,7 +80,7 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         smp=4,
         clusters=2,
         append="isolcpus=3 nohz_full=3 rcu_nocbs=3",
-        # Session 11's boot took 19.6 min at load ~3 (a unit suite beside it).
+        # Session 11's boots took 19.6 min at load ~3 (a unit suite beside it) and 17.1 at ~2.
         timeout_s=1800,
         simulate="brief-literal",
     ),
