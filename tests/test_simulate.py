@@ -32,8 +32,17 @@ from tracekit.host.facts import simulated_model
 from tracekit.ingest.bundle import BundleData, load_bundle
 from tracekit.report.assemble import build_report
 from tracekit.report.render import render
-from tracekit.report.sections import predictions
-from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
+from tracekit.report.sections import predictions, simulated
+from tracekit.simulate.expected import (
+    OPEN,
+    broadcast_completions,
+    charged_completions,
+    completion_spans,
+    expected_increase_ns,
+    paying_windows,
+    per_call,
+    probe_account,
+)
 from tracekit.simulate.model import (
     GUEST_WINDOW,
     IRQ_ENTRY_SYMBOLS,
@@ -43,9 +52,24 @@ from tracekit.simulate.model import (
     shipped_models,
 )
 from tracekit.simulate.predict import VERDICT_METRIC, check_model, predict, predict_plan
-from tracekit.simulate.simlog import parse_sim_log, read_sim_log
+from tracekit.simulate.simlog import (
+    RESPONDER_KEYS,
+    VCPU_KEYS,
+    WAKE_KEYS,
+    SimEvent,
+    parse_sim_log,
+    read_sim_log,
+)
 from tracekit.vhost import groundtruth
-from tracekit.vhost.runner import KALLSYMS, SIM_FORM, SIM_SOURCE, VhostConfig, prepare_simulation
+from tracekit.vhost.runner import (
+    GT_BUNDLE_DIR,
+    KALLSYMS,
+    SIM_FORM,
+    SIM_LOG,
+    SIM_SOURCE,
+    VhostConfig,
+    prepare_simulation,
+)
 from tracekit.vhost.runner import run as run_vhost
 
 GOOD = """
@@ -147,7 +171,7 @@ def test_plugin_form_follows_the_boot_mode() -> None:
     assert f"model brief-literal {brief.digest}" in vhe
     assert "clear alle1is" in plugin_form(load_model("rollover-only"), "nvhe")
     assert "clear alle1-local" not in plugin_form(load_model("rollover-only"), "nvhe")
-    assert "pay all" in nvhe and "responder_ns 100000000" in nvhe
+    assert "pay all" in nvhe and "responder_ns 300000000" in nvhe
     assert "pay issuer" in plugin_form(load_model("null"), "nvhe")
     with pytest.raises(TracekitError, match="needs the boot's kallsyms"):
         plugin_form(brief, "nvhe")
@@ -542,6 +566,55 @@ def test_every_report_format_says_simulated_beside_emulated(fmt: str, tmp_path: 
     assert report.warnings[0].startswith("EMULATED HOST") and "SIMULATED" in report.warnings[1]
 
 
+def _vcpu_line(vcpu: int, **values: int) -> str:
+    """A sim log's per-vCPU line: `values`, every other key 0."""
+    keys = (*VCPU_KEYS, *RESPONDER_KEYS, *WAKE_KEYS)
+    return f"vcpu {vcpu} " + " ".join(f"{k} {values.get(k, 0)}" for k in keys)
+
+
+SIM_TEXT = "\n".join(
+    [
+        "tksim-log 4",
+        "model brief-literal 0123456789abcdef",
+        "clock 1",
+        "responder-cpus 1",
+        "create 100 0 1 0x4000015c",
+        _vcpu_line(
+            0,
+            delayed=20,
+            injected_ns=20_000_000,
+            actual_ns=21_000_000,
+            waited_spans=3,
+            waited_ns=2_500_000,
+        ),
+        _vcpu_line(
+            1, pays=2, owed=4, asked_ns=400_000_000, paid_ns=300_000_000, paid_actual_ns=300_100_000
+        ),
+        "complete 1",
+    ]
+)
+
+
+def test_the_report_says_where_the_delays_landed_beside_the_intent(tmp_path: Path) -> None:
+    """Per vCPU of the boot: the issuer delays asked and taken, the responder payments,
+    the spans held up; a bundle that was not simulated makes no section."""
+    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
+    assert simulated.section([load_bundle(bundle)]) is None
+    _simulated(bundle, "brief-literal@0123456789abcdef")
+    (bundle / GT_BUNDLE_DIR).mkdir()
+    (bundle / GT_BUNDLE_DIR / SIM_LOG).write_text(SIM_TEXT)
+    section = simulated.section([load_bundle(bundle)])
+    assert section is not None and len(section.tables) == 1
+    rows = section.tables[0].frame.to_dicts()
+    assert [(r["vCPU"], r["issuer delays"], r["took ms"], r["held up ms"]) for r in rows] == [
+        (0, 20, 21.0, 2.5),
+        (1, 0, 0.0, 0.0),
+    ]
+    assert (rows[1]["responder pays"], rows[1]["responder asked ms"]) == (2, 400.0)
+    assert "asked 420.0 ms of delays" in section.findings[0]
+    assert "took 321.1 ms" in section.findings[0] and "(3 TLBI -> DSB spans)" in section.findings[0]
+
+
 def test_simulated_bundles_never_share_a_condition_with_real_ones(tmp_path: Path) -> None:
     """Same everything, one under a model: two conditions, and the header says so."""
     real = make_bundle(tmp_path / "real", runs=2, factor=1.0)
@@ -771,6 +844,92 @@ def test_broadcast_completions_follow_the_plugin_rule() -> None:
     )
     assert broadcast_completions(rows, 3) == 2
     assert expected_increase_ns(50_000, 2, 4) == 25_000.0
+
+
+def test_a_completion_spans_from_its_first_broadcast_tlbi_to_its_dsb() -> None:
+    """The span starts at the first TLBI of the run the DSB completes, not the last."""
+    spans = completion_spans(
+        pl.DataFrame(
+            {
+                "ts_host": [1, 2, 3, 4, 5, 6, 7, 8],
+                "cpu": [3, 3, 3, 3, 3, 3, 0, 3],
+                "kind": ["tlbi", "tlbi", "dsb", "dsb", "tlbi", "dsb", "tlbi", "dsb"],
+                "shareability": SHARES,
+            }
+        ),
+        3,
+    )
+    assert spans.rows() == [(3, 2), (8, 3)]  # the NSH at 6 does not end the second run
+
+
+def _calls(starts: list[int], durations: list[int]) -> pl.DataFrame:
+    """Probe samples as read_probe_file gives them."""
+    return pl.DataFrame({"timestamp_ns": starts, "duration_ns": durations})
+
+
+def _rows(events: list[tuple[int, str]], cpu: int = 3) -> pl.DataFrame:
+    """Ground-truth rows on `cpu` (trace clock ts), broadcast TLBIs and DSB ISH."""
+    return pl.DataFrame(
+        {
+            "ts": [t for t, _ in events],
+            "cpu": [cpu] * len(events),
+            "kind": [k for _, k in events],
+            "shareability": ["inner"] * len(events),
+        }
+    )
+
+
+def test_each_probe_call_gets_the_completions_inside_it_and_their_spans() -> None:
+    """Completions inside a call's [start, start + duration] are its own; one between
+    the calls is nobody's; held_ns sums the spans."""
+    events = [(110, "tlbi"), (120, "dsb"), (130, "tlbi"), (145, "dsb"), (170, "tlbi")]
+    events += [(180, "dsb"), (210, "tlbi"), (270, "dsb")]
+    calls = per_call(_calls([100, 200], [50, 80]), _rows(events), 3)
+    assert calls.select("completions", "held_ns").rows() == [(2, 25), (1, 60)]
+
+
+def test_the_probe_account_adds_up_to_the_observed_increase() -> None:
+    """Intent = cost x completions per call; held = the median span growth; the rest is
+    what is left of the median increase."""
+    before = pl.DataFrame({"duration_ns": [100, 110, 120], "completions": [2] * 3})
+    before = before.with_columns(held_ns=pl.lit(10))
+    after = pl.DataFrame({"duration_ns": [2500, 2600, 2700], "completions": [2] * 3})
+    after = after.with_columns(held_ns=pl.Series([300, 310, 320]))
+    account = probe_account(before, after, 1000)
+    assert (account.intended_ns, account.observed_ns, account.held_ns) == (2000, 2490, 300)
+    assert account.rest_ns == 190 and account.calls == 3 and account.floor_ns == 2400
+    assert "observed +0.00 ms per call (p50) = model's intent 0.00" in account.line()
+
+
+def test_paying_windows_follow_the_creates_and_clears() -> None:
+    """every: any CPU holding makes every CPU pay; holder: only the holder; a clear-all
+    ends them all; a state still held at exit is open."""
+    events = [
+        SimEvent("create", 10, 1, 1, 0x4000015C),
+        SimEvent("clear-local", 20, 1, 1, 0x41159B28),
+        SimEvent("create", 30, 1, 1, 0x4000015C),
+        SimEvent("create", 40, 2, 1, 0x4000015C),
+        SimEvent("clear-all", 50, 0, 2, 0),
+        SimEvent("create", 60, 2, 1, 0x4000015C),
+    ]
+    every = paying_windows(events, 3, scope_every=True)
+    assert every[0] == every[1] == [(10, 20), (30, 50), (60, OPEN)]
+    holder = paying_windows(events, 3, scope_every=False)
+    assert holder == {0: [], 1: [(10, 20), (30, 50)], 2: [(40, 50), (60, OPEN)]}
+
+
+def test_charged_completions_count_only_inside_the_windows() -> None:
+    """Completions (the DSBs at 6, 11, 20, 26): one at a window's start counts, one at
+    its end does not."""
+    records = pl.DataFrame(
+        {
+            "ts_host": [5, 6, 10, 11, 19, 20, 25, 26],
+            "vcpu": [0] * 8,
+            "kind": ["tlbi", "dsb"] * 4,
+            "shareability": ["inner"] * 8,
+        }
+    )
+    assert charged_completions(records, {0: [(6, 26)]}) == {0: 3}
 
 
 def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ not once no VM is alive); the test re-counts that in the ground truth.
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -22,11 +22,13 @@ from tracekit.analysis.compare import PRESENT
 from tracekit.analysis.decision import conclusions, condition_effects
 from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData, load_bundle
-from tracekit.ingest.groundtruth import bundle_ground_truth
+from tracekit.ingest.groundtruth import GT_LOG, bundle_ground_truth, read_log
+from tracekit.ingest.probe import probe_samples
 from tracekit.report.assemble import build_report
 from tracekit.report.render import render
 from tracekit.report.sections.decision import condition_groups
-from tracekit.simulate.expected import broadcast_completions, expected_increase_ns
+from tracekit.simulate.expected import charged_completions, paying_windows
+from tracekit.simulate.landed import probe_accounts
 from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model
 from tracekit.simulate.predict import VERDICT_METRIC, check_model
 from tracekit.simulate.simlog import read_sim_log
@@ -37,6 +39,10 @@ MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
 CELLS = (("off-none", "mmu-off", "none"), ("on-hotplug", "mmu-on", "hotplug"))
 CELLS += (("on-none", "mmu-on", "none"),)
 RT_CPU, GUEST_CPU = 3, 1
+# The fastest probe call's increase over the model's intent, at most: 1.10 in session
+# 9's boot, 1.14 in session 11's first (2.26 ms against 1.99 ms; the median call's was
+# 9.43 ms on that loaded host).
+PROBE_FLOOR = 1.3
 _COLLECT = (
     f"python3 -m tracekit collect --rt-cpu {RT_CPU} --stress-cpus 0-2 --guest-cpu "
     f"{GUEST_CPU} --runs 4 --traced-runs 0 --duration 2 --allow-dirty"
@@ -55,19 +61,25 @@ register_vhost_check(
 
 
 @pytest.fixture(scope="module")
-def cells(vhost_boot) -> dict[str, BundleData]:  # type: ignore[no-untyped-def]
-    """The three bundles of the boot, by cell name."""
+def sim_boot(vhost_boot) -> Path:  # type: ignore[no-untyped-def]
+    """The boot's --out directory (the plugin's logs), once its collects passed."""
     boot = vhost_boot(CONFIG)
     check = boot.checks["sim_cells"]
     here = boot.result.out_dir / "checks" / "sim_cells"
     outputs = [here / f"{name}.txt" for name, _, _ in CELLS]
     logs = "".join(p.read_text()[-2000:] for p in outputs if p.is_file())
     assert check.status == 0, check.stdout + check.stderr + logs
+    return boot.result.out_dir
+
+
+@pytest.fixture(scope="module")
+def cells(sim_boot: Path) -> dict[str, BundleData]:
+    """The three bundles of the boot, by cell name."""
+    here = sim_boot / "checks" / "sim_cells"
     return {name: load_bundle(here / name) for name, _, _ in CELLS}
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
     """The manifest names the model and its hash; the report's first lines say both."""
     label = load_model(MODEL).label
@@ -82,7 +94,6 @@ def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, BundleData]) -> None:
     """Created only by the MMU-on guests' SCTLR_EL1 writes on the guest CPU, cleared by
     the 6.12 hotplug's local ALLE1 there (re-counted in the ground truth), and every
@@ -111,7 +122,6 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
 def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
     """On cyclictest p99.9 (VERDICT_METRIC): mmu-on without a clearing action: present
     (4+4 runs, what the exact rank test needs); mmu-off and mmu-on after the guest CPU's
@@ -132,39 +142,76 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 
 
 @pytest.mark.vhost
-@pytest.mark.simboot
-@pytest.mark.xfail(
-    reason="session 9's boot (the housekeeping CPUs still paid as responders on their "
-    "wake-ups: 8250 payments, 831 s, each holding up every broadcast in MTTCG's exclusive "
-    "sections): the rt CPU's probe p50 went 0.18 -> 4.85 ms per call (358 calls), 4.67 ms "
-    "more against the 2.01 ms that 1 ms x 718 completions predicts (2.3x, outside 2x)",
-    strict=False,
-)
+def test_the_controls_ran_with_nothing_injected(cells: dict[str, BundleData]) -> None:
+    """The mmu-off cell's quiet runs and the hotplug cell's after runs lie outside every
+    paying window of the log (nothing created, or cleared before them), and the mmu-on
+    cell's after runs inside one: the controls' "not present" verdicts above are null
+    comparisons of 4+4 real runs, ones that could have come out "present"."""
+    log = read_sim_log(cells["on-none"].path / GT_BUNDLE_DIR / SIM_LOG)
+    windows = paying_windows(log.events, len(log.vcpus), load_model(MODEL).where == "every")
+    paying = windows[RT_CPU]  # every: the same windows for every CPU
+    for name, phases, inside in (
+        ("off-none", ("before", "after"), False),
+        ("on-hotplug", ("after",), False),
+        ("on-none", ("after",), True),
+    ):
+        found = cells[name].ground_truth()
+        assert found is not None, name
+        quiet = [r.run_id for r in cells[name].manifest.runs if r.kind == RunKind.QUIET]
+        spans = (
+            found[1]
+            .filter(pl.col("run_id").is_in(quiet) & pl.col("phase").is_in(phases))
+            .group_by("run_id")
+            .agg(lo=pl.col("ts_host").min(), hi=pl.col("ts_host").max())
+        )
+        assert spans.height == 4 * len(phases), (name, spans)
+        for run_id, lo, hi in spans.iter_rows():
+            overlaps = any(lo < end and start < hi for start, end in paying)
+            assert overlaps == inside, (name, run_id)
+
+
+@pytest.mark.vhost
+def test_the_plugin_charged_what_the_ground_truth_counted(sim_boot: Path) -> None:
+    """Per vCPU, the plugin's issuer delays are exactly the broadcast completions the
+    ground-truth log holds while the state held (the paying windows of its create and
+    clear events): the rule expected_increase_ns counts by is the rule the plugin
+    charged by, over the whole boot (REPEAT_TLBI's second DSB included)."""
+    log = read_sim_log(sim_boot / SIM_LOG)
+    model = load_model(MODEL)
+    records = read_log(sim_boot / GT_LOG).records.select("ts_host", "vcpu", "kind", "shareability")
+    windows = paying_windows(log.events, len(log.vcpus), model.where == "every")
+    counted = charged_completions(records, windows)
+    delayed = {v: c["delayed"] for v, c in log.vcpus.items()}
+    assert counted == delayed and delayed[RT_CPU] > 0, (counted, delayed)
+
+
+@pytest.mark.vhost
 def test_the_probe_increase_is_the_delay_times_the_completions(
     cells: dict[str, BundleData],
 ) -> None:
-    """The probe on the rt CPU, after vs before (median per call), against the model's 1 ms times
-    the broadcast completions per call the ground truth counted on that CPU in the
-    after slot: within a factor of 2 (emulated timings are noisy; the injected delay is
-    a busy wait, so it is never shorter)."""
+    """The probe on the rt CPU, after vs before, against the model's intent: its cost
+    times the completions per call the ground truth counted in the after slot while the
+    state held (the plugin charged exactly those: the test above). The fastest call,
+    the one the machine disturbed least, gains the intent within PROBE_FLOOR (never
+    less: the delay is a busy wait); the median call gains at least the intent, and its
+    excess is where the other vCPUs' delays and this host's load landed on it (MTTCG's
+    exclusive sections wait for every busy wait, the busy waits overrun when the host
+    deschedules a vCPU thread): printed, and shown in the report's simulated section."""
     data = cells["on-none"]
-    _, rows = bundle_ground_truth(data.path)
-    cost = load_model(MODEL).cost_ns(1)
-    after_slots = [r for r in data.manifest.runs if r.phase == "after" and r.kind == RunKind.PROBE]
-    checked = 0
-    for run in after_slots:
-        if not run.run_id.endswith(f"-cpu{RT_CPU}"):
-            continue
-        before_id = run.run_id.replace("after-", "before-", 1)
-        after = json.loads((data.path / "runs" / run.run_id / "probe.json").read_text())
-        before = json.loads((data.path / "runs" / before_id / "probe.json").read_text())
-        completions = broadcast_completions(rows.filter(pl.col("run_id") == run.run_id), RT_CPU)
-        expected = expected_increase_ns(cost, completions, after["count"])
-        observed = after["p50_ns"] - before["p50_ns"]
-        assert expected > 0, run.run_id
-        assert expected / 2 <= observed <= expected * 2, (run.run_id, observed, expected)
-        checked += 1
-    assert checked >= 1
+    log = read_sim_log(data.path / GT_BUNDLE_DIR / SIM_LOG)
+    model = load_model(MODEL)
+    windows = paying_windows(log.events, len(log.vcpus), model.where == "every")
+    found = data.ground_truth()
+    assert found is not None
+    accounts = probe_accounts(probe_samples(data), found[1], model.cost_ns(1), windows)
+    account = next(a for cpu, _, a in accounts if cpu == RT_CPU)
+    print(f"probe on CPU {RT_CPU}: {account.line()}")
+    # Every call completed its mprotect's invalidations (two DSBs under REPEAT_TLBI).
+    assert account.completions >= 1 and account.intended_ns >= model.cost_ns(1), account.line()
+    assert account.intended_ns <= account.floor_ns <= PROBE_FLOOR * account.intended_ns, (
+        account.line()
+    )
+    assert account.observed_ns >= account.intended_ns, account.line()
 
 
 @pytest.mark.vhost

@@ -1,0 +1,84 @@
+"""Where a simulated model's injected delays landed, beside what the model intended.
+
+Thin: tracekit/simulate/landed.py computes it from the plugin's log (groundtruth/ of a
+simulated bundle: the whole boot's, so bundles of one boot share it and it is shown
+once) and the bundle's probe slots against its ground truth. A bundle that was not
+simulated takes no part; none simulated: None.
+"""
+
+from __future__ import annotations
+
+from tracekit.analysis.conditions import simulated_label
+from tracekit.ingest.bundle import BundleData
+from tracekit.ingest.probe import probe_samples
+from tracekit.report.header import bundle_label
+from tracekit.report.model import Section, Table
+from tracekit.simulate.expected import paying_windows
+from tracekit.simulate.landed import landed_line, landed_table, probe_accounts
+from tracekit.simulate.model import load_model
+from tracekit.simulate.simlog import SimLog, read_sim_log
+from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE
+
+TABLE_NOTE = (
+    "the plugin's totals over the whole boot (every bundle of it): asked is the model's"
+    " intent, took what the busy waits really lasted; held up is how much of that vCPU's"
+    " own TLBI -> DSB spans overlapped another vCPU's delay (multi-threaded TCG runs a"
+    " broadcast's flush in an exclusive section, which waits for a busy wait to end)"
+)
+PROBE_UNKNOWN = (
+    "a probe's increase beyond the model's intent and the held-up time is this machine's"
+    " (host load, busy-wait overrun): emulated timings, not the model's"
+)
+
+
+def section(bundles: list[BundleData]) -> Section | None:
+    """Per boot: asked, took and held up per vCPU; per bundle: its probes' accounts."""
+    simulated = [b for b in bundles if simulated_label(b.manifest) != "none"]
+    if not simulated:
+        return None
+    findings: list[str] = []
+    tables: list[Table] = []
+    unknowns: list[str] = []
+    shown: set[str] = set()
+    for data in simulated:
+        label = bundle_label(data)
+        path = data.path / GT_BUNDLE_DIR / SIM_LOG
+        if not path.is_file():
+            unknowns.append(
+                f"{label}: no simulation log in {GT_BUNDLE_DIR}/ (QEMU's exit left none)"
+            )
+            continue
+        text = path.read_text(errors="replace")
+        if text not in shown:
+            shown.add(text)
+            log = read_sim_log(path)
+            findings.append(f"{label}: {log.model}: {landed_line(log)}")
+            tables.append(
+                Table(f"{label}: where the delays landed, per vCPU", landed_table(log), TABLE_NOTE)
+            )
+        findings += _probe_findings(data, label, read_sim_log(path))
+    return Section(
+        key="simulated",
+        title="Simulated effect: where the injected delays landed",
+        findings=findings,
+        tables=tables,
+        unknowns=[*unknowns, PROBE_UNKNOWN],
+        lost_events=None,
+    )
+
+
+def _probe_findings(data: BundleData, label: str, log: SimLog) -> list[str]:
+    """One line per probe CPU whose after slot paid anything (intent > 0; the cost of
+    dose 1, so a dose model's larger doses show as rest)."""
+    source = data.path / GT_BUNDLE_DIR / SIM_SOURCE
+    found = data.ground_truth() if source.is_file() else None
+    if found is None:
+        return []
+    model = load_model(str(source))
+    windows = paying_windows(log.events, len(log.vcpus), model.where == "every")
+    accounts = probe_accounts(probe_samples(data), found[1], model.cost_ns(1), windows)
+    return [
+        f"{label}: probe on CPU {cpu} ({mode}): {account.line()}"
+        for cpu, mode, account in accounts
+        if account.intended_ns > 0
+    ]
