@@ -57,6 +57,7 @@ register_vhost_check(
         f"> {name}.txt 2>&1 || exit 1"
         for name, guest, after in CELLS
     ),
+    opt_in="simboot",
 )
 
 
@@ -80,6 +81,7 @@ def cells(sim_boot: Path) -> dict[str, BundleData]:
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
     """The manifest names the model and its hash; the report's first lines say both."""
     label = load_model(MODEL).label
@@ -94,6 +96,7 @@ def test_every_bundle_carries_the_model(cells: dict[str, BundleData]) -> None:
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, BundleData]) -> None:
     """Created only by the MMU-on guests' SCTLR_EL1 writes on the guest CPU, cleared by
     the 6.12 hotplug's local ALLE1 there (re-counted in the ground truth), and every
@@ -122,6 +125,7 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, BundleData]) -> None:
     """On cyclictest p99.9 (VERDICT_METRIC): mmu-on without a clearing action: present
     (4+4 runs, what the exact rank test needs); mmu-off and mmu-on after the guest CPU's
@@ -142,6 +146,7 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_controls_ran_with_nothing_injected(cells: dict[str, BundleData]) -> None:
     """The mmu-off cell's quiet runs and the hotplug cell's after runs lie outside every
     paying window of the log (nothing created, or cleared before them), and the mmu-on
@@ -171,6 +176,7 @@ def test_the_controls_ran_with_nothing_injected(cells: dict[str, BundleData]) ->
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_plugin_charged_what_the_ground_truth_counted(sim_boot: Path) -> None:
     """Per vCPU, the plugin's issuer delays are exactly the broadcast completions the
     ground-truth log holds while the state held (the paying windows of its create and
@@ -186,6 +192,7 @@ def test_the_plugin_charged_what_the_ground_truth_counted(sim_boot: Path) -> Non
 
 
 @pytest.mark.vhost
+@pytest.mark.simboot
 def test_the_probe_increase_is_the_delay_times_the_completions(
     cells: dict[str, BundleData],
 ) -> None:
