@@ -28,7 +28,7 @@ from tracekit.host.protocol import (
     plan_runs,
     ram_mb_for,
 )
-from tracekit.host.tools import compact_histogram
+from tracekit.host.tools import COMPACT_HEADING, compact_histogram
 
 if TYPE_CHECKING:
     from tracekit.report.model import Section
@@ -184,6 +184,40 @@ def test_histogram_keeps_every_counted_bucket_and_the_summary() -> None:
     assert kept == counted and len(kept) == 40
     assert "# Histogram Overflows: 00005" in compact and "# Max Latencies" in compact
     assert "# Thread 0:" not in compact
+
+
+def _compact_line_by_line(text: str) -> str:
+    """compact_histogram as it was written first, a line at a time: the reference."""
+    kept = [COMPACT_HEADING]
+    for line in text.splitlines():
+        fields = line.split()
+        if line.startswith("# Thread") or line.startswith("# Histogram Overflow at"):
+            continue
+        if len(fields) >= 2 and fields[0].isdigit() and all(f.strip("0") == "" for f in fields[1:]):
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_histogram_compaction_matches_the_line_by_line_reference(seed: int) -> None:
+    """Generated histfiles (1-3 threads, tab or space, sparse counts, overflow lists, a cut
+    last line): the one-expression compaction keeps exactly what the line loop kept."""
+    import random
+
+    rng = random.Random(seed)
+    threads, sep = rng.randint(1, 3), rng.choice([" ", "\t"])
+    lines = ["# Histogram"]
+    for bucket in range(rng.randint(0, 400)):
+        counts = [rng.choice([0] * 30 + [1, 7, 120]) for _ in range(threads)]
+        lines.append(f"{bucket:06d}" + "".join(f"{sep}{c:06d}" for c in counts))
+    lines += ["# Total: 000000994", "# Max Latencies: 1671372", "# Histogram Overflows: 00005"]
+    if rng.random() < 0.5:
+        lines += ["# Histogram Overflow at cycle number:", "# Thread 0: 00042 00082", ""]
+    lines += rng.choice([[], ["000007"], ["garbage line 0"], ["000009 000000 extra"]])
+    text = "\n".join(lines) + rng.choice(["\n", ""])
+    assert compact_histogram(text) == _compact_line_by_line(text)
+    assert compact_histogram("") == _compact_line_by_line("")
 
 
 def test_bundles_without_run_params_still_read(tmp_path: Path) -> None:
