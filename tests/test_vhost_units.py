@@ -329,3 +329,15 @@ def test_the_batch_script_keeps_each_checks_times_and_says_its_duration(tmp_path
     start, end = (int((here / name).read_text()) for name in ("start", "end"))
     assert lines[0] == f"check sleeps: status 0 in {end - start}s" and end - start >= 1
     assert (here / "stdout").read_text() == "out\n" and (here / "status").read_text() == "0\n"
+
+
+def test_the_cli_starts_without_the_image_builder() -> None:
+    """`tracekit` (every `collect` in the emulated host or on a board) imports neither the
+    image builder nor pyelftools just for `vhost`'s option choices; the package's entry
+    point is still there on first use."""
+    script = (
+        "import sys, tracekit.cli; print([m for m in ('tracekit.vhost.runner', 'elftools') "
+        "if m in sys.modules]); import tracekit.vhost as v; print(v.run.__module__)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.stdout == "[]\ntracekit.vhost.runner\n", result.stderr
