@@ -9,6 +9,7 @@ from tracekit.bundle import (
     BundleWriter,
     Manifest,
     RunRecord,
+    files_below,
     read_manifest,
     verify_files,
 )
@@ -27,6 +28,32 @@ def test_bundle_is_incomplete_until_finished(tmp_path: Path) -> None:
     assert manifest.runs[0].status == "ok"
     assert "runs/before-quiet-0/cyclictest.txt" in manifest.files
     assert verify_files(tmp_path / "b", manifest) == []
+
+
+def test_every_file_below_is_checksummed_with_its_size(tmp_path: Path) -> None:
+    """The listing by directory entries finds what rglob would (nested, empty directories,
+    a symlink to a file), and the sizes read while hashing are the files' own."""
+    writer = BundleWriter.create(tmp_path / "b", Manifest())
+    nested = writer.path("runs/before-traced-0/trace/events/sched/sched_switch/format")
+    nested.write_text("name: sched_switch\n")
+    writer.path("runs/before-traced-0/trace/per_cpu/cpu0/trace_pipe_raw").write_bytes(
+        b"\0" * (3 << 20)  # more than one read chunk
+    )
+    (tmp_path / "b" / "runs" / "empty").mkdir()
+    (tmp_path / "b" / "link").symlink_to(nested)
+    root = tmp_path / "b"
+    assert sorted(files_below(root)) == sorted(p for p in root.rglob("*") if p.is_file())
+    assert files_below(root / "absent") == []
+    writer.finish()
+    files = read_manifest(root).files
+    assert sorted(files) == [
+        "link",
+        "runs/before-traced-0/trace/events/sched/sched_switch/format",
+        "runs/before-traced-0/trace/per_cpu/cpu0/trace_pipe_raw",
+    ]
+    assert files["runs/before-traced-0/trace/per_cpu/cpu0/trace_pipe_raw"]["size"] == 3 << 20
+    assert files["link"] == files["runs/before-traced-0/trace/events/sched/sched_switch/format"]
+    assert verify_files(root, read_manifest(root)) == []
 
 
 def test_interrupted_bundle_says_so(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from tracekit.bundle import (
     Manifest,
     RunKind,
     RunRecord,
+    files_below,
     run_dir,
     run_path,
 )
@@ -618,4 +619,4 @@ class Session:
 
 def _files_under(root: Path, directory: Path) -> list[str]:
     """The files below a directory of the bundle, relative to the bundle, sorted."""
-    return sorted(p.relative_to(root).as_posix() for p in directory.rglob("*") if p.is_file())
+    return sorted(p.relative_to(root).as_posix() for p in files_below(directory))
