@@ -466,7 +466,7 @@ class Session:
         for function, why in unseen.items():
             self.echo(f"{function}: {why}")
         probes = self._kprobe_definitions(symbols, graph, kprobed)
-        defined = define_kprobes(self.tracefs, probes).defined
+        defined = define_kprobes(self.tracefs, probes, symbols).defined
         self.kprobes_defined = defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
