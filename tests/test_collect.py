@@ -77,13 +77,15 @@ register_vhost_check(
 # The ground-truth check runs its VMs before this one (first=True), so the host is not fresh
 # (6.1 keeps a dead VM's VMID in the allocator's map until a rollover): --allow-dirty. What
 # this check asserts is relative (a newer generation than the first VMID it saw), so where
-# the count starts does not matter; its before phase is not a fresh host's.
+# the count starts does not matter; its before phase is not a fresh host's. Both rollover
+# collects' tests read the after-guest run and the runs' order, never the quiet runs' or
+# probe slots' numbers: one second each.
 register_vhost_check(
     "nvhe-a53",
     "collect_rollover",
     f"{SNAPSHOT} > before.json; "
     "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
-    "--traced-runs 0 --duration 2 --after-guest rollover --rollover-max-vms 1024 "
+    "--traced-runs 0 --duration 1 --after-guest rollover --rollover-max-vms 1024 "
     "--allow-dirty -o bundle; "
     f"status=$?; {SNAPSHOT} > after.json; exit $status",
 )
@@ -94,7 +96,7 @@ register_vhost_check(
     "nvhe-a53",
     "collect_rollover_minus_one",
     "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
-    "--traced-runs 0 --duration 2 --after-guest rollover-minus-one --rollover-max-vms 1024 "
+    "--traced-runs 0 --duration 1 --after-guest rollover-minus-one --rollover-max-vms 1024 "
     "--allow-dirty -o bundle",
 )
 
