@@ -79,11 +79,15 @@ class RawCapture:
         events = self.instance.path / "events"
         wanted = set(self.instance.events)
         wanted.update(f"ftrace/{p.name}" for p in (events / "ftrace").iterdir() if p.is_dir())
+        systems: set[Path] = set()  # made once each: a mkdir that fails is a round trip too
         for name in sorted(wanted - self._formats_copied):
             source = events / name / "format"
             if source.exists():
                 target = self.directory / "events" / name / "format"
-                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.parent.parent not in systems:
+                    target.parent.parent.mkdir(parents=True, exist_ok=True)
+                    systems.add(target.parent.parent)
+                target.parent.mkdir(exist_ok=True)
                 target.write_bytes(source.read_bytes())
                 self._formats_copied.add(name)
 
