@@ -100,3 +100,15 @@ def test_library_takes_a_path_as_text(tmp_path: Path) -> None:
     root = copy_real_bundle(tmp_path / "b")
     assert load_bundle(str(root)).manifest == read_manifest(root)
     assert read_manifest(str(root)).complete
+
+
+def test_a_saved_manifest_is_the_same_json_without_the_deep_copy() -> None:
+    """save() writes fields_for_json(), which copies nothing: the same text as to_json()'s
+    on real bundles' manifests (every fixture bundle), and the manifest is left as it was."""
+    fixtures = sorted((Path(__file__).parent / "fixtures").rglob("manifest.json"))
+    manifests = [read_manifest(path.parent) for path in fixtures if "cache" not in str(path)]
+    assert len(manifests) >= 3
+    for manifest in manifests:
+        before = json.dumps(manifest.to_json(), indent=2, sort_keys=True)
+        assert json.dumps(manifest.fields_for_json(), indent=2, sort_keys=True) == before
+        assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) == before
