@@ -60,18 +60,22 @@ register_vhost_check(
 
 # hotplug's negative control (issue 17 point 12), with the probe's range slots on both
 # sides of the kernel's 512-page by-VA limit (point 7): one short collect after the main
-# one (the host is no longer fresh: --allow-dirty), about 3 min of the boot's TCG time
-# (session 10's boot: its before phase and guest took 88 s). That boot chose CPU 0 for
+# one (the host is no longer fresh: --allow-dirty). Session 10's boot chose CPU 0 for
 # hotplug-other, which nohz_full keeps online (EBUSY): the control is now CPU 2, not
 # booted yet. Its before phase's range slots were counted there: 511 pages 1023-1040
 # by-VA TLBIs and 0.02-0.11 ASIDE1IS per call, 513 pages 2.0 ASIDE1IS and 1.0-3.2 by-VA.
-# Range slots only: the page slots (6 of its 18) are collect_main's, nothing here read them.
+# The same collect is tests/test_collect_tracecmd.py's `--capture trace-cmd` collection
+# (one quiet and one traced run a phase; its tests read the capture, these the action and
+# the probe slots): one collect's start, guest and end less in the boot (~100 s).
+HOTPLUG_OTHER = "collect_hotplug_other"
 register_vhost_check(
     NVHE,
-    "collect_hotplug_other",
+    HOTPLUG_OTHER,
+    f"{SNAPSHOT} > before.json; "
     "python3 -m tracekit collect --rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1 --runs 1 "
-    "--traced-runs 0 --duration 2 --after-guest hotplug-other --probe-modes range "
-    "--probe-pages 511,513 --allow-dirty -o bundle",
+    "--traced-runs 1 --duration 2 --after-guest hotplug-other --probe-modes page,range "
+    "--probe-pages 511,513 --capture trace-cmd --allow-dirty -o bundle; status=$?; "
+    f"{SNAPSHOT} > after.json; exit $status",
 )
 
 # The ground-truth check runs its VMs before this one (first=True), so the host is not fresh
@@ -267,7 +271,7 @@ def test_range_slots_issue_by_va_below_the_limit_and_one_asid_flush_above(vhost_
 
     here = _check_dir(vhost_boot(NVHE), "collect_hotplug_other")
     data, _ = _checked_truth(here / "bundle")
-    assert read_manifest(here / "bundle").scenario["probe_modes"] == ["range"]
+    assert read_manifest(here / "bundle").scenario["probe_modes"] == ["page", "range"]
     found = data.ground_truth()
     assert found is not None
     slots = probe_slot_tlbis(invalidations(found[1]), data.probes)
