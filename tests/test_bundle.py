@@ -112,3 +112,32 @@ def test_a_saved_manifest_is_the_same_json_without_the_deep_copy() -> None:
         before = json.dumps(manifest.to_json(), indent=2, sort_keys=True)
         assert json.dumps(manifest.fields_for_json(), indent=2, sort_keys=True) == before
         assert json.dumps(manifest.to_json(), indent=2, sort_keys=True) == before
+
+
+def test_a_collectors_finish_takes_each_runs_list_and_walks_the_rest(tmp_path: Path) -> None:
+    """finish(runs_listed=True), the collector's: the files its runs listed and every file
+    outside runs/ get their checksums, as a whole walk gives them when the lists are
+    complete; runs/ itself is not walked (a file no run lists is not taken)."""
+    manifests = {}
+    for name, listed in (("walked", False), ("listed", True)):
+        writer = BundleWriter.create(tmp_path / name, Manifest())
+        run = writer.start_run(RunRecord("before-quiet-0", "before", "quiet", 0))
+        writer.path("runs/before-quiet-0/cyclictest.txt").write_text("T: 0\n")
+        writer.path("runs/before-quiet-0/trace/events/sched/sched_switch/format").write_text("x")
+        writer.path("groundtruth/notes.txt").write_text("outside runs/\n")
+        run.files = [
+            "runs/before-quiet-0/cyclictest.txt",
+            "runs/before-quiet-0/trace/events/sched/sched_switch/format",
+        ]
+        writer.end_run(run)
+        if listed:
+            writer.path("runs/before-quiet-0/unlisted.txt").write_text("not taken\n")
+        writer.finish(runs_listed=listed)
+        manifests[name] = read_manifest(tmp_path / name)
+    assert manifests["listed"].files == manifests["walked"].files
+    assert sorted(manifests["listed"].files) == [
+        "groundtruth/notes.txt",
+        "runs/before-quiet-0/cyclictest.txt",
+        "runs/before-quiet-0/trace/events/sched/sched_switch/format",
+    ]
+    assert verify_files(tmp_path / "listed", manifests["listed"]) == []

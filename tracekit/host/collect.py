@@ -390,7 +390,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
             stack.stop_processes()
             writer.mark_incomplete(f"failed: {err}")
             raise
-        writer.finish()
+        writer.finish(runs_listed=True)  # each run's files were listed at its end
     return options.output
 
 
