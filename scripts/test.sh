@@ -14,4 +14,4 @@ from trace_processor_support import HOW_TO_GET, find_shell, shell_version
 shell = find_shell()
 print(f"perfetto importer tests: run with {shell_version(shell)} ({shell})" if shell
       else f"perfetto importer tests: SKIPPED, {HOW_TO_GET}")'
-.venv/bin/python -m pytest -ra "$@"
+.venv/bin/python -m pytest -ra --durations=25 "$@"

@@ -147,3 +147,29 @@ def test_a_removed_run_trace_or_cpu_file_is_said_by_verify_report_and_perfetto(
         assert f"{said}: missing (the manifest lists it)" in " ".join(result.output.split()), argv
         if argv[0] == "report":
             assert "DAMAGED bundle" in _first_line(result.output)
+
+
+def test_files_behind_symlinks_are_checked_as_before(bundle: Path, tmp_path: Path) -> None:
+    """The one-walk listing takes only files reached through no symlink; a file behind a
+    symlink inside the bundle is resolved and checked, one outside is refused."""
+    from tracekit.bundle import damaged_files, read_manifest
+    from tracekit.errors import TracekitError
+
+    manifest = read_manifest(bundle)
+    rel = next(r for r in sorted(manifest.files) if r.startswith("runs/") and r.count("/") == 2)
+    assert damaged_files(bundle, manifest, full=True) == {}
+    run_dir, name = rel.rsplit("/", 1)
+    (bundle / "moved").mkdir()
+    (bundle / rel).rename(bundle / "moved" / name)
+    (bundle / rel).symlink_to(bundle / "moved" / name)  # still the same bytes, inside
+    assert damaged_files(bundle, manifest, full=True) == {}
+    (bundle / rel).unlink()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / name).write_bytes((bundle / "moved" / name).read_bytes())
+    shutil.rmtree(bundle / run_dir)
+    (bundle / run_dir).symlink_to(outside)  # the run's directory leaves the bundle
+    with pytest.raises(TracekitError, match="outside the bundle"):
+        damaged_files(bundle, manifest)
+    (bundle / run_dir).unlink()
+    assert "missing (the manifest lists it)" in damaged_files(bundle, manifest).values()

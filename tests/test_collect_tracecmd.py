@@ -15,8 +15,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import test_collect
 from click.testing import CliRunner
-from conftest import VhostBoot, register_vhost_check
+from conftest import VhostBoot
 from tracefs_recording import recording_instance
 
 import tracekit
@@ -36,19 +37,11 @@ NVHE = "nvhe-a76"
 REPRODUCER_BUILD = Path(__file__).resolve().parent.parent / "reproducer" / "build"
 FIX = Path(__file__).parent / "fixtures" / "ingest"
 ROLES = ["collect", "--rt-cpu", "1", "--stress-cpus", "0", "--guest-cpu", "0"]
-SNAPSHOT = (
-    "python3 -c 'import json, pathlib; from tracekit.host.tracefs import snapshot; "
-    'print(json.dumps(snapshot(pathlib.Path("/sys/kernel/tracing")), sort_keys=True))\''
-)
-# The smallest whole collection: one quiet and one traced run per phase, 2 s each.
-register_vhost_check(
-    NVHE,
-    "collect_tracecmd",
-    f"{SNAPSHOT} > before.json; "
-    "python3 -m tracekit collect --rt-cpu 3 --stress-cpus 0-2 --guest-cpu 1 --runs 1 "
-    "--traced-runs 1 --duration 2 --capture trace-cmd -o bundle; status=$?; "
-    f"{SNAPSHOT} > after.json; exit $status",
-)
+# The boot's trace-cmd collection is the hotplug-other one of tests/test_collect.py (one
+# quiet and one traced run a phase, 2 s each, then that action's and the probe slots'
+# runs): its tests read the capture, those the action. Imported, it is registered when
+# this file runs alone too.
+TRACECMD = test_collect.HOTPLUG_OTHER
 
 
 def test_unknown_capture_is_rejected(tmp_path: Path) -> None:
@@ -201,7 +194,7 @@ def _check_dir(boot: VhostBoot, name: str) -> Path:
 
 @pytest.mark.vhost
 def test_trace_cmd_collection_is_complete(vhost_boot) -> None:  # type: ignore[no-untyped-def]
-    here = _check_dir(vhost_boot(NVHE), "collect_tracecmd")
+    here = _check_dir(vhost_boot(NVHE), TRACECMD)
     bundle = here / "bundle"
     manifest = read_manifest(bundle)
     assert manifest.complete and verify_files(bundle, manifest) == []
@@ -222,7 +215,7 @@ def test_trace_cmd_collection_is_complete(vhost_boot) -> None:  # type: ignore[n
 
 @pytest.mark.vhost
 def test_trace_cmd_guest_run_has_kvm_kprobes_and_markers(vhost_boot) -> None:  # type: ignore[no-untyped-def]
-    data = load_bundle(_check_dir(vhost_boot(NVHE), "collect_tracecmd") / "bundle")
+    data = load_bundle(_check_dir(vhost_boot(NVHE), TRACECMD) / "bundle")
     guest = next(r for r in data.manifest.runs if r.run_id == "guest")
     trace = open_run_trace(data, guest)
     assert trace.meta["clock"] == "boot" and trace.meta["instance"].startswith("tracekit-")
@@ -237,7 +230,7 @@ def test_trace_cmd_guest_run_has_kvm_kprobes_and_markers(vhost_boot) -> None:  #
 
 @pytest.mark.vhost
 def test_report_on_a_trace_cmd_bundle(vhost_boot) -> None:  # type: ignore[no-untyped-def]
-    bundle = _check_dir(vhost_boot(NVHE), "collect_tracecmd") / "bundle"
+    bundle = _check_dir(vhost_boot(NVHE), TRACECMD) / "bundle"
     result = CliRunner().invoke(main, ["report", str(bundle)])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("EMULATED HOST")
@@ -250,9 +243,10 @@ def test_report_on_a_trace_cmd_bundle(vhost_boot) -> None:  # type: ignore[no-un
 
 @pytest.mark.vhost
 def test_perfetto_export_of_a_trace_cmd_bundle(vhost_boot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    bundle = _check_dir(vhost_boot(NVHE), "collect_tracecmd") / "bundle"
+    bundle = _check_dir(vhost_boot(NVHE), TRACECMD) / "bundle"
     out = tmp_path / "bundle.pftrace"
     result = CliRunner().invoke(main, ["perfetto", str(bundle), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "traced runs exported: before-traced-0, guest, after-traced-0" in result.output
+    runs = "before-traced-0, guest, after-guest-hotplug-other, after-traced-0"
+    assert f"traced runs exported: {runs}" in result.output
     assert "every event written (" in result.output

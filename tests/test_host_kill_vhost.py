@@ -8,7 +8,10 @@ with a power cut, is the script's (docs/robustness-figures.md).
 Passed in that boot on 2026-12-02 (08:06-08:11 UTC, `-m "vhost or unproven"` on this
 file alone, the shared 2-core machine): the cells took 81.5 s (kill-traced-cleanup) and
 199.2 s (term-hotplug), so they add ~4.7 min to the protected-a76 boot (the whole
-session, boot included, took 312 s).
+session, boot included, took 312 s); 87.1 s and 326.8 s in the last CI run of session 10.
+Session 11 (17:24 UTC, load ~3): 58.1 s and 79.1 s, the whole boot 155 s; term-hotplug's
+collect runs no traced run before its point, and its bundle's check (bundle_state) no
+longer resolves every path (~110 s of it before).
 """
 
 from __future__ import annotations

@@ -179,6 +179,19 @@ def test_read_variant_rejects_non_elf_and_truncated(build: Path, tmp_path: Path)
         read_variant(tmp_path / "missing.elf")
 
 
+def test_a_guest_cut_anywhere_is_one_clear_error(build: Path, tmp_path: Path) -> None:
+    """Cut at every 61st byte (headers, program headers, the note, the code): the ELF
+    reader says what is wrong in a TracekitError, never a struct or index error."""
+    whole = (build / "guests" / "mmu-on.elf").read_bytes()
+    cut = tmp_path / "mmu-on.elf"
+    for size in range(0, len(whole), 61):
+        cut.write_bytes(whole[:size])
+        try:
+            read_variant(cut)
+        except TracekitError as err:
+            assert "\n" not in str(err) and str(cut) in str(err)
+
+
 def test_list_guests_rejects_renamed_and_empty(build: Path, tmp_path: Path) -> None:
     with pytest.raises(TracekitError, match="no guest ELF"):
         list_guests(tmp_path)
@@ -191,6 +204,17 @@ def test_list_guests_rejects_renamed_and_empty(build: Path, tmp_path: Path) -> N
 
 def test_guests_module_does_not_import_polars() -> None:
     code = "import sys, tracekit.guests; sys.exit('polars' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_collect_reads_guests_without_pyelftools(build: Path) -> None:
+    """The collector reads a guest's note by struct (tracekit/guestelf.py): importing
+    pyelftools took ~10 s of every collect start in the emulated host."""
+    code = (
+        "import sys; from tracekit.host import collect; from tracekit.guests import read_variant"
+        f"; read_variant({str(build / 'guests' / 'mmu-on.elf')!r})"
+        "; sys.exit('elftools' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -309,3 +309,35 @@ def _state(pid: int) -> str:
     except OSError:
         return ""
     return stat[stat.rindex(")") + 2]
+
+
+def test_the_batch_script_keeps_each_checks_times_and_says_its_duration(tmp_path: Path) -> None:
+    """conftest's batch script, run by sh here with /out moved: each check's start and end
+    are kept in its directory, its line says its status and seconds, failures are counted."""
+    from conftest import _batch_script
+
+    checks = {"sleeps": "sleep 1; echo out", "fails": "exit 3"}
+    for name, script in checks.items():
+        (tmp_path / "checks" / name).mkdir(parents=True)
+        (tmp_path / "checks" / name / "check.sh").write_text(script + "\n")
+    batch = _batch_script(checks).replace("/out/", f"{tmp_path}/")
+    done = subprocess.run(["sh", "-c", batch], capture_output=True, text=True, check=False)
+    assert done.returncode == 1  # one check failed
+    lines = done.stdout.splitlines()
+    assert lines[1] == "check fails: status 3 in 0s"
+    here = tmp_path / "checks" / "sleeps"
+    start, end = (int((here / name).read_text()) for name in ("start", "end"))
+    assert lines[0] == f"check sleeps: status 0 in {end - start}s" and end - start >= 1
+    assert (here / "stdout").read_text() == "out\n" and (here / "status").read_text() == "0\n"
+
+
+def test_the_cli_starts_without_the_image_builder() -> None:
+    """`tracekit` (every `collect` in the emulated host or on a board) imports neither the
+    image builder nor pyelftools just for `vhost`'s option choices; the package's entry
+    point is still there on first use."""
+    script = (
+        "import sys, tracekit.cli; print([m for m in ('tracekit.vhost.runner', 'elftools') "
+        "if m in sys.modules]); import tracekit.vhost as v; print(v.run.__module__)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.stdout == "[]\ntracekit.vhost.runner\n", result.stderr

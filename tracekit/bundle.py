@@ -14,9 +14,9 @@ import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tracekit import __version__
@@ -191,6 +191,14 @@ class Manifest:
         """The manifest as plain JSON data."""
         return asdict(self)
 
+    def fields_for_json(self) -> dict[str, Any]:
+        """to_json's data without copying it, for writing out only (never to be changed):
+        asdict's deep copy of the host facts and run lists was most of each save's time
+        (every run saves twice; ~0.3 s a save in the emulated host)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["runs"] = [{f.name: getattr(run, f.name) for f in fields(run)} for run in self.runs]
+        return data
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
         """Rebuild a manifest from manifest.json data."""
@@ -206,11 +214,90 @@ class Manifest:
 
 def sha256_file(path: Path) -> str:
     """SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
+    return size_and_sha256(path)[1]
+
+
+def size_and_sha256(path: Path) -> tuple[int, str]:
+    """A file's size (the bytes read, no stat) and SHA-256, read in chunks."""
+    digest, size = hashlib.sha256(), 0
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
-    return digest.hexdigest()
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def files_below(directory: Path) -> list[Path]:
+    """Every regular file below a directory (none if it does not exist), in no set order,
+    told by the directory entries' types.
+
+    Not rglob and is_file: those list every directory twice and stat every file, and on
+    a bundle over 9p or NFS each is a round trip (in the emulated host, 55 s of a short
+    collection's listings and 70 s of its checksums, cProfile in session 11's boot).
+    """
+    return [Path(entry.path) for entry in _entries_below(directory) if entry.is_file()]
+
+
+def _entries_below(directory: Path, skip: Path | None = None) -> list[os.DirEntry[str]]:
+    """Every entry below a directory but the directories themselves (symlinks not followed),
+    leaving out the directory `skip` and all below it."""
+    if not directory.is_dir():
+        return []
+    found, pending = [], [directory]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if Path(entry.path) != skip:
+                        pending.append(Path(entry.path))
+                else:
+                    found.append(entry)
+    return found
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A bundle's plain files as one walk of its directories found them (bundle-relative).
+
+    What the checks of a bundle (damaged_files, cut_files) look up instead of resolving
+    each path: resolving stats every component of it, ~20 round trips a file over 9p
+    (the kill matrix's check of one bundle took ~110 s in the emulated host). A file
+    reached through no symlink is inside the bundle; anything else is resolved as before.
+    """
+
+    root: Path
+    plain: dict[str, os.DirEntry[str]]
+    has_links: bool
+
+    @classmethod
+    def of(cls, root: Path) -> Listing:
+        """Walk the bundle once."""
+        plain, has_links = {}, False
+        for entry in _entries_below(root):
+            if entry.is_symlink():
+                has_links = True
+            elif entry.is_file(follow_symlinks=False):
+                plain[Path(entry.path).relative_to(root).as_posix()] = entry
+        return cls(root, plain, has_links)
+
+    def file(self, rel: str) -> Path | None:
+        """root/rel if it is a file inside the bundle, None if it is none (confined's
+        error if the path leaves the bundle)."""
+        plain = PurePosixPath(rel)
+        if plain.as_posix() in self.plain:
+            return self.root / rel
+        if not self.has_links and not plain.is_absolute() and ".." not in plain.parts:
+            return None  # no symlink could make it one, and the walk saw no file there
+        path = confined(self.root, rel)
+        return path if path.is_file() else None
+
+    def size(self, rel: str) -> int | None:
+        """The size of root/rel if it is a file inside the bundle (one stat at most)."""
+        entry = self.plain.get(PurePosixPath(rel).as_posix())
+        if entry is not None:
+            return entry.stat(follow_symlinks=False).st_size
+        path = self.file(rel)
+        return None if path is None else path.stat().st_size
 
 
 class BundleWriter:
@@ -253,9 +340,21 @@ class BundleWriter:
         run.note = note
         self.save()
 
-    def finish(self) -> None:
-        """Checksum every file and mark the bundle complete."""
-        self._checksum_all()
+    def finish(self, runs_listed: bool = False) -> None:
+        """Checksum every file and mark the bundle complete.
+
+        `runs_listed`: every file under runs/ is in its run's `files` (the collector lists
+        them at each run's end, once the run's tools have exited), so runs/ is not walked
+        again: a walk is ~60 ms a directory over 9p and a main bundle has ~430 of them
+        (~25 s of its end in the emulated host). What is outside runs/ is walked always.
+        """
+        if runs_listed:
+            runs = self.root / RUNS_DIR
+            listed = [self.root / rel for run in self.manifest.runs for rel in run.files]
+            others = [Path(e.path) for e in _entries_below(self.root, skip=runs) if e.is_file()]
+            self._checksum_all([*dict.fromkeys(listed), *others])
+        else:
+            self._checksum_all()
         self.manifest.complete = True
         self.manifest.incomplete_reason = ""
         self.save()
@@ -273,16 +372,18 @@ class BundleWriter:
     def save(self) -> None:
         """Write manifest.json atomically (write a temporary file, then rename)."""
         tmp = self.root / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(self.manifest.to_json(), indent=2, sort_keys=True) + "\n")
+        text = json.dumps(self.manifest.fields_for_json(), indent=2, sort_keys=True)
+        tmp.write_text(text + "\n")
         os.replace(tmp, self.root / MANIFEST)
 
-    def _checksum_all(self) -> None:
-        """Record size and sha256 of every file in the bundle except the manifest."""
+    def _checksum_all(self, paths: list[Path] | None = None) -> None:
+        """Record size and sha256 of every file in the bundle (or of `paths`) except the
+        manifest."""
         files: dict[str, dict[str, Any]] = {}
-        for path in sorted(self.root.rglob("*")):
-            if path.is_file() and path.name not in (MANIFEST, MANIFEST + ".tmp"):
-                rel = path.relative_to(self.root).as_posix()
-                files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in files_below(self.root) if paths is None else paths:
+            if path.name not in (MANIFEST, MANIFEST + ".tmp"):
+                size, sha256 = size_and_sha256(path)
+                files[path.relative_to(self.root).as_posix()] = {"size": size, "sha256": sha256}
         self.manifest.files = files
 
 
@@ -386,18 +487,18 @@ def bundle_problems(
 def damaged_files(root: Path, manifest: Manifest, full: bool = False) -> dict[str, str]:
     """Bundle-relative path -> what is wrong with it: missing, resized, or (full) changed."""
     damaged: dict[str, str] = {}
+    listing = Listing.of(root)
     for rel, meta in sorted(manifest.files.items()):
-        path = confined(root, rel)
-        if not path.is_file():
+        size = listing.size(rel)
+        if size is None:
             damaged[rel] = "missing (the manifest lists it)"
-        elif path.stat().st_size != meta.get("size"):
-            size = path.stat().st_size
+        elif size != meta.get("size"):
             damaged[rel] = f"{size} bytes, the manifest recorded {meta.get('size')}"
-        elif full and sha256_file(path) != meta.get("sha256"):
+        elif full and sha256_file(root / rel) != meta.get("sha256"):
             damaged[rel] = "changed since collection (sha256 differs)"
     for run in manifest.runs:
         for rel in run.files:
-            if rel not in manifest.files and not confined(root, rel).is_file():
+            if rel not in manifest.files and listing.file(rel) is None:
                 damaged[rel] = f"missing (run {run.run_id} lists it)"
     return damaged
 
@@ -420,20 +521,21 @@ def cut_files(root: Path, manifest: Manifest) -> dict[str, str]:
     """Files a stopped writer left cut: a line-oriented output ending mid-line, a CPU's
     ring-buffer pages ending mid-page. One byte or a size per file: checked on every open."""
     cut: dict[str, str] = {}
+    listing = Listing.of(root)
     for run in manifest.runs:
         for name, read in CUT_LINES.items():
             rel = run_file(run.run_id, name)
-            if _ends_mid_line(confined(root, rel)):
+            if _ends_mid_line(listing, rel):
                 cut[rel] = f"{CUT_LINE}: {read}"
         cut |= _cut_pages(root, run.run_id)
     return cut
 
 
-def _ends_mid_line(path: Path) -> bool:
+def _ends_mid_line(listing: Listing, rel: str) -> bool:
     """Whether a file has bytes after its last newline (False when absent or empty)."""
-    if not path.is_file() or path.stat().st_size == 0:
+    if not listing.size(rel):
         return False
-    with path.open("rb") as f:
+    with (listing.root / rel).open("rb") as f:
         f.seek(-1, os.SEEK_END)
         return f.read(1) != b"\n"
 

@@ -6,7 +6,8 @@ guest does (stage 1 on or off, caches, TLBIs, set/way maintenance, its marker, a
 the parametric guest its preset, revision and knobs). The knob block the VMM writes at
 KNOB_BASE is mirrored here from reproducer/guests/knobs.h and knobset.c
 (reproducer/README.md, "The knob block"); tests check the mirror against the C. The host
-side reads all this to label runs, so this module uses pyelftools only (never polars).
+side reads all this to label runs, so this module uses the standard library only (the
+ELF64 headers are read by tracekit/guestelf.py; never polars).
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from elftools.common.exceptions import ELFError
-from elftools.construct import ConstructError
-from elftools.elf.elffile import ELFFile
-
 from tracekit.errors import TracekitError
+from tracekit.guestelf import EM_AARCH64, PT_LOAD, GuestElf, NotAnElf, parse_elf
 
 NOTE_NAME = "tracekit"
 NT_TRACEKIT_VARIANT = 0x544B0001
@@ -212,27 +210,24 @@ def _parse_int(path: Path, key: str, text: str) -> int:
         raise TracekitError(f"{path}: note {key}={text!r} is not a number") from None
 
 
-def _find_note(path: Path, elf: ELFFile) -> bytes:
+def _find_note(path: Path, elf: GuestElf) -> bytes:
     """Return the description of the tracekit note from the PT_NOTE segments."""
-    for segment in elf.iter_segments():
-        if segment["p_type"] != "PT_NOTE":
-            continue
-        for note in segment.iter_notes():
-            if note["n_name"] == NOTE_NAME and note["n_type"] == NT_TRACEKIT_VARIANT:
-                return bytes(note["n_descdata"])
+    for name, kind, desc in elf.notes():
+        if name == NOTE_NAME and kind == NT_TRACEKIT_VARIANT:
+            return desc
     raise TracekitError(
         f"{path}: no tracekit variant note (name {NOTE_NAME!r}, type "
         f"{NT_TRACEKIT_VARIANT:#x}); is it a guest built from reproducer/guests?"
     )
 
 
-def _load_segments(path: Path, elf: ELFFile) -> tuple[tuple[int, int], ...]:
+def _load_segments(path: Path, elf: GuestElf) -> tuple[tuple[int, int], ...]:
     """List the PT_LOAD segments, checking they sit in guest RAM below the marker area."""
     segments = []
-    for segment in elf.iter_segments():
-        if segment["p_type"] != "PT_LOAD" or not segment["p_memsz"]:
+    for segment in elf.segments:
+        if segment.type != PT_LOAD or not segment.memsz:
             continue
-        start, size = segment["p_paddr"], segment["p_memsz"]
+        start, size = segment.paddr, segment.memsz
         if start < RAM_BASE or start + size > LOAD_LIMIT:
             raise TracekitError(
                 f"{path}: segment {start:#x}-{start + size:#x} is outside guest RAM below "
@@ -246,13 +241,14 @@ def _load_segments(path: Path, elf: ELFFile) -> tuple[tuple[int, int], ...]:
 
 def _read_elf(path: Path, stream: BinaryIO) -> GuestVariant:
     """Read and check the ELF header, segments and note of an open guest file."""
-    elf = ELFFile(stream)
-    if elf["e_machine"] != "EM_AARCH64":
+    elf = parse_elf(stream.read())
+    if elf.machine != EM_AARCH64:
         raise TracekitError(
-            f"{path}: ELF machine {elf['e_machine']} is not AArch64; guests are arm64 code"
+            f"{path}: ELF machine {elf.machine} is not AArch64 ({EM_AARCH64}); guests are "
+            "arm64 code"
         )
     segments = _load_segments(path, elf)
-    entry = elf["e_entry"]
+    entry = elf.entry
     if not any(start <= entry < start + size for start, size in segments):
         raise TracekitError(f"{path}: entry {entry:#x} is not inside a loaded segment")
     fields = _parse_desc(path, _find_note(path, elf))
@@ -294,7 +290,7 @@ def read_variant(path: str | os.PathLike[str]) -> GuestVariant:
             return _read_elf(guest, stream)
     except OSError as exc:
         raise TracekitError(f"cannot read guest {guest}: {exc.strerror}") from None
-    except (ELFError, ConstructError) as exc:
+    except NotAnElf as exc:
         raise TracekitError(
             f"{guest}: not a valid ELF file ({exc}); give a guest built by make -C reproducer"
         ) from None
@@ -327,18 +323,14 @@ def read_knob_block(path: str | os.PathLike[str]) -> list[int]:
     """The default knob block a parametric guest ELF links at KNOB_BASE, as 32 words."""
     guest = Path(path)
     try:
-        with guest.open("rb") as stream:
-            for segment in ELFFile(stream).iter_segments():
-                start = segment["p_paddr"]
-                if (
-                    segment["p_type"] == "PT_LOAD"
-                    and start <= KNOB_BASE < start + segment["p_filesz"]
-                ):
-                    data = segment.data()[KNOB_BASE - start :][: KNOB_STRUCT.size]
-                    return list(KNOB_STRUCT.unpack(data))
+        for segment in parse_elf(guest.read_bytes()).segments:
+            start = segment.paddr
+            if segment.type == PT_LOAD and start <= KNOB_BASE < start + segment.filesz:
+                data = segment.data[KNOB_BASE - start :][: KNOB_STRUCT.size]
+                return list(KNOB_STRUCT.unpack(data))
     except OSError as exc:
         raise TracekitError(f"cannot read guest {guest}: {exc.strerror}") from None
-    except (ELFError, ConstructError, struct.error) as exc:
+    except (NotAnElf, struct.error) as exc:
         raise TracekitError(f"{guest}: no readable knob block ({exc}); rebuild it") from None
     raise TracekitError(
         f"{guest}: no knob block at {KNOB_BASE:#x}; it is an old guest, rebuild it with make"

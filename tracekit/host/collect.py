@@ -24,6 +24,7 @@ from tracekit.bundle import (
     Manifest,
     RunKind,
     RunRecord,
+    files_below,
     run_dir,
     run_path,
 )
@@ -389,7 +390,7 @@ def collect(options: CollectOptions, echo: Callable[[str], None] = print) -> Pat
             stack.stop_processes()
             writer.mark_incomplete(f"failed: {err}")
             raise
-        writer.finish()
+        writer.finish(runs_listed=True)  # each run's files were listed at its end
     return options.output
 
 
@@ -465,7 +466,7 @@ class Session:
         for function, why in unseen.items():
             self.echo(f"{function}: {why}")
         probes = self._kprobe_definitions(symbols, graph, kprobed)
-        defined = define_kprobes(self.tracefs, probes).defined
+        defined = define_kprobes(self.tracefs, probes, symbols).defined
         self.kprobes_defined = defined
         events = [e for e in self.scenario.events if instance.has_event(e)]
         missing = sorted(set(self.scenario.events) - set(events))
@@ -618,4 +619,4 @@ class Session:
 
 def _files_under(root: Path, directory: Path) -> list[str]:
     """The files below a directory of the bundle, relative to the bundle, sorted."""
-    return sorted(p.relative_to(root).as_posix() for p in directory.rglob("*") if p.is_file())
+    return sorted(p.relative_to(root).as_posix() for p in files_below(directory))

@@ -230,11 +230,17 @@ def profile_misses(text: str, probes: list[ProbeDefinition]) -> dict[str, int]:
     return {p.group_event: missed[p.event] for p in probes if seen.get(p.event) == 1}
 
 
-def define_kprobes(tracefs: Tracefs, texts: list[str]) -> ProbeSet:
-    """Parse and check every kprobe first, then define them all (nothing half done)."""
+def define_kprobes(
+    tracefs: Tracefs, texts: list[str], symbols: KernelSymbols | None = None
+) -> ProbeSet:
+    """Parse and check every kprobe first, then define them all (nothing half done).
+
+    `symbols`: the kernel's, when the caller has read them already (reading them again
+    took ~4 s of a collect start in the emulated host).
+    """
     probes = [parse_probe(text) for text in texts]
     if probes:
-        symbols = KernelSymbols.load(tracefs)
+        symbols = symbols or KernelSymbols.load(tracefs)
         for probe in probes:
             check_kprobe_target(probe, symbols)
     probe_set = ProbeSet(tracefs, "kprobe_events")

@@ -7,6 +7,7 @@ worker per stress CPU. The reproducer's VMM and probe come from reproducer/build
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -127,21 +128,24 @@ def cyclictest_argv(
     ]
 
 
+# What compact_histogram leaves out, line by line: an empty bucket (its value, then a zero
+# count per thread), and the overflow cycle list (its heading and one line per thread).
+# One regular expression over the whole file: a Python loop over its 200,000 lines took
+# ~0.9 s natively and ~10 s in the emulated host, once per quiet or traced run.
+_LEFT_OUT = re.compile(
+    r"^(?:[ \t]*\d+(?:[ \t]+0+)+[ \t]*|# Thread.*|# Histogram Overflow at.*)\n", re.MULTILINE
+)
+COMPACT_HEADING = "# tracekit: empty buckets and the overflow cycle list left out; buckets in ns"
+
+
 def compact_histogram(text: str) -> str:
     """cyclictest's --histfile without its empty buckets and its list of overflow cycles.
 
     With 1-ns buckets the file has a line per nanosecond, nearly all zero; the cycles
     that overflowed are every sample above the range, which cyclictest.txt holds already.
     """
-    kept = ["# tracekit: empty buckets and the overflow cycle list left out; buckets in ns"]
-    for line in text.splitlines():
-        fields = line.split()
-        if line.startswith("# Thread") or line.startswith("# Histogram Overflow at"):
-            continue
-        if len(fields) >= 2 and fields[0].isdigit() and all(f.strip("0") == "" for f in fields[1:]):
-            continue
-        kept.append(line)
-    return "\n".join(kept) + "\n"
+    body = text if not text or text.endswith("\n") else text + "\n"
+    return f"{COMPACT_HEADING}\n{_LEFT_OUT.sub('', body)}"
 
 
 def stress_argv(tools: ToolPaths, stress_cpus: list[int], duration_s: int, yaml: Path) -> list[str]:
