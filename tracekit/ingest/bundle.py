@@ -35,6 +35,8 @@ from tracekit.ingest.rundata import RunData
 if TYPE_CHECKING:
     from tracekit.ingest.groundtruth import GroundTruth
     from tracekit.ingest.trace import Trace
+    from tracekit.simulate.model import Model
+    from tracekit.simulate.simlog import SimLog
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -46,6 +48,16 @@ STRESS_SCHEMA = {"run_id": pl.String, "phase": pl.String, "kind": pl.String} | {
     "bogo_ops_per_s": pl.Float64
 }
 CYCLES_SCHEMA = {"run_id": pl.String, "cycles": pl.Int64}
+
+
+@dataclass(frozen=True)
+class BundleSimulation:
+    """A simulated bundle's plugin log (the whole boot's: `text` tells one boot's bundles
+    apart) and the model it ran (None when the bundle lacks the model's source)."""
+
+    text: str
+    log: SimLog
+    model: Model | None
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,24 @@ class BundleData:
             found = bundle_ground_truth(self.path) if has_ground_truth(self.path) else None
             self._truth["truth"] = found
         return self._truth["truth"]
+
+    def simulation(self) -> BundleSimulation | None:
+        """The simulation's log and model (groundtruth/ of `vhost run --simulate`), read
+        once; None when the bundle holds no simulation log."""
+        from tracekit.simulate.model import load_model
+        from tracekit.simulate.simlog import read_sim_log
+        from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE
+
+        if "simulation" not in self._truth:
+            log_path = self.path / GT_BUNDLE_DIR / SIM_LOG
+            source = self.path / GT_BUNDLE_DIR / SIM_SOURCE
+            found = None
+            if log_path.is_file():
+                model = load_model(str(source)) if source.is_file() else None
+                text = log_path.read_text(errors="replace")
+                found = BundleSimulation(text, read_sim_log(log_path), model)
+            self._truth["simulation"] = found
+        return self._truth["simulation"]
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""

@@ -15,9 +15,9 @@ from tracekit.report.header import bundle_label
 from tracekit.report.model import Section, Table
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.landed import landed_line, landed_table, probe_accounts
-from tracekit.simulate.model import load_model
-from tracekit.simulate.simlog import SimLog, read_sim_log
-from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE
+from tracekit.simulate.model import Model
+from tracekit.simulate.simlog import SimLog
+from tracekit.vhost.runner import GT_BUNDLE_DIR
 
 TABLE_NOTE = (
     "the plugin's totals over the whole boot (every bundle of it): asked is the model's"
@@ -42,21 +42,20 @@ def section(bundles: list[BundleData]) -> Section | None:
     shown: set[str] = set()
     for data in simulated:
         label = bundle_label(data)
-        path = data.path / GT_BUNDLE_DIR / SIM_LOG
-        if not path.is_file():
+        simulation = data.simulation()
+        if simulation is None:
             unknowns.append(
                 f"{label}: no simulation log in {GT_BUNDLE_DIR}/ (QEMU's exit left none)"
             )
             continue
-        text = path.read_text(errors="replace")
-        if text not in shown:
-            shown.add(text)
-            log = read_sim_log(path)
+        if simulation.text not in shown:
+            shown.add(simulation.text)
+            log = simulation.log
             findings.append(f"{label}: {log.model}: {landed_line(log)}")
             tables.append(
                 Table(f"{label}: where the delays landed, per vCPU", landed_table(log), TABLE_NOTE)
             )
-        findings += _probe_findings(data, label, read_sim_log(path))
+        findings += _probe_findings(data, label, simulation.log, simulation.model)
     return Section(
         key="simulated",
         title="Simulated effect: where the injected delays landed",
@@ -67,14 +66,12 @@ def section(bundles: list[BundleData]) -> Section | None:
     )
 
 
-def _probe_findings(data: BundleData, label: str, log: SimLog) -> list[str]:
+def _probe_findings(data: BundleData, label: str, log: SimLog, model: Model | None) -> list[str]:
     """One line per probe CPU whose after slot paid anything (intent > 0; the cost of
     dose 1, so a dose model's larger doses show as rest)."""
-    source = data.path / GT_BUNDLE_DIR / SIM_SOURCE
-    found = data.ground_truth() if source.is_file() else None
-    if found is None:
+    found = data.ground_truth() if model is not None else None
+    if found is None or model is None:
         return []
-    model = load_model(str(source))
     windows = paying_windows(log.events, len(log.vcpus), model.where == "every")
     accounts = probe_accounts(probe_samples(data), found[1], model.cost_ns(1), windows)
     return [
