@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from tracekit.perfetto.system import Tasks, process_tree_packet
 from tracekit.perfetto.writer import read_members, read_packets
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
+# A run from another directory imports this checkout's tracekit, not an installed one.
+_HERE_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 WAKEUP = Path(__file__).parent / "fixtures" / "analysis" / "wakeup-bundle"
 
 
@@ -93,6 +96,37 @@ def test_bundle_with_two_traces_exports_both_and_run_picks_one(tmp_path: Path) -
     unknown = _run(str(bundle), "-o", str(out), "--run", "t9")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
     assert "have: q0, t0, t1" in unknown.stderr
+
+
+def test_a_multi_run_export_is_named_as_the_tar_it_is(tmp_path: Path) -> None:
+    """Two traced runs without -o: BUNDLE.tar in the current directory, said to be a TAR
+    of 3 traces; -o X.pftrace writes the same TAR there with one note line saying so."""
+    bundle = _bundle(tmp_path / "b", traced=2)
+    here = tmp_path / "here"
+    here.mkdir()
+    cmd = [sys.executable, "-m", "tracekit", "perfetto", str(bundle)]
+    named = subprocess.run(cmd, capture_output=True, text=True, cwd=here, env=_HERE_ENV)
+    assert named.returncode == 0, named.stderr
+    assert (
+        "b.tar: a TAR of 3 Perfetto traces (one per traced run, one of the tracks)" in named.stdout
+    )
+    members = [name for name, _ in read_members(here / "b.tar")]
+    assert members == ["01-t0.pftrace", "02-t1.pftrace", TIMELINE]
+    out = tmp_path / "b.pftrace"
+    given = _run(str(bundle), "-o", str(out))
+    assert given.returncode == 0, given.stderr
+    notes = [line for line in given.stderr.splitlines() if str(out) in line]
+    assert notes == [
+        f"note: {out} is a TAR of 3 Perfetto traces (one per traced run, one of the tracks), "
+        "not one trace: the Perfetto UI and trace_processor open it as one timeline, other "
+        "tools may not; name it .tar (the default without -o) to say so"
+    ]
+    assert [name for name, _ in read_members(out)] == members
+    one = subprocess.run(
+        [*cmd, "--run", "t1"], capture_output=True, text=True, cwd=here, env=_HERE_ENV
+    )
+    assert one.returncode == 0 and (here / "b.pftrace").is_file()  # one trace: .pftrace
+    assert "TAR" not in one.stdout + one.stderr
 
 
 def test_a_bundle_export_holds_one_trace_at_a_time(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from tracekit.perfetto.protos import TracePacket
 from tracekit.perfetto.writer import PacketWriter, read_packets
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
+# A run from another directory imports this checkout's tracekit, not an installed one.
+_HERE_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 TRACES = ["small.v6.dat", "small.v7.dat", "small.v7zstd.dat", "rawcap", "overrun.v7zstd.dat"]
 
 
@@ -200,11 +203,26 @@ def test_cli_exports_and_checks(tmp_path: Path) -> None:
     checked = [*cmd, str(rawcap), "-o", str(out), "--check", str(out)]
     both = subprocess.run(checked, capture_output=True, text=True)
     assert both.returncode == 0 and "every import rule holds" in both.stdout, both.stderr
-    no_out = subprocess.run([*cmd, str(rawcap)], capture_output=True, text=True)
-    assert no_out.returncode == 2
-    assert no_out.stderr.strip().splitlines() == [
-        "tracekit: error: say where to write the Perfetto trace: -o OUT.pftrace"
-    ]
+    # no -o: named after the input, in the current directory; a .tar name for one trace
+    # is told, not refused
+    here = tmp_path / "here"
+    here.mkdir()
+    no_out = subprocess.run(
+        [*cmd, str(rawcap)], capture_output=True, text=True, cwd=here, env=_HERE_ENV
+    )
+    assert no_out.returncode == 0, no_out.stderr
+    assert (
+        no_out.stdout.startswith("wrote rawcap.pftrace: ") and (here / "rawcap.pftrace").is_file()
+    )
+    tar = subprocess.run(
+        [*cmd, str(rawcap), "-o", "one.tar"],
+        capture_output=True,
+        text=True,
+        cwd=here,
+        env=_HERE_ENV,
+    )
+    assert tar.returncode == 0
+    assert "note: one.tar is one Perfetto trace, not a TAR; .pftrace says so\n" in tar.stderr
     broken = tmp_path / "broken.pftrace"
     broken.write_bytes(out.read_bytes()[:-3])
     cut = subprocess.run([*cmd, "--check", str(broken)], capture_output=True, text=True)

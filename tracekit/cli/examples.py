@@ -34,7 +34,7 @@ EXAMPLES: dict[str, list[str]] = {
         "tracekit ingest bundle --parquet bundle-tables/",
     ],
     "perfetto": [
-        "tracekit perfetto bundle -o bundle.pftrace --open",
+        "tracekit perfetto bundle --open",
         "tracekit perfetto bundle --phase after --window 10:12 -o after.pftrace",
     ],
     "report": [

@@ -14,7 +14,12 @@ from tracekit.errors import TracekitError
 @click.command("perfetto")
 @click.argument("path", required=False, type=click.Path(path_type=str))
 @click.option(
-    "-o", "--output", "out", type=click.Path(path_type=str), help="The .pftrace to write."
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(path_type=str),
+    help="The file to write (default: named after PATH in the current directory: .pftrace,"
+    " or .tar for a bundle's several traced runs, a TAR of one trace each).",
 )
 @click.option(
     "--window", help="Only events in T0:T1 (seconds of the trace clock; a side may be empty)."
@@ -77,12 +82,11 @@ def perfetto(
     browser only.
     """
     if path is None and check_file is None:
-        raise TracekitError("give a trace to export (PATH -o OUT.pftrace) or --check FILE")
+        raise TracekitError("give a trace to export (PATH [-o OUT.pftrace]) or --check FILE")
     result = None
     if path is not None:
-        if out is None:
-            raise TracekitError("say where to write the Perfetto trace: -o OUT.pftrace")
         result = _export(path, out, window, run_id, phase, kallsyms)
+        out = result.path
     if check_file is not None:
         own = result is not None and Path(check_file) == Path(out or "")
         _check(check_file, result.source_counts if own else None)  # type: ignore[union-attr]
@@ -95,7 +99,7 @@ def perfetto(
 
 def _export(
     path: str,
-    out: str,
+    out: str | None,
     window: str | None,
     run_id: str | None,
     phase: str | None,
@@ -125,18 +129,41 @@ def _export(
             raise TracekitError(
                 f"{path}: --run and --phase select runs of a bundle; this is a trace"
             )
-        result = _export_trace(Path(path), out, bounds, kallsyms)
+        result = _export_trace(Path(path), out or _trace_output(path), bounds, kallsyms)
+    out = result.path
     click.echo(
         f"wrote {out}: {sum(result.counts.values())} events of "
         f"{len(result.counts)} types, {result.packets} packets, {result.bytes} bytes"
     )
-    if result.members:
-        click.echo(
-            f"{out}: a TAR of {len(result.members)} Perfetto traces (one per traced run, one "
-            "of the tracks), which the Perfetto UI and trace_processor merge into one timeline"
-        )
+    _tell_kind(out, len(result.members))
     _check_counts(out, result.counts, result.source_counts)
     return result
+
+
+def _trace_output(path: str) -> str:
+    """A trace's default output: its name (a file's without its suffix) + .pftrace, here."""
+    given = Path(path).resolve()
+    return f"{given.name if given.is_dir() else given.stem}.pftrace"
+
+
+def _tell_kind(out: str, members: int) -> None:
+    """Say what OUT is when several traces went into it (a TAR), and when its name says
+    otherwise than what it holds (a TAR named .pftrace, one trace named .tar)."""
+    tar = Path(out).suffix == ".tar"
+    if members and tar:
+        click.echo(
+            f"{out}: a TAR of {members} Perfetto traces (one per traced run, one of the "
+            "tracks), which the Perfetto UI and trace_processor open as one timeline"
+        )
+    elif members:
+        click.echo(
+            f"note: {out} is a TAR of {members} Perfetto traces (one per traced run, one of "
+            "the tracks), not one trace: the Perfetto UI and trace_processor open it as one "
+            "timeline, other tools may not; name it .tar (the default without -o) to say so",
+            err=True,
+        )
+    elif tar:
+        click.echo(f"note: {out} is one Perfetto trace, not a TAR; .pftrace says so", err=True)
 
 
 def _check_counts(out: str, written: Any, source: Any) -> None:

@@ -83,9 +83,15 @@ def check_timeline(spans: Sequence[tuple[RunRecord, int, int]]) -> list[str]:
     return notes
 
 
+def default_output(root: Path, archive: bool) -> Path:
+    """Where a bundle's export goes when -o is not given: in the current directory, named
+    after the bundle, .tar when it is a TAR of several traces (else .pftrace)."""
+    return Path(f"{root.resolve().name}.{'tar' if archive else 'pftrace'}")
+
+
 def export_bundle(
     root: Path,
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
     window: tuple[int | None, int | None] = (None, None),
     run_id: str | None = None,
     phase: str | None = None,
@@ -96,7 +102,7 @@ def export_bundle(
     """Export the selected runs of a bundle into one file; returns the result and notes.
 
     `steps` hears each traced run before it is read and written; `progress`, the events
-    written of each trace."""
+    written of each trace. OUT None: default_output's name."""
     from tracekit.analysis.conditions import simulated_label
     from tracekit.ingest.bundle import load_bundle
     from tracekit.simulate.model import SIMULATED_NOTE
@@ -119,6 +125,8 @@ def export_bundle(
     # Two traced runs or more: one trace each in a TAR (export.py), so the importer does
     # not join one run's sched state to the next's across the untraced gap between them.
     separate = len(job.traced) > 1
+    if out is None:
+        out = default_output(root, separate)
     result = export_parts(
         job.parts(), out, window, job.drawn, job.with_trace, job.without_trace, title,
         progress, separate,

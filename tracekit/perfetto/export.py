@@ -62,6 +62,7 @@ class ExportResult:
     # the same trace, as recorded (e.g. a CPU taken offline): the importer counts each
     # as mismatched_sched_switch_tids.
     switch_gaps: int = 0
+    path: str = ""  # the file written
 
 
 @dataclass
@@ -191,7 +192,7 @@ def export_parts(
             writer.append_file(TIMELINE, timeline.path, timeline.packets)
             timeline.path.unlink()
     result.packets, result.bytes = writer.packets, Path(out).stat().st_size
-    result.members = list(writer.members)
+    result.members, result.path = list(writer.members), str(out)
     return result
 
 
