@@ -10,11 +10,16 @@ $TRACEKIT_CACHE or ~/.cache/tracekit/bench (never in the repo), and timed agains
 - v7-zstd: the same recording as extracted: trace.dat v7, zstd (trace-cmd's default).
 - sched-mix: `perf bench sched pipe` beside a 50 us sleep loop (sched, irq, timer, tlb:
   many small events), extracted (v7 zstd).
-- large: 2 KB trace_marker writes beside context switches with the stacktrace option
-  (print, kernel_stack, sched_switch: a few large event types), extracted (v7 zstd).
-- large-1g: the same recording, ten times longer, with buffers for it, stopped once
-  1 GB of markers is written: the fixed cost of a start (the interpreter, numpy and
-  polars imports, the trace's formats and kallsyms) is amortised there, not in large.
+- large-1g: 2 KB trace_marker writes beside context switches with the stacktrace option
+  (print, kernel_stack, sched_switch: a few large event types), extracted (v7 zstd),
+  with buffers for 1 GB of markers and stopped once that much is written. This is the
+  few-large-event-types shape: sized like the others (trace-cmd report takes 13-19 s on
+  each), so its ratio measures per-byte work, as on the traces users record.
+- large: the same recording, a tenth as long (103 MB, trace-cmd report about 1 s).
+  Reported, but START-UP BOUND (marked so in the table): a process that only imports
+  tracekit and polars takes 0.42 s, so no ingest can reach 5x of a 1 s trace-cmd run
+  (the footer prints each shape's ceiling, trace-cmd's time over that floor). The 5x
+  wall and 3x memory targets apply to every other shape.
 - rawcap: the sched-mix workload captured by tracekit.host.rawcapture
   (docs/raw-capture.md). trace-cmd cannot read it, so its reference is `trace-cmd
   report` on the sched-mix file, compared per event; its own text (the instance's
@@ -60,6 +65,9 @@ from pathlib import Path
 TRACEFS = Path("/sys/kernel/tracing")
 INSTANCE = "tk-ingest-bench"
 SHAPES = ("sched-mix", "v7-zstd", "v6", "large", "rawcap", "funcgraph", "large-1g")
+# Shapes whose trace-cmd time is within a few times the start-up floor: their ratio
+# shows the fixed cost of a start, not the decode (see the module doc); marked in the table.
+STARTUP_BOUND = frozenset({"large"})
 
 
 @dataclass
@@ -485,8 +493,9 @@ def _load() -> str:
 def print_row(r: Row) -> None:
     """One shape's figures with one tracekit source."""
     peak = statistics.median(f[2] for f in r.tk)
+    shape = r.shape + ("*" if r.shape in STARTUP_BOUND else "")
     cells = (
-        f"{r.shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
+        f"{shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
         f"{r.data_bytes / 1e6:>8.1f}", f"{statistics.median(f[0] for f in r.tc):>8.2f}",
         f"{statistics.median(f[0] for f in r.tk):>8.2f}",
         f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
@@ -516,6 +525,7 @@ def footer(bare: list[Figures], imports: list[Figures], rows: list[Row]) -> None
     for shape in dict.fromkeys(r.shape for r in rows if r.same_file):
         tc = statistics.median(f[0] for f in next(r for r in rows if r.shape == shape).tc)
         print(f"  {shape}: trace-cmd {tc:.2f} s / floor {wall:.3f} s = at most {tc / wall:.1f}x")
+    print(f"* start-up bound (targets not applied): {', '.join(sorted(STARTUP_BOUND))}")
     print("ref ev: trace-cmd report's event lines (a leaf call's entry+exit is one line, a "
           "kernel stack several; rawcap: the sched-mix file's)")  # fmt: skip
     print(f"load average at the end: {_load()}")

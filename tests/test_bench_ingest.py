@@ -44,3 +44,25 @@ def test_quick_funcgraph_shape_runs_and_reads_back(tmp_path: Path) -> None:
     assert entry["depth"].max() < 12 and entry["func_sym"].null_count() == 0
     report = (tmp_path / "bench" / "quick" / "funcgraph.report.txt").read_text()
     assert "funcgraph_entry" in report and "funcgraph_exit" in report
+
+
+def _bench_module() -> object:
+    """benchmarks/ingest.py imported as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ingest", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_start_up_bound_shape_is_marked_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench_module()
+    figures = [(1.0, 1.0, 100 << 20, "")]
+    for shape in ("large", "large-1g"):
+        bench.print_row(bench.Row(shape, "this", 10, 10, 50 << 20, figures, figures))  # type: ignore[attr-defined]
+    small, big = capsys.readouterr().out.splitlines()
+    assert small.split()[0] == "large*"  # the 1 s trace-cmd shape: ceiling below 5x
+    assert big.split()[0] == "large-1g"  # the per-byte shape the targets apply to
