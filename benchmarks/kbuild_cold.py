@@ -23,19 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tracekit.vhost import apt, kbuild, kcustom, ksource
-from tracekit.vhost.cache import vhost_cache
-from tracekit.vhost.kernels import KernelSpec
-
-
-def debian_inputs(suite: str) -> tuple[str, str]:
-    """The suite's Debian kernel version and config, from the private apt state."""
-    spec = KernelSpec(suite)
-    state = apt.AptState(vhost_cache() / "apt" / suite, suite, apt.mirror_from_env())
-    closure = apt.resolve(state, spec.packages())
-    debs = apt.download(state, spec.packages(), closure, print)
-    deb = kcustom.debian_kernel_deb(debs)
-    return kcustom.debian_version(deb), kcustom.debian_config_text(deb)
+from tracekit.vhost import kbuild, kcustom, ksource
 
 
 def main() -> None:
@@ -44,7 +32,7 @@ def main() -> None:
     parser.add_argument("--suite", default="bookworm")
     parser.add_argument("--config", default="full", choices=("full", "ci"))
     args = parser.parse_args()
-    version, config = debian_inputs(args.suite)
+    version, config = kcustom.debian_inputs(args.suite, print)
     pristine = ksource.pristine_tree(args.suite, version, print)
     wanted = kcustom.input_config(config, pristine, args.config)
     with tempfile.TemporaryDirectory(prefix="kbuild-bench-", dir=ksource.source_root()) as tmp:

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from tracekit.vhost.cache import cache_root
+from tracekit.vhost.image import build_image
+from tracekit.vhost.kernels import parse_kernel_spec
 from tracekit.vhost.runner import VhostConfig, run
 
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
@@ -53,6 +55,18 @@ def churn_command(state: str | None, vms: int) -> list[str]:
     return ["sh", "-c", f"set -e; {switch}{collect}"]
 
 
+def up_to_date_releases(kernels: list[str]) -> dict[str, str]:
+    """Each kernel's image built or checked now (a boot takes the image `current` names,
+    which an older config's build may still be): kernel -> its release."""
+    return {k: build_image(parse_kernel_spec(k), lambda line: None).kernel_release for k in kernels}
+
+
+def check_twin(patched: str, twin: str) -> None:
+    """Fail unless the twin is the patched kernel's own unpatched build (same config)."""
+    if not patched.startswith(twin + "-kp"):
+        raise SystemExit(f"unpatched twin {twin} is not {patched}'s base build: compare neither")
+
+
 def one_boot(out: Path, kernel: str, state: str | None, vms: int) -> float:
     """Boot `kernel`, churn in state `state`: the boot's wall seconds (fails loudly)."""
     shutil.rmtree(out, ignore_errors=True)  # collect refuses an earlier run's bundle
@@ -76,6 +90,9 @@ def main() -> None:
     boots: list[tuple[str, str | None]] = [(args.kernel, s) for s in args.states.split(",")]
     if args.twin:
         boots.append((TWINS[args.kernel], None))
+    releases = up_to_date_releases(sorted({kernel for kernel, _ in boots}))
+    if args.twin:
+        check_twin(releases[args.kernel], releases[TWINS[args.kernel]])
     bundles = []
     for kernel, state in boots:
         name = state or "unpatched"

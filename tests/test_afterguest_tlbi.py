@@ -1,6 +1,6 @@
 """--after-guest tlbi:OP@TARGET and preflight's view of reproducer/kpatch's interface.
 
-No kernel with the series runs here (its build is behind the kbuild marker): the
+No kernel with the series runs here (the kpatch-marked boot tests run it): the
 interface is a file, and these tests write and read files laid out as it is. The
 interface texts are what the series' op_show and teardown_show print (6.1 patch 2, 3).
 """

@@ -1,6 +1,6 @@
 """The vm-churn scenario on reproducer/kpatch's kernel: the fix's invalidation once per VM.
 
-In the `nvhe-kpatch` boot (bookworm:kpatch, nVHE, cortex-a76, 2 CPUs, ground-truth
+In the `nvhe-kpatch` boot (conftest.KPATCH_KERNEL, nVHE, cortex-a76, 2 CPUs, ground-truth
 plugin), after that boot's other checks: one `tracekit collect --scenario vm-churn`
 of CHURN_VMS MMU-on VMs on CPU 0 (cyclictest on CPU 1) per teardown_flush state, in that
 order; the report's churn section is then built outside over the three bundles. One
@@ -85,7 +85,7 @@ def _per_vm_invalidations(bundle: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     return vms, given
 
 
-@pytest.mark.kbuild
+@pytest.mark.kpatch
 @pytest.mark.vhost
 def test_vhost_churn_fix_invalidates_once_per_vm(vhost_boot) -> None:
     """Each VM's teardown: off none, alle1is one ALLE1IS, last-ran one ALLE1 on its CPU."""

@@ -117,8 +117,9 @@ CI_OFF = ("EFI", "ACPI", "COMPAT", "KEXEC", "KEXEC_FILE", "CRASH_DUMP", "HIBERNA
 # generic PCI host, virtio-pci, 9p), what the image's programs need from the kernel
 # (python3, cyclictest, stress-ng, the VMM: ELF and #! binaries, procfs, sysfs, tmpfs,
 # devtmpfs, ptys, futexes, epoll, POSIX timers, SysV IPC, file locks), the PMU,
-# THP and hugetlbfs (collect's --backing), kprobes, the stack protector the full one has,
-# and the debug series (which the unpatched tree's Kconfig drops, as in the full config).
+# THP and hugetlbfs (collect's --backing), kprobes, jump labels and the stack protector the
+# full one has, and the debug series (which the unpatched tree's Kconfig drops, as in the
+# full config).
 CI_ON = (
     "BLK_DEV_INITRD",
     "BINFMT_ELF",
@@ -167,6 +168,7 @@ CI_ON = (
     "MODULES",  # 6.1's KPROBES depends on it (none is built: allnoconfig)
     "KPROBES",
     "KPROBE_EVENTS",
+    "JUMP_LABEL",  # static keys patched as in the full config, not loads and compares
     "STACKPROTECTOR",
     "STACKPROTECTOR_STRONG",
     "VIRTUALIZATION",

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tracekit.errors import TracekitError
-from tracekit.vhost import kbuild, ksource
+from tracekit.vhost import apt, kbuild, ksource
+from tracekit.vhost.cache import vhost_cache
 from tracekit.vhost.kernels import KernelSpec
 from tracekit.vhost.rootfs import KernelFiles
 
@@ -73,6 +74,16 @@ def debian_version(deb: Path) -> str:
 def debian_config_text(deb: Path) -> str:
     """The boot/config-REL the Debian kernel package ships: the config it was built with."""
     return (_deb_member(deb, "./boot/config-") or b"").decode()
+
+
+def debian_inputs(suite: str, progress: Progress) -> tuple[str, str]:
+    """The Debian kernel version and config a suite boots today (its packages fetched)."""
+    spec = KernelSpec(suite)
+    state = apt.AptState(vhost_cache() / "apt" / suite, suite, apt.mirror_from_env())
+    apt.update(state, progress)
+    closure = apt.resolve(state, spec.packages())
+    deb = debian_kernel_deb(apt.download(state, spec.packages(), closure, progress))
+    return debian_version(deb), debian_config_text(deb)
 
 
 def input_config(debian_config: str, tree: Path, config: str = "full") -> str:
