@@ -206,6 +206,39 @@ def test_patched_tree_leaves_the_pristine_tree_alone(tmp_path: Path) -> None:
     assert ksource.patched_tree(pristine, ksource.series_files(series), print) == tree
 
 
+def test_a_tree_someone_built_in_is_made_again(tmp_path: Path) -> None:
+    """make inside a cached tree leaves a .config that makes kbuild refuse every O= build of
+    it: the tree is patched again instead of being handed out."""
+    pristine = tmp_path / "linux-1.0"
+    pristine.mkdir()
+    (pristine / "f.c").write_text("x\n")
+    series = tmp_path / "s"
+    series.mkdir()
+    (series / "0001-x.patch").write_text("--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-x\n+y\n")
+    (series / "series").write_text("0001-x.patch\n")
+    tree = ksource.patched_tree(pristine, ksource.series_files(series), lambda m: None)
+    assert not ksource.built_in(tree)
+    (tree / ".config").write_text("CONFIG_A=y\n")
+    assert ksource.built_in(tree)
+    made: list[str] = []
+    assert ksource.patched_tree(pristine, ksource.series_files(series), made.append) == tree
+    assert made and not (tree / ".config").exists()
+    assert (tree / "f.c").read_text() == "y\n"
+
+
+def test_make_error_is_the_line_that_says_what_went_wrong() -> None:
+    """Not the sub-make's closing `Error 2`: the first line make starred, else the compiler's."""
+    unclean = (
+        "***\n*** The source tree is not clean, please run 'make ARCH=arm64 mrproper'\n"
+        "*** in /src\n***\nmake[1]: *** [/src/Makefile:668: outputmakefile] Error 1\n"
+        "make: *** [Makefile:250: __sub-make] Error 2\n"
+    )
+    assert kbuild.make_error(unclean).startswith("The source tree is not clean")
+    compiled = "  CC      mm/a.o\nmm/a.c:3:1: error: expected ';'\nmake: *** [x] Error 2\n"
+    assert kbuild.make_error(compiled) == "mm/a.c:3:1: error: expected ';'"
+    assert kbuild.make_error("") == "no output"
+
+
 def test_a_patch_that_does_not_apply(tmp_path: Path) -> None:
     """A series that does not fit the tree is one line naming the patch; no tree is left."""
     pristine = tmp_path / "linux-1.0"

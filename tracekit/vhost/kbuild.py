@@ -284,9 +284,23 @@ def ci_config(tree: Path, fragment: str, scratch: Path) -> str:
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise TracekitError(f"the CI kernel config failed in {scratch}: {tail[0]}")
+        output = done.stderr or done.stdout
+        raise TracekitError(f"the CI kernel config failed in {scratch}: {make_error(output)}")
     return (scratch / ".config").read_text()
+
+
+def make_error(output: str) -> str:
+    """The line of make's output that says what went wrong: its first error, not the last
+    `Error 2` of the sub-make that only says one happened."""
+    lines = [line.strip() for line in output.strip().splitlines()]
+    for line in lines:
+        said = line.strip("* ").strip()
+        if said and line.startswith("***"):
+            return said
+    for line in lines:
+        if "error:" in line.lower() or "Error 1" in line:
+            return line
+    return lines[-1] if lines else "no output"
 
 
 def config_hash(config: str) -> str:
@@ -340,8 +354,9 @@ def _make(build: Path, args: list[str], log: Path) -> None:
     with log.open("a") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
-        raise TracekitError(f"kernel build failed in {build} ({tail[0]}); full log: {log}")
+        raise TracekitError(
+            f"kernel build failed in {build} ({make_error(log.read_text())}); full log: {log}"
+        )
 
 
 def _check_required(config_text: str) -> None:

@@ -45,7 +45,7 @@ def source_root() -> Path:
 def pristine_tree(suite: str, version: str, progress: Progress) -> Path:
     """Debian's `linux` source at `version`, unpacked with its patches (fetched once)."""
     tree = source_root() / f"linux-{version}"
-    if (tree / ".tracekit-unpacked").is_file():
+    if (tree / ".tracekit-unpacked").is_file() and not built_in(tree):
         return tree
     if shutil.which("dpkg-source") is None:
         raise TracekitError("dpkg-source not found: install the 'dpkg-dev' package")
@@ -58,7 +58,7 @@ def pristine_tree(suite: str, version: str, progress: Progress) -> Path:
         progress(f"kernel source: downloading Debian's linux {version} (~140 MB)")
         apt.download_source(state, "linux", version, downloads)
     if tree.exists():
-        shutil.rmtree(tree)
+        shutil.rmtree(tree)  # half unpacked, or built in: unpack it again
     progress(f"kernel source: unpacking linux {version} with Debian's patches")
     done = subprocess.run(
         ["nice", "-n", "19", "dpkg-source", "--no-check", "-x", str(dsc), str(tree)],
@@ -71,6 +71,11 @@ def pristine_tree(suite: str, version: str, progress: Progress) -> Path:
         raise TracekitError(f"dpkg-source could not unpack {dsc.name}: {last}")
     (tree / ".tracekit-unpacked").write_text(version + "\n")
     return tree
+
+
+def built_in(tree: Path) -> bool:
+    """Whether someone ran make inside `tree`: kbuild then refuses every O= build of it."""
+    return (tree / ".config").exists() or (tree / "include" / "config").exists()
 
 
 def series_files(series_dir: Path) -> list[Path]:
@@ -105,10 +110,10 @@ def touched_files(patches: list[Path]) -> list[str]:
 def patched_tree(pristine: Path, patches: list[Path], progress: Progress) -> Path:
     """A copy of `pristine` with the series applied (hard links except where patched)."""
     tree = pristine.with_name(f"{pristine.name}+{series_hash(patches)}")
-    if (tree / ".tracekit-patched").is_file():
+    if (tree / ".tracekit-patched").is_file() and not built_in(tree):
         return tree
     if tree.exists():
-        shutil.rmtree(tree)
+        shutil.rmtree(tree)  # half patched, or built in: patch a new copy
     progress(f"kernel source: applying {len(patches)} patches to a copy of {pristine.name}")
     tree.mkdir()
     # Builds live inside their tree (kbuild.py): never link the pristine tree's ones.
