@@ -74,7 +74,8 @@ def _false_positive_text() -> str:
     runs = ", ".join(runs for runs, _ in sets)
     rates = ", ".join(_rate(*counts) for _, counts in sets)
     real = "/".join(map(str, NULL_DESIGN))
-    return f"; false present on null emulated runs: {real} real 4+4 controls, {rates} of windows of {runs} runs"
+    windows = f"{rates} of windows of {runs} runs"
+    return f"; false present on null emulated runs: {real} real 4+4 controls, {windows}"
 
 
 def _rate(present: int, comparisons: int) -> str:
