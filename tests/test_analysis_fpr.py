@@ -20,6 +20,7 @@ from bundlegen import real_runs
 from tracekit.analysis.compare import (
     DEFAULT_THRESHOLDS,
     NULL_COMPARISONS,
+    NULL_DESIGN,
     NULL_PRESENT,
     NULL_SAVED,
     PRESENT,
@@ -66,7 +67,8 @@ def test_false_positive_rate_is_bounded_and_stated() -> None:
     assert verdicts.height == NULL_COMPARISONS
     assert present / verdicts.height <= BOUND
     assert present == NULL_PRESENT  # the figure the report's verdict-rule line states
-    assert f"({present}/{verdicts.height}) cut from 8+8 runs" in DEFAULT_THRESHOLDS.rule()
+    assert f"0.5% ({present}/{verdicts.height}), " in DEFAULT_THRESHOLDS.rule()
+    assert "of windows of 8+8, 4+4, 1+1 runs" in DEFAULT_THRESHOLDS.rule()
 
 
 def test_the_saved_bundles_rates_are_the_benchmarks_and_stated_with_their_runs() -> None:
@@ -76,8 +78,11 @@ def test_the_saved_bundles_rates_are_the_benchmarks_and_stated_with_their_runs()
     rule = DEFAULT_THRESHOLDS.rule()
     for runs, (present, comparisons) in NULL_SAVED.items():
         assert f"{runs} bundles {present}/{comparisons}" in result
-        assert f"({present}/{comparisons}) from {runs}" in rule
-    assert "26% (63/240) from 1+1" in rule
+        assert f"({present}/{comparisons})" in rule
+    assert "26% (63/240) of windows of 8+8, 4+4, 1+1 runs" in rule
+    present, cells = NULL_DESIGN  # the test's own design, what the sim test rests on
+    assert f"rate: {present} present in {cells} (" in result
+    assert f"on null emulated runs: {present}/{cells} real 4+4 controls" in rule
 
 
 def test_null_data_is_really_null_in_the_fixture() -> None:

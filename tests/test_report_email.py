@@ -101,7 +101,9 @@ def test_the_email_lead_fits_a_screen_and_every_unknown_is_said(tmp_path: Path) 
     report = build_report([load_bundle(copy_real_bundle(tmp_path / "bundle"))])
     text = render_email(report)
     lead = _lead_lines(text)
-    assert len(lead) <= 42, len(lead)
+    # 50 lines make a terminal screen; the lead keeps room for the mail's headers. It grew
+    # from 42 to 44 when the verdict rule gained its real-design false-positive rate.
+    assert len(lead) <= 44, len(lead)
     # Nothing dropped: every section's unknowns are in the email, the lead names where.
     items = [u for s in report.sections for u in s.unknowns]
     assert items and all(" ".join(u.split()) in _unwrapped(text) for u in items)

@@ -47,11 +47,21 @@ from tracekit.simulate.model import (
     GUEST_WINDOW,
     IRQ_ENTRY_SYMBOLS,
     load_model,
+    model_source,
     parse_model,
     plugin_form,
     shipped_models,
 )
-from tracekit.simulate.predict import VERDICT_METRIC, check_model, predict, predict_plan
+from tracekit.simulate.predict import (
+    OBSERVABLES,
+    PROBE,
+    PROBE_GUEST,
+    RT_WAKEUPS,
+    VERDICT_METRIC,
+    check_model,
+    predict,
+    predict_plan,
+)
 from tracekit.simulate.simlog import (
     RESPONDER_KEYS,
     VCPU_KEYS,
@@ -692,14 +702,17 @@ def _cell(
     def edit(m: dict) -> None:
         m["host"]["kernel_release"] = release
         m["options"]["after_guest"] = after
+        # The rt CPU isolated, as the protocol runs it: brief-literal's responders.
+        m["host"]["isolation"] = [{"cpu": 3, "isolcpus": True, "nohz_full": True}]
 
     edit_manifest(bundle, edit)
     return load_bundle(bundle)
 
 
 def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path) -> None:
-    """The report section on generated 6.12 board bundles: mmu-on x3 is present, which
-    the null model predicts absent (refuted) and the brief's model present (consistent)."""
+    """The report section on generated 6.12 board bundles: mmu-on x3 on the rt CPU's
+    cyclictest is present, which only the brief's model predicts (consistent): the null
+    model and every model whose cost only issuers pay predict it absent (refuted)."""
     r612 = "6.12.117+deb13-arm64"
     bundles = [
         _cell(tmp_path / "on", "mmu-on", "none", 3.0, r612),
@@ -710,7 +723,11 @@ def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path)
     text = " ".join(section.findings)
     assert f"{load_model('brief-literal').label}: consistent; agrees with mmu-on" in text
     assert f"{load_model('null').label}: refuted; refuted by mmu-on" in text
-    assert section.findings[0] == "The data rules out 1 model(s): null."
+    assert f"{load_model('holder-only').label}: refuted; refuted by mmu-on" in text
+    assert section.findings[0] == (
+        "The data rules out 5 model(s): dose, holder-only, null, permanent-any-mode, rollover-only."
+    )
+    assert "the isolated rt CPU's cyclictest wake-ups" in section.tables[0].title
     frame = section.tables[0].frame
     assert set(frame["outcome"]) <= {"agrees", "refutes", "undecided"}
 
@@ -756,36 +773,113 @@ def test_an_emulated_bundle_without_a_model_tests_no_model(tmp_path: Path) -> No
     assert predictions.section([load_bundle(tmp_path / "emu")]) is not None
 
 
+R612, R61 = "6.12.117+deb13-arm64", "6.1.0-50-arm64"
+ISOLATED = "isolcpus+nohz_full+rcu_nocbs"
+# The protocol's placement and the rt CPU's isolation (brief-literal's responders).
+ON = Condition(
+    "mmu-on",
+    "none",
+    "nvhe",
+    "same",
+    R612,
+    knobs="none",
+    placement="rt3/stress0-2/guest1",
+    isolation=ISOLATED,
+)
+CELLS = {
+    "mmu-on": ON,
+    "mmu-off": replace(ON, variant="mmu-off"),
+    "hotplug 6.12": replace(ON, after_guest="hotplug"),
+    "vhe": replace(ON, kvm_mode="vhe"),
+}
+# Every shipped model's prediction per cell, on (rt wake-ups, probe elsewhere, probe on
+# the guest CPU): P present, A absent. The rt CPU's cyclictest issues no broadcast, so
+# it sees only a responder's cost (brief-literal's); the probe is an issuer everywhere,
+# the holder-only cost reaches it only on the guest CPU; 6.12's hotplug runs a local
+# ALLE1 on the guest CPU (clears all but rollover-only and permanent-any-mode).
+EXPECTED = {
+    "brief-literal": {"mmu-on": "PPP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
+    "dose": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
+    "holder-only": {"mmu-on": "AAP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
+    "null": {"mmu-on": "AAA", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
+    "permanent-any-mode": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "APP"},
+    "rollover-only": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "AAA"},
+}
+CODES = {"P": "present", "A": "absent", "?": "unknown"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_shipped_model_predicts_per_observable(name: str) -> None:
+    """Each shipped model's verdict for each cell and observable, its size only where
+    present, and the observable named in the prediction."""
+    assert sorted(EXPECTED) == shipped_models()  # a new model needs its row here
+    model = load_model(name)
+    for cell, codes in EXPECTED[name].items():
+        for observable, code in zip((RT_WAKEUPS, PROBE, PROBE_GUEST), codes, strict=True):
+            said = predict(model, CELLS[cell], observable)
+            assert (said.observable, said.verdict) == (observable, CODES[code]), (cell, said)
+            assert (said.size != "none") == (code == "P"), (cell, said)
+            if code == "P" and observable == RT_WAKEUPS:
+                assert "as a responder" in said.why and "300000 us" in said.size
+            if code == "A" and observable == RT_WAKEUPS and said.created and not said.cleared:
+                assert "lands only on issuers" in said.why, said.why
+
+
+def test_the_rt_cpu_pays_only_where_the_model_makes_it_a_responder() -> None:
+    """A responder's cost reaches the rt CPU's wake-ups only if the rt CPU is one of the
+    responders (isolated, or named) and, for a holder-only cost, the holder issues
+    broadcasts (a stress CPU); what the condition does not record is unknown."""
+    brief = load_model("brief-literal")
+    assert predict(brief, replace(ON, isolation="none")).verdict == "absent"
+    unknown = Condition("mmu-on", "none", "nvhe", "same", R612, knobs="none")
+    said = predict(brief, unknown)
+    assert said.verdict == "unknown" and "isolation is not known" in said.why
+    source = model_source("brief-literal")
+    named = parse_model(source.replace('"isolated"', "[2]"), "named.toml")
+    assert predict(named, ON).verdict == "absent"
+    assert predict(named, replace(ON, placement="rt2/stress0-1,3/guest1")).verdict == "present"
+    holder = parse_model(source.replace('where = "every"', 'where = "holder"'), "h.toml")
+    assert predict(holder, ON).verdict == "present"  # the guest CPU 1 runs stress-ng
+    assert predict(holder, replace(ON, placement="rt3/stress0,2/guest1")).verdict == "unknown"
+    quiet = parse_model(source.replace('on = "all"', 'on = "responders"'), "r.toml")
+    assert predict(quiet, ON, PROBE).verdict == "unknown"  # pays only at IRQ entries
+    assert predict(quiet, ON).verdict == "present"
+    with pytest.raises(TracekitError, match="no observable 'cyclictest'"):
+        predict(brief, ON, "cyclictest")
+    assert set(OBSERVABLES) == {RT_WAKEUPS, PROBE, PROBE_GUEST}
+
+
 def test_which_cells_refute_which_model() -> None:
-    """Verdicts held against predictions: 6.12's hotplug executes a local ALLE1 on the
-    guest CPU and no ALLE1IS, so an absent effect after it refutes the model only
-    ALLE1IS clears and the permanent one, not the brief's; on 6.1 the same hotplug
-    executes nothing, so the brief's model predicts the effect stays; inconclusive
-    cells and kernels whose hotplug was not counted decide nothing."""
-    r612, r61 = "6.12.117+deb13-arm64", "6.1.0-50-arm64"
-    on = Condition("mmu-on", "none", "nvhe", "same", r612, knobs="none")
-    off = replace(on, variant="mmu-off")
-    hotplug = replace(on, after_guest="hotplug")
+    """Verdicts held against predictions. On the rt CPU's cyclictest an mmu-on "present"
+    refutes every model whose cost only issuers pay, and null: only the brief's model
+    stays. On the probe (an issuer) 6.12's hotplug, which executes a local ALLE1 on the
+    guest CPU and no ALLE1IS, refutes the model only ALLE1IS clears and the permanent
+    one; on 6.1 the same hotplug executes nothing, so the brief's model predicts the
+    effect stays; inconclusive cells and uncounted kernels decide nothing."""
+    on, off, hotplug = CELLS["mmu-on"], CELLS["mmu-off"], CELLS["hotplug 6.12"]
     observed = [(on, "present"), (off, "absent"), (hotplug, "absent")]
     status = {n: check_model(load_model(n), observed).status for n in shipped_models()}
-    assert status == {
+    assert status == {n: "refuted" for n in shipped_models()} | {"brief-literal": "consistent"}
+    refuting = check_model(load_model("holder-only"), observed).refuting
+    assert [(c.prediction.condition, c.prediction.observable) for c in refuting] == [
+        (on, RT_WAKEUPS)
+    ]
+    on_probe = {n: check_model(load_model(n), observed, PROBE).status for n in shipped_models()}
+    assert on_probe == {
         "brief-literal": "consistent",
         "dose": "consistent",
-        "holder-only": "consistent",
+        "holder-only": "refuted",
         "null": "refuted",
         "permanent-any-mode": "refuted",
         "rollover-only": "refuted",
     }
-    refuting = check_model(load_model("rollover-only"), observed).refuting
+    refuting = check_model(load_model("rollover-only"), observed, PROBE).refuting
     assert [c.prediction.condition for c in refuting] == [hotplug]
-    hotplug_61 = replace(hotplug, kernel=r61)
+    hotplug_61 = replace(hotplug, kernel=R61)
     assert predict(load_model("brief-literal"), hotplug_61).verdict == "present"
     assert check_model(load_model("brief-literal"), [(hotplug_61, "inconclusive")]).status == (
         "untested"
     )
-    vhe = replace(on, kvm_mode="vhe")
-    assert predict(load_model("brief-literal"), vhe).verdict == "absent"
-    assert predict(load_model("permanent-any-mode"), vhe).verdict == "present"
     sid = replace(hotplug, kernel="7.2.13+deb14-arm64")
     assert predict(load_model("brief-literal"), sid).verdict == "unknown"
     assert predict(load_model("brief-literal"), replace(on, knobs="mmu=0")).verdict == "absent"
@@ -811,6 +905,19 @@ def test_a_plan_is_predicted_before_it_runs() -> None:
     assert got[("6.1", "mmu-on", "rollover")] == "absent"
     assert got[("6.1", "mmu-off", "none")] == "absent"
     assert got[("6.12", "mmu-on", "none")] == "present"
+    # The plan's placement and isolated rt CPU reach the prediction: holder-only's cost
+    # lands on the probe only where it runs on the guest CPU, never on the rt CPU.
+    holder = load_model("holder-only")
+    verdicts = {
+        o: {
+            (p.condition.kernel, p.condition.variant, p.condition.after_guest): p.verdict
+            for p in predict_plan(holder, plan, o)
+        }[("6.12", "mmu-on", "none")]
+        for o in (RT_WAKEUPS, PROBE, PROBE_GUEST)
+    }
+    assert verdicts == {RT_WAKEUPS: "absent", PROBE: "absent", PROBE_GUEST: "present"}
+    placed = predict_plan(holder, plan)[0].condition
+    assert (placed.placement, placed.isolation) == ("rt3/stress0-2/guest1", ISOLATED)
 
 
 def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
@@ -822,8 +929,12 @@ def test_cli_lists_models_and_predicts_a_plan(tmp_path: Path) -> None:
     plan.write_text('[matrix]\nkernel = "trixie"\nafter_guest = ["none", "hotplug"]\n')
     said = runner.invoke(main, ["simulate", "predict", "brief-literal", str(plan)])
     assert said.exit_code == 0
-    assert "mmu-on, after-guest hotplug, KVM nvhe, 6.12: absent" in said.stdout
-    assert "mmu-on, after-guest none, KVM nvhe, 6.12: present (+1000 us" in said.stdout
+    lines = said.stdout.splitlines()
+    at = lines.index("mmu-on, after-guest none, KVM nvhe, 6.12:")
+    assert lines[at + 1].startswith("  rt-wakeups: present (+300000 us per completion")
+    assert lines[at + 2].startswith("  probe: present (+1000 us per completion")
+    at = lines.index("mmu-on, after-guest hotplug, KVM nvhe, 6.12:")
+    assert all(" absent (none); " in line for line in lines[at + 1 : at + 4])
     bad = runner.invoke(main, ["simulate", "predict", "nope", str(plan)])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "no model 'nope'" in bad.stderr
 
@@ -945,7 +1056,7 @@ def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:
 def test_the_debug_series_actions_are_predicted_by_what_they_issue() -> None:
     """ALLE1 on the guest CPU clears the brief's model, on another CPU it does not, and
     VMALLS12E1IS clears none of the shipped models (the brief: it does not remove it)."""
-    on = Condition("mmu-on", "none", "nvhe", "same", "6.1.0-50-arm64", knobs="none")
+    on = replace(ON, kernel=R61)
     brief = load_model("brief-literal")
     said = {
         a: predict(brief, replace(on, after_guest=a)).verdict

@@ -29,12 +29,17 @@ def predict(model: str, plan: Path) -> None:
     """What each condition of a campaign PLAN should show under MODEL, before running."""
     from tracekit.campaign.plan import load_plan
     from tracekit.simulate.model import load_model
-    from tracekit.simulate.predict import predict_plan
+    from tracekit.simulate.predict import OBSERVABLES, predict_plan
 
     chosen, conditions = load_model(model), load_plan(plan)
-    click.echo(f"predictions of {chosen.label} for {plan}:")
-    for p in predict_plan(chosen, conditions):
-        c = p.condition
+    click.echo(f"predictions of {chosen.label} for {plan}, per observable:")
+    for observable, meaning in OBSERVABLES.items():
+        click.echo(f"  {observable}: {meaning}")
+    said = [predict_plan(chosen, conditions, observable) for observable in OBSERVABLES]
+    for cell in zip(*said, strict=True):
+        c = cell[0].condition
         where = f"{c.variant}, after-guest {c.after_guest}, KVM {c.kvm_mode}, {c.kernel}"
         extra = "" if c.knobs == "none" else f", {c.knobs}"
-        click.echo(f"  {where}{extra}: {p.verdict} ({p.size}); {p.why}")
+        click.echo(f"{where}{extra}:")
+        for p in cell:
+            click.echo(f"  {p.observable}: {p.verdict} ({p.size}); {p.why}")

@@ -1,9 +1,12 @@
 """Predictions: what a model says each condition should show, and whether data agrees.
 
 Pure functions. A prediction follows from what the model reacts to (its trigger, its
-clearing instructions) and from what each kernel actually executes for an after-guest
-action (EXECUTED: the ground truth, not the action's name). Checking a model holds
-observed verdicts (the decision table's, on any bundles: simulated or from a board)
+clearing instructions), from what each kernel actually executes for an after-guest
+action (EXECUTED: the ground truth, not the action's name), and from where the model's
+cost lands: each prediction is about one observable (OBSERVABLES), a CPU that either
+issues broadcast TLBIs (the probe) or only receives them (the rt CPU's cyclictest), so
+a model whose cost only issuers pay predicts nothing on the rt CPU's wake-ups. Checking
+a model holds observed verdicts (the decision table's, on any bundles: simulated or from a board)
 against its predictions: a cell refutes a model when it shows "present" where the
 model predicts "absent", or the reverse; inconclusive cells and unknown predictions
 decide nothing.
@@ -18,9 +21,29 @@ from tracekit.analysis.beforeafter import PRIMARY
 from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT
 from tracekit.analysis.conditions import VARIANT_FACTS, Condition
 from tracekit.campaign.plan import AXES, Plan
+from tracekit.cpus import parse_cpu_list
+from tracekit.errors import TracekitError
 from tracekit.simulate.model import Model
 
 UNKNOWN = "unknown"
+# What a prediction is about: whose measurement, on which CPU. The decision table's
+# verdicts (and so every model check on them) are on RT_WAKEUPS.
+RT_WAKEUPS = "rt-wakeups"
+PROBE = "probe"
+PROBE_GUEST = "probe-guest"
+OBSERVABLES = {
+    # The brief's measurement. The rt CPU runs only cyclictest, whose measured loop
+    # (clock_nanosleep, the timer IRQ, the wake-up) issues no TLB maintenance, so it
+    # never pays as an issuer, only as a responder (start-up and exit, outside the
+    # samples, may flush: exit_mmap's flush_tlb_mm, TLBI ASIDE1IS).
+    RT_WAKEUPS: "the isolated rt CPU's cyclictest wake-ups (a responder only)",
+    # tlbiprobe's mprotect calls: arm64 flushes user pages with broadcast TLBIs only
+    # (6.1.176 arch/arm64/include/asm/tlbflush.h:277-285 flush_tlb_page_nosync TLBI
+    # VALE1IS, :301-370 __flush_tlb_range VALE1IS/RVALE1IS, then DSB ISH), so the
+    # probe's CPU is an issuer wherever it runs.
+    PROBE: "the TLBI probe's calls on a CPU that did not run the guest (an issuer)",
+    PROBE_GUEST: "the TLBI probe's calls on the guest's CPU, the holder (an issuer)",
+}
 # The metric simulated-mechanism verdicts are reached on: the project's primary, p99.9,
 # as in the report's decision table and predictions section. top10 (the mean of a run's
 # 10 longest wake-ups) was tried (session 9): over 1324 null comparisons of real emulated
@@ -89,6 +112,7 @@ class Prediction:
     verdict: str  # present, absent or unknown
     size: str  # the cost and where it lands, or "none"
     why: str
+    observable: str = RT_WAKEUPS  # what the verdict is about (OBSERVABLES)
 
 
 @dataclass(frozen=True)
@@ -166,36 +190,117 @@ def _cleared(model: Model, condition: Condition) -> tuple[bool | None, str]:
     return False, f"{where}; the model is cleared by {', '.join(model.clears) or 'nothing'}"
 
 
-def predict(model: Model, condition: Condition) -> Prediction:
-    """What `model` says `condition` shows in its after phase."""
+def predict(model: Model, condition: Condition, observable: str = RT_WAKEUPS) -> Prediction:
+    """What `model` says `condition` shows in its after phase, on `observable`."""
+    if observable not in OBSERVABLES:
+        raise TracekitError(f"no observable {observable!r}; use one of: {', '.join(OBSERVABLES)}")
     created, why_created = _created(model, condition)
     cleared, why_cleared = _cleared(model, condition) if created else (False, "")
-    if created is None or cleared is None:
+    held = created and cleared is False
+    lands, why_lands = _lands(model, condition, observable) if held else (True, "")
+    if created is None or cleared is None or lands is None:
         verdict = UNKNOWN
-    elif created and not cleared and model.costs_anything:
+    elif held and lands and model.costs_anything:
         verdict = PRESENT
     else:
         verdict = ABSENT
-    size = _size(model)
-    why = why_created + (f"; {why_cleared}" if why_cleared else "")
+    size = _size(model, observable)
+    why = "; ".join(w for w in (why_created, why_cleared, why_lands) if w)
     return Prediction(
-        condition, created, cleared, verdict, size if verdict == PRESENT else "none", why
+        condition,
+        created,
+        cleared,
+        verdict,
+        size if verdict == PRESENT else "none",
+        why,
+        observable,
     )
 
 
-def _size(model: Model) -> str:
-    """The cost a held state adds, and who pays it."""
-    where = "every CPU's" if model.where == "every" else "the guest CPU's"
-    parts = []
-    if model.cost_ns(1):
-        parts.append(f"+{model.cost_ns(1) / 1000:g} us on {where} broadcast TLBI completions")
-    if model.responder_cost_ns(1):
-        parts.append(
-            f"+{model.responder_ns / 1000:g} us per completion of {where} broadcasts (of"
-            f" the last {model.window_ns / 1000:g} us, at most {model.cap_ns / 1000:g} us) on"
-            f" {_responders_text(model)}"
+def _lands(model: Model, condition: Condition, observable: str) -> tuple[bool | None, str]:
+    """Whether a held state's cost reaches the observable's CPU, and why (None: unknown)."""
+    if observable == RT_WAKEUPS:
+        return _lands_on_rt(model, condition)
+    if not model.cost_ns(1):
+        return None, (
+            "only responders pay, at IRQ entries: whether a probe call holds one is not predicted"
         )
-    return "; ".join(parts)
+    if model.where == "holder" and observable == PROBE:
+        return False, (
+            "only the holding CPU's broadcasts pay, and the probe's CPU did not run the guest"
+        )
+    return True, "the probe's mprotect issues broadcast TLBIs: it pays as issuer"
+
+
+def _lands_on_rt(model: Model, condition: Condition) -> tuple[bool | None, str]:
+    """Whether the rt CPU, which only receives broadcasts, pays in its wake-ups."""
+    if not model.responder_cost_ns(1):
+        return False, (
+            "its cost lands only on issuers, and the rt CPU's cyclictest issues no"
+            " broadcast TLBI: it could pay only as a responder"
+        )
+    cpus = _placement(condition)
+    rt = cpus.get("rt")
+    if model.responders == "isolated":
+        isolation = str(condition.isolation)
+        if isolation == UNKNOWN:
+            return None, "responders are the isolated CPUs; the rt CPU's isolation is not known"
+        if "isolcpus" not in isolation.split("+"):
+            return False, "responders are the isolated CPUs (isolcpus=); the rt CPU is not one"
+    elif isinstance(model.responders, tuple):
+        if rt is None:
+            return None, f"responders are CPU {_cpus(model.responders)}; the rt CPU is not known"
+        if rt[0] not in model.responders:
+            return False, f"responders are CPU {_cpus(model.responders)}, not the rt CPU {rt[0]}"
+    if model.where == "holder":
+        return _holder_reaches_rt(cpus)
+    return True, "every CPU's broadcasts (stress-ng's) are owed by the rt CPU as a responder"
+
+
+def _holder_reaches_rt(cpus: dict[str, list[int]]) -> tuple[bool | None, str]:
+    """where = holder: only the guest CPU's broadcasts are owed; it must issue them."""
+    if "guest" not in cpus or "stress" not in cpus:
+        return None, "only the holder's broadcasts are owed, and the placement is not known"
+    if set(cpus["guest"]) & set(cpus["stress"]):
+        return True, "only the holder's broadcasts are owed: the guest CPU runs stress-ng"
+    return None, (
+        "only the holder's broadcasts are owed, and the guest CPU runs no stress-ng: what"
+        " few it issues is not predicted"
+    )
+
+
+def _placement(condition: Condition) -> dict[str, list[int]]:
+    """rt, stress, guest -> CPUs, from "rt3/stress0-2/guest1" (empty when unknown)."""
+    text = str(condition.placement)
+    if text == UNKNOWN:
+        return {}
+    out = {}
+    for part in text.split("/"):
+        match = re.fullmatch(r"(rt|stress|guest)([\d,-]+)", part)
+        if match:
+            out[match.group(1)] = parse_cpu_list(match.group(2))
+    return out
+
+
+def _cpus(cpus: tuple[int, ...]) -> str:
+    """'1,3'."""
+    return ",".join(str(c) for c in cpus)
+
+
+def _size(model: Model, observable: str = RT_WAKEUPS) -> str:
+    """The cost a held state adds on the observable, and who pays it."""
+    where = "every CPU's" if model.where == "every" else "the guest CPU's"
+    if observable != RT_WAKEUPS:
+        cost = f"+{model.fixed_ns / 1000:g} us" if model.fixed_ns else ""
+        if model.per_dose_ns:
+            dose = f"{model.per_dose_ns / 1000:g} us x dose (at most {model.dose_max})"
+            cost = f"{cost} + {dose}" if cost else f"+{dose}"
+        return f"{cost} per completion of the probe's broadcast TLBIs"
+    return (
+        f"+{model.responder_ns / 1000:g} us per completion of {where} broadcasts (of"
+        f" the last {model.window_ns / 1000:g} us, at most {model.cap_ns / 1000:g} us) on"
+        f" {_responders_text(model)}"
+    )
 
 
 def _responders_text(model: Model) -> str:
@@ -214,11 +319,13 @@ def _outcome(predicted: str, observed: str) -> str:
     return "agrees" if predicted == observed else "refutes"
 
 
-def check_model(model: Model, observed: list[tuple[Condition, str]]) -> ModelCheck:
-    """Each observed (condition, verdict) against the model's prediction for it."""
+def check_model(
+    model: Model, observed: list[tuple[Condition, str]], observable: str = RT_WAKEUPS
+) -> ModelCheck:
+    """Each observed (condition, verdict) on `observable` against the model's prediction."""
     cells = []
     for condition, verdict in observed:
-        prediction = predict(model, condition)
+        prediction = predict(model, condition, observable)
         cells.append(CellCheck(prediction, verdict, _outcome(prediction.verdict, verdict)))
     return ModelCheck(model, tuple(cells))
 
@@ -233,6 +340,7 @@ def plan_conditions(plan: Plan) -> list[Condition]:
     for axes in cells(plan):
         guest = axes["guest"] or scenario_named(axes["scenario"]).guest_variant
         levels = [f"{k}={axes[k]}" for k in axes if k not in AXES]
+        where = plan.placements[axes["placement"]]
         out.append(
             Condition(
                 variant=guest,
@@ -242,11 +350,15 @@ def plan_conditions(plan: Plan) -> list[Condition]:
                 kernel=SUITES[parse_kernel_spec(axes["kernel"]).suite].kernel_series,
                 knobs=",".join(sorted(levels)) or "none",
                 scenario=axes["scenario"],
+                placement=f"rt{where.rt_cpu}/stress{where.stress_cpus}/guest{where.guest_cpu}",
+                # A campaign isolates its rt CPU, on a board as in the emulated host
+                # (campaign.command.isolation_args).
+                isolation="isolcpus+nohz_full+rcu_nocbs",
             )
         )
     return out
 
 
-def predict_plan(model: Model, plan: Plan) -> list[Prediction]:
-    """Before running: what each of the plan's conditions should show under `model`."""
-    return [predict(model, condition) for condition in plan_conditions(plan)]
+def predict_plan(model: Model, plan: Plan, observable: str = RT_WAKEUPS) -> list[Prediction]:
+    """Before running: what each of the plan's conditions should show on `observable`."""
+    return [predict(model, condition, observable) for condition in plan_conditions(plan)]

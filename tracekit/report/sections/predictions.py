@@ -24,7 +24,7 @@ from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Section, Table
 from tracekit.report.sections.decision import condition_groups
 from tracekit.simulate.model import load_model, shipped_models
-from tracekit.simulate.predict import ModelCheck, check_model
+from tracekit.simulate.predict import OBSERVABLES, RT_WAKEUPS, ModelCheck, check_model
 
 UNPREDICTED = (
     "the models' predictions follow from the instructions each kernel executes"
@@ -32,7 +32,10 @@ UNPREDICTED = (
     " there is predicted unknown"
 )
 NOTE = (
-    "a model is refuted by a condition whose verdict is the opposite of its prediction;"
+    "the verdicts are the decision table's, on the rt CPU's cyclictest, so each model's"
+    " prediction is for that CPU, which issues no broadcast TLBI: a model whose cost only"
+    " issuers pay predicts no effect there;"
+    " a model is refuted by a condition whose verdict is the opposite of its prediction;"
     " inconclusive conditions and conditions it cannot predict decide nothing; consistent"
     " means no condition refutes it and at least one agrees, never that it is the cause"
 )
@@ -53,7 +56,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     effects = condition_effects(groups)
     observed = [(e.condition, e.comparison.verdict) for e in effects]
     varying = _shown_fields(list(groups))
-    checks = [check_model(load_model(name), observed) for name in shipped_models()]
+    checks = [check_model(load_model(name), observed, RT_WAKEUPS) for name in shipped_models()]
     findings = [_finding(c, varying) for c in checks]
     refuted = [c.model.name for c in checks if c.status == "refuted"]
     if refuted:
@@ -63,7 +66,11 @@ def section(bundles: list[BundleData]) -> Section | None:
         title="Simulated-mechanism models against the data",
         findings=findings,
         tables=[
-            Table("prediction and verdict per model and condition", _table(checks, varying), NOTE)
+            Table(
+                f"prediction and verdict per model and condition, on {OBSERVABLES[RT_WAKEUPS]}",
+                _table(checks, varying),
+                NOTE,
+            )
         ],
         unknowns=[*unknowns, UNPREDICTED],
         lost_events=None,
