@@ -13,9 +13,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import polars as pl
 import pytest
+from scripts_loader import load_benchmark
 
 import tracekit
 
@@ -46,16 +48,9 @@ def test_quick_funcgraph_shape_runs_and_reads_back(tmp_path: Path) -> None:
     assert "funcgraph_entry" in report and "funcgraph_exit" in report
 
 
-def _bench_module() -> object:
+def _bench_module() -> ModuleType:
     """benchmarks/ingest.py imported as a module (it is a script, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_ingest", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ingest")
 
 
 def test_start_up_bound_shape_is_marked_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,12 +4,12 @@ pseudo-run windows, the exact interval and the power figure."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from report_bundles import edit_manifest, make_bundle
+from scripts_loader import load_benchmark
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import load_bundle
@@ -17,17 +17,10 @@ from tracekit.simulate.model import load_model
 from tracekit.simulate.simlog import RESPONDER_KEYS, VCPU_KEYS, WAKE_KEYS
 from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "simulate_null_fpr.py"
 
-
-def _script() -> object:
+def _script() -> ModuleType:
     """The benchmark script imported as a module."""
-    spec = importlib.util.spec_from_file_location("simulate_null_fpr", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("simulate_null_fpr")
 
 
 def _log(label: str, *events: str) -> str:

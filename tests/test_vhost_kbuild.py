@@ -206,16 +206,22 @@ def test_patched_tree_leaves_the_pristine_tree_alone(tmp_path: Path) -> None:
     assert ksource.patched_tree(pristine, ksource.series_files(series), print) == tree
 
 
+def _one_patch(root: Path, old: str) -> tuple[Path, Path]:
+    """A tree linux-1.0 whose f.c holds "x", and a series of one patch turning `old` to "y"."""
+    pristine = root / "linux-1.0"
+    pristine.mkdir()
+    (pristine / "f.c").write_text("x\n")
+    series = root / "s"
+    series.mkdir()
+    (series / "0001-x.patch").write_text(f"--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-{old}\n+y\n")
+    (series / "series").write_text("0001-x.patch\n")
+    return pristine, series
+
+
 def test_a_tree_someone_built_in_is_made_again(tmp_path: Path) -> None:
     """make inside a cached tree leaves a .config that makes kbuild refuse every O= build of
     it: the tree is patched again instead of being handed out."""
-    pristine = tmp_path / "linux-1.0"
-    pristine.mkdir()
-    (pristine / "f.c").write_text("x\n")
-    series = tmp_path / "s"
-    series.mkdir()
-    (series / "0001-x.patch").write_text("--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-x\n+y\n")
-    (series / "series").write_text("0001-x.patch\n")
+    pristine, series = _one_patch(tmp_path, "x")
     tree = ksource.patched_tree(pristine, ksource.series_files(series), lambda m: None)
     assert not ksource.built_in(tree)
     (tree / ".config").write_text("CONFIG_A=y\n")
@@ -241,13 +247,7 @@ def test_make_error_is_the_line_that_says_what_went_wrong() -> None:
 
 def test_a_patch_that_does_not_apply(tmp_path: Path) -> None:
     """A series that does not fit the tree is one line naming the patch; no tree is left."""
-    pristine = tmp_path / "linux-1.0"
-    pristine.mkdir()
-    (pristine / "f.c").write_text("x\n")
-    series = tmp_path / "s"
-    series.mkdir()
-    (series / "0001-x.patch").write_text("--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-not there\n+y\n")
-    (series / "series").write_text("0001-x.patch\n")
+    pristine, series = _one_patch(tmp_path, "not there")
     with pytest.raises(TracekitError, match=r"0001-x\.patch does not apply to linux-1\.0"):
         ksource.patched_tree(pristine, ksource.series_files(series), lambda m: None)
     assert not list(tmp_path.glob("linux-1.0+*"))
