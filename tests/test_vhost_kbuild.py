@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -294,8 +295,10 @@ def test_series_applies_to_debian_source_and_is_checkpatch_clean() -> None:
     assert done.stdout.count("WARNING:") == done.stdout.count("MAINTAINERS need updating")
 
 
-def _deb(tmp_path: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    """A real .deb (dpkg-deb -b) holding `files`."""
+def _deb(
+    tmp_path: Path, name: str, version: str, files: dict[str, str], data: Path | None = None
+) -> Path:
+    """A real .deb (dpkg-deb -b) holding `files` (the last one `data`'s bytes if given)."""
     root = tmp_path / f"{name}-root"
     (root / "DEBIAN").mkdir(parents=True)
     control = f"Package: {name}\nVersion: {version}\nArchitecture: arm64\n"
@@ -304,9 +307,88 @@ def _deb(tmp_path: Path, name: str, version: str, files: dict[str, str]) -> Path
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
+    if data is not None:
+        shutil.copy(data, root / path)
     deb = tmp_path / f"{name}_{version}_arm64.deb"
     subprocess.run(["dpkg-deb", "-b", str(root), str(deb)], check=True, capture_output=True)
     return deb
+
+
+def test_linux_source_package_is_named_by_the_major_and_minor() -> None:
+    """6.12.117-1 comes as linux-source-6.12, an epoch ignored."""
+    assert ksource.linux_source_package("6.12.117-1") == "linux-source-6.12"
+    assert ksource.linux_source_package("1:7.2.13-1") == "linux-source-7.2"
+
+
+def _linux_source_deb(tmp_path: Path, version: str) -> Path:
+    """A linux-source-X.Y .deb as Debian ships it: the tree in usr/src/*.tar.xz."""
+    package = ksource.linux_source_package(version)
+    top = tmp_path / "inner" / package
+    (top / "arch" / "arm64" / "kvm").mkdir(parents=True)
+    (top / "Makefile").write_text("VERSION = 6\n")
+    (top / "arch" / "arm64" / "kvm" / "mmu.c").write_text("int a;\n")
+    tarball = tmp_path / f"{package}.tar.xz"
+    subprocess.run(["tar", "-cJf", str(tarball), "-C", str(top.parent), package], check=True)
+    return _deb(tmp_path, package, version, {f"usr/src/{tarball.name}": ""}, tarball)
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_pristine_tree_from_the_linux_source_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source package 404s: the tree comes from linux-source-X.Y's inner tarball, its
+    top directory cut, recorded as such, and is taken from the cache the second time."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+    deb = _linux_source_deb(tmp_path, "6.12.117-1")
+    downloads = ksource.source_root() / "dl-6.12.117-1"
+    downloads.mkdir(parents=True)
+    shutil.copy(deb, downloads / "linux-source-6.12_6.12.117-1_all.deb")
+
+    def no_source(*args: object) -> str:
+        raise TracekitError("the mirror has no files for linux 6.12.117-1 (404)")
+
+    monkeypatch.setattr(ksource, "_from_source_package", no_source)
+    said: list[str] = []
+    tree = ksource.pristine_tree("trixie", "6.12.117-1", said.append)
+    assert (tree / "arch" / "arm64" / "kvm" / "mmu.c").read_text() == "int a;\n"
+    assert (tree / ".tracekit-unpacked").read_text().splitlines() == [
+        "6.12.117-1",
+        "binary package linux-source-6.12 6.12.117-1",
+    ]
+    assert any("404" in line and "trying linux-source-6.12" in line for line in said)
+    monkeypatch.setattr(ksource, "_from_binary_package", no_source)
+    assert ksource.pristine_tree("trixie", "6.12.117-1", said.append) == tree
+
+
+def test_pristine_tree_with_neither_source_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the source package nor linux-source-X.Y: one error naming both failures."""
+    monkeypatch.setenv("TRACEKIT_CACHE", str(tmp_path / "cache"))
+
+    def fails(why: str) -> Callable[..., str]:
+        """A stand-in for either fetcher, failing with `why`."""
+
+        def fetch(*args: object) -> str:
+            raise TracekitError(why)
+
+        return fetch
+
+    monkeypatch.setattr(ksource, "_from_source_package", fails("source 404"))
+    monkeypatch.setattr(ksource, "_from_binary_package", fails("binary 404"))
+    with pytest.raises(TracekitError) as caught:
+        ksource.pristine_tree("sid", "7.2.13-1", lambda m: None)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "the source package: source 404; linux-source-7.2: binary 404" in message
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_a_linux_source_package_without_its_tarball(tmp_path: Path) -> None:
+    """A .deb without usr/src/linux-source-X.Y.tar.xz: one line naming the member."""
+    deb = _deb(tmp_path, "linux-source-6.12", "6.12.117-1", {"usr/share/doc/x": "x"})
+    with pytest.raises(TracekitError, match=r"could not unpack \./usr/src/linux-source-6\.12"):
+        ksource._untar_inner(deb, "./usr/src/linux-source-6.12.tar.xz", tmp_path / "t")
 
 
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")

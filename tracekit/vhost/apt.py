@@ -236,3 +236,25 @@ def download_source(state: AptState, package: str, version: str, dest: Path) -> 
             f"{_last_error(done.stderr + done.stdout)}; check the network or ${MIRROR_ENV}"
         )
     return sorted(dest.iterdir())
+
+
+def download_package(state: AptState, package: str, version: str, dest: Path) -> Path:
+    """Download one binary package at one version, without its dependencies, into `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    argv = ["apt-get", "-q", *apt_options(state), "download", f"{package}={version}"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=dest)
+    output = done.stdout + done.stderr
+    if done.returncode != 0 and " 404 " in output:
+        raise TracekitError(
+            f"the mirror has no file for {package} {version} (404), though {state.suite}'s "
+            f"index lists it: try another mirror (${MIRROR_ENV})"
+        )
+    if done.returncode != 0:
+        raise TracekitError(
+            f"apt-get download could not get {package} {version} from {state.suite}: "
+            f"{_last_error(output)}"
+        )
+    found = sorted(dest.glob(f"{package}_{version.replace(':', '%3a')}_*.deb"))
+    if not found:
+        raise TracekitError(f"apt-get download reported success but left no {package} .deb")
+    return found[0]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.vhost import apt, kbuild, ksource
-from tracekit.vhost.cache import vhost_cache
 from tracekit.vhost.kernels import KernelSpec
 from tracekit.vhost.rootfs import KernelFiles
 
@@ -79,7 +78,7 @@ def debian_config_text(deb: Path) -> str:
 def debian_inputs(suite: str, progress: Progress) -> tuple[str, str]:
     """The Debian kernel version and config a suite boots today (its packages fetched)."""
     spec = KernelSpec(suite)
-    state = apt.AptState(vhost_cache() / "apt" / suite, suite, apt.mirror_from_env())
+    state = ksource.binary_state(suite)
     apt.update(state, progress)
     closure = apt.resolve(state, spec.packages())
     deb = debian_kernel_deb(apt.download(state, spec.packages(), closure, progress))

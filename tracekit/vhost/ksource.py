@@ -4,7 +4,11 @@ The source package is the `linux` one whose version is the booted image's binary
 version (the signed arm64 image is built from it). It comes through a private deb-src
 apt state for the suite (the host's apt untouched), is unpacked once with dpkg-source
 (Debian's own patches applied) under <cache>/vhost/kernel-src/, and a patched tree is a
-hard-linked copy where only the files the series touches are real copies.
+hard-linked copy where only the files the series touches are real copies. Where the
+mirror has no files for the source package (trixie's and sid's 404 although their
+Sources index lists them), the binary package `linux-source-X.Y` at the same version,
+built from that same source, gives the same tree with Debian's patches applied
+(usr/src/linux-source-X.Y.tar.xz), through the suite's private binary apt state.
 """
 
 from __future__ import annotations
@@ -37,16 +41,46 @@ def source_state(suite: str) -> apt.AptState:
     )
 
 
+def binary_state(suite: str) -> apt.AptState:
+    """The suite's private binary state: the one the image's kernel packages come from."""
+    return apt.AptState(vhost_cache() / "apt" / suite, suite, apt.mirror_from_env())
+
+
 def source_root() -> Path:
     """Where unpacked kernel trees are cached."""
     return vhost_cache() / "kernel-src"
 
 
+def linux_source_package(version: str) -> str:
+    """The binary package holding the source tree: `linux-source-6.12` for 6.12.117-1."""
+    upstream = version.split(":")[-1].split("-")[0]
+    return "linux-source-" + ".".join(upstream.split(".")[:2])
+
+
 def pristine_tree(suite: str, version: str, progress: Progress) -> Path:
-    """Debian's `linux` source at `version`, unpacked with its patches (fetched once)."""
+    """Debian's `linux` source at `version`, its patches applied (fetched once): from the
+    source package, else from the `linux-source-X.Y` binary package of that version."""
     tree = source_root() / f"linux-{version}"
     if (tree / ".tracekit-unpacked").is_file() and not built_in(tree):
         return tree
+    try:
+        origin = _from_source_package(suite, version, tree, progress)
+    except TracekitError as source_error:
+        package = linux_source_package(version)
+        progress(f"kernel source: {source_error}; trying {package} {version}")
+        try:
+            origin = _from_binary_package(suite, version, tree, progress)
+        except TracekitError as binary_error:
+            raise TracekitError(
+                f"no source for Debian's linux {version}: the source package: {source_error}; "
+                f"{package}: {binary_error}"
+            ) from None
+    (tree / ".tracekit-unpacked").write_text(f"{version}\n{origin}\n")
+    return tree
+
+
+def _from_source_package(suite: str, version: str, tree: Path, progress: Progress) -> str:
+    """Unpack the `linux` source package into `tree` with dpkg-source; say so."""
     if shutil.which("dpkg-source") is None:
         raise TracekitError("dpkg-source not found: install the 'dpkg-dev' package")
     downloads = source_root() / f"dl-{version}"
@@ -69,8 +103,58 @@ def pristine_tree(suite: str, version: str, progress: Progress) -> Path:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise TracekitError(f"dpkg-source could not unpack {dsc.name}: {last}")
-    (tree / ".tracekit-unpacked").write_text(version + "\n")
-    return tree
+    return f"source package linux {version}"
+
+
+def _from_binary_package(suite: str, version: str, tree: Path, progress: Progress) -> str:
+    """Unpack `linux-source-X.Y` at `version` (its inner tarball) into `tree`; say so."""
+    package = linux_source_package(version)
+    downloads = source_root() / f"dl-{version}"
+    deb = _downloaded_deb(downloads, package, version)
+    if deb is None:
+        state = binary_state(suite)
+        apt.check_tools(state)
+        apt.update(state, progress)
+        progress(f"kernel source: downloading {package} {version} (~150 MB)")
+        deb = apt.download_package(state, package, version, downloads)
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    progress(f"kernel source: unpacking {deb.name} (Debian's patches applied)")
+    try:
+        _untar_inner(deb, f"./usr/src/{package}.tar.xz", tree)
+    except TracekitError:
+        shutil.rmtree(tree)
+        raise
+    return f"binary package {package} {version}"
+
+
+def _downloaded_deb(downloads: Path, package: str, version: str) -> Path | None:
+    """A .deb of `package` at `version` already in `downloads` (any architecture)."""
+    found = sorted(downloads.glob(f"{package}_{version.replace(':', '%3a')}_*.deb"))
+    return found[0] if found else None
+
+
+def _untar_inner(deb: Path, member: str, tree: Path) -> None:
+    """Stream `member` (a .tar.xz inside the .deb's data) into `tree`, its top dir cut."""
+    fsys = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE)
+    inner = subprocess.Popen(
+        ["tar", "-xOf", "-", member], stdin=fsys.stdout, stdout=subprocess.PIPE
+    )
+    assert fsys.stdout is not None and inner.stdout is not None
+    fsys.stdout.close()  # tar's end of the pipe only: dpkg-deb sees SIGPIPE if tar stops
+    unpack = subprocess.run(
+        ["nice", "-n", "19", "tar", "-xJf", "-", "--strip-components=1", "-C", str(tree)],
+        stdin=inner.stdout,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    inner.stdout.close()
+    codes = (fsys.wait(), inner.wait(), unpack.returncode)
+    if any(codes):
+        last = (unpack.stderr.strip().splitlines() or ["no output"])[-1]
+        raise TracekitError(f"could not unpack {member} from {deb.name} (exit {codes}): {last}")
 
 
 def built_in(tree: Path) -> bool:
