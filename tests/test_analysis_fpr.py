@@ -21,6 +21,7 @@ from tracekit.analysis.compare import (
     DEFAULT_THRESHOLDS,
     NULL_COMPARISONS,
     NULL_DESIGN,
+    NULL_DESIGN_CI,
     NULL_PRESENT,
     NULL_SAVED,
     PRESENT,
@@ -81,8 +82,10 @@ def test_the_saved_bundles_rates_are_the_benchmarks_and_stated_with_their_runs()
         assert f"({present}/{comparisons})" in rule
     assert "26% (63/240) of windows of 8+8, 4+4, 1+1 runs" in rule
     present, cells = NULL_DESIGN  # the test's own design, what the sim test rests on
+    low, high = NULL_DESIGN_CI
     assert f"rate: {present} present in {cells} (" in result
-    assert f"on null emulated runs: {present}/{cells} real 4+4 controls" in rule
+    assert f"95% CI {low:.1f}%-{high:.1f}% (exact)" in result
+    assert f"on null emulated runs: {present}/{cells} real 4+4 controls (95% CI" in rule
 
 
 def test_null_data_is_really_null_in_the_fixture() -> None:
