@@ -724,8 +724,13 @@ def test_predictions_rule_out_the_models_the_verdicts_contradict(tmp_path: Path)
     assert f"{load_model('brief-literal').label}: consistent; agrees with mmu-on" in text
     assert f"{load_model('null').label}: refuted; refuted by mmu-on" in text
     assert f"{load_model('holder-only').label}: refuted; refuted by mmu-on" in text
+    # The refutation says it rests on where the cost lands, not on the clearing rule.
+    holder = text.split(f"{load_model('holder-only').label}: refuted", 1)[1].split(".", 1)[0]
+    assert "(it predicted absent: " in holder and "its cost lands only on issuers" in holder
     assert section.findings[0] == (
-        "The data rules out 5 model(s): dose, holder-only, null, permanent-any-mode, rollover-only."
+        "The data rules out 5 model(s): dose, holder-only, null, permanent-any-mode,"
+        " rollover-only, each by its predictions on the rt CPU's wake-ups (below: what each"
+        " predicted, and why)."
     )
     assert "the isolated rt CPU's cyclictest wake-ups" in section.tables[0].title
     frame = section.tables[0].frame

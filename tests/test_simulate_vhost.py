@@ -39,6 +39,7 @@ MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
 CELLS = (("off-none", "mmu-off", "none"), ("on-hotplug", "mmu-on", "hotplug"))
 CELLS += (("on-none", "mmu-on", "none"),)
 RT_CPU, GUEST_CPU = 3, 1
+DURATION_S = 2  # cyclictest's seconds per quiet run
 # The decision table's rules this boot's cells meet (tracekit/analysis/decision.py RULES),
 # word for word: the right ones, and the wrong one a false "present" of the hotplug
 # control would settle.
@@ -51,7 +52,7 @@ NOT_CLEARED = "not cleared by hotplugging the guest CPU"
 PROBE_FLOOR = 1.3
 _COLLECT = (
     f"python3 -m tracekit collect --rt-cpu {RT_CPU} --stress-cpus 0-2 --guest-cpu "
-    f"{GUEST_CPU} --runs 4 --traced-runs 0 --duration 2 --allow-dirty"
+    f"{GUEST_CPU} --runs 4 --traced-runs 0 --duration {DURATION_S} --allow-dirty"
 )
 _B = "/tracekit/reproducer/build"
 register_vhost_check(
@@ -167,6 +168,39 @@ def test_the_verdicts_and_the_decision_table_find_the_model(cells: dict[str, Bun
               and e.condition.after_guest == "none")  # fmt: skip
     said = predict(load_model(MODEL), on, RT_WAKEUPS)
     assert said.verdict == PRESENT and "as a responder" in said.why, said
+
+
+@pytest.mark.vhost
+@pytest.mark.simboot
+def test_the_rt_cpu_issues_broadcasts_only_in_cyclictests_teardown(
+    cells: dict[str, BundleData],
+) -> None:
+    """The premise of every rt-wakeups prediction (predict.OBSERVABLES): the rt CPU only
+    receives broadcasts while cyclictest measures. What the ground truth shows it issued
+    in the quiet runs: only mmu_gather's flushes (`tlb_flush`: munmap, exit_mmap), the
+    teardown of cyclictest itself as its last thread exits on the rt CPU, none from any
+    other path (text patching's stop_machine, a vmalloc purge, NUMA balancing would show
+    under other symbols), and none in the first `duration` seconds of a run, when its
+    samples are taken (session 14's boot: 65 + ~1580 per run, 2.6-3.1 s after a run's
+    first record, cyclictest running 2 s)."""
+    for name, data in cells.items():
+        found = data.ground_truth()
+        assert found is not None, name
+        records = found[1]
+        quiet = [r for r in data.manifest.runs if r.kind == RunKind.QUIET]
+        for run in quiet:
+            rows = records.filter(pl.col("run_id") == run.run_id)
+            start = rows["ts_host"].min()
+            issued = rows.filter(
+                (pl.col("vcpu") == RT_CPU)
+                & (pl.col("kind") == "tlbi")
+                & pl.col("shareability").is_in(["inner", "outer"])
+            )
+            symbols = set(issued["symbol"].str.replace(r"\+0x[0-9a-f]+$", ""))
+            assert symbols <= {"tlb_flush"}, (name, run.run_id, symbols)
+            if issued.height:
+                first_s = (issued["ts_host"].min() - start) / 1e9
+                assert first_s >= DURATION_S, (name, run.run_id, first_s)
 
 
 @pytest.mark.vhost

@@ -60,7 +60,11 @@ def section(bundles: list[BundleData]) -> Section | None:
     findings = [_finding(c, varying) for c in checks]
     refuted = [c.model.name for c in checks if c.status == "refuted"]
     if refuted:
-        findings.insert(0, f"The data rules out {len(refuted)} model(s): {', '.join(refuted)}.")
+        findings.insert(
+            0,
+            f"The data rules out {len(refuted)} model(s): {', '.join(refuted)}, each by its"
+            " predictions on the rt CPU's wake-ups (below: what each predicted, and why).",
+        )
     return Section(
         key="predictions",
         title="Simulated-mechanism models against the data",
@@ -90,7 +94,10 @@ def _finding(check: ModelCheck, varying: tuple[str, ...]) -> str:
     agree = [c.prediction.condition.label(varying) for c in check.cells if c.outcome == "agrees"]
     parts = [f"{check.model.label}: {check.status}"]
     if by:
-        parts.append(f"refuted by {', '.join(by)}")
+        # Why the first refuting cell's prediction was what it was: a model is ruled out
+        # by where its cost lands as much as by what creates or clears its state.
+        first = check.refuting[0].prediction
+        parts.append(f"refuted by {', '.join(by)} (it predicted {first.verdict}: {first.why})")
     if agree:
         parts.append(f"agrees with {', '.join(agree)}")
     return "; ".join(parts) + "."
