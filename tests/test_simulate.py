@@ -704,6 +704,8 @@ def _cell(
         m["options"]["after_guest"] = after
         # The rt CPU isolated, as the protocol runs it: brief-literal's responders.
         m["host"]["isolation"] = [{"cpu": 3, "isolcpus": True, "nohz_full": True}]
+        # No power-down idle state on any CPU (as the emulated host; tracekit's preflight).
+        m["host"]["power"] = [{"cpu": c, "idle_states": []} for c in range(4)]
 
     edit_manifest(bundle, edit)
     return load_bundle(bundle)
@@ -752,7 +754,15 @@ def test_top10_rests_on_ten_samples_and_the_verdicts_on_the_primary() -> None:
             run_id = f"{phase}-quiet-{run}"
             rows += [(run_id, phase, "quiet", v) for v in values]
     frame = pl.DataFrame(rows, schema=["run_id", "phase", "kind", "latency_ns"], orient="row")
-    cond = Condition("mmu-on", "none", "nvhe", "same", "6.12.117+deb13-arm64", knobs="none")
+    cond = Condition(
+        "mmu-on",
+        "none",
+        "nvhe",
+        "same",
+        "6.12.117+deb13-arm64",
+        knobs="none",
+        guest_idle="wfi-only",
+    )
     groups = {cond: [("b", frame)]}
     said = {m: condition_effects(groups, primary=m)[0].comparison for m in ("p99.9", "top10")}
     assert said["p99.9"].verdict != PRESENT
@@ -790,6 +800,7 @@ ON = Condition(
     knobs="none",
     placement="rt3/stress0-2/guest1",
     isolation=ISOLATED,
+    guest_idle="wfi-only",  # as in the emulated host: no power-down idle state
 )
 CELLS = {
     "mmu-on": ON,
@@ -830,13 +841,30 @@ def test_every_shipped_model_predicts_per_observable(name: str) -> None:
                 assert "lands only on issuers" in said.why, said.why
 
 
+def test_power_down_idle_on_612_leaves_the_clearing_unknown() -> None:
+    """On a 6.12 nVHE host every exit from a power-down idle state re-runs hyp init's local
+    TLBI ALLE1, so a model cleared by it cannot be predicted present after the guest where
+    the guest CPU can power down (a board's cpuidle-psci states) or where that is not
+    recorded; WFI only (the emulated host) keeps the prediction; VHE and 6.1 are unchanged."""
+    brief = load_model("brief-literal")
+    assert predict(brief, ON).verdict == "present"
+    sleepy = replace(ON, guest_idle="cpu-sleep")
+    said = predict(brief, sleepy)
+    assert said.verdict == "unknown" and said.cleared is None
+    assert "power-down idle states (cpu-sleep)" in said.why
+    assert predict(brief, replace(ON, guest_idle="not recorded")).verdict == "unknown"
+    assert predict(brief, replace(sleepy, kernel=R61)).verdict == "present"
+    # A model not cleared by ALLE1 is not touched by it.
+    assert predict(load_model("permanent-any-mode"), sleepy).cleared is False
+
+
 def test_the_rt_cpu_pays_only_where_the_model_makes_it_a_responder() -> None:
     """A responder's cost reaches the rt CPU's wake-ups only if the rt CPU is one of the
     responders (isolated, or named) and, for a holder-only cost, the holder issues
     broadcasts (a stress CPU); what the condition does not record is unknown."""
     brief = load_model("brief-literal")
     assert predict(brief, replace(ON, isolation="none")).verdict == "absent"
-    unknown = Condition("mmu-on", "none", "nvhe", "same", R612, knobs="none")
+    unknown = Condition("mmu-on", "none", "nvhe", "same", R612, knobs="none", guest_idle="wfi-only")
     said = predict(brief, unknown)
     assert said.verdict == "unknown" and "isolation is not known" in said.why
     source = model_source("brief-literal")

@@ -84,6 +84,7 @@ FIELD_LABELS = {
     "fwb": "FEAT_FWB",
     "repeat_tlbi": "REPEAT_TLBI erratum",
     "enable_virt_at_load": "kvm.enable_virt_at_load",
+    "guest_idle": "guest CPU idle states",
     "groundtruth_plugin": "ground-truth plugin",
     "probe": "probe slots",
     "thp": "host THP",
@@ -127,6 +128,11 @@ class Condition:
     # kvm.enable_virt_at_load (6.12+; "absent" on 6.1): with it, EL2 stays initialised
     # with no VM alive, so VM creation and CPU onlining run different EL2 code.
     enable_virt_at_load: str = field(default_factory=Unknown)
+    # The guest CPUs' enabled power-down cpuidle states ("wfi-only", or their names): on a
+    # 6.12 nVHE host each exit from one re-runs ___kvm_hyp_init (local TLBI ALLE1), so
+    # what clears a guest CPU's state depends on it. "not recorded" (not a fresh unknown:
+    # bundles from before it was recorded still pool with each other, as they did).
+    guest_idle: str = "not recorded"
     # QEMU's ground-truth plugin was loaded ("yes"/"no"): its callbacks sit on every TLBI
     # and DSB of the measured paths, so with and without never pool.
     groundtruth_plugin: str = field(default_factory=Unknown)
@@ -187,6 +193,7 @@ def bundle_condition(manifest: Manifest) -> Condition:
         enable_virt_at_load=_known(
             (manifest.host.get("kvm_params") or {}).get("enable_virt_at_load")
         ),
+        guest_idle=guest_idle(manifest),
         groundtruth_plugin=groundtruth_plugin(manifest),
         probe=probe_slots(manifest),
         thp=_known((manifest.host.get("thp") or {}).get("enabled")),
@@ -264,6 +271,26 @@ def _relation(manifest: Manifest, cpus: list[Any] | None) -> str:
     if all(c != rt for c in theirs):
         return "other"
     return "mixed"
+
+
+# cpuidle's name for state 0 on arm64 (tracekit/host/preflight.py WFI_STATE): no power-down.
+WFI_STATE = "WFI"
+
+
+def guest_idle(manifest: Manifest) -> str:
+    """The guest CPUs' enabled power-down idle states, "wfi-only", or "not recorded"."""
+    power = manifest.host.get("power")
+    guests = manifest.options.get("guest_cpus")
+    if not power or not guests:
+        return "not recorded"
+    names = {
+        name
+        for entry in power
+        if entry.get("cpu") in guests
+        for name in entry.get("idle_states") or []
+        if name != WFI_STATE and not name.endswith("(disabled)")
+    }
+    return ",".join(sorted(names)) or "wfi-only"
 
 
 def guest_cluster(manifest: Manifest) -> str:

@@ -192,7 +192,33 @@ def _cleared(model: Model, condition: Condition) -> tuple[bool | None, str]:
         return True, where
     if "alle1is" in executed and model.clears_by("alle1is"):
         return True, where
+    idle = _idle_reinit(model, condition, series)
+    if idle:
+        return None, f"{where}; {idle}"
     return False, f"{where}; the model is cleared by {', '.join(model.clears) or 'nothing'}"
+
+
+def _idle_reinit(model: Model, condition: Condition, series: str) -> str | None:
+    """Why an idle power-down may have cleared the guest CPU meanwhile, or None. On 6.12
+    (virtualisation enabled at load) each exit from a power-down idle state re-runs hyp
+    init, ___kvm_hyp_init's local TLBI ALLE1 (virt/kvm/kvm_main.c:5605, arm64/kvm/arm.c
+    :2240-2243 cpu_hyp_reinit, hyp/nvhe/hyp-init.S:143-144); not in VHE, where the kernel
+    is the hypervisor. 6.1 re-inits on idle exit only while a VM is alive, and its hyp
+    init issues no ALLE1 (hyp-init.S:121-122)."""
+    if series != "6.12" or condition.kvm_mode == "vhe" or not model.clears_by("alle1-local"):
+        return None
+    if condition.guest_idle == "wfi-only":
+        return None
+    if condition.guest_idle == "not recorded":
+        return (
+            "whether the guest CPU can power down in idle (on 6.12 each exit re-runs hyp"
+            " init's local TLBI ALLE1) is not recorded"
+        )
+    return (
+        f"the guest CPU has power-down idle states ({condition.guest_idle}): on 6.12 each"
+        " exit re-runs hyp init's local TLBI ALLE1, which may have cleared it before the"
+        " after runs"
+    )
 
 
 def predict(model: Model, condition: Condition, observable: str = RT_WAKEUPS) -> Prediction:
@@ -359,6 +385,9 @@ def plan_conditions(plan: Plan) -> list[Condition]:
                 # A campaign isolates its rt CPU, on a board as in the emulated host
                 # (campaign.command.isolation_args).
                 isolation="isolcpus+nohz_full+rcu_nocbs",
+                # In the emulated host QEMU's virt machine has no cpuidle driver (WFI
+                # only); a LAVA plan's boards are not known before they run.
+                guest_idle="not recorded" if plan.lava else "wfi-only",
             )
         )
     return out
