@@ -219,10 +219,17 @@ def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
 
 
 def releaser(
-    buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray, pinned: list[tuple[int, int]]
+    buf: np.ndarray,
+    spans: list[CpuSpan],
+    cuts: np.ndarray,
+    pinned: list[tuple[int, int]],
+    ends: np.ndarray | None = None,
+    rows: tuple[np.ndarray, ...] = (),
 ) -> Callable[[int], None]:
     """after_block for typed_tables: release each CPU's bytes up to its cut, except the
-    `pinned` ranges (columns point into them: columns.Gatherer.pinned)."""
+    `pinned` ranges (columns point into them: columns.Gatherer.pinned), and the `rows`
+    arrays (one element per row, time order: payload offsets, lengths) up to the block's
+    end (`ends`): on a trace of many small events they are a fifth of the ring buffer."""
 
     def after_block(k: int) -> None:
         """Drop the bytes block k finished with (from the CPU's start: membuf rounds
@@ -230,6 +237,9 @@ def releaser(
         for c, s in enumerate(spans):
             for lo, hi in unpinned(s.first_byte, int(cuts[k, c]), pinned):
                 membuf.release(buf, lo, hi)
+        if ends is not None:
+            for arr in rows:  # bytes as membuf counts them: the array's uint8 view
+                membuf.release(arr.view(np.uint8), 0, int(ends[k]) * arr.itemsize)
 
     return after_block
 
