@@ -192,8 +192,10 @@ def _piece(
     # row as UInt32 while stored (4 bytes an event less; Tables.event shows it Int64)
     row = pl.Series("row", idx.astype(np.uint32 if len(c.ts) < 2**32 else np.int64))
     cols = [field_column(sub, s, dec.printk, dec.long_size) for s in fmt.own]
+    # The prefetched words are copied into the columns: dropped before the symbol columns'
+    # temporaries, not beside them (peak memory of a block: two pieces at once).
+    sub.fixed = None
     cols = add_symbol_columns(cols, fmt.own, dec.symbols, dec.long_size)
-    sub.fixed = None  # the prefetched words: not needed once the columns exist
     # Built from Series directly: with_columns would go through a lazy query per piece.
     return pl.DataFrame([row, *_unique_names(cols, {"row", *COMMON_COLUMNS})])
 
