@@ -34,8 +34,10 @@ from tracekit.ingest.symcols import load_symbols
 from tracekit.ingest.threads import map_threads
 
 # Rows decoded together; after each block the ring-buffer pages behind it are released
-# (bytype, membuf). A block of syscall events holds about 50 MB of ring buffer.
-ROWS_PER_BLOCK = 1 << 19
+# (bytype, membuf). A block of syscall events holds about 25 MB of ring buffer. A block's
+# temporaries (two event types' pieces at once) come on top of the whole ring buffer in
+# the first block: 2^19 rows put funcgraph's peak there (about 80 MB of them).
+ROWS_PER_BLOCK = 1 << 18
 BYTES_PER_BLOCK = 32 << 20  # and at most this much payload (large events: a few rows)
 
 LOST_SCHEMA = {
@@ -195,6 +197,7 @@ def _decode_cpu(trace: BinaryTrace, cpu: CpuData, salvage: bool) -> Records:
             f"{trace.reader} reader: {cpu.where}: CPU {cpu.cpu}: byte {err}; the file is "
             "truncated or corrupt (use --salvage to read up to the damage)"
         ) from None
+    membuf.trim()  # this walk's temporaries, before the other CPUs' walks end (peak memory)
     return rec
 
 
