@@ -97,6 +97,27 @@ def test_release_works_through_views() -> None:
     assert (whole[:page] == 1).all()
 
 
+def test_row_arrays_are_released_behind_each_block_only() -> None:
+    """The per-row arrays the releaser is given (payload offsets, lengths: sorted into
+    mappings of their own) lose the whole pages before each block's end, no more."""
+    rows = 3 * membuf.PAGE // 4  # int32: three pages
+    order = np.arange(rows)[::-1].copy()
+    payload = tables._taken(np.arange(rows, dtype=np.int32), order)
+    length = tables._taken(np.full(rows, 5, np.int32), order)
+    assert (payload == order).all()
+    ends = np.array([membuf.PAGE // 4 + 10, rows], np.int64)  # block 0 ends past page 0
+    spans = [bytype.CpuSpan(0, rows, 0, 0)]
+    after = bytype.releaser(np.zeros(0, np.uint8), spans, np.zeros((2, 1), np.int64), [],
+                            ends, (payload, length))  # fmt: skip
+    after(0)
+    page_rows = membuf.PAGE // 4
+    assert (payload[:page_rows] == 0).all() and (length[:page_rows] == 0).all()
+    assert (payload[page_rows:] == order[page_rows:]).all()  # block 1's rows are still there
+    assert (length[page_rows:] == 5).all()
+    after(1)
+    assert not payload.any() and not length.any()
+
+
 def test_bad_page_in_a_later_batch_stops_there(monkeypatch: pytest.MonkeyPatch) -> None:
     """One page per walk: damage on page 2 keeps pages 0-1, names page 2's offset."""
     monkeypatch.setattr(ringbuf, "PAGES_PER_WALK", 1)

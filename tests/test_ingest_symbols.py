@@ -258,3 +258,33 @@ def test_bulk_kallsyms_parse_of_hidden_addresses_is_none() -> None:
 
     assert AddressIndex.from_kallsyms("0000000000000000 T _stext\n0000000000000000 t x\n") is None
     assert AddressIndex.from_kallsyms("") is None
+
+
+def test_symbol_columns_block_by_block_name_each_symbol_once() -> None:
+    """Address columns named in several pieces (blocks, tables, threads) give each row
+    the name its own lookup gives, NULL and uncovered addresses null, and the index
+    decodes each symbol once whatever the number of pieces."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from tracekit.ingest.symcols import AddressIndex, symbol_column
+
+    text = "".join(f"ffffffff8100{i:04x} T fn_{i}\n" for i in range(0, 0x1000, 0x10))
+    text += "ffffffffc0000000 t mod_fn\t[kvm]\n"
+    index = AddressIndex.from_kallsyms(text)
+    assert index is not None
+    rng = np.random.default_rng(5)
+    known = 0xFFFFFFFF81000000 + rng.integers(0, 0x1000, 4000).astype(np.uint64)
+    odd = np.array([0, 0xFFFFFFFFC0000000, 1, 0xFFFFFFFF81000010], np.uint64)
+    pieces = [np.concatenate([known[k::5], odd]) for k in range(5)]
+    with ThreadPoolExecutor(2) as pool:
+        cols = list(pool.map(lambda p: symbol_column(pl.Series("ip", p), index, "ip_sym"), pieces))
+    for piece, col in zip(pieces, cols, strict=True):
+        assert col.dtype == pl.Categorical and col.name == "ip_sym"
+        expect = index.names_of(piece)
+        expect = [None if a == 0 else e for a, e in zip(piece.tolist(), expect, strict=True)]
+        assert col.cast(pl.String).to_list() == expect
+    assert cols[0].cast(pl.String).to_list()[-4:] == [None, "mod_fn [kvm]", None, "fn_16"]
+    named = {v for c in cols for v in c.cast(pl.String).to_list() if v is not None}
+    assert len(index.named.series) == len(named) + 1  # each once, after the null

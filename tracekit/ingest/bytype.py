@@ -192,8 +192,10 @@ def _piece(
     # row as UInt32 while stored (4 bytes an event less; Tables.event shows it Int64)
     row = pl.Series("row", idx.astype(np.uint32 if len(c.ts) < 2**32 else np.int64))
     cols = [field_column(sub, s, dec.printk, dec.long_size) for s in fmt.own]
+    # The prefetched words are copied into the columns: dropped before the symbol columns'
+    # temporaries, not beside them (peak memory of a block: two pieces at once).
+    sub.fixed = None
     cols = add_symbol_columns(cols, fmt.own, dec.symbols, dec.long_size)
-    sub.fixed = None  # the prefetched words: not needed once the columns exist
     # Built from Series directly: with_columns would go through a lazy query per piece.
     return pl.DataFrame([row, *_unique_names(cols, {"row", *COMMON_COLUMNS})])
 
@@ -219,10 +221,17 @@ def _unique_names(cols: list[pl.Series], taken: set[str]) -> list[pl.Series]:
 
 
 def releaser(
-    buf: np.ndarray, spans: list[CpuSpan], cuts: np.ndarray, pinned: list[tuple[int, int]]
+    buf: np.ndarray,
+    spans: list[CpuSpan],
+    cuts: np.ndarray,
+    pinned: list[tuple[int, int]],
+    ends: np.ndarray | None = None,
+    rows: tuple[np.ndarray, ...] = (),
 ) -> Callable[[int], None]:
     """after_block for typed_tables: release each CPU's bytes up to its cut, except the
-    `pinned` ranges (columns point into them: columns.Gatherer.pinned)."""
+    `pinned` ranges (columns point into them: columns.Gatherer.pinned), and the `rows`
+    arrays (one element per row, time order: payload offsets, lengths) up to the block's
+    end (`ends`): on a trace of many small events they are a fifth of the ring buffer."""
 
     def after_block(k: int) -> None:
         """Drop the bytes block k finished with (from the CPU's start: membuf rounds
@@ -230,6 +239,9 @@ def releaser(
         for c, s in enumerate(spans):
             for lo, hi in unpinned(s.first_byte, int(cuts[k, c]), pinned):
                 membuf.release(buf, lo, hi)
+        if ends is not None:
+            for arr in rows:  # bytes as membuf counts them: the array's uint8 view
+                membuf.release(arr.view(np.uint8), 0, int(ends[k]) * arr.itemsize)
 
     return after_block
 

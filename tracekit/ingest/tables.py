@@ -34,8 +34,10 @@ from tracekit.ingest.symcols import load_symbols
 from tracekit.ingest.threads import map_threads
 
 # Rows decoded together; after each block the ring-buffer pages behind it are released
-# (bytype, membuf). A block of syscall events holds about 50 MB of ring buffer.
-ROWS_PER_BLOCK = 1 << 19
+# (bytype, membuf). A block of syscall events holds about 25 MB of ring buffer. A block's
+# temporaries (two event types' pieces at once) come on top of the whole ring buffer in
+# the first block: 2^19 rows put funcgraph's peak there (about 80 MB of them).
+ROWS_PER_BLOCK = 1 << 18
 BYTES_PER_BLOCK = 32 << 20  # and at most this much payload (large events: a few rows)
 
 LOST_SCHEMA = {
@@ -195,6 +197,7 @@ def _decode_cpu(trace: BinaryTrace, cpu: CpuData, salvage: bool) -> Records:
             f"{trace.reader} reader: {cpu.where}: CPU {cpu.cpu}: byte {err}; the file is "
             "truncated or corrupt (use --salvage to read up to the damage)"
         ) from None
+    membuf.trim()  # this walk's temporaries, before the other CPUs' walks end (peak memory)
     return rec
 
 
@@ -230,9 +233,9 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
     pinned: list[tuple[int, int]] = []  # bytes the wide strings' columns point into
     cuts = release_cuts(order, merged.payload, merged.spans, ends)
-    after_block = releaser(merged.buf, merged.spans, cuts, pinned)
     merged.sort(order)
     del order
+    after_block = releaser(merged.buf, merged.spans, cuts, pinned, ends, merged.row_arrays())
     membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
     g.pinned = pinned
@@ -241,6 +244,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
         ids = header["common_type"]
     else:
         ids = g.ints(0, 2, False).astype(np.uint16) if len(g.payload) else np.zeros(0, np.uint16)
+    membuf.trim()  # the header's temporaries: glibc keeps up to 64 MB free at a heap's top
     dec = Decoder(trace.formats, trace.printk, trace.long_size, syms)
     del syms  # dec holds it only until the typed tables are built
     ts, cpu = merged.ts, merged.cpu
@@ -264,9 +268,23 @@ class _Merged:
         """Put the records in time order; one array at a time, so only one old copy is
         alive at once (peak memory)."""
         self.ts = self.ts[order]
-        self.payload = self.payload[order]
-        self.length = self.length[order]
+        self.payload = _taken(self.payload, order)
+        self.length = _taken(self.length, order)
         self.cpu = self.cpu[order]
+
+    def row_arrays(self) -> tuple[np.ndarray, ...]:
+        """The per-record arrays only the typed tables read, row by row in time order:
+        their pages behind each block can go (bytype.releaser)."""
+        return self.payload, self.length
+
+
+def _taken(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """values[order] in a mapping of its own (membuf.alloc), so that its pages can be
+    released behind the typed tables' blocks; every page is written, so mapped at once."""
+    out = membuf.alloc(len(order) * values.itemsize, populate=True).view(values.dtype)
+    if len(order):
+        np.take(values, order, out=out)
+    return out
 
 
 def _merge(parts: list[tuple[CpuData, Records]]) -> _Merged:
