@@ -803,6 +803,7 @@ EXPECTED = {
     "holder-only": {"mmu-on": "AAP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "null": {"mmu-on": "AAA", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "permanent-any-mode": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "APP"},
+    "power-cycle": {"mmu-on": "PPP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "rollover-only": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "AAA"},
 }
 CODES = {"P": "present", "A": "absent", "?": "unknown"}
