@@ -31,8 +31,9 @@ from tracekit.simulate.expected import charged_completions, paying_windows
 from tracekit.simulate.landed import probe_accounts
 from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model, shipped_models
 from tracekit.simulate.predict import RT_WAKEUPS, VERDICT_METRIC, check_model, predict
-from tracekit.simulate.simlog import read_sim_log
-from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG
+from tracekit.simulate.simlog import CODE_START_SYMBOLS, cpu_entry_mistakes, read_sim_log
+from tracekit.symbols.kallsyms import read_kallsyms
+from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, KALLSYMS, SIM_LOG
 
 CONFIG = "nvhe-a76-sim"
 MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
@@ -128,6 +129,46 @@ def test_the_model_acted_on_the_machines_own_instructions(cells: dict[str, Bundl
     hotplug = rows.filter(pl.col("run_id").str.starts_with("after-guest"))
     alle1 = hotplug.filter((pl.col("operation") == "TLBI ALLE1") & (pl.col("cpu") == GUEST_CPU))
     assert alle1.height >= 1
+
+
+def _trace_ns(data: BundleData, host_ns: int) -> float:
+    """A time of the plugin's clock (the QEMU host's) on the bundle's trace clock."""
+    found = data.ground_truth()
+    assert found is not None
+    fit = found[0].fit
+    return fit.offset + fit.slope * (host_ns - fit.host0)
+
+
+@pytest.mark.vhost
+@pytest.mark.simboot
+def test_the_plugin_saw_the_hotplugs_power_cycle(
+    sim_boot: Path, cells: dict[str, BundleData]
+) -> None:
+    """The kernel's CPU entry after CPU_ON, at the PA tracekit computed from the Image
+    header and this boot's kallsyms (checked against /proc/iomem's Kernel code), ran
+    exactly once in the boot after the first clock marker: on the guest CPU, inside the
+    on-hotplug cell's after-guest action, before the re-init's local ALLE1 there; no
+    run of the other cells holds one. A wrong PA finds no entry and fails here."""
+    log = read_sim_log(sim_boot / SIM_LOG)
+    wanted = {"_text", "secondary_entry", *CODE_START_SYMBOLS}
+    symbols = {
+        s.name: s.address for s in read_kallsyms(sim_boot / KALLSYMS).symbols if s.name in wanted
+    }
+    iomem = (sim_boot / IOMEM).read_text()
+    assert cpu_entry_mistakes(log, iomem, symbols) == [], (log.cpu_entry, iomem)
+    ons = log.power_ons()
+    assert [(e.vcpu, e.value) for e in ons] == [(GUEST_CPU, 0)], ons  # brief-literal: no clear
+    assert log.vcpus[GUEST_CPU]["entries"] == 1
+    held = {}
+    for name, data in cells.items():
+        at = _trace_ns(data, ons[0].ts_ns)
+        held[name] = [r.run_id for r in data.manifest.runs
+                      if r.start_ns is not None and r.end_ns is not None
+                      and r.start_ns <= at <= r.end_ns]  # fmt: skip
+    assert held["off-none"] == held["on-none"] == [], held
+    assert len(held["on-hotplug"]) == 1 and held["on-hotplug"][0].startswith("after-guest"), held
+    realloc = [e for e in log.events if e.kind == "clear-local" and e.vcpu == GUEST_CPU]
+    assert any(e.ts_ns > ons[0].ts_ns for e in realloc), realloc
 
 
 @pytest.mark.vhost
