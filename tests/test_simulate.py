@@ -819,6 +819,7 @@ EXPECTED = {
     "holder-only": {"mmu-on": "AAP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "null": {"mmu-on": "AAA", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "permanent-any-mode": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "APP"},
+    "power-cycle": {"mmu-on": "PPP", "mmu-off": "AAA", "hotplug 6.12": "AAA", "vhe": "AAA"},
     "rollover-only": {"mmu-on": "APP", "mmu-off": "AAA", "hotplug 6.12": "APP", "vhe": "AAA"},
 }
 CODES = {"P": "present", "A": "absent", "?": "unknown"}
@@ -885,14 +886,17 @@ def test_the_rt_cpu_pays_only_where_the_model_makes_it_a_responder() -> None:
 def test_which_cells_refute_which_model() -> None:
     """Verdicts held against predictions. On the rt CPU's cyclictest an mmu-on "present"
     refutes every model whose cost only issuers pay, and null: only the brief's model
-    stays. On the probe (an issuer) 6.12's hotplug, which executes a local ALLE1 on the
+    stays, and power-cycle beside it (6.12's hotplug power-cycles the guest CPU and runs
+    its ALLE1: both predict "absent"; only 6.1's hotplug, a power cycle without ALLE1,
+    tells them apart). On the probe (an issuer) 6.12's hotplug, which executes a local ALLE1 on the
     guest CPU and no ALLE1IS, refutes the model only ALLE1IS clears and the permanent
     one; on 6.1 the same hotplug executes nothing, so the brief's model predicts the
     effect stays; inconclusive cells and uncounted kernels decide nothing."""
     on, off, hotplug = CELLS["mmu-on"], CELLS["mmu-off"], CELLS["hotplug 6.12"]
     observed = [(on, "present"), (off, "absent"), (hotplug, "absent")]
     status = {n: check_model(load_model(n), observed).status for n in shipped_models()}
-    assert status == {n: "refuted" for n in shipped_models()} | {"brief-literal": "consistent"}
+    consistent = {"brief-literal": "consistent", "power-cycle": "consistent"}
+    assert status == {n: "refuted" for n in shipped_models()} | consistent
     refuting = check_model(load_model("holder-only"), observed).refuting
     assert [(c.prediction.condition, c.prediction.observable) for c in refuting] == [
         (on, RT_WAKEUPS)
@@ -904,12 +908,18 @@ def test_which_cells_refute_which_model() -> None:
         "holder-only": "refuted",
         "null": "refuted",
         "permanent-any-mode": "refuted",
+        "power-cycle": "consistent",
         "rollover-only": "refuted",
     }
     refuting = check_model(load_model("rollover-only"), observed, PROBE).refuting
     assert [c.prediction.condition for c in refuting] == [hotplug]
     hotplug_61 = replace(hotplug, kernel=R61)
     assert predict(load_model("brief-literal"), hotplug_61).verdict == "present"
+    on_61 = [(replace(on, kernel=R61), "present"), (hotplug_61, "present")]
+    assert check_model(load_model("brief-literal"), on_61).status == "consistent"
+    assert check_model(load_model("power-cycle"), on_61).refuting[0].prediction.condition == (
+        hotplug_61
+    )
     assert check_model(load_model("brief-literal"), [(hotplug_61, "inconclusive")]).status == (
         "untested"
     )

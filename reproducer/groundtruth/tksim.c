@@ -27,6 +27,14 @@
  * With `responder-cpus N...` only those vCPUs pay (e.g. the isolated rt CPU); the others
  * enter their IRQ handler at no cost and count no wakes.
  *
+ * Power cycle (`cpu-entry` line): the kernel's entry after PSCI CPU_ON (secondary_entry,
+ * arch/arm64/kernel/psci.c cpu_psci_cpu_boot passes its __pa_symbol) runs with the MMU off,
+ * so the plugin sees it at its physical address: TEXT_PA (where QEMU loaded the Image,
+ * computed by tracekit from the Image header) + SYMBOL - _text (from the same kallsyms
+ * file, read at the same clock marker). Each execution there is one power-on of that
+ * vCPU, logged as `cpu-on`; with `clear cpu-on` it clears that vCPU's state. Secondaries
+ * brought up at boot enter before the marker and are not seen.
+ *
  * Where the delay lands: in multi-threaded TCG a broadcast TLBI's flush runs as
  * "safe work" in an exclusive section, which waits for every other vCPU to leave its
  * execution loop, so a vCPU busy in a delay holds up every other vCPU's broadcast.
@@ -59,6 +67,7 @@ struct vcpu_sim {
 	/* pay-when wake: IRQ entries after a WFI, and the completions of the window since the
 	 * last entry that were not charged (they came while it was awake). */
 	uint64_t wakes, spared;
+	uint64_t entries;	/* executions of the kernel's CPU entry: power-ons (CPU_ON) */
 	uint64_t last_paid;	/* the last IRQ entry's time: nothing before it is owed */
 	uint64_t slept_at;	/* its first WFI since the last IRQ entry (0: none) */
 	int seen;		/* any simulated instruction ran on it */
@@ -68,7 +77,11 @@ static struct {
 	int on;
 	int create_sctlr, create_mark;
 	uint64_t lo, hi;		/* vaddr window of the SCTLR trigger */
-	int clear_local, clear_all;
+	int clear_local, clear_all, clear_cpu_on;
+	int cpu_entry;		/* a cpu-entry line: find the kernel's CPU entry */
+	uint64_t text_pa;	/* where _text is in physical memory (the Image's load address) */
+	char entry_sym[64];
+	uint64_t text_va, entry_va, entry_pa;	/* published by irq_state (release) */
 	int scope_every;
 	int pay_issuer, pay_responders;
 	int pay_on_wake;	/* responders pay only at an IRQ entry after a WFI */
@@ -118,15 +131,37 @@ static uint64_t now_ns(void)
 	return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 }
 
+/* A kallsyms path for the irq-entry or cpu-entry line: 1 if it is the first, or the same. */
+static int same_kallsyms(const char *path)
+{
+	if (sim.kallsyms[0] && strcmp(sim.kallsyms, path) != 0)
+		return 0;
+	strcpy(sim.kallsyms, path);
+	return 1;
+}
+
+/* `cpu-entry KALLSYMS TEXT_PA SYMBOL`: where a powered-on CPU enters; 0 if understood. */
+static int parse_cpu_entry(const char *rest)
+{
+	char path[sizeof(sim.kallsyms)];
+	int used = 0;
+
+	if (sscanf(rest, "%1023s %" SCNx64 " %63s%n", path, &sim.text_pa, sim.entry_sym, &used) != 3 ||
+	    rest[used + strspn(rest + used, " ")] != 0 || !same_kallsyms(path))
+		return -1;
+	sim.cpu_entry = 1;
+	sim.irq_state = IRQ_PENDING;
+	return 0;
+}
+
 /* `irq-entry KALLSYMS SYMBOL...`: where responders pay; 0 if understood. */
 static int parse_irq_entry(const char *rest)
 {
 	char path[sizeof(sim.kallsyms)];
 	int used = 0;
 
-	if (sscanf(rest, "%1023s%n", path, &used) != 1)
+	if (sscanf(rest, "%1023s%n", path, &used) != 1 || !same_kallsyms(path))
 		return -1;
-	strcpy(sim.kallsyms, path);
 	rest += used;
 	while (sim.n_irq_syms < TKSIM_MAX_IRQ_SYMS &&
 	       sscanf(rest, " %63s%n", sim.irq_syms[sim.n_irq_syms], &used) == 1) {
@@ -179,6 +214,12 @@ static int parse_line(const char *line)
 		sim.clear_all = 1;
 		return 0;
 	}
+	if (strcmp(line, "clear cpu-on") == 0) {
+		sim.clear_cpu_on = 1;
+		return 0;
+	}
+	if (strncmp(line, "cpu-entry ", 10) == 0)
+		return parse_cpu_entry(line + 10);
 	if (sscanf(line, "scope %31s", word) == 1 &&
 	    (strcmp(word, "every") == 0 || strcmp(word, "holder") == 0)) {
 		sim.scope_every = strcmp(word, "every") == 0;
@@ -252,8 +293,12 @@ int tksim_load(const char *path, const char *log_path, unsigned int vcpus, int e
 		}
 	}
 	fclose(in);
-	if (sim.pay_responders && sim.irq_state != IRQ_PENDING) {
+	if (sim.pay_responders && !sim.n_irq_syms) {
 		fprintf(stderr, "tkgt: %s: responders pay, but no irq-entry line says where\n", path);
+		return -1;
+	}
+	if (sim.clear_cpu_on && !sim.cpu_entry) {
+		fprintf(stderr, "tkgt: %s: cpu-on clears, but no cpu-entry line says where\n", path);
 		return -1;
 	}
 	if (vcpus > TKSIM_MAX_VCPUS) {
@@ -285,6 +330,11 @@ uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags)
 		for (i = 0; i < sim.n_irq_syms; i++)
 			if (vaddr == sim.irq_addr[i])
 				return TKSIM_IRQ;
+		/* A physical address: only code running with the MMU off runs there (the
+		 * guests' code at 0x40000000-0x400fffff lies below TEXT_PA; user space and
+		 * the kernel's own virtual addresses are elsewhere). */
+		if (sim.cpu_entry && vaddr == sim.entry_pa)
+			return TKSIM_CPU_ON;
 	}
 	if (kind == TKGT_MARK && __atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
 		return TKSIM_RESOLVE;
@@ -472,34 +522,68 @@ static void complete_broadcast(unsigned int vcpu, struct vcpu_sim *c)
 		delay(c, sim.fixed_ns + sim.per_dose_ns * dose);
 }
 
-/* `ADDR TYPE NAME` lines of the kallsyms file: the IRQ entries' addresses; 0 if all found. */
-static int read_irq_entries(void)
+/* Whether the CPU entry's symbols are found (or not asked for). */
+static int entry_found(void)
+{
+	return !sim.cpu_entry || (sim.text_va && sim.entry_va >= sim.text_va);
+}
+
+/* One `ADDR TYPE NAME` line: note it if it is a symbol the plugin looks for. */
+static void note_symbol(uint64_t addr, const char *name, unsigned int *found)
+{
+	unsigned int i;
+
+	for (i = 0; i < sim.n_irq_syms; i++)
+		if (!sim.irq_addr[i] && strcmp(name, sim.irq_syms[i]) == 0) {
+			sim.irq_addr[i] = addr;
+			(*found)++;
+		}
+	if (sim.cpu_entry && !sim.text_va && strcmp(name, "_text") == 0)
+		sim.text_va = addr;
+	if (sim.cpu_entry && !sim.entry_va && strcmp(name, sim.entry_sym) == 0)
+		sim.entry_va = addr;
+}
+
+/* The kallsyms file: the IRQ entries' and the CPU entry's addresses; 0 if all found. */
+static int read_kallsyms(void)
 {
 	char line[512], name[128], type;
 	uint64_t addr;
-	unsigned int i, found = 0;
+	unsigned int found = 0;
 	FILE *in = fopen(sim.kallsyms, "r");
 
 	if (!in)
 		return -1;
-	while (found < sim.n_irq_syms && fgets(line, sizeof(line), in)) {
-		if (sscanf(line, "%" SCNx64 " %c %127s", &addr, &type, name) != 3)
-			continue;
-		for (i = 0; i < sim.n_irq_syms; i++)
-			if (!sim.irq_addr[i] && strcmp(name, sim.irq_syms[i]) == 0) {
-				sim.irq_addr[i] = addr;
-				found++;
-			}
-	}
+	while ((found < sim.n_irq_syms || !entry_found()) && fgets(line, sizeof(line), in))
+		if (sscanf(line, "%" SCNx64 " %c %127s", &addr, &type, name) == 3)
+			note_symbol(addr, name, &found);
 	fclose(in);
-	return found == sim.n_irq_syms ? 0 : -1;
+	if (found < sim.n_irq_syms || !entry_found())
+		return -1;
+	/* KASLR moves the kernel's virtual addresses, not its physical place (no EFI stub
+	 * ran): the entry is as far above TEXT_PA as the symbol is above _text. */
+	if (sim.cpu_entry)
+		sim.entry_pa = sim.text_pa + (sim.entry_va - sim.text_va);
+	return 0;
+}
+
+/* The log's resolution lines: where responders pay, where a CPU enters. */
+static void log_resolution(int state)
+{
+	unsigned int i;
+
+	for (i = 0; i < sim.n_irq_syms; i++)
+		fprintf(sim.log, "pay-at %s 0x%" PRIx64 "\n", sim.irq_syms[i], sim.irq_addr[i]);
+	if (sim.cpu_entry)
+		fprintf(sim.log, "cpu-entry-at %s 0x%" PRIx64 " 0x%" PRIx64 "\n",
+			state == IRQ_RESOLVED ? sim.entry_sym : "unresolved", sim.entry_pa,
+			sim.text_pa);
 }
 
 /* A clock marker: the boot's kallsyms is written by now; find the IRQ entries, then
  * retranslate everything so they get their callback. */
 static void resolve_irq_entries(void)
 {
-	unsigned int i;
 	int state = IRQ_FAILED;
 
 	pthread_mutex_lock(&resolve_lock);
@@ -507,13 +591,13 @@ static void resolve_irq_entries(void)
 		pthread_mutex_unlock(&resolve_lock);
 		return;
 	}
-	if (read_irq_entries() == 0)
+	if (read_kallsyms() == 0)
 		state = IRQ_RESOLVED;
 	else if (++sim.tries < TKSIM_RESOLVE_TRIES)
 		state = IRQ_PENDING;
 	pthread_mutex_lock(&log_lock);
-	for (i = 0; state != IRQ_PENDING && i < sim.n_irq_syms; i++)
-		fprintf(sim.log, "pay-at %s 0x%" PRIx64 "\n", sim.irq_syms[i], sim.irq_addr[i]);
+	if (state != IRQ_PENDING)
+		log_resolution(state);
 	fflush(sim.log);
 	pthread_mutex_unlock(&log_lock);
 	__atomic_store_n(&sim.irq_state, state, __ATOMIC_RELEASE);
@@ -576,6 +660,15 @@ void tksim_exec(unsigned int vcpu, uint8_t role, uint64_t vaddr)
 		if (!c->slept_at)
 			c->slept_at = now_ns();
 		break;
+	case TKSIM_CPU_ON:
+		/* A power-on starts the CPU afresh: nothing of its past is pending. */
+		c->entries++;
+		c->tlbi_ts = 0;
+		c->slept_at = 0;
+		cleared = sim.clear_cpu_on && clear_one(vcpu);
+		c->clears += cleared;
+		log_event("cpu-on", now_ns(), vcpu, cleared, vaddr);
+		break;
 	}
 }
 
@@ -597,13 +690,19 @@ void tksim_finish(void)
 			" span_ns %" PRIu64 " waited_spans %" PRIu64 " waited_ns %" PRIu64
 			" dose %" PRIu64 " bcasts %" PRIu64 " pays %" PRIu64 " owed %" PRIu64
 			" asked_ns %" PRIu64 " paid_ns %" PRIu64 " paid_actual_ns %" PRIu64
-			" wakes %" PRIu64 " spared %" PRIu64 "\n",
+			" wakes %" PRIu64 " spared %" PRIu64 " entries %" PRIu64 "\n",
 			v, c->creates, c->clears, c->delayed, c->injected_ns, c->actual_ns, c->spans,
 			c->span_ns, c->waited_spans, c->waited_ns, c->dose, c->bcasts, c->pays,
-			c->owed, c->asked_ns, c->paid_ns, c->paid_actual_ns, c->wakes, c->spared);
+			c->owed, c->asked_ns, c->paid_ns, c->paid_actual_ns, c->wakes, c->spared,
+			c->entries);
 	}
-	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
-		fprintf(sim.log, "pay-at unresolved 0x0\n"); /* no marker ran: nobody paid */
+	if (__atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING) {
+		/* No marker ran: nobody paid, no CPU entry was seen. */
+		if (sim.n_irq_syms)
+			fprintf(sim.log, "pay-at unresolved 0x0\n");
+		if (sim.cpu_entry)
+			fprintf(sim.log, "cpu-entry-at unresolved 0x0 0x%" PRIx64 "\n", sim.text_pa);
+	}
 	fprintf(sim.log, "complete 1\n");
 	fclose(sim.log);
 	sim.log = NULL;

@@ -19,8 +19,11 @@
 /* 2: responders' cost (pay, responder_ns, window_ns, cap_ns, irq-entry lines; the log's
  * per-vCPU responder keys and pay-at lines). 3: `pay-when wake|irq` (responders pay only
  * when waking from WFI, or at every IRQ entry); the log's wakes and spared keys.
- * 4: `responder-cpus N...` (only those vCPUs pay as responders), in the form and the log. */
-#define TKSIM_FORMAT 4
+ * 4: `responder-cpus N...` (only those vCPUs pay as responders), in the form and the log.
+ * 5: `cpu-entry KALLSYMS TEXT_PA SYMBOL` (the kernel's CPU entry after PSCI CPU_ON, found at
+ * TEXT_PA + SYMBOL - _text: it runs with the MMU off, so its vaddr is its PA) and `clear
+ * cpu-on`; the log's cpu-entry-at and cpu-on lines and the per-vCPU entries key. */
+#define TKSIM_FORMAT 5
 /* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
  * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
 #define TKSIM_MMU_ON_MARK 0xd5032edfu
@@ -49,6 +52,7 @@ enum tksim_role {
 	TKSIM_IRQ = 6,		/* the host kernel's IRQ entry: a responder pays what it owes */
 	TKSIM_RESOLVE = 7,	/* a clock marker: time to read the IRQ entry's address */
 	TKSIM_SLEEP = 8,	/* WFI: the vCPU goes idle; its next IRQ entry is a wake-up */
+	TKSIM_CPU_ON = 9,	/* the kernel's CPU entry: the vCPU was powered on (CPU_ON) */
 };
 
 /* 1 if the plugin form at `path` was read (and the simulation is on); -1 on error.

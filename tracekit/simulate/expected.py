@@ -151,9 +151,9 @@ def paying_windows(
     for event in sorted(events, key=lambda e: e.ts_ns):
         if event.kind == "create":
             dose[event.vcpu] = event.value
-        elif event.kind == "clear-local":
+        elif event.kind == "clear-local" or (event.kind == "cpu-on" and event.value):
             dose[event.vcpu] = 0
-        else:
+        elif event.kind == "clear-all":
             dose = [0] * vcpus
         for v in range(vcpus):
             pays = (sum(dose) if scope_every else dose[v]) > 0

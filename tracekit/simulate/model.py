@@ -19,7 +19,7 @@ from typing import Any
 from tracekit.errors import TracekitError
 
 FORMAT = 1
-PLUGIN_FORMAT = 4  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+PLUGIN_FORMAT = 5  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
@@ -53,7 +53,16 @@ CLEARS = {
         "KVM's rollover flush, __kvm_flush_vm_context: TLBI ALLE1IS at EL2; the plugin "
         "sees the instruction, so this is alle1is under another name"
     ),
+    "cpu-on": (
+        "a power cycle: the kernel's CPU entry after PSCI CPU_ON (secondary_entry, run with "
+        "the MMU off, so seen at its physical address) executed on a CPU clears that CPU"
+    ),
 }
+# Where a CPU powered on by PSCI CPU_ON enters the kernel: arch/arm64/kernel/psci.c
+# cpu_psci_cpu_boot passes __pa_symbol(secondary_entry) (6.1.176 and 6.12.117, :41-42).
+# The plugin finds it at the Image's load address + (secondary_entry - _text), both
+# from the boot's kallsyms, so it needs that file and the load address (`plugin_form`).
+CPU_ENTRY_SYMBOL = "secondary_entry"
 WHERE = ("every", "holder")
 # Who pays for a broadcast completion: the CPU that issued it (at its DSB), the other
 # CPUs (responders, at their next IRQ entry), or both.
@@ -319,13 +328,20 @@ def load_model(spec: str) -> Model:
 
 
 def plugin_form(
-    model: Model, kvm_mode: str, kallsyms: Path | None = None, isolated: Sequence[int] = ()
+    model: Model,
+    kvm_mode: str,
+    kallsyms: Path | None = None,
+    isolated: Sequence[int] = (),
+    text_pa: int | None = None,
 ) -> str:
     """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode.
 
     `kallsyms`: where the boot's kallsyms will be (responders pay at the IRQ entries
     named there); a model whose responders pay needs it. `isolated`: the CPUs the boot's
-    command line isolates (isolcpus=), the responders of `responders = "isolated"`."""
+    command line isolates (isolcpus=), the responders of `responders = "isolated"`.
+    `text_pa`: where QEMU loaded the kernel Image (tracekit.vhost.qemu.kernel_text_pa);
+    with `kallsyms`, the plugin logs every CPU's entry after CPU_ON, whatever the model
+    (the end-to-end test checks them), and a model cleared by `cpu-on` needs both."""
     lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
     if model.trigger == "sctlr-write" and kvm_mode in model.kvm_modes:
         lines.append(f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}")
@@ -338,6 +354,7 @@ def plugin_form(
         lines.append("clear alle1-local")
     if model.clears_by("alle1is"):
         lines.append("clear alle1is")
+    lines += _cpu_entry_lines(model, kallsyms, text_pa)
     lines += [
         f"scope {model.where}",
         f"pay {model.on}",
@@ -346,7 +363,7 @@ def plugin_form(
         f"dose_max {model.dose_max}",
     ]
     if model.on != "issuer":
-        if kallsyms is None or any(c.isspace() for c in str(kallsyms)):
+        if not _usable(kallsyms):
             raise TracekitError(
                 f"model {model.label}: its responders pay at the kernel's IRQ entry, which "
                 "needs the boot's kallsyms: run it under `tracekit vhost run`"
@@ -356,6 +373,26 @@ def plugin_form(
         lines += _responder_cpus_line(model, isolated)
         lines.append(f"irq-entry {kallsyms} {' '.join(IRQ_ENTRY_SYMBOLS)}")
     return "\n".join(lines) + "\n"
+
+
+def _usable(kallsyms: Path | None) -> bool:
+    """Whether the plugin can be given this kallsyms path (one word of its form)."""
+    return kallsyms is not None and not any(c.isspace() for c in str(kallsyms))
+
+
+def _cpu_entry_lines(model: Model, kallsyms: Path | None, text_pa: int | None) -> list[str]:
+    """`clear cpu-on` and `cpu-entry KALLSYMS TEXT_PA SYMBOL`, where the boot says where."""
+    clears = model.clears_by("cpu-on")
+    if text_pa is None or not _usable(kallsyms):
+        if clears:
+            raise TracekitError(
+                f"model {model.label}: a power cycle clears it, seen at the kernel's CPU "
+                "entry, which needs the boot's kallsyms and the Image's load address: run "
+                "it under `tracekit vhost run`"
+            )
+        return []
+    entry = f"cpu-entry {kallsyms} {text_pa:#x} {CPU_ENTRY_SYMBOL}"
+    return ["clear cpu-on", entry] if clears else [entry]
 
 
 def _responder_cpus_line(model: Model, isolated: Sequence[int]) -> list[str]:

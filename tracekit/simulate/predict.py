@@ -59,7 +59,9 @@ OBSERVABLES = {
 VERDICT_METRIC = PRIMARY
 
 # What EL2 executes, per (kernel series, after-guest action), on the guest's CPU (where
-# an MMU-on guest's state is) and on the others: the invalidations the plugin clears by.
+# an MMU-on guest's state is) and on the others: the invalidations the plugin clears by,
+# and a power cycle ("cpu-on": PSCI CPU_OFF then CPU_ON, the kernel's CPU entry executing
+# again on that CPU; "cpu-on-elsewhere": on another CPU), which every hotplug is.
 # nVHE. Sources: the plugin's counts in emulation (docs/vhost.md "Ground truth";
 # session 6's hotplug counts; tests/test_simulate_vhost.py re-counts the 6.12 hotplug),
 # and the kernel source where the plugin has not counted (marked "source").
@@ -67,18 +69,22 @@ EXECUTED: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("6.1", "none"): (frozenset(), "nothing runs between the guest and the after phase"),
     ("6.12", "none"): (frozenset(), "nothing runs between the guest and the after phase"),
     ("6.1", "hotplug"): (
-        frozenset(),
-        "6.1 hotplug with no VM alive: no EL2 invalidation (counted in emulation)",
+        frozenset({"cpu-on"}),
+        "6.1 hotplug with no VM alive: no EL2 invalidation (counted in emulation), a power "
+        "cycle of the guest CPU",
     ),
     ("6.12", "hotplug"): (
-        frozenset({"alle1-local"}),
-        "6.12 hotplug: ___kvm_hyp_init on the re-plugged guest CPU, local TLBI ALLE2 + "
-        "ALLE1 (counted in emulation)",
+        frozenset({"alle1-local", "cpu-on"}),
+        "6.12 hotplug: a power cycle of the guest CPU, then ___kvm_hyp_init on it, local "
+        "TLBI ALLE2 + ALLE1 (counted in emulation)",
     ),
-    ("6.1", "hotplug-other"): (frozenset(), "as hotplug, on another CPU: nothing at EL2"),
+    ("6.1", "hotplug-other"): (
+        frozenset({"cpu-on-elsewhere"}),
+        "as hotplug, on another CPU: nothing at EL2, a power cycle of that CPU",
+    ),
     ("6.12", "hotplug-other"): (
-        frozenset({"alle1-elsewhere"}),
-        "local TLBI ALLE1 on the re-plugged CPU, which is not the guest's",
+        frozenset({"alle1-elsewhere", "cpu-on-elsewhere"}),
+        "a power cycle of another CPU and local TLBI ALLE1 on it, not on the guest's",
     ),
     ("6.1", "rollover"): (
         frozenset({"alle1is"}),
@@ -192,6 +198,8 @@ def _cleared(model: Model, condition: Condition) -> tuple[bool | None, str]:
         return True, where
     if "alle1is" in executed and model.clears_by("alle1is"):
         return True, where
+    if "cpu-on" in executed and model.clears_by("cpu-on"):
+        return True, where
     idle = _idle_reinit(model, condition, series)
     if idle:
         return None, f"{where}; {idle}"
@@ -204,20 +212,18 @@ def _idle_reinit(model: Model, condition: Condition, series: str) -> str | None:
     init, ___kvm_hyp_init's local TLBI ALLE1 (virt/kvm/kvm_main.c:5605, arm64/kvm/arm.c
     :2240-2243 cpu_hyp_reinit, hyp/nvhe/hyp-init.S:143-144); not in VHE, where the kernel
     is the hypervisor. 6.1 re-inits on idle exit only while a VM is alive, and its hyp
-    init issues no ALLE1 (hyp-init.S:121-122)."""
-    if series != "6.12" or condition.kvm_mode == "vhe" or not model.clears_by("alle1-local"):
+    init issues no ALLE1 (hyp-init.S:121-122). On any kernel a power-down state powers
+    the core off and on, as a power cycle does (it resumes at cpu_resume, not at the
+    CPU_ON entry the plugin watches, so a cpu-on model's emulation never sees it)."""
+    by_alle1 = series == "6.12" and condition.kvm_mode != "vhe" and model.clears_by("alle1-local")
+    if not (by_alle1 or model.clears_by("cpu-on")) or condition.guest_idle == "wfi-only":
         return None
-    if condition.guest_idle == "wfi-only":
-        return None
+    how = "re-runs hyp init's local TLBI ALLE1" if by_alle1 else "powers the core off and on"
     if condition.guest_idle == "not recorded":
-        return (
-            "whether the guest CPU can power down in idle (on 6.12 each exit re-runs hyp"
-            " init's local TLBI ALLE1) is not recorded"
-        )
+        return f"whether the guest CPU can power down in idle (each exit {how}) is not recorded"
     return (
-        f"the guest CPU has power-down idle states ({condition.guest_idle}): on 6.12 each"
-        " exit re-runs hyp init's local TLBI ALLE1, which may have cleared it before the"
-        " after runs"
+        f"the guest CPU has power-down idle states ({condition.guest_idle}): each exit"
+        f" {how}, which may have cleared it before the after runs"
     )
 
 

@@ -1,12 +1,14 @@
 """The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
 
-Lines: `tksim-log 4` (1: before responders paid; 2: before pay-when; 3: before
-responder-cpus), `model NAME HASH`, `clock ID`, `responder-cpus N...` (format 4, when only
-those vCPUs pay as responders), then events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1
-VADDR`, `clear-all TS VCPU CLEARED VADDR`, TS the QEMU host's CLOCK_MONOTONIC in ns),
-`pay-at SYMBOL ADDR` where responders pay (`pay-at unresolved 0x0`: nowhere), then at
-QEMU's exit one `vcpu V key value...` line per vCPU and `complete 1`. Standard library
-only.
+Lines: `tksim-log 5` (1: before responders paid; 2: before pay-when; 3: before
+responder-cpus; 4: before the CPU entry), `model NAME HASH`, `clock ID`, `responder-cpus
+N...` (format 4, when only those vCPUs pay as responders), then events (`create TS VCPU
+DOSE VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU CLEARED VADDR`, `cpu-on TS
+VCPU CLEARED PA`: the vCPU entered the kernel after CPU_ON, CLEARED 1 if that cleared it;
+TS the QEMU host's CLOCK_MONOTONIC in ns), `pay-at SYMBOL ADDR` where responders pay
+(`pay-at unresolved 0x0`: nowhere), `cpu-entry-at SYMBOL PA TEXT_PA` where a powered-on
+CPU enters (`cpu-entry-at unresolved 0x0 TEXT_PA`: never seen), then at QEMU's exit one
+`vcpu V key value...` line per vCPU and `complete 1`. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tracekit.errors import TracekitError
 
 SIM_LOG = "vhost-simulate.txt"  # in vhost run's --out, beside the ground-truth log
 SIM_MODEL = "vhost-simulate-model.txt"  # the plugin form the plugin read
-EVENTS = ("create", "clear-local", "clear-all")
+EVENTS = ("create", "clear-local", "clear-all", "cpu-on")
 VCPU_KEYS = (
     "creates",
     "clears",
@@ -38,7 +40,12 @@ RESPONDER_KEYS = ("bcasts", "pays", "owed", "asked_ns", "paid_ns", "paid_actual_
 # Format 3's (0 before): IRQ entries that woke it from WFI, and completions of the window
 # its entries did not charge because they came while it was awake (pay-when wake).
 WAKE_KEYS = ("wakes", "spared")
-FORMATS = ("1", "2", "3", "4")
+# Format 5's (0 before): executions of the kernel's CPU entry, i.e. power-ons (CPU_ON).
+ENTRY_KEYS = ("entries",)
+FORMATS = ("1", "2", "3", "4", "5")
+# /proc/iomem's "Kernel code" starts at __pa_symbol(_stext) on 6.1 (6.1.176
+# arch/arm64/kernel/setup.c:224) and at __pa_symbol(_text) on 6.12 (6.12.117 :216).
+CODE_START_SYMBOLS = ("_text", "_stext")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,13 @@ class SimLog:
     complete: bool = False
     pay_at: dict[str, int] = field(default_factory=dict)  # IRQ entry symbol -> address
     responder_cpus: tuple[int, ...] = ()  # the only vCPUs that pay as responders (): all
+    # Where a powered-on CPU enters (symbol, PA) and where the Image was loaded (_text's
+    # PA); symbol "unresolved" when the plugin never found it; None: not asked for.
+    cpu_entry: tuple[str, int, int] | None = None
+
+    def power_ons(self, vcpu: int | None = None) -> list[SimEvent]:
+        """The `cpu-on` events (of one vCPU, or all): CPUs entering after CPU_ON."""
+        return [e for e in self.events if e.kind == "cpu-on" and vcpu in (None, e.vcpu)]
 
     def total(self, key: str) -> int:
         """A per-vCPU total summed over every vCPU."""
@@ -82,8 +96,20 @@ class SimLog:
             f"simulation {self.model}: {self.total('creates')} creates,"
             f" {self.total('clears')} clears"
             + (f"; responders: CPU {only} only" if only else "")
+            + self._entry_text()
             + f"; {landed}"
         )
+
+    def _entry_text(self) -> str:
+        """The power-ons seen, and where, or that the entry was never found."""
+        if self.cpu_entry is None:
+            return ""
+        symbol, pa, text_pa = self.cpu_entry
+        if symbol == "unresolved":
+            return f"; CPU entry NOT found (Image at {text_pa:#x}): power-ons unseen"
+        ons = self.power_ons()
+        cleared = sum(e.value for e in ons)
+        return f"; {len(ons)} power-ons seen at {symbol} {pa:#x} ({cleared} cleared)"
 
 
 def _responder_text(c: dict[str, int]) -> str:
@@ -115,16 +141,54 @@ def _cpus(words: list[str], origin: str) -> tuple[int, ...]:
         raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
 
 
+def _cpu_entry(words: list[str], origin: str) -> tuple[str, int, int]:
+    """A `cpu-entry-at SYMBOL PA TEXT_PA` line."""
+    try:
+        return words[1], int(words[2], 16), int(words[3], 16)
+    except (IndexError, ValueError):
+        raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
+
+
+def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list[str]:
+    """Why the log's CPU entry is not where the boot's kernel is, one line each ([]: it is).
+
+    `iomem`: the boot's /proc/iomem (read as root); `symbols`: its kallsyms, name ->
+    address. The Image's load address the plugin used, plus each candidate start symbol's
+    distance from _text, must be the "Kernel code" start; the entry must lie as far
+    above it as secondary_entry is above _text."""
+    if log.cpu_entry is None:
+        return ["the log has no cpu-entry-at line (no kallsyms or load address given)"]
+    symbol, pa, text_pa = log.cpu_entry
+    if symbol == "unresolved":
+        return [f"the plugin never found the CPU entry (Image at {text_pa:#x})"]
+    starts = [int(line.split("-")[0].strip(), 16) for line in iomem.splitlines()
+              if line.strip().endswith(": Kernel code")]  # fmt: skip
+    if not starts or not starts[0]:
+        return ["/proc/iomem has no Kernel code line with an address (read it as root)"]
+    mistakes = []
+    text = symbols.get("_text")
+    candidates = {text_pa + symbols[s] - text for s in CODE_START_SYMBOLS if s in symbols}
+    if text is None or starts[0] not in candidates:
+        mistakes.append(
+            f"Kernel code starts at {starts[0]:#x}, not where _text at {text_pa:#x} puts "
+            f"{'/'.join(CODE_START_SYMBOLS)}"
+        )
+    if text is not None and symbol in symbols and pa != text_pa + symbols[symbol] - text:
+        mistakes.append(f"{symbol} at {pa:#x} is not _text's PA + ({symbol} - _text)")
+    return mistakes
+
+
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
     """A SimLog from the log's text; one clear line if it is not one."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
     if len(lines) < 2 or lines[0] not in [["tksim-log", f] for f in FORMATS]:
-        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 5 (tksim.c)")
     if lines[1][0] != "model":
-        raise TracekitError(f"{origin}: not a simulation log of format 1 to 4 (tksim.c)")
+        raise TracekitError(f"{origin}: not a simulation log of format 1 to 5 (tksim.c)")
     version = int(lines[0][1])
     keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if version >= 2 else set())
     keys |= set(WAKE_KEYS) if version >= 3 else set()
+    keys |= set(ENTRY_KEYS) if version >= 5 else set()
     log = SimLog(model="@".join(lines[1][1:3]))
     for words in lines[2:]:
         if words[0] in EVENTS:
@@ -133,10 +197,12 @@ def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
             pairs = dict(zip(words[2::2], words[3::2], strict=False))
             if set(pairs) != keys:
                 raise TracekitError(f"{origin}: bad vcpu line {' '.join(words)!r}")
-            totals = dict.fromkeys(RESPONDER_KEYS + WAKE_KEYS, 0)
+            totals = dict.fromkeys(RESPONDER_KEYS + WAKE_KEYS + ENTRY_KEYS, 0)
             log.vcpus[int(words[1])] = totals | {k: int(v) for k, v in pairs.items()}
         elif words[0] == "pay-at" and len(words) == 3:
             log.pay_at[words[1]] = int(words[2], 16)
+        elif words[0] == "cpu-entry-at" and version >= 5:
+            log.cpu_entry = _cpu_entry(words, origin)
         elif words[0] == "responder-cpus" and version >= 4:
             log.responder_cpus = _cpus(words, origin)
         elif words == ["complete", "1"]:

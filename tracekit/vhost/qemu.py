@@ -31,6 +31,31 @@ class Share:
     readonly: bool = False
 
 
+# Where `-M virt` puts RAM (QEMU 7.2 hw/arm/virt.c, base_memmap[VIRT_MEM]: 1 GiB up).
+VIRT_RAM_BASE = 0x4000_0000
+# QEMU 7.2 hw/arm/boot.c, load_aarch64_image: an arm64 Image (magic "ARM\x64" at byte 56)
+# goes to RAM base + its header's text_offset (byte 8), or + 2 MiB more when that offset
+# is below the 4 KiB QEMU's own boot stub takes at the bottom of RAM (BOOTLOADER_MAX_SIZE);
+# a header whose image_size (byte 16) is 0 (kernels before 3.17) goes to + 0x80000.
+_IMAGE_MAGIC = b"ARM\x64"
+_BOOTLOADER_MAX_SIZE = 4096
+_OLD_KERNEL_LOAD = 0x80000
+
+
+def kernel_text_pa(header: bytes, ram_base: int = VIRT_RAM_BASE) -> int:
+    """The physical address QEMU loads an arm64 Image at (its _text), from the Image's
+    first 64 bytes; one clear error if they are not an Image header."""
+    if len(header) < 64 or header[56:60] != _IMAGE_MAGIC:
+        raise TracekitError("the kernel is not an arm64 Image (no 'ARM\\x64' at byte 56)")
+    text_offset = int.from_bytes(header[8:16], "little")
+    image_size = int.from_bytes(header[16:24], "little")
+    if image_size == 0:
+        return ram_base + _OLD_KERNEL_LOAD
+    if text_offset < _BOOTLOADER_MAX_SIZE:
+        text_offset += 2 * 2**20
+    return ram_base + text_offset
+
+
 def cpu_option(model: str) -> str:
     """The -cpu value; `max` with the implementation-defined PAuth is much faster in TCG."""
     if model not in CPU_MODELS:

@@ -31,6 +31,7 @@ from tracekit.vhost.qemu import (
     Share,
     check_page_size,
     cpu_option,
+    kernel_text_pa,
     qemu_argv,
     smp_option,
 )
@@ -48,6 +49,9 @@ RUN_RECORD = "vhost-run.json"
 GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
 KALLSYMS = "vhost-kallsyms.txt"
 MARKERS = "vhost-gtmark.txt"
+# The boot's /proc/iomem: its "Kernel code" start checks the Image's load address the
+# simulation's CPU entry is computed from (tracekit.simulate.simlog.check_cpu_entry).
+IOMEM = "vhost-iomem.txt"
 # What a bundle made in such a boot receives, in BUNDLE/groundtruth/, and how it is named.
 GT_BUNDLE_DIR = "groundtruth"
 # --simulate: the model as given, the plugin's form of it and the plugin's log of it.
@@ -57,6 +61,7 @@ SIM_LOG = "vhost-simulate.txt"
 GT_FILES = (
     GROUND_TRUTH_LOG,
     KALLSYMS,
+    IOMEM,
     MARKERS,
     BOOT_DMESG,
     RUN_RECORD,
@@ -158,6 +163,7 @@ def _ground_truth_script(command: list[str]) -> list[str]:
     gtmark = f"/tracekit/{GTMARK}"
     return [
         f"cat /proc/kallsyms > /out/{KALLSYMS}",
+        f"cat /proc/iomem > /out/{IOMEM}",
         f"{gtmark} > /out/{MARKERS}",
         shlex.join(command),
         "status=$?",
@@ -354,18 +360,32 @@ def _plugin_option(out: Path, say: Callable[[str], None], simulated: bool) -> li
     return plugin_argv(build_plugin(say), out / GROUND_TRUTH_LOG, sim=sim)
 
 
-def prepare_simulation(config: VhostConfig, out: Path) -> str | None:
-    """Write the model given and its plugin form into out; its name@hash (None: no model)."""
+def prepare_simulation(config: VhostConfig, out: Path, kernel: Path | None = None) -> str | None:
+    """Write the model given and its plugin form into out; its name@hash (None: no model).
+
+    `kernel`: the Image QEMU loads; from its header, where the kernel's CPU entry after
+    CPU_ON will be (the plugin logs every power-on there; `cpu-on` models clear by it)."""
     from tracekit.simulate.model import load_model, model_source, plugin_form
 
     if not config.simulate:
         return None
     model = load_model(config.simulate)
     (out / SIM_SOURCE).write_text(model_source(config.simulate))
-    form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config))
+    text_pa = _kernel_text_pa(kernel) if kernel is not None else None
+    form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config), text_pa)
     (out / SIM_FORM).write_text(form)
     (out / SIM_LOG).unlink(missing_ok=True)
     return model.label
+
+
+def _kernel_text_pa(kernel: Path) -> int:
+    """Where QEMU loads this kernel Image (its _text), from the Image's header."""
+    try:
+        with kernel.open("rb") as image:
+            header = image.read(64)
+    except OSError as exc:
+        raise TracekitError(f"cannot read the kernel {kernel}: {exc.strerror}") from None
+    return kernel_text_pa(header)
 
 
 def _isolated(config: VhostConfig) -> list[int]:
@@ -429,7 +449,7 @@ def _boot(
     say: Callable[[str], None],
 ) -> tuple[int, float | None]:
     """Run QEMU to completion; return the command's status and the boot time, or raise."""
-    simulated = prepare_simulation(config, out)
+    simulated = prepare_simulation(config, out, image.kernel)
     token = _write_control(ctl, spec, command, config.ground_truth, simulated)
     plugin = _plugin_option(out, say, bool(simulated)) if config.ground_truth else []
     argv = (
