@@ -34,6 +34,9 @@ static const char usage_text[] =
 	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n";
 
 volatile sig_atomic_t vmm_stop_signal;
+/* Who sent the stop signal (si_pid; 0 from the kernel or a tty): the summary names it, so
+ * a stop nobody asked for says where it came from. */
+static volatile sig_atomic_t stop_sender;
 
 /* Empty handler: SIGUSR1 only exists to make KVM_RUN return with EINTR. */
 static void on_kick(int sig)
@@ -41,10 +44,29 @@ static void on_kick(int sig)
 	(void)sig;
 }
 
-/* SIGTERM/SIGINT: remember it; the running VM stops and is torn down in full. */
-static void on_stop(int sig)
+/* SIGTERM/SIGINT: remember it and its sender; the running VM stops and is torn down. */
+static void on_stop(int sig, siginfo_t *info, void *context)
 {
+	(void)context;
+	if (!vmm_stop_signal)
+		stop_sender = info && info->si_code <= 0 ? info->si_pid : 0;
 	vmm_stop_signal = sig;
+}
+
+/* The sender's command name from /proc (or "-" once it is gone), for the summary. */
+static void sender_name(int pid, char *buf, size_t size)
+{
+	char path[64];
+	FILE *in;
+
+	snprintf(buf, size, "-");
+	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+	in = pid > 0 ? fopen(path, "r") : NULL;
+	if (!in)
+		return;
+	if (fgets(buf, (int)size, in))
+		buf[strcspn(buf, "\n")] = '\0';
+	fclose(in);
 }
 
 /* Parse --ipa-bits "40,48" into OPTS (range checked later against the host). */
@@ -422,9 +444,17 @@ static struct vm_result run_series(const struct kvm_host *host, const struct vmm
  * series, then min/mean/max per phase. */
 static void print_summary(const struct vm_series *series, bool last_not_ok)
 {
+	char sender[64];
+
 	printf("record=summary vms=%llu ok=%llu stopped=%d", (unsigned long long)series->done,
 	       (unsigned long long)(last_not_ok ? series->done - 1 : series->done),
 	       vmm_stop_signal ? 1 : 0);
+	if (vmm_stop_signal) {
+		sender_name(stop_sender, sender, sizeof(sender));
+		printf(" stop_signal=%d stop_pid=%d stop_comm=", (int)vmm_stop_signal,
+		       (int)stop_sender);
+		print_escaped(sender);
+	}
 	print_stat("create_ns", series->create, series->done);
 	print_stat("run_ns", series->run, series->done);
 	print_stat("teardown_ns", series->teardown, series->done);
@@ -448,7 +478,8 @@ int main(int argc, char **argv)
 	struct guest_image image;
 	struct vm_series series = { 0 };
 	struct sigaction kick = { .sa_handler = on_kick };	/* no SA_RESTART */
-	struct sigaction stop = { .sa_handler = on_stop };	/* no SA_RESTART */
+	/* no SA_RESTART; SA_SIGINFO for the sender */
+	struct sigaction stop = { .sa_sigaction = on_stop, .sa_flags = SA_SIGINFO };
 	struct vm_result result;
 	uint64_t cntfrq;
 

@@ -9,8 +9,10 @@ known cyclictest latencies, so every number the section prints can be checked.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from bundlegen import _write_cyclictest
 from tracekit.analysis import churn as ch
 from tracekit.bundle import TRACED_KINDS, BundleWriter, Manifest, RunKind, RunRecord
 from tracekit.errors import TracekitError
-from tracekit.host.churn import ChurnCommands, churn
+from tracekit.host.churn import ChurnCommands, OutputTail, churn, describe_stop
 from tracekit.host.protocol import Roles, plan_runs, scenario_named
 from tracekit.ingest.bundle import load_bundle
 from tracekit.ingest.vmm import parse_vmm_output
@@ -272,3 +274,110 @@ def test_bundles_without_their_boot_are_said_so() -> None:
         "teardown_flush off: bundles without host.boot_id, so whether each state had a "
         "fresh boot is unknown"
     ]
+
+
+# VMM stand-ins that end a churn early, each in a way the watch must see within seconds
+# (before it, the last two hung for the whole budget, as issue 20's emulated churns did).
+_SUMMARY = (
+    "print('record=vm vm=0 result=ok', flush=True)\n"
+    "print('record=vm vm=1 result=ok', flush=True)\n"
+    "print('record=summary vms=2 ok=2 stopped=1 stop_signal=15 stop_pid=4242 "
+    "stop_comm=python3 create_ns_min=1', flush=True)\n"
+)
+
+
+def _python_vmm(tmp_path: Path, body: str) -> str:
+    """A shell command running a Python stand-in VMM (its source in a file)."""
+    script = tmp_path / "vmm_standin.py"
+    script.write_text("import os, signal, time\n" + body)
+    return f"exec {sys.executable} {script}"
+
+
+def _early_end(tmp_path: Path, body: str) -> tuple[str, float, subprocess.Popen[bytes]]:
+    """Run a churn of 3 VMs whose VMM ends early: the error line, the seconds it took and
+    the VMM (so that the test can check it is gone)."""
+    commands = _commands(tmp_path, _python_vmm(tmp_path, body), budget_s=40)
+    commands = ChurnCommands(commands.vmm, commands.cyclictest, vms=3, budget_s=40)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str], out: Path) -> subprocess.Popen[bytes]:
+        started.append(_spawn(argv, out))
+        return started[-1]
+
+    began = time.monotonic()
+    with pytest.raises(TracekitError) as caught:
+        churn(commands, spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
+    took = time.monotonic() - began
+    cyclic, vmm = started
+    # cyclictest was stopped in order (SIGINT, its files written), not left running.
+    assert cyclic.wait(timeout=10) == 0
+    assert (tmp_path / "cyclic.txt").read_text().startswith("stopped; vmm lines: 2")
+    return str(caught.value), took, vmm
+
+
+def test_a_vmm_that_prints_its_summary_but_never_exits_is_killed_within_seconds(
+    tmp_path: Path,
+) -> None:
+    body = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + _SUMMARY + "time.sleep(60)\n"
+    message, took, vmm = _early_end(tmp_path, body)
+    assert took < 15
+    assert vmm.poll() == -signal.SIGKILL
+    assert message == (
+        "vmm printed its summary (SIGTERM from pid 4242 (python3)) but did not exit within "
+        "5 s, after 2 of 3 VMs; it was killed and the churn is incomplete"
+    )
+
+
+def test_a_vmm_stopped_by_sigstop_is_killed_within_seconds(tmp_path: Path) -> None:
+    body = (
+        "print('record=vm vm=0 result=ok', flush=True)\n"
+        "print('record=vm vm=1 result=ok', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    message, took, vmm = _early_end(tmp_path, body)
+    assert took < 15
+    assert vmm.poll() is not None
+    assert message.startswith("vmm was stopped (state T")
+    assert message.endswith(
+        "e.g. by SIGSTOP) and did not go on within 5 s, after 2 of 3 VMs; it was killed and "
+        "the churn is incomplete"
+    )
+
+
+def test_a_vmm_ended_by_someone_elses_signal_names_the_sender(tmp_path: Path) -> None:
+    body = _SUMMARY + "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    body += "os.kill(os.getpid(), signal.SIGTERM)\n"
+    message, took, _ = _early_end(tmp_path, body)
+    assert took < 10
+    assert message == (
+        "vmm was ended by SIGTERM (SIGTERM from pid 4242 (python3)) after 2 of 3 VMs; the "
+        "churn is incomplete: see its output in the bundle (vmm.txt)"
+    )
+
+
+def test_the_tail_counts_vm_records_and_finds_the_summary_however_cut(tmp_path: Path) -> None:
+    output = tmp_path / "vmm.txt"
+    tail = OutputTail(output)
+    tail.read(1.0)  # no file yet
+    text = b"record=run x\nrecord=vm vm=0 result=ok\nrecord=summary vms=1 ok=1 stopped=0\n"
+    cut = text.index(b"summary") - 3
+    with output.open("wb") as handle:
+        for now, piece in enumerate((text[:5], text[5:cut], text[cut:]), 2):
+            tail.read(float(now))
+            assert not tail.summary
+            handle.write(piece)
+            handle.flush()
+    tail.read(9.0)
+    assert (tail.summary, tail.vm_lines, tail.progress_at) == (True, 1, 4.0)
+    other = tmp_path / "other.txt"
+    other.write_bytes(b"record=vm vm=0 note=record=summary\n")
+    tail = OutputTail(other)
+    tail.read(1.0)
+    assert not tail.summary
+
+
+def test_the_stop_is_described_from_the_summary() -> None:
+    assert describe_stop({"stopped": "0"}) == "not stopped by a signal"
+    assert describe_stop({"stopped": "1"}).startswith("a stop signal from a sender")
+    fields = {"stopped": "1", "stop_signal": "2", "stop_pid": "0", "stop_comm": "-"}
+    assert describe_stop(fields) == "SIGINT from the kernel or a terminal"

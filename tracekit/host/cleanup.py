@@ -368,10 +368,14 @@ def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_S
     # Grandchildren that ignore SIGTERM must not outlive the run either.
     if not _wait_group_gone(pgid, grace):
         _signal_group(pgid, signal.SIGKILL)
-        proc.wait()
         if not _wait_group_gone(pgid, CHILD_GRACE_SECONDS):
             raise OSError(f"processes {group_members(pgid)} of group {pgid} survive SIGKILL")
-    proc.wait()
+    # Bounded: the group is gone, so the leader is a zombie to reap at once; an unbounded
+    # wait here would hang the unwinding (and leave every later child running) if not.
+    try:
+        proc.wait(timeout=CHILD_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"pid {proc.pid} left its group yet could not be reaped") from None
 
 
 def _wait_group_gone(pgid: int, timeout: float) -> bool:

@@ -59,19 +59,26 @@ def wait_within_budget(
     try:
         code = proc.wait(timeout=budget_s)
     except subprocess.TimeoutExpired:
-        stop_process_group(proc, grace=STOP_GRACE_SECONDS)
-        done = vms_recorded(output)
-        note = (
-            f"stopped by the time budget of {budget_s} s after {done} of {expected_vms} "
-            "VMs (raise --vm-budget to let it finish)"
-        )
-        return BudgetOutcome("over-budget", proc.returncode, done, note)
+        return stop_over_budget(proc, budget_s, output, expected_vms)
     if code != 0:
         raise TracekitError(
             f"vmm failed with exit status {code} after {vms_recorded(output)} of "
             f"{expected_vms} VMs; see its output in the bundle ({output.name})"
         )
     return BudgetOutcome("ok", code, vms_recorded(output))
+
+
+def stop_over_budget(
+    proc: subprocess.Popen[Any], budget_s: int, output: Path, expected_vms: int
+) -> BudgetOutcome:
+    """Past the budget: stop the VMM (it tears its VM down first) and say how far it got."""
+    stop_process_group(proc, grace=STOP_GRACE_SECONDS)
+    done = vms_recorded(output)
+    note = (
+        f"stopped by the time budget of {budget_s} s after {done} of {expected_vms} "
+        "VMs (raise --vm-budget to let it finish)"
+    )
+    return BudgetOutcome("over-budget", proc.returncode, done, note)
 
 
 def stopped_in_order(output: Path) -> bool:

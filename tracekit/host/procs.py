@@ -68,3 +68,25 @@ def carries(pid: int, name: str, value: str) -> bool:
 def marked_processes(name: str, value: str) -> list[int]:
     """Live processes whose environment has `name=value`."""
     return [pid for pid, _, _ in live_processes() if carries(pid, name, value)]
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat field 3: R, S, D, T, ...), "" once gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+def describe_state(pid: int) -> str:
+    """A process's state as an error line names it: `state D in WCHAN` (proc(5)), or `gone`."""
+    state = process_state(pid)
+    try:
+        wchan = (PROC / str(pid) / "wchan").read_text().strip()
+    except OSError:
+        wchan = ""
+    if not state:
+        return "gone"
+    # wchan reads "0" for a running process, and "0" too where the kernel hides it.
+    return f"state {state} in {wchan}" if wchan not in ("", "0") else f"state {state}"
