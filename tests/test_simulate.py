@@ -469,7 +469,12 @@ int main(void) {
 
 
 def _run_responders(
-    tmp_path: Path, built: Path, program: str, model: str, isolated: tuple[int, ...] = ()
+    tmp_path: Path,
+    built: Path,
+    program: str,
+    model: str,
+    isolated: tuple[int, ...] = (),
+    text_pa: int | None = None,
 ) -> tuple[dict, Path]:
     """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
     with `model` (`isolated`: the CPUs isolcpus= would name); its printed timings (ns)
@@ -482,7 +487,7 @@ def _run_responders(
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text(nm.stdout)
-    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated, text_pa)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
@@ -493,6 +498,21 @@ def _run_responders(
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
     return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}, tmp_path / "sim.txt"
+
+
+@needs_qemu_user
+def test_a_kallsyms_without_text_leaves_the_cpu_entry_unresolved_not_the_payments(
+    built: Path, tmp_path: Path
+) -> None:
+    """Debian 6.1's kallsyms has no _text (no CONFIG_KALLSYMS_ALL: only _stext.._etext):
+    the CPU entry cannot be placed, and that must not stop the responders' payments (the
+    same 2 payments for 53 completions as without a cpu-entry line)."""
+    _, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, RESPONDERS, text_pa=0)
+    assert "cpu-entry " in (tmp_path / "model.txt").read_text()
+    log = read_sim_log(log_path)
+    assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
+    assert log.cpu_entry is not None and log.cpu_entry[0] == "unresolved"
+    assert (log.vcpus[1]["pays"], log.vcpus[1]["owed"]) == (2, 53)
 
 
 @needs_qemu_user

@@ -80,6 +80,7 @@ static struct {
 	int clear_local, clear_all, clear_cpu_on;
 	int cpu_entry;		/* a cpu-entry line: find the kernel's CPU entry */
 	uint64_t text_pa;	/* where _text is in physical memory (the Image's load address) */
+	int entry_resolved;	/* atomic: entry_pa is known (kallsyms had _text and SYMBOL) */
 	char entry_sym[64];
 	uint64_t text_va, entry_va, entry_pa;	/* published by irq_state (release) */
 	int scope_every;
@@ -330,10 +331,12 @@ uint8_t tksim_role(uint32_t word, uint64_t vaddr, uint8_t kind, uint8_t flags)
 		for (i = 0; i < sim.n_irq_syms; i++)
 			if (vaddr == sim.irq_addr[i])
 				return TKSIM_IRQ;
-		/* A physical address: only code running with the MMU off runs there (the
-		 * guests' code at 0x40000000-0x400fffff lies below TEXT_PA; user space and
-		 * the kernel's own virtual addresses are elsewhere). */
-		if (sim.cpu_entry && vaddr == sim.entry_pa)
+		/* A physical address: code running with the MMU off runs there (the guests'
+		 * code at 0x40000000-0x400fffff lies below TEXT_PA; the kernel's and the
+		 * hypervisor's virtual addresses are elsewhere). Not guarded: a user mapping
+		 * placed at that very address (MAP_FIXED) would count as a power-on. */
+		if (sim.cpu_entry && __atomic_load_n(&sim.entry_resolved, __ATOMIC_ACQUIRE) &&
+		    vaddr == sim.entry_pa)
 			return TKSIM_CPU_ON;
 	}
 	if (kind == TKGT_MARK && __atomic_load_n(&sim.irq_state, __ATOMIC_ACQUIRE) == IRQ_PENDING)
@@ -544,7 +547,10 @@ static void note_symbol(uint64_t addr, const char *name, unsigned int *found)
 		sim.entry_va = addr;
 }
 
-/* The kallsyms file: the IRQ entries' and the CPU entry's addresses; 0 if all found. */
+/* The kallsyms file: the IRQ entries' and the CPU entry's addresses; 0 if the IRQ
+ * entries are all found. The two are independent: a kallsyms without _text (6.1 without
+ * CONFIG_KALLSYMS_ALL keeps only _stext.._etext) leaves the CPU entry unresolved and
+ * must not stop the responders' payments. */
 static int read_kallsyms(void)
 {
 	char line[512], name[128], type;
@@ -558,12 +564,14 @@ static int read_kallsyms(void)
 		if (sscanf(line, "%" SCNx64 " %c %127s", &addr, &type, name) == 3)
 			note_symbol(addr, name, &found);
 	fclose(in);
-	if (found < sim.n_irq_syms || !entry_found())
+	if (found < sim.n_irq_syms)
 		return -1;
 	/* KASLR moves the kernel's virtual addresses, not its physical place (no EFI stub
 	 * ran): the entry is as far above TEXT_PA as the symbol is above _text. */
-	if (sim.cpu_entry)
+	if (sim.cpu_entry && entry_found()) {
 		sim.entry_pa = sim.text_pa + (sim.entry_va - sim.text_va);
+		__atomic_store_n(&sim.entry_resolved, 1, __ATOMIC_RELEASE);
+	}
 	return 0;
 }
 
@@ -576,8 +584,8 @@ static void log_resolution(int state)
 		fprintf(sim.log, "pay-at %s 0x%" PRIx64 "\n", sim.irq_syms[i], sim.irq_addr[i]);
 	if (sim.cpu_entry)
 		fprintf(sim.log, "cpu-entry-at %s 0x%" PRIx64 " 0x%" PRIx64 "\n",
-			state == IRQ_RESOLVED ? sim.entry_sym : "unresolved", sim.entry_pa,
-			sim.text_pa);
+			state == IRQ_RESOLVED && sim.entry_resolved ? sim.entry_sym : "unresolved",
+			sim.entry_pa, sim.text_pa);
 }
 
 /* A clock marker: the boot's kallsyms is written by now; find the IRQ entries, then
