@@ -862,6 +862,17 @@ def test_every_shipped_model_predicts_per_observable(name: str) -> None:
                 assert "lands only on issuers" in said.why, said.why
 
 
+def test_612_without_virt_at_load_hotplugs_as_61_does() -> None:
+    """kvm.enable_virt_at_load=0 on 6.12: a hotplug with no VM alive runs no hyp init, so
+    brief-literal (cleared by ALLE1) is not cleared there, power-cycle still is."""
+    hotplug = replace(ON, after_guest="hotplug")
+    assert predict(load_model("brief-literal"), hotplug).verdict == "absent"
+    off = replace(hotplug, enable_virt_at_load="no")
+    said = predict(load_model("brief-literal"), off)
+    assert said.verdict == "present" and "enable_virt_at_load=0" in said.why
+    assert predict(load_model("power-cycle"), off).verdict == "absent"
+
+
 def test_power_down_idle_on_612_leaves_the_clearing_unknown() -> None:
     """On a 6.12 nVHE host every exit from a power-down idle state re-runs hyp init's local
     TLBI ALLE1, so a model cleared by it cannot be predicted present after the guest where

@@ -191,6 +191,8 @@ def _cleared(model: Model, condition: Condition) -> tuple[bool | None, str]:
     """Whether what the after-guest action executes clears the model's state, and why."""
     series = kernel_series(str(condition.kernel))
     facts = EXECUTED.get((series, condition.after_guest))
+    if series == "6.12" and condition.enable_virt_at_load == "no" and facts is not None:
+        facts = _without_virt_at_load(facts, condition.after_guest)
     if facts is None:
         return None, f"what {condition.after_guest} executes on {series} is not counted"
     executed, where = facts
@@ -206,6 +208,20 @@ def _cleared(model: Model, condition: Condition) -> tuple[bool | None, str]:
     return False, f"{where}; the model is cleared by {', '.join(model.clears) or 'nothing'}"
 
 
+def _without_virt_at_load(
+    facts: tuple[frozenset[str], str], action: str
+) -> tuple[frozenset[str], str]:
+    """6.12 with kvm.enable_virt_at_load=0: the last VM's exit disables virtualisation and
+    removes the CPU-online callback (virt/kvm/kvm_main.c:5766-5777), so a CPU brought
+    online with no VM alive runs no ___kvm_hyp_init: a hotplug is a power cycle without
+    the ALLE1, as on 6.1."""
+    executed, where = facts
+    if not action.startswith("hotplug"):
+        return facts
+    kept = executed - {"alle1-local", "alle1-elsewhere"}
+    return kept, f"{where}; but kvm.enable_virt_at_load=0: no hyp init with no VM alive"
+
+
 def _idle_reinit(model: Model, condition: Condition, series: str) -> str | None:
     """Why an idle power-down may have cleared the guest CPU meanwhile, or None. On 6.12
     (virtualisation enabled at load) each exit from a power-down idle state re-runs hyp
@@ -215,7 +231,12 @@ def _idle_reinit(model: Model, condition: Condition, series: str) -> str | None:
     init issues no ALLE1 (hyp-init.S:121-122). On any kernel a power-down state powers
     the core off and on, as a power cycle does (it resumes at cpu_resume, not at the
     CPU_ON entry the plugin watches, so a cpu-on model's emulation never sees it)."""
-    by_alle1 = series == "6.12" and condition.kvm_mode != "vhe" and model.clears_by("alle1-local")
+    by_alle1 = (
+        series == "6.12"
+        and condition.kvm_mode != "vhe"
+        and condition.enable_virt_at_load != "no"
+        and model.clears_by("alle1-local")
+    )
     if not (by_alle1 or model.clears_by("cpu-on")) or condition.guest_idle == "wfi-only":
         return None
     how = "re-runs hyp init's local TLBI ALLE1" if by_alle1 else "powers the core off and on"
