@@ -50,7 +50,8 @@ GROUND_TRUTH_LOG = "vhost-groundtruth.tkgt"
 KALLSYMS = "vhost-kallsyms.txt"
 MARKERS = "vhost-gtmark.txt"
 # The boot's /proc/iomem: its "Kernel code" start checks the Image's load address the
-# simulation's CPU entry is computed from (tracekit.simulate.simlog.check_cpu_entry).
+# simulation's CPU entry is computed from (tracekit.simulate.simlog.cpu_entry_mistakes;
+# checked by the sim boot's test, not yet by the run itself).
 IOMEM = "vhost-iomem.txt"
 # What a bundle made in such a boot receives, in BUNDLE/groundtruth/, and how it is named.
 GT_BUNDLE_DIR = "groundtruth"
