@@ -688,6 +688,14 @@ def test_vhost_run_writes_the_model_and_loads_the_plugin_with_it(tmp_path: Path)
         f"irq-entry {tmp_path.resolve() / KALLSYMS} {' '.join(IRQ_ENTRY_SYMBOLS)}\n"
     )
     assert 'name = "brief-literal"' in (tmp_path / SIM_SOURCE).read_text()
+    # A kernel that is not a plain Image (gzip'd): brief-literal only loses its power-on
+    # watch; power-cycle, which clears by it, is refused in one line.
+    gzipped = tmp_path / "Image.gz"
+    gzipped.write_bytes(b"\x1f\x8b" + bytes(62))
+    prepare_simulation(config, tmp_path, gzipped)
+    assert "cpu-entry" not in (tmp_path / SIM_FORM).read_text()
+    with pytest.raises(TracekitError, match="not an arm64 Image"):
+        prepare_simulation(replace(config, simulate="power-cycle"), tmp_path, gzipped)
     argv = groundtruth.plugin_argv(Path("/p.so"), Path("/l"), 5, sim=(Path("/m"), Path("/s")))
     assert argv == ["-plugin", "file=/p.so,out=/l,limit=5,sim=/m,simlog=/s"]
     with pytest.raises(TracekitError, match="no model"):

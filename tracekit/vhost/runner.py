@@ -372,11 +372,25 @@ def prepare_simulation(config: VhostConfig, out: Path, kernel: Path | None = Non
         return None
     model = load_model(config.simulate)
     (out / SIM_SOURCE).write_text(model_source(config.simulate))
-    text_pa = _kernel_text_pa(kernel) if kernel is not None else None
+    text_pa = _entry_text_pa(kernel, model.clears_by("cpu-on"))
     form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config), text_pa)
     (out / SIM_FORM).write_text(form)
     (out / SIM_LOG).unlink(missing_ok=True)
     return model.label
+
+
+def _entry_text_pa(kernel: Path | None, needed: bool) -> int | None:
+    """The Image's load address for the CPU entry: only a cpu-on model needs it, so for
+    the others a kernel that is not a plain Image (e.g. gzip'd) only leaves the power-ons
+    unwatched."""
+    if kernel is None:
+        return None
+    try:
+        return _kernel_text_pa(kernel)
+    except TracekitError:
+        if needed:
+            raise
+        return None
 
 
 def _kernel_text_pa(kernel: Path) -> int:
