@@ -166,6 +166,9 @@ class RunRecord:
 # RunRecord.idle_since_guest's state name for a CPU with no power-down idle state (QEMU's
 # virt machine has no cpuidle driver): an empty record reads "WFI only", not "0 entries".
 NO_CPUIDLE = "no-cpuidle-WFI-only"
+# The name arm64's cpuidle drivers give state 0 (6.1 cpuidle-psci.c, cpuidle-arm.c): WFI
+# keeps the TLBs and gets no CPU_PM notification, so it says nothing of lost TLB state.
+WFI_STATE = "WFI"
 
 
 @dataclass

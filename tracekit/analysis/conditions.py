@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 from typing import Any
 
-from tracekit.bundle import Manifest
+from tracekit.bundle import WFI_STATE, Manifest
 from tracekit.cpus import format_cpu_list
 
 
@@ -271,10 +271,6 @@ def _relation(manifest: Manifest, cpus: list[Any] | None) -> str:
     if all(c != rt for c in theirs):
         return "other"
     return "mixed"
-
-
-# cpuidle's name for state 0 on arm64 (tracekit/host/preflight.py WFI_STATE): no power-down.
-WFI_STATE = "WFI"
 
 
 def guest_idle(manifest: Manifest) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import stop_process_group
-from tracekit.host.guestruns import BudgetOutcome, stop_over_budget, vms_recorded
+from tracekit.host.guestruns import BudgetOutcome, stop_over_budget, summary_fields, vms_recorded
 from tracekit.host.procs import describe_state, process_state
 
 # cyclictest's first loops are under way before the first VM is created.
@@ -205,18 +204,6 @@ def describe_stop(fields: dict[str, str]) -> str:
         return "a stop signal from a sender this VMM does not report"
     sender = "the kernel or a terminal" if pid == "0" else f"pid {pid} ({fields['stop_comm']})"
     return f"{_signal_name(int(signum))} from {sender}"
-
-
-def summary_fields(output: Path) -> dict[str, str]:
-    """The VMM's record=summary line as key=value fields ({} while there is none)."""
-    try:
-        match = re.search(rb"^record=summary (.*)$", output.read_bytes(), re.MULTILINE)
-    except OSError:
-        return {}
-    if match is None:
-        return {}
-    words = match[1].decode(errors="replace").split()
-    return dict(word.split("=", 1) for word in words if "=" in word)
 
 
 def _signal_name(signum: int) -> str:

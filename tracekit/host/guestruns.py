@@ -83,10 +83,19 @@ def stop_over_budget(
 
 def stopped_in_order(output: Path) -> bool:
     """Whether the VMM answered its stop signal itself: a summary line with stopped=1."""
+    return summary_fields(output).get("stopped") == "1"
+
+
+def summary_fields(output: Path) -> dict[str, str]:
+    """The VMM's record=summary line as key=value fields ({} while there is none)."""
     try:
-        return re.search(rb"^record=summary .*\bstopped=1\b", output.read_bytes(), re.M) is not None
+        match = re.search(rb"^record=summary (.*)$", output.read_bytes(), re.MULTILINE)
     except OSError:
-        return False
+        return {}
+    if match is None:
+        return {}
+    words = match[1].decode(errors="replace").split()
+    return dict(word.split("=", 1) for word in words if "=" in word)
 
 
 class BackgroundGuest:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.bundle import NO_CPUIDLE
+from tracekit.bundle import NO_CPUIDLE, WFI_STATE
 from tracekit.cpus import parse_cpu_list
 from tracekit.errors import TracekitError
 from tracekit.host.afterguest import TLBI_ACTIONS
@@ -267,11 +267,6 @@ def read_thp(thp: Path = THP) -> dict[str, str | None]:
         match = re.search(r"\[(\S+)\]", text or "")
         modes[name] = match[1] if match else None
     return modes
-
-
-# The name arm64's cpuidle drivers give state 0 (6.1 cpuidle-psci.c, cpuidle-arm.c): WFI
-# keeps the TLBs and gets no CPU_PM notification, so it says nothing of lost TLB state.
-WFI_STATE = "WFI"
 
 
 def read_idle_usage(cpus: list[int], sys_cpu: Path = SYS_CPU) -> dict[str, int]:

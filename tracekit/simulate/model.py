@@ -340,8 +340,8 @@ def plugin_form(
     named there); a model whose responders pay needs it. `isolated`: the CPUs the boot's
     command line isolates (isolcpus=), the responders of `responders = "isolated"`.
     `text_pa`: where QEMU loaded the kernel Image (tracekit.vhost.qemu.kernel_text_pa);
-    with `kallsyms`, the plugin logs every CPU's entry after CPU_ON, whatever the model
-    (the end-to-end test checks them), and a model cleared by `cpu-on` needs both."""
+    with `kallsyms`, the plugin logs every CPU's entry after CPU_ON for a model cleared by
+    `cpu-on` (which needs both) or whose responders pay (_cpu_entry_lines)."""
     lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
     if model.trigger == "sctlr-write" and kvm_mode in model.kvm_modes:
         lines.append(f"create sctlr {GUEST_WINDOW[0]:#x} {GUEST_WINDOW[1]:#x}")

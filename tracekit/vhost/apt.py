@@ -254,7 +254,13 @@ def download_package(state: AptState, package: str, version: str, dest: Path) ->
             f"apt-get download could not get {package} {version} from {state.suite}: "
             f"{_last_error(output)}"
         )
-    found = sorted(dest.glob(f"{package}_{version.replace(':', '%3a')}_*.deb"))
-    if not found:
+    found = downloaded_deb(dest, package, version)
+    if found is None:
         raise TracekitError(f"apt-get download reported success but left no {package} .deb")
-    return found[0]
+    return found
+
+
+def downloaded_deb(dest: Path, package: str, version: str) -> Path | None:
+    """A .deb of `package` at `version` already in `dest` (any architecture)."""
+    found = sorted(dest.glob(f"{package}_{version.replace(':', '%3a')}_*.deb"))
+    return found[0] if found else None

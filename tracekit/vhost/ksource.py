@@ -110,7 +110,7 @@ def _from_binary_package(suite: str, version: str, tree: Path, progress: Progres
     """Unpack `linux-source-X.Y` at `version` (its inner tarball) into `tree`; say so."""
     package = linux_source_package(version)
     downloads = source_root() / f"dl-{version}"
-    deb = _downloaded_deb(downloads, package, version)
+    deb = apt.downloaded_deb(downloads, package, version)
     if deb is None:
         state = binary_state(suite)
         apt.check_tools(state)
@@ -127,12 +127,6 @@ def _from_binary_package(suite: str, version: str, tree: Path, progress: Progres
         shutil.rmtree(tree)
         raise
     return f"binary package {package} {version}"
-
-
-def _downloaded_deb(downloads: Path, package: str, version: str) -> Path | None:
-    """A .deb of `package` at `version` already in `downloads` (any architecture)."""
-    found = sorted(downloads.glob(f"{package}_{version.replace(':', '%3a')}_*.deb"))
-    return found[0] if found else None
 
 
 def _untar_inner(deb: Path, member: str, tree: Path) -> None:
