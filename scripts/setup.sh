@@ -11,6 +11,10 @@ APT_PACKAGES=(
     gcc-aarch64-linux-gnu      # cross-compiles the reproducer (static)
     libc6-dev-arm64-cross
     make
+    flex                       # tracekit's kernel builds (kconfig; tracekit/vhost/kbuild.py)
+    bison
+    bc
+    libssl-dev
     qemu-user                  # qemu-aarch64: runs the reproducer's arm64 binaries in tests
     debian-archive-keyring     # verifies the arm64 packages fetched for the emulated host
     trace-cmd                  # ground truth for the ingest tests

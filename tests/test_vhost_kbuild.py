@@ -246,6 +246,20 @@ def test_make_error_is_the_line_that_says_what_went_wrong() -> None:
     assert kbuild.make_error("") == "no output"
 
 
+def test_a_missing_build_tool_is_named_before_make_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kconfig needs flex and bison: without them, one line naming the packages, not make's
+    `Error 127` (a fresh machine without them failed so)."""
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda t: None if t in ("flex", "bison") else real_which(t)
+    )
+    with pytest.raises(TracekitError, match=r"building a kernel needs flex, bison: `apt-get"):
+        kbuild.ci_config(tmp_path / "no-tree", "", tmp_path / "scratch")
+    assert not (tmp_path / "scratch").exists()
+
+
 def test_a_patch_that_does_not_apply(tmp_path: Path) -> None:
     """A series that does not fit the tree is one line naming the patch; no tree is left."""
     pristine, series = _one_patch(tmp_path, "not there")

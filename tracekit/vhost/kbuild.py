@@ -269,6 +269,7 @@ def ci_fragment(full_config: str, tree: Path) -> str:
 
 def ci_config(tree: Path, fragment: str, scratch: Path) -> str:
     """`make allnoconfig` with `fragment` in a scratch build directory: the whole .config."""
+    check_tools()  # kconfig itself needs flex and bison
     scratch.mkdir(parents=True, exist_ok=True)
     (scratch / "ci-fragment.config").write_text(fragment)
     argv = [
