@@ -71,6 +71,7 @@ from tracekit.simulate.simlog import (
     read_sim_log,
 )
 from tracekit.vhost import groundtruth
+from tracekit.vhost.qemu import ImageLoad
 from tracekit.vhost.runner import (
     GT_BUNDLE_DIR,
     KALLSYMS,
@@ -474,7 +475,7 @@ def _run_responders(
     program: str,
     model: str,
     isolated: tuple[int, ...] = (),
-    text_pa: int | None = None,
+    load: ImageLoad | None = None,
 ) -> tuple[dict, Path]:
     """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
     with `model` (`isolated`: the CPUs isolcpus= would name); its printed timings (ns)
@@ -487,7 +488,7 @@ def _run_responders(
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text(nm.stdout)
-    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated, text_pa)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated, load)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
@@ -501,17 +502,19 @@ def _run_responders(
 
 
 @needs_qemu_user
-def test_a_kallsyms_without_text_leaves_the_cpu_entry_unresolved_not_the_payments(
+def test_a_kallsyms_without_an_anchor_leaves_the_cpu_entry_unresolved_not_the_payments(
     built: Path, tmp_path: Path
 ) -> None:
-    """Debian 6.1's kallsyms has no _text (no CONFIG_KALLSYMS_ALL: only _stext.._etext):
-    the CPU entry cannot be placed, and that must not stop the responders' payments (the
-    same 2 payments for 53 completions as without a cpu-entry line)."""
-    _, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, RESPONDERS, text_pa=0)
+    """A kallsyms with neither _text nor _stext (the static test binary's symbols): the CPU
+    entry cannot be placed, and that must not stop the responders' payments (the same 2
+    payments for 53 completions as without a cpu-entry line)."""
+    load = ImageLoad(0, 0x10000)
+    _, log_path = _run_responders(tmp_path, built, RESPONDER_PROGRAM, RESPONDERS, load=load)
     assert "cpu-entry " in (tmp_path / "model.txt").read_text()
     log = read_sim_log(log_path)
     assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS)
-    assert log.cpu_entry is not None and log.cpu_entry[0] == "unresolved"
+    assert log.cpu_entry is not None and log.cpu_entry.symbol == "unresolved"
+    assert log.cpu_entry.anchor == "none"
     assert (log.vcpus[1]["pays"], log.vcpus[1]["owed"]) == (2, 53)
 
 

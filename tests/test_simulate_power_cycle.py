@@ -19,11 +19,13 @@ from tracekit.errors import TracekitError
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model, parse_model, plugin_form
 from tracekit.simulate.predict import ABSENT, PRESENT, predict
-from tracekit.simulate.simlog import SimEvent, cpu_entry_mistakes, parse_sim_log
-from tracekit.vhost import groundtruth
-from tracekit.vhost.qemu import VIRT_RAM_BASE, kernel_text_pa
+from tracekit.simulate.simlog import CpuEntry, SimEvent, cpu_entry_mistakes, parse_sim_log
+from tracekit.vhost import groundtruth, runner
+from tracekit.vhost.qemu import VIRT_RAM_BASE, ImageLoad, image_load, kernel_text_pa
+from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_LOG, VhostConfig
 
 POWER = GOOD.replace('["alle1-local"]', '["cpu-on"]')
+LOAD = ImageLoad(0x40200000, 0x40210000)  # where QEMU 7.2 loads both of Debian's Images
 SYMS = Path("/out/vhost-kallsyms.txt")
 
 
@@ -34,6 +36,29 @@ def _header(text_offset: int, image_size: int) -> bytes:
     head[16:24] = image_size.to_bytes(8, "little")
     head[56:60] = b"ARM\x64"
     return bytes(head)
+
+
+def _pe_image(base_of_code: int, pe: int = 0x40) -> bytes:
+    """An Image header whose PE32+ optional header gives BaseOfCode (efi-header.S's
+    layout: `PE\\0\\0`, the 20-byte COFF header, then the optional header)."""
+    head = bytearray(_header(0, 0x2500000) + bytes(4096 - 64))
+    head[60:64] = pe.to_bytes(4, "little")
+    head[pe : pe + 4] = b"PE\0\0"
+    head[pe + 24 : pe + 26] = (0x20B).to_bytes(2, "little")
+    head[pe + 44 : pe + 48] = base_of_code.to_bytes(4, "little")
+    return bytes(head)
+
+
+def test_stext_is_the_pe_headers_base_of_code_above_text() -> None:
+    """Both of Debian's Images (bookworm 6.1.176, trixie 6.12.117: BaseOfCode 0x10000, read
+    from their vmlinuz) put _stext 64 KiB above _text; another BaseOfCode is followed; an
+    Image without a PE header (no CONFIG_EFI) has a head of one SEGMENT_ALIGN; a PE header
+    cut short is one line."""
+    assert image_load(_pe_image(0x10000)) == ImageLoad(0x40200000, 0x40210000)
+    assert image_load(_pe_image(0x20000)).stext_pa == 0x40220000
+    assert image_load(_header(0, 0x2500000)) == ImageLoad(0x40200000, 0x40210000)
+    with pytest.raises(TracekitError, match="PE header is cut short"):
+        image_load(_pe_image(0x10000)[:100])
 
 
 def test_the_image_loads_where_qemu_7_2_puts_it() -> None:
@@ -53,13 +78,13 @@ def test_cpu_on_is_a_clearing_choice_that_needs_the_boot() -> None:
     whenever both are known."""
     model = parse_model(POWER, "m.toml")
     assert model.clears_by("cpu-on") and not model.clears_by("alle1-local")
-    form = plugin_form(model, "nvhe", SYMS, text_pa=0x40200000)
-    assert f"clear cpu-on\ncpu-entry {SYMS} 0x40200000 {CPU_ENTRY_SYMBOL}\n" in form
-    for kallsyms, text_pa in ((None, 0x40200000), (SYMS, None), (Path("/a b"), 0x40200000)):
+    form = plugin_form(model, "nvhe", SYMS, load=LOAD)
+    assert f"clear cpu-on\ncpu-entry {SYMS} 0x40200000 0x40210000 {CPU_ENTRY_SYMBOL}\n" in form
+    for kallsyms, load in ((None, LOAD), (SYMS, None), (Path("/a b"), LOAD)):
         with pytest.raises(TracekitError, match="a power cycle clears it"):
-            plugin_form(model, "nvhe", kallsyms, text_pa=text_pa)
-    brief = plugin_form(load_model("brief-literal"), "nvhe", SYMS, [3], 0x40200000)
-    assert f"cpu-entry {SYMS} 0x40200000 secondary_entry\n" in brief
+            plugin_form(model, "nvhe", kallsyms, load=load)
+    brief = plugin_form(load_model("brief-literal"), "nvhe", SYMS, [3], LOAD)
+    assert f"cpu-entry {SYMS} 0x40200000 0x40210000 secondary_entry\n" in brief
     assert "clear cpu-on" not in brief
     assert "cpu-entry" not in plugin_form(load_model("holder-only"), "nvhe")
     with pytest.raises(TracekitError, match=r"\[clear\] by: 'cpu-off'; use any of: .*cpu-on"):
@@ -80,6 +105,12 @@ waited_spans 0 waited_ns 0 dose 0 bcasts 0 pays 0 owed 0 asked_ns 0 paid_ns 0 \
 paid_actual_ns 0 wakes 0 spared 0 entries 1
 complete 1
 """
+LOG6 = LOG5.replace("tksim-log 5", "tksim-log 6").replace(
+    "0x41f244b0 0x40200000\n", "0x41f244b0 0x40200000 0x40210000 _text\n"
+)
+# A 6.1 kallsyms (no _text) anchored on _stext; secondary_entry 0x1d144b0 above it.
+LOG6_61 = LOG6.replace("0x40210000 _text", "0x40210000 _stext")
+SYMBOLS_61 = {"_stext": 0xFFFF800008010000, "secondary_entry": 0xFFFF800009D244B0}
 # The s14-sim-1 boot's kallsyms (6.12.117, nvhe-a76-sim): _text and secondary_entry.
 SYMBOLS_612 = {
     "_text": 0xFFFFCE36A5600000,
@@ -92,11 +123,17 @@ def test_the_log_says_which_vcpu_powered_on_and_whether_it_cleared() -> None:
     """Format 5: the cpu-on events, the entry's PA and load address, the entries key; a
     format 4 line set has no entries (0)."""
     log = parse_sim_log(LOG5)
-    assert log.cpu_entry == ("secondary_entry", 0x41F244B0, 0x40200000)
+    assert log.cpu_entry == CpuEntry("secondary_entry", 0x41F244B0, 0x40200000, 0, "_text")
+    assert parse_sim_log(LOG6).cpu_entry == replace(log.cpu_entry, stext_pa=0x40210000)
+    assert parse_sim_log(LOG6_61).cpu_entry.anchor_pa() == 0x40210000
+    with pytest.raises(TracekitError, match="bad line 'cpu-entry-at"):
+        parse_sim_log(LOG6.replace(" _text\n", " _etext\n"))
     assert [(e.vcpu, e.value) for e in log.power_ons()] == [(1, 1), (2, 0)]
     assert log.power_ons(2) == [SimEvent("cpu-on", 300, 2, 0, 0x41F244B0)]
     assert log.vcpus[1]["entries"] == 1
-    assert "2 power-ons seen at secondary_entry 0x41f244b0 (1 cleared)" in log.summary()
+    assert "2 power-ons seen at secondary_entry 0x41f244b0 (1 cleared; from _text at" in (
+        log.summary()
+    )
     unresolved = LOG5.replace("secondary_entry 0x41f244b0 0x4", "unresolved 0x0 0x4")
     assert "CPU entry NOT found (Image at 0x40200000)" in parse_sim_log(unresolved).summary()
     with pytest.raises(TracekitError, match="bad vcpu line"):
@@ -123,6 +160,33 @@ def test_the_entry_is_checked_against_proc_iomem() -> None:
     ]
     zeros = "00000000-00000000 : System RAM\n  00000000-00000000 : Kernel code\n"
     assert "read it as root" in cpu_entry_mistakes(log, zeros, SYMBOLS_612)[0]
+    # Format 6 on 6.12: BaseOfCode must be _stext's distance from _text.
+    assert cpu_entry_mistakes(parse_sim_log(LOG6), iomem_612, SYMBOLS_612) == []
+    wide = parse_sim_log(LOG6.replace("0x40210000 _text", "0x40220000 _text"))
+    assert (
+        "Image's BaseOfCode is not its head's size"
+        in cpu_entry_mistakes(wide, iomem_612, SYMBOLS_612)[0]
+    )
+
+
+def test_on_6_1_the_stext_anchor_is_checked_exactly_against_proc_iomem() -> None:
+    """6.1 (no _text in kallsyms): the plugin's _stext PA must be Kernel code's start
+    itself (setup.c:224 `__pa_symbol(_stext)`), so a head size 64 KiB off, which _text's
+    either-symbol check would let through, is named; the entry from _stext is checked."""
+    log = parse_sim_log(LOG6_61)
+    iomem = "40000000-bfffffff : System RAM\n  40210000-4127ffff : Kernel code\n"
+    assert cpu_entry_mistakes(log, iomem, SYMBOLS_61) == []
+    assert cpu_entry_mistakes(log, iomem.replace("40210000", "40200000"), SYMBOLS_61) == [
+        "Kernel code starts at 0x40200000, not where _stext at 0x40210000 puts _stext"
+    ]
+    assert cpu_entry_mistakes(log, iomem, {"_stext": SYMBOLS_61["_stext"]}) == []
+    assert cpu_entry_mistakes(log, iomem, {}) == [
+        "the boot's kallsyms has no _stext, the plugin's anchor"
+    ]
+    shifted = parse_sim_log(LOG6_61.replace("0x41f244b0 0x4", "0x41f244b4 0x4"))
+    assert cpu_entry_mistakes(shifted, iomem, SYMBOLS_61) == [
+        "secondary_entry at 0x41f244b4 is not _stext's PA + (secondary_entry - _stext)"
+    ]
 
 
 def _condition(kernel: str, after: str) -> Condition:
@@ -177,10 +241,10 @@ int main(void) {
 )
 
 
-def _run_entry(built: Path, tmp: Path, model: str, skew: int) -> str:  # noqa: F811
+def _run_entry(built: Path, tmp: Path, model: str, skew: int, anchor: str = "_text") -> str:  # noqa: F811
     """Run ENTRY_PROGRAM under the plugin, its kallsyms placing secondary_entry as far
-    above a made-up _text as the function is above the load address given (off by
-    `skew` bytes); the simulation log's text."""
+    above a made-up `anchor` (_text, or _stext as 6.1's kallsyms) as the function is above
+    that anchor's load address given (off by `skew` bytes); the simulation log's text."""
     source, binary = tmp / "e.c", tmp / "e"
     source.write_text(ENTRY_PROGRAM)
     gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-o", str(binary), str(source)]
@@ -191,9 +255,13 @@ def _run_entry(built: Path, tmp: Path, model: str, skew: int) -> str:  # noqa: F
     text_va, text_pa = 0xFFFF800008000000, func - 0x1230
     kallsyms = tmp / "kallsyms.txt"
     kallsyms.write_text(
-        f"{text_va:016x} T _text\n{text_va + func - text_pa:016x} T {CPU_ENTRY_SYMBOL}\n"
+        f"{text_va:016x} T {anchor}\n{text_va + func - text_pa:016x} T {CPU_ENTRY_SYMBOL}\n"
     )
-    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, text_pa=text_pa + skew)
+    # The other anchor's PA is 64 KiB away, wrong by construction: never the one used.
+    load = ImageLoad(text_pa + skew, text_pa + 0x10000 + skew)
+    if anchor == "_stext":
+        load = ImageLoad(text_pa - 0x10000 + skew, text_pa + skew)
+    form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, load=load)
     (tmp / "model.txt").write_text(form)
     args = f"out={tmp / 'gt.tkgt'},limit=65536,sim={tmp / 'model.txt'},simlog={tmp / 'sim.txt'}"
     done = subprocess.run(
@@ -212,7 +280,8 @@ def test_the_plugin_clears_at_the_kernels_cpu_entry(built: Path, tmp_path: Path)
     entry and clears nothing (10 pay); a load address 2 MiB off finds no entry at all."""
     log = parse_sim_log(_run_entry(built, tmp_path, POWER, 0))
     assert log.complete and log.cpu_entry is not None
-    entry = log.cpu_entry[1]
+    entry = log.cpu_entry.pa
+    assert log.cpu_entry.anchor == "_text"
     assert [(e.kind, e.vcpu, e.value) for e in log.events] == [
         ("cpu-on", 0, 0),
         ("create", 0, 1),
@@ -227,3 +296,61 @@ def test_the_plugin_clears_at_the_kernels_cpu_entry(built: Path, tmp_path: Path)
     assert log.cpu_entry is None and log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
     log = parse_sim_log(_run_entry(built, tmp_path, POWER, 0x200000))
     assert log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
+
+
+@needs_qemu_user
+def test_without_text_the_plugin_anchors_on_stext(built: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Debian 6.1's kallsyms (no _text): the entry is found from _stext at STEXT_PA, the
+    second entry clears (5 pay, not 10); an STEXT_PA 64 KiB off finds no entry."""
+    log = parse_sim_log(_run_entry(built, tmp_path, POWER, 0, anchor="_stext"))
+    assert log.cpu_entry is not None and log.cpu_entry.anchor == "_stext"
+    assert {e.vaddr for e in log.power_ons()} == {log.cpu_entry.pa}
+    assert (log.vcpus[0]["entries"], log.vcpus[0]["delayed"]) == (2, 5)
+    log = parse_sim_log(_run_entry(built, tmp_path, POWER, 0x10000, anchor="_stext"))
+    assert log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
+
+
+def _boot_out(tmp_path: Path, log: str, code_start: str) -> Path:
+    """A boot's --out as `vhost run` leaves it: the simulation log, /proc/iomem, kallsyms."""
+    (tmp_path / SIM_LOG).write_text(log)
+    (tmp_path / IOMEM).write_text(
+        f"40000000-bfffffff : System RAM\n  {code_start}-4127ffff : Kernel code\n"
+    )
+    (tmp_path / KALLSYMS).write_text(
+        "".join(f"{a:016x} T {n}\n" for n, a in SYMBOLS_61.items()) + "ffff80000a000000 t x\n"
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize("model", ["power-cycle", "brief-literal"])
+def test_vhost_run_checks_the_cpu_entry_against_the_boot(tmp_path: Path, model: str) -> None:
+    """`vhost run` itself, not only the sim boot's test, checks the entry against the
+    boot's /proc/iomem: a note when it agrees; when it does not, a note naming why, and a
+    failed run for a model cleared by cpu-on (its clearing did not happen as it says),
+    the command's own status kept for the others."""
+    config = VhostConfig(simulate=model)
+    result = replace(_RESULT, out_dir=tmp_path, notes=[])
+    out = _boot_out(tmp_path, LOG6_61, "40210000")
+    assert runner.cpu_entry_mistakes_of(out) == []
+    assert runner._checked_cpu_entry(config, out, result) == 0
+    assert "is where this boot's /proc/iomem and kallsyms put" in result.notes[-1]
+    out = _boot_out(tmp_path, LOG6_61, "40200000")
+    result.notes.clear()
+    status = runner._checked_cpu_entry(config, out, result)
+    assert "is NOT this boot's: Kernel code starts at 0x40200000" in result.notes[0]
+    assert status == (1 if model == "power-cycle" else 0)
+    (tmp_path / SIM_LOG).write_text(LOG6_61.replace("cpu-entry-at", "# "))
+    assert runner.cpu_entry_mistakes_of(tmp_path) is None
+
+
+_RESULT = runner.VhostResult(
+    exit_status=0,
+    kvm_mode="nvhe",
+    kvm_mode_requested="nvhe",
+    kernel="bookworm",
+    kernel_release="6.1.0-50-arm64",
+    dev_kvm=True,
+    out_dir=Path("."),
+    console_log=Path("c"),
+    boot_dmesg=Path("d"),
+)

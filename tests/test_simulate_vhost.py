@@ -31,9 +31,8 @@ from tracekit.simulate.expected import charged_completions, paying_windows
 from tracekit.simulate.landed import probe_accounts
 from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model, shipped_models
 from tracekit.simulate.predict import RT_WAKEUPS, VERDICT_METRIC, check_model, predict
-from tracekit.simulate.simlog import CODE_START_SYMBOLS, cpu_entry_mistakes, read_sim_log
-from tracekit.symbols.kallsyms import read_kallsyms
-from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, KALLSYMS, SIM_LOG
+from tracekit.simulate.simlog import read_sim_log
+from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, SIM_LOG, cpu_entry_mistakes_of
 
 CONFIG = "nvhe-a76-sim"
 MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
@@ -151,12 +150,7 @@ def test_the_plugin_saw_the_hotplugs_power_cycle(
     on-hotplug cell's after-guest action, before the re-init's local ALLE1 there; no
     run of the other cells holds one. A wrong PA finds no entry and fails here."""
     log = read_sim_log(sim_boot / SIM_LOG)
-    wanted = {"_text", "secondary_entry", *CODE_START_SYMBOLS}
-    symbols = {
-        s.name: s.address for s in read_kallsyms(sim_boot / KALLSYMS).symbols if s.name in wanted
-    }
-    iomem = (sim_boot / IOMEM).read_text()
-    assert cpu_entry_mistakes(log, iomem, symbols) == [], (log.cpu_entry, iomem)
+    assert cpu_entry_mistakes_of(sim_boot) == [], (log.cpu_entry, (sim_boot / IOMEM).read_text())
     ons = log.power_ons()
     assert [(e.vcpu, e.value) for e in ons] == [(GUEST_CPU, 0)], ons  # brief-literal: no clear
     assert log.vcpus[GUEST_CPU]["entries"] == 1

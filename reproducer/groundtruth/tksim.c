@@ -31,7 +31,9 @@
  * arch/arm64/kernel/psci.c cpu_psci_cpu_boot passes its __pa_symbol) runs with the MMU off,
  * so the plugin sees it at its physical address: TEXT_PA (where QEMU loaded the Image,
  * computed by tracekit from the Image header) + SYMBOL - _text (from the same kallsyms
- * file, read at the same clock marker). Each execution there is one power-on of that
+ * file, read at the same clock marker). A kallsyms without _text (6.1 without
+ * CONFIG_KALLSYMS_ALL starts at _stext) anchors on _stext instead, at STEXT_PA (TEXT_PA +
+ * the head's size, BaseOfCode in the Image's PE header, also from tracekit). Each execution there is one power-on of that
  * vCPU, logged as `cpu-on`; with `clear cpu-on` it clears that vCPU's state. Secondaries
  * brought up at boot enter before the marker and are not seen.
  *
@@ -80,9 +82,10 @@ static struct {
 	int clear_local, clear_all, clear_cpu_on;
 	int cpu_entry;		/* a cpu-entry line: find the kernel's CPU entry */
 	uint64_t text_pa;	/* where _text is in physical memory (the Image's load address) */
-	int entry_resolved;	/* atomic: entry_pa is known (kallsyms had _text and SYMBOL) */
+	uint64_t stext_pa;	/* where _stext is: the anchor when kallsyms has no _text */
+	int entry_resolved;	/* atomic: entry_pa is known (kallsyms had an anchor and SYMBOL) */
 	char entry_sym[64];
-	uint64_t text_va, entry_va, entry_pa;	/* published by irq_state (release) */
+	uint64_t text_va, stext_va, entry_va, entry_pa;	/* published by irq_state (release) */
 	int scope_every;
 	int pay_issuer, pay_responders;
 	int pay_on_wake;	/* responders pay only at an IRQ entry after a WFI */
@@ -141,13 +144,15 @@ static int same_kallsyms(const char *path)
 	return 1;
 }
 
-/* `cpu-entry KALLSYMS TEXT_PA SYMBOL`: where a powered-on CPU enters; 0 if understood. */
+/* `cpu-entry KALLSYMS TEXT_PA STEXT_PA SYMBOL`: where a powered-on CPU enters; 0 if
+ * understood. */
 static int parse_cpu_entry(const char *rest)
 {
 	char path[sizeof(sim.kallsyms)];
 	int used = 0;
 
-	if (sscanf(rest, "%1023s %" SCNx64 " %63s%n", path, &sim.text_pa, sim.entry_sym, &used) != 3 ||
+	if (sscanf(rest, "%1023s %" SCNx64 " %" SCNx64 " %63s%n", path, &sim.text_pa,
+		   &sim.stext_pa, sim.entry_sym, &used) != 4 ||
 	    rest[used + strspn(rest + used, " ")] != 0 || !same_kallsyms(path))
 		return -1;
 	sim.cpu_entry = 1;
@@ -525,10 +530,14 @@ static void complete_broadcast(unsigned int vcpu, struct vcpu_sim *c)
 		delay(c, sim.fixed_ns + sim.per_dose_ns * dose);
 }
 
-/* Whether the CPU entry's symbols are found (or not asked for). */
+/* Whether the CPU entry's symbols are found (or not asked for). kallsyms is in address
+ * order, so a _text there comes before _stext: whichever anchor is found first is the
+ * one to use. */
 static int entry_found(void)
 {
-	return !sim.cpu_entry || (sim.text_va && sim.entry_va >= sim.text_va);
+	uint64_t anchor = sim.text_va ? sim.text_va : sim.stext_va;
+
+	return !sim.cpu_entry || (anchor && sim.entry_va >= anchor);
 }
 
 /* One `ADDR TYPE NAME` line: note it if it is a symbol the plugin looks for. */
@@ -543,14 +552,15 @@ static void note_symbol(uint64_t addr, const char *name, unsigned int *found)
 		}
 	if (sim.cpu_entry && !sim.text_va && strcmp(name, "_text") == 0)
 		sim.text_va = addr;
+	if (sim.cpu_entry && !sim.stext_va && strcmp(name, "_stext") == 0)
+		sim.stext_va = addr;
 	if (sim.cpu_entry && !sim.entry_va && strcmp(name, sim.entry_sym) == 0)
 		sim.entry_va = addr;
 }
 
 /* The kallsyms file: the IRQ entries' and the CPU entry's addresses; 0 if the IRQ
- * entries are all found. The two are independent: a kallsyms without _text (6.1 without
- * CONFIG_KALLSYMS_ALL keeps only _stext.._etext) leaves the CPU entry unresolved and
- * must not stop the responders' payments. */
+ * entries are all found. The two are independent: a kallsyms without either anchor
+ * leaves the CPU entry unresolved and must not stop the responders' payments. */
 static int read_kallsyms(void)
 {
 	char line[512], name[128], type;
@@ -567,12 +577,25 @@ static int read_kallsyms(void)
 	if (found < sim.n_irq_syms)
 		return -1;
 	/* KASLR moves the kernel's virtual addresses, not its physical place (no EFI stub
-	 * ran): the entry is as far above TEXT_PA as the symbol is above _text. */
+	 * ran): the entry is as far above the anchor's PA as the symbol is above it. */
 	if (sim.cpu_entry && entry_found()) {
-		sim.entry_pa = sim.text_pa + (sim.entry_va - sim.text_va);
+		if (sim.text_va)
+			sim.entry_pa = sim.text_pa + (sim.entry_va - sim.text_va);
+		else
+			sim.entry_pa = sim.stext_pa + (sim.entry_va - sim.stext_va);
 		__atomic_store_n(&sim.entry_resolved, 1, __ATOMIC_RELEASE);
 	}
 	return 0;
+}
+
+/* `cpu-entry-at SYMBOL PA TEXT_PA STEXT_PA ANCHOR` (SYMBOL `unresolved`: not found). */
+static void log_cpu_entry(int resolved)
+{
+	const char *anchor = !resolved ? "none" : sim.text_va ? "_text" : "_stext";
+
+	fprintf(sim.log, "cpu-entry-at %s 0x%" PRIx64 " 0x%" PRIx64 " 0x%" PRIx64 " %s\n",
+		resolved ? sim.entry_sym : "unresolved", resolved ? sim.entry_pa : 0,
+		sim.text_pa, sim.stext_pa, anchor);
 }
 
 /* The log's resolution lines: where responders pay, where a CPU enters. */
@@ -583,9 +606,7 @@ static void log_resolution(int state)
 	for (i = 0; i < sim.n_irq_syms; i++)
 		fprintf(sim.log, "pay-at %s 0x%" PRIx64 "\n", sim.irq_syms[i], sim.irq_addr[i]);
 	if (sim.cpu_entry)
-		fprintf(sim.log, "cpu-entry-at %s 0x%" PRIx64 " 0x%" PRIx64 "\n",
-			state == IRQ_RESOLVED && sim.entry_resolved ? sim.entry_sym : "unresolved",
-			sim.entry_pa, sim.text_pa);
+		log_cpu_entry(state == IRQ_RESOLVED && sim.entry_resolved);
 }
 
 /* A clock marker: the boot's kallsyms is written by now; find the IRQ entries, then
@@ -709,7 +730,7 @@ void tksim_finish(void)
 		if (sim.n_irq_syms)
 			fprintf(sim.log, "pay-at unresolved 0x0\n");
 		if (sim.cpu_entry)
-			fprintf(sim.log, "cpu-entry-at unresolved 0x0 0x%" PRIx64 "\n", sim.text_pa);
+			log_cpu_entry(0);
 	}
 	fprintf(sim.log, "complete 1\n");
 	fclose(sim.log);

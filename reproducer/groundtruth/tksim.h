@@ -22,8 +22,10 @@
  * 4: `responder-cpus N...` (only those vCPUs pay as responders), in the form and the log.
  * 5: `cpu-entry KALLSYMS TEXT_PA SYMBOL` (the kernel's CPU entry after PSCI CPU_ON, found at
  * TEXT_PA + SYMBOL - _text: it runs with the MMU off, so its vaddr is its PA) and `clear
- * cpu-on`; the log's cpu-entry-at and cpu-on lines and the per-vCPU entries key. */
-#define TKSIM_FORMAT 5
+ * cpu-on`; the log's cpu-entry-at and cpu-on lines and the per-vCPU entries key.
+ * 6: `cpu-entry KALLSYMS TEXT_PA STEXT_PA SYMBOL`: a kallsyms without _text (Debian's 6.1)
+ * anchors on _stext at STEXT_PA; the log's `cpu-entry-at SYMBOL PA TEXT_PA STEXT_PA ANCHOR`. */
+#define TKSIM_FORMAT 6
 /* HINT #0x76 (CRm=0b1110, op2=0b110): unallocated, a NOP on every Armv8/v9 core; the
  * parametric guest runs it right after its SCTLR_EL1 write turned the MMU on. */
 #define TKSIM_MMU_ON_MARK 0xd5032edfu

@@ -14,12 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracekit.errors import TracekitError
 
+if TYPE_CHECKING:
+    from tracekit.vhost.qemu import ImageLoad
+
 FORMAT = 1
-PLUGIN_FORMAT = 5  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
+PLUGIN_FORMAT = 6  # reproducer/groundtruth/tksim.h, TKSIM_FORMAT
 # The guest image's range (tracekit.guests.RAM_BASE .. LOAD_LIMIT): the SCTLR trigger
 # fires only for code there, so the host kernel's own SCTLR_EL1 writes never count.
 GUEST_WINDOW = (0x40000000, 0x40100000)
@@ -332,14 +335,14 @@ def plugin_form(
     kvm_mode: str,
     kallsyms: Path | None = None,
     isolated: Sequence[int] = (),
-    text_pa: int | None = None,
+    load: ImageLoad | None = None,
 ) -> str:
     """The flat form the plugin reads (tksim.c): only what it applies, for this boot's mode.
 
     `kallsyms`: where the boot's kallsyms will be (responders pay at the IRQ entries
     named there); a model whose responders pay needs it. `isolated`: the CPUs the boot's
     command line isolates (isolcpus=), the responders of `responders = "isolated"`.
-    `text_pa`: where QEMU loaded the kernel Image (tracekit.vhost.qemu.kernel_text_pa);
+    `load`: where QEMU loaded the kernel Image (tracekit.vhost.qemu.image_load);
     with `kallsyms`, the plugin logs every CPU's entry after CPU_ON for a model cleared by
     `cpu-on` (which needs both) or whose responders pay (_cpu_entry_lines)."""
     lines = [f"tksim {PLUGIN_FORMAT}", f"model {model.name} {model.digest}"]
@@ -354,7 +357,7 @@ def plugin_form(
         lines.append("clear alle1-local")
     if model.clears_by("alle1is"):
         lines.append("clear alle1is")
-    lines += _cpu_entry_lines(model, kallsyms, text_pa)
+    lines += _cpu_entry_lines(model, kallsyms, load)
     lines += [
         f"scope {model.where}",
         f"pay {model.on}",
@@ -380,8 +383,8 @@ def _usable(kallsyms: Path | None) -> bool:
     return kallsyms is not None and not any(c.isspace() for c in str(kallsyms))
 
 
-def _cpu_entry_lines(model: Model, kallsyms: Path | None, text_pa: int | None) -> list[str]:
-    """`clear cpu-on` and `cpu-entry KALLSYMS TEXT_PA SYMBOL`, where the boot says where."""
+def _cpu_entry_lines(model: Model, kallsyms: Path | None, load: ImageLoad | None) -> list[str]:
+    """`clear cpu-on` and `cpu-entry KALLSYMS TEXT_PA STEXT_PA SYMBOL`, where the boot says."""
     clears = model.clears_by("cpu-on")
     # Only where the plugin reads the boot's kallsyms anyway (responders pay at the IRQ
     # entries) or needs the entry: resolving it reads the whole kallsyms inside a clock
@@ -389,7 +392,7 @@ def _cpu_entry_lines(model: Model, kallsyms: Path | None, text_pa: int | None) -
     # nvhe-a53 null boot lost its clock fit to those reads in session 14).
     if not clears and model.on == "issuer":
         return []
-    if text_pa is None or not _usable(kallsyms):
+    if load is None or not _usable(kallsyms):
         if clears:
             raise TracekitError(
                 f"model {model.label}: a power cycle clears it, seen at the kernel's CPU "
@@ -397,7 +400,7 @@ def _cpu_entry_lines(model: Model, kallsyms: Path | None, text_pa: int | None) -
                 "it under `tracekit vhost run`"
             )
         return []
-    entry = f"cpu-entry {kallsyms} {text_pa:#x} {CPU_ENTRY_SYMBOL}"
+    entry = f"cpu-entry {kallsyms} {load.text_pa:#x} {load.stext_pa:#x} {CPU_ENTRY_SYMBOL}"
     return ["clear cpu-on", entry] if clears else [entry]
 
 

@@ -1,14 +1,16 @@
 """The plugin's simulation log (tksim.c): what the model did, and where its delays landed.
 
-Lines: `tksim-log 5` (1: before responders paid; 2: before pay-when; 3: before
-responder-cpus; 4: before the CPU entry), `model NAME HASH`, `clock ID`, `responder-cpus
-N...` (format 4, when only those vCPUs pay as responders), then events (`create TS VCPU
-DOSE VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS VCPU CLEARED VADDR`, `cpu-on TS
-VCPU CLEARED PA`: the vCPU entered the kernel after CPU_ON, CLEARED 1 if that cleared it;
-TS the QEMU host's CLOCK_MONOTONIC in ns), `pay-at SYMBOL ADDR` where responders pay
-(`pay-at unresolved 0x0`: nowhere), `cpu-entry-at SYMBOL PA TEXT_PA` where a powered-on
-CPU enters (`cpu-entry-at unresolved 0x0 TEXT_PA`: never seen), then at QEMU's exit one
-`vcpu V key value...` line per vCPU and `complete 1`. Standard library only.
+Lines: `tksim-log 6` (1: before responders paid; 2: before pay-when; 3: before
+responder-cpus; 4: before the CPU entry; 5: before its _stext anchor), `model NAME HASH`,
+`clock ID`, `responder-cpus N...` (format 4, when only those vCPUs pay as responders),
+then events (`create TS VCPU DOSE VADDR`, `clear-local TS VCPU 1 VADDR`, `clear-all TS
+VCPU CLEARED VADDR`, `cpu-on TS VCPU CLEARED PA`: the vCPU entered the kernel after
+CPU_ON, CLEARED 1 if that cleared it; TS the QEMU host's CLOCK_MONOTONIC in ns), `pay-at
+SYMBOL ADDR` where responders pay (`pay-at unresolved 0x0`: nowhere), `cpu-entry-at
+SYMBOL PA TEXT_PA STEXT_PA ANCHOR` where a powered-on CPU enters, found from ANCHOR's PA
+(`_text` or `_stext`; format 5: `SYMBOL PA TEXT_PA`, anchored on _text; `unresolved 0x0
+...`: never seen), then at QEMU's exit one `vcpu V key value...` line per vCPU and
+`complete 1`. Standard library only.
 """
 
 from __future__ import annotations
@@ -42,10 +44,25 @@ RESPONDER_KEYS = ("bcasts", "pays", "owed", "asked_ns", "paid_ns", "paid_actual_
 WAKE_KEYS = ("wakes", "spared")
 # Format 5's (0 before): executions of the kernel's CPU entry, i.e. power-ons (CPU_ON).
 ENTRY_KEYS = ("entries",)
-FORMATS = ("1", "2", "3", "4", "5")
+FORMATS = ("1", "2", "3", "4", "5", "6")
 # /proc/iomem's "Kernel code" starts at __pa_symbol(_stext) on 6.1 (6.1.176
 # arch/arm64/kernel/setup.c:224) and at __pa_symbol(_text) on 6.12 (6.12.117 :216).
 CODE_START_SYMBOLS = ("_text", "_stext")
+
+
+@dataclass(frozen=True)
+class CpuEntry:
+    """Where the plugin watched for a powered-on CPU's entry, and from which anchor."""
+
+    symbol: str  # the entry's symbol; "unresolved" when the plugin never found it
+    pa: int
+    text_pa: int  # the Image's load address: _text's PA
+    stext_pa: int  # _stext's PA (the Image's BaseOfCode above _text); 0 in format 5
+    anchor: str  # the kallsyms symbol the PA was computed from: _text, _stext, or none
+
+    def anchor_pa(self) -> int:
+        """The PA the anchor symbol was placed at."""
+        return self.stext_pa if self.anchor == "_stext" else self.text_pa
 
 
 @dataclass(frozen=True)
@@ -69,9 +86,7 @@ class SimLog:
     complete: bool = False
     pay_at: dict[str, int] = field(default_factory=dict)  # IRQ entry symbol -> address
     responder_cpus: tuple[int, ...] = ()  # the only vCPUs that pay as responders (): all
-    # Where a powered-on CPU enters (symbol, PA) and where the Image was loaded (_text's
-    # PA); symbol "unresolved" when the plugin never found it; None: not asked for.
-    cpu_entry: tuple[str, int, int] | None = None
+    cpu_entry: CpuEntry | None = None  # None: not asked for
 
     def power_ons(self, vcpu: int | None = None) -> list[SimEvent]:
         """The `cpu-on` events (of one vCPU, or all): CPUs entering after CPU_ON."""
@@ -104,12 +119,15 @@ class SimLog:
         """The power-ons seen, and where, or that the entry was never found."""
         if self.cpu_entry is None:
             return ""
-        symbol, pa, text_pa = self.cpu_entry
-        if symbol == "unresolved":
-            return f"; CPU entry NOT found (Image at {text_pa:#x}): power-ons unseen"
+        entry = self.cpu_entry
+        if entry.symbol == "unresolved":
+            return f"; CPU entry NOT found (Image at {entry.text_pa:#x}): power-ons unseen"
         ons = self.power_ons()
         cleared = sum(e.value for e in ons)
-        return f"; {len(ons)} power-ons seen at {symbol} {pa:#x} ({cleared} cleared)"
+        return (
+            f"; {len(ons)} power-ons seen at {entry.symbol} {entry.pa:#x} ({cleared} cleared;"
+            f" from {entry.anchor} at {entry.anchor_pa():#x})"
+        )
 
 
 def _responder_text(c: dict[str, int]) -> str:
@@ -141,50 +159,74 @@ def _cpus(words: list[str], origin: str) -> tuple[int, ...]:
         raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
 
 
-def _cpu_entry(words: list[str], origin: str) -> tuple[str, int, int]:
-    """A `cpu-entry-at SYMBOL PA TEXT_PA` line."""
+def _cpu_entry(words: list[str], version: int, origin: str) -> CpuEntry:
+    """A `cpu-entry-at SYMBOL PA TEXT_PA STEXT_PA ANCHOR` line (format 5: the first three)."""
     try:
-        return words[1], int(words[2], 16), int(words[3], 16)
-    except (IndexError, ValueError):
-        raise TracekitError(f"{origin}: bad line {' '.join(words)!r}") from None
+        if version == 5 and len(words) == 4:
+            anchor = "none" if words[1] == "unresolved" else "_text"
+            return CpuEntry(words[1], int(words[2], 16), int(words[3], 16), 0, anchor)
+        if len(words) == 6 and words[5] in ("_text", "_stext", "none"):
+            pa, text_pa, stext_pa = (int(w, 16) for w in words[2:5])
+            return CpuEntry(words[1], pa, text_pa, stext_pa, words[5])
+    except ValueError:
+        pass
+    raise TracekitError(f"{origin}: bad line {' '.join(words)!r}")
 
 
 def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list[str]:
     """Why the log's CPU entry is not where the boot's kernel is, one line each ([]: it is).
 
     `iomem`: the boot's /proc/iomem (read as root); `symbols`: its kallsyms, name ->
-    address. The Image's load address the plugin used, plus each candidate start symbol's
-    distance from _text, must be the "Kernel code" start; the entry must lie as far
-    above it as secondary_entry is above _text."""
+    address. From the anchor the plugin used (_text at the Image's load address, or
+    _stext at the load address + the Image's BaseOfCode), the code start symbols in
+    kallsyms must put one at the "Kernel code" start (on 6.1 only _stext is there: an exact
+    check of both header readings); with both symbols, BaseOfCode must be their distance;
+    the entry must lie as far above the anchor as secondary_entry is."""
     if log.cpu_entry is None:
         return ["the log has no cpu-entry-at line (no kallsyms or load address given)"]
-    symbol, pa, text_pa = log.cpu_entry
-    if symbol == "unresolved":
-        return [f"the plugin never found the CPU entry (Image at {text_pa:#x})"]
+    entry = log.cpu_entry
+    if entry.symbol == "unresolved":
+        return [f"the plugin never found the CPU entry (Image at {entry.text_pa:#x})"]
     starts = [int(line.split("-")[0].strip(), 16) for line in iomem.splitlines()
               if line.strip().endswith(": Kernel code")]  # fmt: skip
     if not starts or not starts[0]:
         return ["/proc/iomem has no Kernel code line with an address (read it as root)"]
+    anchor = symbols.get(entry.anchor)
+    if anchor is None:
+        return [f"the boot's kallsyms has no {entry.anchor}, the plugin's anchor"]
+    base = entry.anchor_pa()
+    where = {s: base + symbols[s] - anchor for s in CODE_START_SYMBOLS if s in symbols}
     mistakes = []
-    text = symbols.get("_text")
-    candidates = {text_pa + symbols[s] - text for s in CODE_START_SYMBOLS if s in symbols}
-    if text is None or starts[0] not in candidates:
+    if starts[0] not in where.values():
         mistakes.append(
-            f"Kernel code starts at {starts[0]:#x}, not where _text at {text_pa:#x} puts "
-            f"{'/'.join(CODE_START_SYMBOLS)}"
+            f"Kernel code starts at {starts[0]:#x}, not where {entry.anchor} at {base:#x} "
+            f"puts {'/'.join(where)}"
         )
-    if text is not None and symbol in symbols and pa != text_pa + symbols[symbol] - text:
-        mistakes.append(f"{symbol} at {pa:#x} is not _text's PA + ({symbol} - _text)")
+    head = symbols["_stext"] - symbols["_text"] if len(where) == 2 else None
+    if entry.stext_pa and head is not None and entry.stext_pa - entry.text_pa != head:
+        mistakes.append(
+            f"_stext at {entry.stext_pa:#x} is not _text's PA + (_stext - _text): the "
+            "Image's BaseOfCode is not its head's size"
+        )
+    if entry.symbol in symbols and entry.pa != base + symbols[entry.symbol] - anchor:
+        mistakes.append(
+            f"{entry.symbol} at {entry.pa:#x} is not {entry.anchor}'s PA + "
+            f"({entry.symbol} - {entry.anchor})"
+        )
     return mistakes
 
 
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
     """A SimLog from the log's text; one clear line if it is not one."""
     lines = [line.split() for line in text.splitlines() if line.strip()]
-    if len(lines) < 2 or lines[0] not in [["tksim-log", f] for f in FORMATS]:
-        raise TracekitError(f"{origin}: not a simulation log of format 1 to 5 (tksim.c)")
-    if lines[1][0] != "model":
-        raise TracekitError(f"{origin}: not a simulation log of format 1 to 5 (tksim.c)")
+    if (
+        len(lines) < 2
+        or lines[0] not in [["tksim-log", f] for f in FORMATS]
+        or (lines[1][0] != "model")
+    ):
+        raise TracekitError(
+            f"{origin}: not a simulation log of format 1 to {FORMATS[-1]} (tksim.c)"
+        )
     version = int(lines[0][1])
     keys = set(VCPU_KEYS) | (set(RESPONDER_KEYS) if version >= 2 else set())
     keys |= set(WAKE_KEYS) if version >= 3 else set()
@@ -202,7 +244,7 @@ def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:
         elif words[0] == "pay-at" and len(words) == 3:
             log.pay_at[words[1]] = int(words[2], 16)
         elif words[0] == "cpu-entry-at" and version >= 5:
-            log.cpu_entry = _cpu_entry(words, origin)
+            log.cpu_entry = _cpu_entry(words, version, origin)
         elif words[0] == "responder-cpus" and version >= 4:
             log.responder_cpus = _cpus(words, origin)
         elif words == ["complete", "1"]:

@@ -42,6 +42,40 @@ _BOOTLOADER_MAX_SIZE = 4096
 _OLD_KERNEL_LOAD = 0x80000
 
 
+@dataclass(frozen=True)
+class ImageLoad:
+    """Where QEMU puts a kernel Image: its _text, and its _stext above the head."""
+
+    text_pa: int
+    stext_pa: int
+
+
+# arch/arm64/kernel/vmlinux.lds.S (6.1 and 6.12): `.text : ALIGN(SEGMENT_ALIGN) { _stext = .`
+# right after .head.text, which holds only the 64-byte header and, with CONFIG_EFI, the PE
+# header that efi-header.S ends with `.balign SEGMENT_ALIGN`; its BaseOfCode
+# (.Lefi_header_end - .L_head) is that size. Without a PE header, one SEGMENT_ALIGN
+# (asm/memory.h: SZ_64K). Both of Debian's arm64 Images: BaseOfCode 0x10000.
+_SEGMENT_ALIGN = 0x10000
+_PE_MAGIC = b"PE\0\0"
+
+
+def image_load(header: bytes, ram_base: int = VIRT_RAM_BASE) -> ImageLoad:
+    """Where QEMU loads this arm64 Image, from its first 4 KiB (the Image and PE headers)."""
+    text_pa = kernel_text_pa(header[:64], ram_base)
+    return ImageLoad(text_pa, text_pa + _head_size(header))
+
+
+def _head_size(header: bytes) -> int:
+    """How far _stext is above _text: the PE header's BaseOfCode, or one SEGMENT_ALIGN."""
+    pe = int.from_bytes(header[60:64], "little")
+    if not pe or header[pe : pe + 4] != _PE_MAGIC:
+        return _SEGMENT_ALIGN
+    optional = pe + 4 + 20  # PE signature, then the COFF file header
+    if len(header) < optional + 24 or header[optional : optional + 2] != b"\x0b\x02":
+        raise TracekitError("the kernel Image's PE header is cut short or not PE32+")
+    return int.from_bytes(header[optional + 20 : optional + 24], "little")
+
+
 def kernel_text_pa(header: bytes, ram_base: int = VIRT_RAM_BASE) -> int:
     """The physical address QEMU loads an arm64 Image at (its _text), from the Image's
     first 64 bytes; one clear error if they are not an Image header."""

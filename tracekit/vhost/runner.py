@@ -28,10 +28,11 @@ from tracekit.vhost.kvmmode import KVM_MODES, kernel_args_for, kvm_mode_from_log
 from tracekit.vhost.process import Terminated, Timeout, run_pumping
 from tracekit.vhost.qemu import (
     QEMU,
+    ImageLoad,
     Share,
     check_page_size,
     cpu_option,
-    kernel_text_pa,
+    image_load,
     qemu_argv,
     smp_option,
 )
@@ -299,6 +300,7 @@ def run(
         result.notes += [ground_truth_note(out / GROUND_TRUTH_LOG), _alignment_note(out, mode)]
     if config.simulate:
         result.notes += _simulation_notes(out)
+        result.exit_status = _checked_cpu_entry(config, out, result)
     _record(result, config, command)
     if config.ground_truth:
         added = add_to_bundles(out)
@@ -372,35 +374,35 @@ def prepare_simulation(config: VhostConfig, out: Path, kernel: Path | None = Non
         return None
     model = load_model(config.simulate)
     (out / SIM_SOURCE).write_text(model_source(config.simulate))
-    text_pa = _entry_text_pa(kernel, model.clears_by("cpu-on"))
-    form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config), text_pa)
+    load = _entry_load(kernel, model.clears_by("cpu-on"))
+    form = plugin_form(model, config.kvm_mode, out.resolve() / KALLSYMS, _isolated(config), load)
     (out / SIM_FORM).write_text(form)
     (out / SIM_LOG).unlink(missing_ok=True)
     return model.label
 
 
-def _entry_text_pa(kernel: Path | None, needed: bool) -> int | None:
+def _entry_load(kernel: Path | None, needed: bool) -> ImageLoad | None:
     """The Image's load address for the CPU entry: only a cpu-on model needs it, so for
     the others a kernel that is not a plain Image (e.g. gzip'd) only leaves the power-ons
     unwatched."""
     if kernel is None:
         return None
     try:
-        return _kernel_text_pa(kernel)
+        return _image_load(kernel)
     except TracekitError:
         if needed:
             raise
         return None
 
 
-def _kernel_text_pa(kernel: Path) -> int:
-    """Where QEMU loads this kernel Image (its _text), from the Image's header."""
+def _image_load(kernel: Path) -> ImageLoad:
+    """Where QEMU loads this kernel Image (its _text and _stext), from its headers."""
     try:
         with kernel.open("rb") as image:
-            header = image.read(64)
+            header = image.read(4096)
     except OSError as exc:
         raise TracekitError(f"cannot read the kernel {kernel}: {exc.strerror}") from None
-    return kernel_text_pa(header)
+    return image_load(header)
 
 
 def _isolated(config: VhostConfig) -> list[int]:
@@ -421,6 +423,58 @@ def _simulation_notes(out: Path) -> list[str]:
     except TracekitError as exc:
         summary = f"simulation log unreadable: {exc}"
     return [SIMULATED_NOTE, summary]
+
+
+def cpu_entry_mistakes_of(out: Path) -> list[str] | None:
+    """Whether the plugin watched the boot's real CPU entry (tracekit.simulate.simlog
+    .cpu_entry_mistakes against this boot's /proc/iomem and kallsyms); None: it watched
+    none (the model needed no entry, or the log is unreadable)."""
+    from tracekit.simulate.simlog import CODE_START_SYMBOLS, cpu_entry_mistakes, read_sim_log
+    from tracekit.symbols.kallsyms import read_kallsyms
+
+    try:
+        log = read_sim_log(out / SIM_LOG)
+    except TracekitError:
+        return None
+    if log.cpu_entry is None:
+        return None
+    if log.cpu_entry.symbol == "unresolved":
+        return cpu_entry_mistakes(log, "", {})
+    try:
+        iomem = (out / IOMEM).read_text()
+        table = read_kallsyms(out / KALLSYMS)
+    except (OSError, TracekitError) as exc:
+        return [f"the boot's /proc/iomem or kallsyms copy is unreadable: {exc}"]
+    wanted = {log.cpu_entry.symbol, *CODE_START_SYMBOLS}
+    symbols = {s.name: s.address for s in table.symbols if s.name in wanted}
+    return cpu_entry_mistakes(log, iomem, symbols)
+
+
+def _checked_cpu_entry(config: VhostConfig, out: Path, result: VhostResult) -> int:
+    """The run's exit status once the CPU entry is checked: a note either way, and a
+    failure where a model clears by cpu-on and the plugin watched the wrong place (its
+    clearing never happened as the model says)."""
+    from tracekit.simulate.model import load_model
+
+    mistakes = cpu_entry_mistakes_of(out)
+    if mistakes is None:
+        return result.exit_status
+    if not mistakes:
+        result.notes.append(
+            "simulation: the CPU entry the plugin watched is where this boot's /proc/iomem "
+            "and kallsyms put secondary_entry"
+        )
+        return result.exit_status
+    result.notes.append(
+        "simulation: the CPU entry the plugin watched is NOT this boot's: " + "; ".join(mistakes)
+    )
+    if result.exit_status == 0 and load_model(config.simulate).clears_by("cpu-on"):
+        result.notes.append(
+            f"exit status 1: model {config.simulate} clears by cpu-on, and its power-ons "
+            "were not seen where the kernel enters; report this with the run's --out"
+        )
+        return 1
+    return result.exit_status
 
 
 def ground_truth_note(log: Path) -> str:
