@@ -7,6 +7,7 @@ under qemu-user (a function named secondary_entry stands in for the kernel's ent
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -16,13 +17,20 @@ from test_simulate import GOOD, ON, PRELUDE, built, needs_qemu_user  # noqa: F40
 
 from tracekit.analysis.conditions import Condition
 from tracekit.errors import TracekitError
+from tracekit.ingest.bundle import BundleSimulation
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model, parse_model, plugin_form
 from tracekit.simulate.predict import ABSENT, PRESENT, predict
-from tracekit.simulate.simlog import CpuEntry, SimEvent, cpu_entry_mistakes, parse_sim_log
+from tracekit.simulate.simlog import (
+    CpuEntry,
+    SimEvent,
+    cpu_entry_mistakes,
+    cpu_entry_warnings,
+    parse_sim_log,
+)
 from tracekit.vhost import groundtruth, runner
 from tracekit.vhost.qemu import VIRT_RAM_BASE, ImageLoad, image_load, kernel_text_pa
-from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_LOG, VhostConfig
+from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_FORM, SIM_LOG
 
 POWER = GOOD.replace('["alle1-local"]', '["cpu-on"]')
 LOAD = ImageLoad(0x40200000, 0x40210000)  # where QEMU 7.2 loads both of Debian's Images
@@ -45,7 +53,9 @@ def _pe_image(base_of_code: int, pe: int = 0x40) -> bytes:
     head[60:64] = pe.to_bytes(4, "little")
     head[pe : pe + 4] = b"PE\0\0"
     head[pe + 24 : pe + 26] = (0x20B).to_bytes(2, "little")
-    head[pe + 44 : pe + 48] = base_of_code.to_bytes(4, "little")
+    head[pe + 44 : pe + 48] = base_of_code.to_bytes(4, "little")  # BaseOfCode
+    head[pe + 56 : pe + 60] = (0x10000).to_bytes(4, "little")  # SectionAlignment
+    head[pe + 84 : pe + 88] = base_of_code.to_bytes(4, "little")  # SizeOfHeaders
     return bytes(head)
 
 
@@ -57,8 +67,17 @@ def test_stext_is_the_pe_headers_base_of_code_above_text() -> None:
     assert image_load(_pe_image(0x10000)) == ImageLoad(0x40200000, 0x40210000)
     assert image_load(_pe_image(0x20000)).stext_pa == 0x40220000
     assert image_load(_header(0, 0x2500000)) == ImageLoad(0x40200000, 0x40210000)
-    with pytest.raises(TracekitError, match="PE header is cut short"):
-        image_load(_pe_image(0x10000)[:100])
+    for cut in (100, 66):
+        with pytest.raises(TracekitError, match="not there or is cut short"):
+            image_load(_pe_image(0x10000)[:cut])
+    with pytest.raises(TracekitError, match="not there or is cut short"):
+        image_load(_pe_image(0x10000).replace(b"PE\0\0", b"XX\0\0"))
+    with pytest.raises(TracekitError, match="not there or is cut short"):
+        image_load(_header(0, 0x2500000)[:60] + (0x2000).to_bytes(4, "little"))
+    odd = bytearray(_pe_image(0x10000))
+    odd[0x40 + 84 : 0x40 + 88] = (0x1000).to_bytes(4, "little")
+    with pytest.raises(TracekitError, match="SizeOfHeaders 0x1000"):
+        image_load(bytes(odd))
 
 
 def test_the_image_loads_where_qemu_7_2_puts_it() -> None:
@@ -109,14 +128,27 @@ LOG6 = LOG5.replace("tksim-log 5", "tksim-log 6").replace(
     "0x41f244b0 0x40200000\n", "0x41f244b0 0x40200000 0x40210000 _text\n"
 )
 # A 6.1 kallsyms (no _text) anchored on _stext; secondary_entry 0x1d144b0 above it.
-LOG6_61 = LOG6.replace("0x40210000 _text", "0x40210000 _stext")
-SYMBOLS_61 = {"_stext": 0xFFFF800008010000, "secondary_entry": 0xFFFF800009D244B0}
-# The s14-sim-1 boot's kallsyms (6.12.117, nvhe-a76-sim): _text and secondary_entry.
+# 6.1's layout (no _text in kallsyms): anchored on _stext 64 KiB above the load address;
+# secondary_entry in .text, Kernel code [_stext, __init_begin); placed as the bookworm
+# boot of docs/simulate.md ("Measured on 6.1") puts them.
+LOG6_61 = LOG6.replace(
+    "0x41f244b0 0x40200000 0x40210000 _text", "0x40f1a000 0x40200000 0x40210000 _stext"
+)
+SYMBOLS_61 = {
+    "_stext": 0xFFFF800008010000,
+    "secondary_entry": 0xFFFF800008D1A000,
+    "__init_begin": 0xFFFF800009540000,
+}
+IOMEM_61 = "40000000-bfffffff : System RAM\n  40210000-4173ffff : Kernel code\n"
+# The s14-sim-1 boot's kallsyms (6.12.117, nvhe-a76-sim) and /proc/iomem: secondary_entry
+# in .rodata.text, below __init_begin (its Kernel code end + 1).
 SYMBOLS_612 = {
     "_text": 0xFFFFCE36A5600000,
     "_stext": 0xFFFFCE36A5610000,
     "secondary_entry": 0xFFFFCE36A73244B0,
+    "__init_begin": 0xFFFFCE36A7330000,
 }
+IOMEM_612 = "40000000-bfffffff : System RAM\n  40200000-41f2ffff : Kernel code\n"
 
 
 def test_the_log_says_which_vcpu_powered_on_and_whether_it_cleared() -> None:
@@ -128,6 +160,8 @@ def test_the_log_says_which_vcpu_powered_on_and_whether_it_cleared() -> None:
     assert parse_sim_log(LOG6_61).cpu_entry.anchor_pa() == 0x40210000
     with pytest.raises(TracekitError, match="bad line 'cpu-entry-at"):
         parse_sim_log(LOG6.replace(" _text\n", " _etext\n"))
+    with pytest.raises(TracekitError, match="bad line 'cpu-entry-at"):
+        parse_sim_log(LOG6.replace("tksim-log 6", "tksim-log 5"))
     assert [(e.vcpu, e.value) for e in log.power_ons()] == [(1, 1), (2, 0)]
     assert log.power_ons(2) == [SimEvent("cpu-on", 300, 2, 0, 0x41F244B0)]
     assert log.vcpus[1]["entries"] == 1
@@ -144,49 +178,62 @@ def test_the_log_says_which_vcpu_powered_on_and_whether_it_cleared() -> None:
 
 
 def test_the_entry_is_checked_against_proc_iomem() -> None:
-    """6.12's Kernel code starts at _text's PA, 6.1's at _stext's: both agree with the
-    log's load address; a load address 2 MiB off, an entry off by one instruction, or an
-    iomem read without root (zeros) is named."""
-    log = parse_sim_log(LOG5)
-    iomem = "40000000-bfffffff : System RAM\n  40210000-4127ffff : Kernel code\n"
-    assert cpu_entry_mistakes(log, iomem, SYMBOLS_612) == []
-    iomem_612 = iomem.replace("40210000", "40200000")
-    assert cpu_entry_mistakes(log, iomem_612, SYMBOLS_612) == []
-    off = iomem.replace("40210000", "40410000")
+    """6.12: the entry is right; a load address 2 MiB off, or 64 KiB low (where _stext's
+    PA would be Kernel code's start, which the start alone cannot tell from _text's: the
+    end, __init_begin's PA, can), an entry off by one instruction, and an iomem read
+    without root (zeros) are named; a BaseOfCode that disagrees with kallsyms only warns
+    (the plugin anchored on _text and never used it)."""
+    log = parse_sim_log(LOG6)
+    assert cpu_entry_mistakes(log, IOMEM_612, SYMBOLS_612) == []
+    assert cpu_entry_warnings(log, SYMBOLS_612) == []
+    off = IOMEM_612.replace("40200000-41f2ffff", "40400000-4212ffff")
     assert cpu_entry_mistakes(log, off, SYMBOLS_612)[0].startswith("Kernel code starts at 0x404")
-    shifted = parse_sim_log(LOG5.replace("0x41f244b0 0x4", "0x41f244b4 0x4"))
-    assert cpu_entry_mistakes(shifted, iomem, SYMBOLS_612) == [
+    low = parse_sim_log(
+        LOG6.replace("0x41f244b0 0x40200000 0x40210000", "0x41f144b0 0x401f0000 0x40200000")
+    )
+    assert cpu_entry_mistakes(low, IOMEM_612, SYMBOLS_612) == [
+        "Kernel code ends at 0x41f2ffff, not below where _text at 0x401f0000 puts __init_begin"
+    ]
+    shifted = parse_sim_log(LOG6.replace("0x41f244b0 0x4", "0x41f244b4 0x4"))
+    assert cpu_entry_mistakes(shifted, IOMEM_612, SYMBOLS_612) == [
         "secondary_entry at 0x41f244b4 is not _text's PA + (secondary_entry - _text)"
     ]
     zeros = "00000000-00000000 : System RAM\n  00000000-00000000 : Kernel code\n"
     assert "read it as root" in cpu_entry_mistakes(log, zeros, SYMBOLS_612)[0]
-    # Format 6 on 6.12: BaseOfCode must be _stext's distance from _text.
-    assert cpu_entry_mistakes(parse_sim_log(LOG6), iomem_612, SYMBOLS_612) == []
     wide = parse_sim_log(LOG6.replace("0x40210000 _text", "0x40220000 _text"))
-    assert (
-        "Image's BaseOfCode is not its head's size"
-        in cpu_entry_mistakes(wide, iomem_612, SYMBOLS_612)[0]
-    )
+    assert cpu_entry_mistakes(wide, IOMEM_612, SYMBOLS_612) == []
+    assert "would be watched in the wrong place" in cpu_entry_warnings(wide, SYMBOLS_612)[0]
+    # Format 5 (no STEXT_PA): the same checks from _text.
+    assert cpu_entry_mistakes(parse_sim_log(LOG5), IOMEM_612, SYMBOLS_612) == []
 
 
 def test_on_6_1_the_stext_anchor_is_checked_exactly_against_proc_iomem() -> None:
     """6.1 (no _text in kallsyms): the plugin's _stext PA must be Kernel code's start
-    itself (setup.c:224 `__pa_symbol(_stext)`), so a head size 64 KiB off, which _text's
-    either-symbol check would let through, is named; the entry from _stext is checked."""
+    itself (setup.c:224 `__pa_symbol(_stext)`) and its end __init_begin's; an entry
+    outside Kernel code, or from a misplaced anchor, is named; so is an unresolved entry,
+    with the reason kallsyms gives."""
     log = parse_sim_log(LOG6_61)
-    iomem = "40000000-bfffffff : System RAM\n  40210000-4127ffff : Kernel code\n"
-    assert cpu_entry_mistakes(log, iomem, SYMBOLS_61) == []
-    assert cpu_entry_mistakes(log, iomem.replace("40210000", "40200000"), SYMBOLS_61) == [
+    assert cpu_entry_mistakes(log, IOMEM_61, SYMBOLS_61) == []
+    assert cpu_entry_mistakes(log, IOMEM_61.replace("40210000", "40200000"), SYMBOLS_61) == [
         "Kernel code starts at 0x40200000, not where _stext at 0x40210000 puts _stext"
     ]
-    assert cpu_entry_mistakes(log, iomem, {"_stext": SYMBOLS_61["_stext"]}) == []
-    assert cpu_entry_mistakes(log, iomem, {}) == [
+    assert cpu_entry_mistakes(log, IOMEM_61, {}) == [
         "the boot's kallsyms has no _stext, the plugin's anchor"
     ]
-    shifted = parse_sim_log(LOG6_61.replace("0x41f244b0 0x4", "0x41f244b4 0x4"))
-    assert cpu_entry_mistakes(shifted, iomem, SYMBOLS_61) == [
-        "secondary_entry at 0x41f244b4 is not _stext's PA + (secondary_entry - _stext)"
+    shifted = parse_sim_log(LOG6_61.replace("0x40f1a000 0x4", "0x40f1a004 0x4"))
+    assert cpu_entry_mistakes(shifted, IOMEM_61, SYMBOLS_61) == [
+        "secondary_entry at 0x40f1a004 is not _stext's PA + (secondary_entry - _stext)"
     ]
+    short = IOMEM_61.replace("4173ffff", "40efffff")
+    assert cpu_entry_mistakes(log, short, {"_stext": SYMBOLS_61["_stext"]}) == [
+        "secondary_entry at 0x40f1a000 is outside Kernel code"
+    ]
+    unresolved = parse_sim_log(LOG6_61.replace("secondary_entry 0x40f1a000", "unresolved 0x0"))
+    no_entry = {"_stext": SYMBOLS_61["_stext"], "__init_begin": SYMBOLS_61["__init_begin"]}
+    assert (
+        "kallsyms does not list secondary_entry" in cpu_entry_mistakes(unresolved, "", no_entry)[0]
+    )
+    assert "neither anchor" in cpu_entry_mistakes(unresolved, "", {"x": 1})[0]
 
 
 def _condition(kernel: str, after: str) -> Condition:
@@ -310,12 +357,15 @@ def test_without_text_the_plugin_anchors_on_stext(built: Path, tmp_path: Path) -
     assert log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
 
 
-def _boot_out(tmp_path: Path, log: str, code_start: str) -> Path:
-    """A boot's --out as `vhost run` leaves it: the simulation log, /proc/iomem, kallsyms."""
-    (tmp_path / SIM_LOG).write_text(log)
-    (tmp_path / IOMEM).write_text(
-        f"40000000-bfffffff : System RAM\n  {code_start}-4127ffff : Kernel code\n"
-    )
+def _boot_out(tmp_path: Path, model: str, log: str | None, iomem: str) -> Path:
+    """A boot's --out as `vhost run` leaves it (and a bundle's groundtruth/ holds it): the
+    plugin's form of `model`, its log, /proc/iomem and kallsyms."""
+    form = plugin_form(load_model(model), "nvhe", tmp_path / KALLSYMS, [3], LOAD)
+    (tmp_path / SIM_FORM).write_text(form)
+    (tmp_path / SIM_LOG).unlink(missing_ok=True)
+    if log is not None:
+        (tmp_path / SIM_LOG).write_text(log)
+    (tmp_path / IOMEM).write_text(iomem)
     (tmp_path / KALLSYMS).write_text(
         "".join(f"{a:016x} T {n}\n" for n, a in SYMBOLS_61.items()) + "ffff80000a000000 t x\n"
     )
@@ -324,23 +374,47 @@ def _boot_out(tmp_path: Path, log: str, code_start: str) -> Path:
 
 @pytest.mark.parametrize("model", ["power-cycle", "brief-literal"])
 def test_vhost_run_checks_the_cpu_entry_against_the_boot(tmp_path: Path, model: str) -> None:
-    """`vhost run` itself, not only the sim boot's test, checks the entry against the
-    boot's /proc/iomem: a note when it agrees; when it does not, a note naming why, and a
-    failed run for a model cleared by cpu-on (its clearing did not happen as it says),
-    the command's own status kept for the others."""
-    config = VhostConfig(simulate=model)
+    """`vhost run` itself checks the entry against the boot: a note when it agrees; when it
+    does not, or the plugin left no log, a note naming why and, for a model cleared by
+    cpu-on (its clearing did not happen as it says), status 3, not the command's; the
+    command's own status kept for the others."""
     result = replace(_RESULT, out_dir=tmp_path, notes=[])
-    out = _boot_out(tmp_path, LOG6_61, "40210000")
-    assert runner.cpu_entry_mistakes_of(out) == []
-    assert runner._checked_cpu_entry(config, out, result) == 0
+    out = _boot_out(tmp_path, model, LOG6_61, IOMEM_61)
+    check = runner.cpu_entry_check(out)
+    assert check is not None and check.mistakes == [] and check.cpu_on == (model == "power-cycle")
+    assert runner._checked_cpu_entry(out, result) == 0
     assert "is where this boot's /proc/iomem and kallsyms put" in result.notes[-1]
-    out = _boot_out(tmp_path, LOG6_61, "40200000")
-    result.notes.clear()
-    status = runner._checked_cpu_entry(config, out, result)
-    assert "is NOT this boot's: Kernel code starts at 0x40200000" in result.notes[0]
-    assert status == (1 if model == "power-cycle" else 0)
-    (tmp_path / SIM_LOG).write_text(LOG6_61.replace("cpu-entry-at", "# "))
-    assert runner.cpu_entry_mistakes_of(tmp_path) is None
+    cpu_on = model == "power-cycle"
+    for log, iomem, why in (
+        (LOG6_61, IOMEM_61.replace("40210000", "40200000"), "Kernel code starts at 0x40200000"),
+        (None, IOMEM_61, "the plugin's log is unreadable"),
+        (re.sub("cpu-entry-at .*\n", "", LOG6_61), IOMEM_61, "no cpu-entry-at line"),
+    ):
+        result = replace(_RESULT, out_dir=tmp_path, notes=[])
+        status = runner._checked_cpu_entry(_boot_out(tmp_path, model, log, iomem), result)
+        assert why in result.notes[0], result.notes
+        assert result.notes[0].startswith(
+            "simulation: NOT AS MODELLED" if cpu_on else "simulation: power-ons were not watched"
+        )
+        assert status == (runner.SIMULATION_NOT_APPLIED if cpu_on else 0)
+    failed = replace(_RESULT, exit_status=1, out_dir=tmp_path, notes=[])
+    assert runner._checked_cpu_entry(out, failed) == 1
+    assert runner.cpu_entry_check(_boot_out(tmp_path, "holder-only", LOG6_61, IOMEM_61)) is None
+
+
+def test_a_bundle_simulated_not_as_modelled_tests_no_model(tmp_path: Path) -> None:
+    """The bundle's groundtruth/ copy of a failed cpu-on check: its simulation says NOT AS
+    MODELLED, so the report leaves it out of the model predictions."""
+    gt = tmp_path / runner.GT_BUNDLE_DIR
+    gt.mkdir()
+    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61.replace("40210000", "40200000"))
+    check = runner.cpu_entry_check(gt)
+    assert check is not None and check.cpu_on and check.mistakes
+    simulation = BundleSimulation("", parse_sim_log(LOG6_61), None, check)
+    assert simulation.not_as_modelled()
+    assert not replace(
+        simulation, entry=runner.cpu_entry_check(_boot_out(gt, "power-cycle", LOG6_61, IOMEM_61))
+    ).not_as_modelled()
 
 
 _RESULT = runner.VhostResult(

@@ -32,7 +32,7 @@ from tracekit.simulate.landed import probe_accounts
 from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model, shipped_models
 from tracekit.simulate.predict import RT_WAKEUPS, VERDICT_METRIC, check_model, predict
 from tracekit.simulate.simlog import read_sim_log
-from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, SIM_LOG, cpu_entry_mistakes_of
+from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, SIM_LOG, cpu_entry_check
 
 CONFIG = "nvhe-a76-sim"
 MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
@@ -150,7 +150,12 @@ def test_the_plugin_saw_the_hotplugs_power_cycle(
     on-hotplug cell's after-guest action, before the re-init's local ALLE1 there; no
     run of the other cells holds one. A wrong PA finds no entry and fails here."""
     log = read_sim_log(sim_boot / SIM_LOG)
-    assert cpu_entry_mistakes_of(sim_boot) == [], (log.cpu_entry, (sim_boot / IOMEM).read_text())
+    check = cpu_entry_check(sim_boot)
+    assert check is not None and check.mistakes == check.warnings == [], (
+        log.cpu_entry,
+        (sim_boot / IOMEM).read_text(),
+        check,
+    )
     ons = log.power_ons()
     assert [(e.vcpu, e.value) for e in ons] == [(GUEST_CPU, 0)], ons  # brief-literal: no clear
     assert log.vcpus[GUEST_CPU]["entries"] == 1

@@ -152,7 +152,7 @@ static int parse_cpu_entry(const char *rest)
 	int used = 0;
 
 	if (sscanf(rest, "%1023s %" SCNx64 " %" SCNx64 " %63s%n", path, &sim.text_pa,
-		   &sim.stext_pa, sim.entry_sym, &used) != 4 ||
+		   &sim.stext_pa, sim.entry_sym, &used) != 4 || sim.stext_pa <= sim.text_pa ||
 	    rest[used + strspn(rest + used, " ")] != 0 || !same_kallsyms(path))
 		return -1;
 	sim.cpu_entry = 1;
@@ -530,9 +530,9 @@ static void complete_broadcast(unsigned int vcpu, struct vcpu_sim *c)
 		delay(c, sim.fixed_ns + sim.per_dose_ns * dose);
 }
 
-/* Whether the CPU entry's symbols are found (or not asked for). kallsyms is in address
- * order, so a _text there comes before _stext: whichever anchor is found first is the
- * one to use. */
+/* Whether the CPU entry's symbols are found (or not asked for). The anchor is _text when
+ * kallsyms has it, else _stext; both give the same PA when the Image's BaseOfCode is
+ * right (and kallsyms is in address order, so either is met before secondary_entry). */
 static int entry_found(void)
 {
 	uint64_t anchor = sim.text_va ? sim.text_va : sim.stext_va;

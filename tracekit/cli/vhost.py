@@ -160,6 +160,9 @@ def run(
 ) -> None:
     """Boot the emulated host and run COMMAND as root in it; exit with its status.
 
+    Exit 3 instead of 0: under a --simulate model cleared by cpu-on, the plugin did not
+    watch where the kernel enters after CPU_ON (the notes say why).
+
     Inside: the project tree at /tracekit (read-only, on PYTHONPATH), --out at /out,
     --share at /share, tracefs at /sys/kernel/tracing.
     """

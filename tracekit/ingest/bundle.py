@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from tracekit.ingest.groundtruth import GroundTruth
     from tracekit.ingest.trace import Trace
     from tracekit.simulate.model import Model
-    from tracekit.simulate.simlog import SimLog
+    from tracekit.simulate.simlog import EntryCheck, SimLog
 
 LATENCY_SCHEMA = {
     "run_id": pl.String,
@@ -58,6 +58,13 @@ class BundleSimulation:
     text: str
     log: SimLog
     model: Model | None
+    # Whether the plugin watched the kernel's real CPU entry (None: it watched none); a
+    # cpu-on model with mistakes here never cleared: its bundles test no prediction.
+    entry: EntryCheck | None = None
+
+    def not_as_modelled(self) -> bool:
+        """The model clears by cpu-on and the plugin did not watch where the kernel enters."""
+        return self.entry is not None and self.entry.cpu_on and bool(self.entry.mistakes)
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ class BundleData:
         once; None when the bundle holds no simulation log."""
         from tracekit.simulate.model import load_model
         from tracekit.simulate.simlog import read_sim_log
-        from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE
+        from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE, cpu_entry_check
 
         if "simulation" not in self._truth:
             log_path = self.path / GT_BUNDLE_DIR / SIM_LOG
@@ -103,7 +110,8 @@ class BundleData:
             if log_path.is_file():
                 model = load_model(str(source)) if source.is_file() else None
                 text = log_path.read_text(errors="replace")
-                found = BundleSimulation(text, read_sim_log(log_path), model)
+                entry = cpu_entry_check(self.path / GT_BUNDLE_DIR)
+                found = BundleSimulation(text, read_sim_log(log_path), model, entry)
             self._truth["simulation"] = found
         return self._truth["simulation"]
 

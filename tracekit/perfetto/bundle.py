@@ -120,8 +120,10 @@ def export_bundle(
     if manifest.host.get("emulated"):
         title += f" ({EMULATED})"
     simulated = simulated_label(manifest)
+    simulation = data.simulation() if simulated != "none" else None
+    unapplied = simulation is not None and simulation.not_as_modelled()
     if simulated != "none":
-        title += f" (SIMULATED EFFECT {simulated})"
+        title += f" (SIMULATED EFFECT {simulated}{', NOT AS MODELLED' if unapplied else ''})"
     # Two traced runs or more: one trace each in a TAR (export.py), so the importer does
     # not join one run's sched state to the next's across the untraced gap between them.
     separate = len(job.traced) > 1
@@ -137,6 +139,8 @@ def export_bundle(
         notes.append(f"the bundle was recorded on an {EMULATED}")
     if simulated != "none":
         notes.append(f"SIMULATED EFFECT {simulated}: {SIMULATED_NOTE}")
+    if unapplied and simulation is not None and simulation.entry is not None:
+        notes += simulation.entry.lines()
     return result, notes
 
 

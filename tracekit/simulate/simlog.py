@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.simulate.model import CPU_ENTRY_SYMBOL
 
 SIM_LOG = "vhost-simulate.txt"  # in vhost run's --out, beside the ground-truth log
 SIM_MODEL = "vhost-simulate-model.txt"  # the plugin form the plugin read
@@ -48,6 +49,9 @@ FORMATS = ("1", "2", "3", "4", "5", "6")
 # /proc/iomem's "Kernel code" starts at __pa_symbol(_stext) on 6.1 (6.1.176
 # arch/arm64/kernel/setup.c:224) and at __pa_symbol(_text) on 6.12 (6.12.117 :216).
 CODE_START_SYMBOLS = ("_text", "_stext")
+# Its end is __pa_symbol(__init_begin - 1) on both (6.1 :225, 6.12 :217), and kallsyms
+# lists __init_begin without CONFIG_KALLSYMS_ALL (it is _sinittext, a kept range's start).
+INIT_BEGIN = "__init_begin"
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,31 @@ class CpuEntry:
     anchor: str  # the kallsyms symbol the PA was computed from: _text, _stext, or none
 
     def anchor_pa(self) -> int:
-        """The PA the anchor symbol was placed at."""
+        """The PA the anchor symbol was placed at (TEXT_PA for `none`: nothing was)."""
         return self.stext_pa if self.anchor == "_stext" else self.text_pa
+
+
+@dataclass(frozen=True)
+class EntryCheck:
+    """Whether the plugin watched where the boot's kernel enters after CPU_ON."""
+
+    cpu_on: bool  # the model clears by cpu-on: a wrong entry means it never cleared
+    mistakes: list[str]  # the watched entry is wrong, or was never found ([]: right)
+    warnings: list[str]  # disagreements that leave the watched entry right
+
+    def lines(self) -> list[str]:
+        """What the check found, one line each, worded for the model's use of it."""
+        if not self.mistakes:
+            head = ["the CPU entry the plugin watched is where this boot's /proc/iomem and "
+                    "kallsyms put secondary_entry"]  # fmt: skip
+        elif self.cpu_on:
+            head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not watch "
+                    "where this boot's kernel enters, so it never cleared: "
+                    + "; ".join(self.mistakes)]  # fmt: skip
+        else:
+            head = ["power-ons were not watched (the model does not clear by them): "
+                    + "; ".join(self.mistakes)]  # fmt: skip
+        return head + self.warnings
 
 
 @dataclass(frozen=True)
@@ -165,7 +192,7 @@ def _cpu_entry(words: list[str], version: int, origin: str) -> CpuEntry:
         if version == 5 and len(words) == 4:
             anchor = "none" if words[1] == "unresolved" else "_text"
             return CpuEntry(words[1], int(words[2], 16), int(words[3], 16), 0, anchor)
-        if len(words) == 6 and words[5] in ("_text", "_stext", "none"):
+        if version > 5 and len(words) == 6 and words[5] in ("_text", "_stext", "none"):
             pa, text_pa, stext_pa = (int(w, 16) for w in words[2:5])
             return CpuEntry(words[1], pa, text_pa, stext_pa, words[5])
     except ValueError:
@@ -174,46 +201,95 @@ def _cpu_entry(words: list[str], version: int, origin: str) -> CpuEntry:
 
 
 def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list[str]:
-    """Why the log's CPU entry is not where the boot's kernel is, one line each ([]: it is).
+    """Why the CPU entry the plugin watched is not where the boot's kernel enters, one line
+    each ([]: it is).
 
     `iomem`: the boot's /proc/iomem (read as root); `symbols`: its kallsyms, name ->
-    address. From the anchor the plugin used (_text at the Image's load address, or
-    _stext at the load address + the Image's BaseOfCode), the code start symbols in
-    kallsyms must put one at the "Kernel code" start (on 6.1 only _stext is there: an exact
-    check of both header readings); with both symbols, BaseOfCode must be their distance;
-    the entry must lie as far above the anchor as secondary_entry is."""
+    address (the first of each name, as the plugin takes it). From the anchor the plugin
+    used (_text at the Image's load address, or _stext at the load address + the Image's
+    BaseOfCode), "Kernel code" must end where __init_begin puts it (setup.c:
+    `__pa_symbol(__init_begin - 1)` on 6.1 and 6.12, exact on both), start where a code
+    start symbol does (on 6.1 only _stext is listed: exact), and hold the entry, which
+    must lie as far above the anchor as secondary_entry does."""
     if log.cpu_entry is None:
-        return ["the log has no cpu-entry-at line (no kallsyms or load address given)"]
+        return ["the log has no cpu-entry-at line: the plugin never watched a CPU entry"]
     entry = log.cpu_entry
     if entry.symbol == "unresolved":
-        return [f"the plugin never found the CPU entry (Image at {entry.text_pa:#x})"]
-    starts = [int(line.split("-")[0].strip(), 16) for line in iomem.splitlines()
-              if line.strip().endswith(": Kernel code")]  # fmt: skip
-    if not starts or not starts[0]:
+        return [_unresolved_reason(entry, symbols)]
+    code = _kernel_code(iomem)
+    if code is None:
         return ["/proc/iomem has no Kernel code line with an address (read it as root)"]
     anchor = symbols.get(entry.anchor)
     if anchor is None:
         return [f"the boot's kallsyms has no {entry.anchor}, the plugin's anchor"]
     base = entry.anchor_pa()
+    start, end = code
     where = {s: base + symbols[s] - anchor for s in CODE_START_SYMBOLS if s in symbols}
     mistakes = []
-    if starts[0] not in where.values():
+    if start not in where.values():
         mistakes.append(
-            f"Kernel code starts at {starts[0]:#x}, not where {entry.anchor} at {base:#x} "
+            f"Kernel code starts at {start:#x}, not where {entry.anchor} at {base:#x} "
             f"puts {'/'.join(where)}"
         )
-    head = symbols["_stext"] - symbols["_text"] if len(where) == 2 else None
-    if entry.stext_pa and head is not None and entry.stext_pa - entry.text_pa != head:
+    if INIT_BEGIN in symbols and end + 1 != base + symbols[INIT_BEGIN] - anchor:
         mistakes.append(
-            f"_stext at {entry.stext_pa:#x} is not _text's PA + (_stext - _text): the "
-            "Image's BaseOfCode is not its head's size"
+            f"Kernel code ends at {end:#x}, not below where {entry.anchor} at {base:#x} "
+            f"puts {INIT_BEGIN}"
         )
     if entry.symbol in symbols and entry.pa != base + symbols[entry.symbol] - anchor:
         mistakes.append(
             f"{entry.symbol} at {entry.pa:#x} is not {entry.anchor}'s PA + "
             f"({entry.symbol} - {entry.anchor})"
         )
+    if not start <= entry.pa <= end:
+        mistakes.append(f"{entry.symbol} at {entry.pa:#x} is outside Kernel code")
     return mistakes
+
+
+def cpu_entry_warnings(log: SimLog, symbols: dict[str, int]) -> list[str]:
+    """What disagrees without making the watched entry wrong: the anchor the plugin did not
+    use (STEXT_PA where it anchored on _text) against kallsyms' _stext - _text."""
+    entry = log.cpu_entry
+    if entry is None or entry.anchor != "_text" or not entry.stext_pa:
+        return []
+    if "_text" not in symbols or "_stext" not in symbols:
+        return []
+    if entry.stext_pa - entry.text_pa == symbols["_stext"] - symbols["_text"]:
+        return []
+    return [
+        f"the Image's BaseOfCode puts _stext at {entry.stext_pa:#x}, not _text's PA + "
+        "(_stext - _text): a kernel without _text in kallsyms would be watched in the wrong "
+        "place"
+    ]
+
+
+def _unresolved_reason(entry: CpuEntry, symbols: dict[str, int]) -> str:
+    """Why the plugin found no entry, as far as the boot's kallsyms tells."""
+    where = f"(Image at {entry.text_pa:#x})"
+    if symbols and not any(s in symbols for s in CODE_START_SYMBOLS):
+        return f"the plugin never found the CPU entry {where}: kallsyms has neither anchor"
+    if symbols and CPU_ENTRY_SYMBOL not in symbols:
+        return (
+            f"the plugin never found the CPU entry {where}: kallsyms does not list "
+            f"{CPU_ENTRY_SYMBOL} (a kernel without CONFIG_KALLSYMS_ALL whose idmap text lies "
+            "outside _stext.._etext, in 6.12's .rodata.text: e.g. tracekit's trixie:tk-ci); "
+            "cpu-on cannot be watched on this kernel"
+        )
+    return f"the plugin never found the CPU entry {where}"
+
+
+def _kernel_code(iomem: str) -> tuple[int, int] | None:
+    """The first "Kernel code" range of /proc/iomem (None: none, or zeros without root)."""
+    for line in iomem.splitlines():
+        span, _, name = line.strip().partition(" : ")
+        if name.strip() == "Kernel code":
+            lo, _, hi = span.partition("-")
+            try:
+                start, end = int(lo, 16), int(hi, 16)
+            except ValueError:
+                return None
+            return (start, end) if start else None
+    return None
 
 
 def parse_sim_log(text: str, origin: str = SIM_LOG) -> SimLog:

@@ -54,7 +54,10 @@ class ImageLoad:
 # right after .head.text, which holds only the 64-byte header and, with CONFIG_EFI, the PE
 # header that efi-header.S ends with `.balign SEGMENT_ALIGN`; its BaseOfCode
 # (.Lefi_header_end - .L_head) is that size. Without a PE header, one SEGMENT_ALIGN
-# (asm/memory.h: SZ_64K). Both of Debian's arm64 Images: BaseOfCode 0x10000.
+# (asm/memory.h: SZ_64K for every page size). Both of Debian's arm64 Images: BaseOfCode =
+# SizeOfHeaders = SectionAlignment = 0x10000; tracekit's CI kernels (no CONFIG_EFI): byte
+# 60 is 0 and System.map has _stext - _text = 0x10000. Checked in 6.1, 6.12 and 7.2; the
+# 64 KiB padding dates from v5.10 (a2d50c1c77aa), older kernels are not covered.
 _SEGMENT_ALIGN = 0x10000
 _PE_MAGIC = b"PE\0\0"
 
@@ -66,14 +69,29 @@ def image_load(header: bytes, ram_base: int = VIRT_RAM_BASE) -> ImageLoad:
 
 
 def _head_size(header: bytes) -> int:
-    """How far _stext is above _text: the PE header's BaseOfCode, or one SEGMENT_ALIGN."""
+    """How far _stext is above _text: the PE header's BaseOfCode (checked against its
+    SizeOfHeaders and SectionAlignment, the same in efi-header.S), or one SEGMENT_ALIGN
+    where the kernel wrote no PE header (byte 60 is 0 without CONFIG_EFI); any other header
+    is one clear error, never a guess."""
     pe = int.from_bytes(header[60:64], "little")
-    if not pe or header[pe : pe + 4] != _PE_MAGIC:
+    if not pe:
         return _SEGMENT_ALIGN
     optional = pe + 4 + 20  # PE signature, then the COFF file header
-    if len(header) < optional + 24 or header[optional : optional + 2] != b"\x0b\x02":
-        raise TracekitError("the kernel Image's PE header is cut short or not PE32+")
-    return int.from_bytes(header[optional + 20 : optional + 24], "little")
+    if header[pe : pe + 4] != _PE_MAGIC or len(header) < optional + 64:
+        raise TracekitError(
+            f"the kernel Image names a PE header at {pe:#x} that is not there or is cut short"
+        )
+    if header[optional : optional + 2] != b"\x0b\x02":
+        raise TracekitError("the kernel Image's PE header is not PE32+")
+    base_of_code = int.from_bytes(header[optional + 20 : optional + 24], "little")
+    alignment = int.from_bytes(header[optional + 32 : optional + 36], "little")
+    headers = int.from_bytes(header[optional + 60 : optional + 64], "little")
+    if not base_of_code or base_of_code != headers or base_of_code % max(alignment, 1):
+        raise TracekitError(
+            f"the kernel Image's PE header gives BaseOfCode {base_of_code:#x}, SizeOfHeaders "
+            f"{headers:#x}, SectionAlignment {alignment:#x}: not the head arm64 kernels write"
+        )
+    return base_of_code
 
 
 def kernel_text_pa(header: bytes, ram_base: int = VIRT_RAM_BASE) -> int:

@@ -31,6 +31,10 @@ UNPREDICTED = (
     " (tracekit/simulate/predict.py, EXECUTED); an action on a kernel not counted"
     " there is predicted unknown"
 )
+NOT_AS_MODELLED = (
+    "its model clears by cpu-on and the plugin did not watch where the kernel enters (the"
+    " simulated-effect section says why), so its data answer to no model"
+)
 NOTE = (
     "the verdicts are the decision table's, on the rt CPU's cyclictest, so each model's"
     " prediction is for that CPU, which issues no broadcast TLBI: a model whose cost only"
@@ -45,13 +49,16 @@ def section(bundles: list[BundleData]) -> Section | None:
     """Per shipped model: consistent, refuted (by which conditions) or untested."""
     # Split once, not by `in` afterwards (BundleData's == would compare its tables).
     can = [tests_models(is_emulated(b), simulated_label(b.manifest)) for b in bundles]
-    testing = [b for b, yes in zip(bundles, can, strict=True) if yes]
-    left_out = [b for b, yes in zip(bundles, can, strict=True) if not yes]
+    unapplied = [_not_as_modelled(b) for b in bundles]
+    testing = [b for b, yes, no in zip(bundles, can, unapplied, strict=True) if yes and not no]
     groups, unknowns = condition_groups(testing, "the model predictions")
     if not groups:
         return None
     unknowns += [
-        f"{bundle_label(b)}: left out of the model predictions: {UNTESTED_BY}" for b in left_out
+        f"{bundle_label(b)}: left out of the model predictions: "
+        + (NOT_AS_MODELLED if no else UNTESTED_BY)
+        for b, yes, no in zip(bundles, can, unapplied, strict=True)
+        if no or not yes
     ]
     effects = condition_effects(groups)
     observed = [(e.condition, e.comparison.verdict) for e in effects]
@@ -79,6 +86,12 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns=[*unknowns, UNPREDICTED],
         lost_events=None,
     )
+
+
+def _not_as_modelled(bundle: BundleData) -> bool:
+    """A simulated bundle whose cpu-on model was not applied as modelled (ingest/bundle.py)."""
+    simulation = bundle.simulation() if simulated_label(bundle.manifest) != "none" else None
+    return simulation is not None and simulation.not_as_modelled()
 
 
 def _shown_fields(conditions: list[Condition]) -> tuple[str, ...]:

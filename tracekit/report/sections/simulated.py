@@ -52,6 +52,8 @@ def section(bundles: list[BundleData]) -> Section | None:
             shown.add(simulation.text)
             log = simulation.log
             findings.append(f"{label}: {log.model}: {landed_line(log)}")
+            if simulation.entry is not None:
+                findings += [f"{label}: {line}" for line in simulation.entry.lines()]
             tables.append(
                 Table(f"{label}: where the delays landed, per vCPU", landed_table(log), TABLE_NOTE)
             )
