@@ -73,7 +73,8 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     # model injected by the ground-truth plugin; three short collects. Only the isolated
     # CPU pays as a responder (session 9's boot, where the idle housekeeping CPUs paid
     # 831 s on their wake-ups, took 25 min; session 11's passing boot 17.1 min, see
-    # docs/simulate.md). Opt-in (-m simboot): 17 min does not fit CI's budget yet.
+    # docs/simulate.md). In CI since session 16 (9-11 min on a quiet machine: sessions 14
+    # and 16); `-m simboot` selects it alone.
     "nvhe-a76-sim": VhostConfig(
         kernel="trixie",
         kvm_mode="nvhe",
@@ -132,7 +133,6 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
 
 # Markers whose tests run only when `-m` names them: too long for every CI run.
 OPT_IN = {
-    "simboot": "the simulated-mechanism boot (~17 min, over CI's budget): select with -m simboot",
     "unproven": "a boot check that has not yet passed in a boot: select with -m unproven",
 }
 # The opt-in markers this session's -m names (set before test modules register checks).

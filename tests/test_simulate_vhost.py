@@ -64,7 +64,6 @@ register_vhost_check(
         f"> {name}.txt 2>&1 || exit 1"
         for name, guest, after in CELLS
     ),
-    opt_in="simboot",
 )
 
 
