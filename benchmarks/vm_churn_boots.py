@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from tracekit.analysis.churn import is_twin
 from tracekit.vhost.cache import cache_root
 from tracekit.vhost.image import build_image
 from tracekit.vhost.kernels import parse_kernel_spec
@@ -63,7 +64,7 @@ def up_to_date_releases(kernels: list[str]) -> dict[str, str]:
 
 def check_twin(patched: str, twin: str) -> None:
     """Fail unless the twin is the patched kernel's own unpatched build (same config)."""
-    if not patched.startswith(twin + "-kp"):
+    if not is_twin(patched, twin):
         raise SystemExit(f"unpatched twin {twin} is not {patched}'s base build: compare neither")
 
 
