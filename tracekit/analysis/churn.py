@@ -445,7 +445,7 @@ class ChurnResult:
     """The comparable groups, and every churn left out with the reason."""
 
     groups: list[GroupResult]
-    left_out: list[str]
+    left_out: list[str]  # for the report's unknowns
     notes: list[str]  # findings about the bundles as a whole
 
 
@@ -479,6 +479,11 @@ def churn_result(churns: list[Churn], thresholds: Thresholds = DEFAULT_THRESHOLD
             f"{group.label}: differs from {groups[0].label} in "
             + ", ".join(cond.differing(conditions[0]))
             + ": compared only within itself"
+        )
+    if not any(BASELINE in {s.state for s in g.states} for g in groups):
+        left_out.append(
+            f"no comparable churn with teardown_flush {BASELINE}: nothing to compare the "
+            "states with"
         )
     return ChurnResult(groups, left_out, notes)
 
