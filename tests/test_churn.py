@@ -498,7 +498,8 @@ def test_a_vmm_that_prints_its_summary_but_never_exits_is_killed_within_seconds(
     assert message == (
         "vmm printed its summary (SIGTERM from pid 4242 (python3, child of pid 1)) but did "
         "not exit within "
-        "5 s, after 2 of 3 VMs; it was killed and the churn is incomplete"
+        "5 s, after 2 of 3 VMs; it was killed and the churn is incomplete (its state before: "
+        "vmm-stuck.txt)"
     )
 
 
@@ -514,7 +515,7 @@ def test_a_vmm_stopped_by_sigstop_is_killed_within_seconds(tmp_path: Path) -> No
     assert message.startswith("vmm was stopped (state T")
     assert message.endswith(
         "e.g. by SIGSTOP) and did not go on for 5 s, after 2 of 3 VMs; it was killed and "
-        "the churn is incomplete"
+        "the churn is incomplete (its state before: vmm-stuck.txt)"
     )
 
 
@@ -663,8 +664,11 @@ def test_a_vmm_recording_no_new_vm_within_the_stall_limit_is_killed(
         _churn_of(tmp_path, body)
     assert time.monotonic() - began < 10
     assert str(caught.value).endswith(
-        "within 2 s, after 1 of 2 VMs; it was killed and the churn is incomplete"
+        "within 2 s, after 1 of 2 VMs; it was killed and the churn is incomplete (its state "
+        "before: vmm-stuck.txt)"
     )
+    dump = (tmp_path / "vmm-stuck.txt").read_text()
+    assert "State:\tS" in dump and "SigCgt:" in dump and " wchan: " in dump
 
 
 _CYCLIC_DIES = "import sys, time\ntime.sleep(1.5)\nsys.exit(3)\n"
@@ -811,3 +815,20 @@ def test_the_interval_is_across_boots_not_the_vms_of_one() -> None:
     assert low < 1.0 < high
     assert mean_of_means(on) / mean_of_means(off) == pytest.approx(64 / 66, abs=0.01)
     assert np.isnan(nested_bootstrap_ratio_ci(off[:1], on)).all()  # one boot: no interval
+
+
+def test_a_vmm_that_survives_sigkill_keeps_its_diagnosis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review 20 S1: stop_process_group's OSError ("survive SIGKILL", a VMM in state D)
+    # escaped as a bare OSError before the line naming the VMs and the sender was built.
+    def unkillable(proc: subprocess.Popen[bytes], grace: float = 0) -> None:
+        proc.kill()
+        proc.wait()
+        raise OSError(f"processes [{proc.pid}] of group {proc.pid} survive SIGKILL")
+
+    monkeypatch.setattr(host_churn, "stop_process_group", unkillable)
+    body = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + _SUMMARY + "time.sleep(60)\n"
+    message, _, _ = _early_end(tmp_path, body)
+    assert message.startswith("vmm printed its summary (SIGTERM from pid 4242")
+    assert "; it could not be killed (processes [" in message

@@ -76,6 +76,7 @@ class RunFile(StrEnum):
     ROLLOVER = "rollover.json"
     VMID_PREP = "vmid-prep.json"
     GUEST_STOP = "guest-stop.json"
+    VMM_STUCK = "vmm-stuck.txt"  # a VMM the churn's watch killed: its /proc, before any signal
 
 
 RUNS_DIR = "runs"

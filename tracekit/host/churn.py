@@ -19,6 +19,7 @@ hung for the whole budget (600 s) in the stuck cases (issue 20).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -27,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import stop_process_group
 from tracekit.host.guestruns import BudgetOutcome, stop_over_budget, summary_fields, vms_recorded
-from tracekit.host.procs import describe_state, process_state
+from tracekit.host.procs import describe_state, process_dump, process_state
 
 # cyclictest's first loops are under way before the first VM is created.
 LEAD_IN_SECONDS = 1.0
@@ -183,9 +185,17 @@ def _stuck(
     it was doing."""
     state = describe_state(vmm.pid)
     fields = summary_fields(output)
+    # Before any signal: what it was doing, for whoever looks for the cause.
+    dump = output.parent / RunFile.VMM_STUCK
+    with contextlib.suppress(OSError):
+        dump.write_text(process_dump(vmm.pid))
     # stop_process_group continues a stopped VMM: it then acts on the SIGTERM (its
     # teardown in order), and one that ignores it gets SIGKILL after the short grace.
-    stop_process_group(vmm, grace=KILL_GRACE_SECONDS)
+    try:
+        stop_process_group(vmm, grace=KILL_GRACE_SECONDS)
+        killed = "it was killed"
+    except OSError as err:  # e.g. in state D, blocked in do_exit
+        killed = f"it could not be killed ({err})"
     done = vms_recorded(output)
     if fields:
         what = f"printed its summary ({describe_stop(fields)}) but did not exit within"
@@ -195,8 +205,8 @@ def _stuck(
     else:
         what = f"recorded no new VM ({state}) within"
     return TracekitError(
-        f"vmm {what} {for_s:.0f} s, after {done} of {commands.vms} VMs; it was killed and the "
-        "churn is incomplete"
+        f"vmm {what} {for_s:.0f} s, after {done} of {commands.vms} VMs; {killed} and the "
+        f"churn is incomplete (its state before: {dump.name})"
     )
 
 
