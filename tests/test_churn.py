@@ -514,7 +514,7 @@ def test_a_vmm_stopped_by_sigstop_is_killed_within_seconds(tmp_path: Path) -> No
     assert vmm.poll() is not None
     assert message.startswith("vmm was stopped (state T")
     assert message.endswith(
-        "e.g. by SIGSTOP) and did not go on for 5 s, after 2 of 3 VMs; it was killed and "
+        "by SIGSTOP) and did not go on for 5 s, after 2 of 3 VMs; it was killed and "
         "the churn is incomplete (its state before: vmm-stuck.txt)"
     )
 

@@ -20,6 +20,7 @@ hung for the whole budget (600 s) in the stuck cases (issue 20).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -184,6 +185,7 @@ def _stuck(
     """Kill a VMM that will not end by itself (seen so for `for_s` s); the error says what
     it was doing."""
     state = describe_state(vmm.pid)
+    by = stopped_by(vmm.pid)
     fields = summary_fields(output)
     # Before any signal: what it was doing, for whoever looks for the cause.
     dump = output.parent / RunFile.VMM_STUCK
@@ -201,13 +203,27 @@ def _stuck(
         what = f"printed its summary ({describe_stop(fields)}) but did not exit within"
     elif state.startswith(("state T", "state t")):
         when = f"at the time budget of {commands.budget_s} s, " if at_budget else ""
-        what = f"was stopped ({state}, e.g. by SIGSTOP) {when}and did not go on for"
+        what = f"was stopped ({state}, {by}) {when}and did not go on for"
     else:
         what = f"recorded no new VM ({state}) within"
     return TracekitError(
         f"vmm {what} {for_s:.0f} s, after {done} of {commands.vms} VMs; {killed} and the "
         f"churn is incomplete (its state before: {dump.name})"
     )
+
+
+def stopped_by(pid: int) -> str:
+    """Which signal stopped a child, as waitid(WSTOPPED | WNOWAIT) reports it without
+    reaping, or "e.g. by SIGSTOP" if it cannot. (A VMM tracekit starts leads its own
+    session, an orphaned process group, so the kernel discards SIGTSTP, SIGTTIN and
+    SIGTTOU for it: only SIGSTOP, or a tracer's stop, state t, can stop it.)"""
+    try:
+        found = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+    except OSError:
+        found = None
+    if found is None or found.si_code != os.CLD_STOPPED:
+        return "e.g. by SIGSTOP"
+    return f"by {_signal_name(found.si_status)}"
 
 
 def ended_early(code: int, done: int, vms: int, fields: dict[str, str]) -> str:
