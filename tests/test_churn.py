@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bundlegen import Spec, _manifest, _write_cyclictest
+from scripts_loader import load_benchmark
 
 from tracekit.analysis import churn as ch
 from tracekit.analysis.compare import bootstrap_ratio_ci, mean_of_means, nested_bootstrap_ratio_ci
@@ -832,3 +833,16 @@ def test_a_vmm_that_survives_sigkill_keeps_its_diagnosis(
     message, _, _ = _early_end(tmp_path, body)
     assert message.startswith("vmm printed its summary (SIGTERM from pid 4242")
     assert "; it could not be killed (processes [" in message
+
+
+def test_the_benchmark_interleaves_its_boots_after_a_warm_up() -> None:
+    bench = load_benchmark("vm_churn_boots")
+    states = [("k", "off", "off"), ("k", "alle1is", "alle1is"), ("t", None, "unpatched")]
+    assert bench.boot_plan(states, 1, 1) == states  # one boot each: as before
+    plan = bench.boot_plan(states, 3, 1)
+    assert plan[0] == ("k", "off", "warm-up")
+    rounds = [plan[1 + 3 * r : 4 + 3 * r] for r in range(3)]
+    for r, boots in enumerate(rounds, 1):
+        assert sorted(name for _, _, name in boots) == sorted(f"{n}-{r}" for _, _, n in states)
+    assert len({tuple(st for _, st, _ in boots) for boots in rounds}) > 1  # not one order
+    assert bench.boot_plan(states, 3, 1) == plan  # seeded
