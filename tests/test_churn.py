@@ -92,6 +92,7 @@ def churn_bundle(
     vmid_bits: int | None = None,
     slow: tuple[int, ...] = (),
     kvm_mode: str = "nvhe",
+    switch: tuple[str, int, str, int] | None = None,
 ) -> tuple[Path, list[int]]:
     """One vm-churn bundle with every condition field recorded (bundlegen's host), state
     None a kernel without the series (kernel: PATCHED, or TWIN without the series); boot
@@ -123,6 +124,12 @@ def churn_bundle(
     if counted is not None:
         summary = {"thread": {"0": {"cycles": counted, "cpu": 3}}}
         writer.path("runs/churn/cyclictest.json").write_text(json.dumps(summary))
+    if switch is not None:  # the series' switch before and after: state, flushes, twice
+        record = {
+            "before": {"teardown_flush": switch[0], "teardown_flushes": switch[1]},
+            "after": {"teardown_flush": switch[2], "teardown_flushes": switch[3]},
+        }
+        writer.path("runs/churn/teardown-flush.json").write_text(json.dumps(record))
     run.end_ns = end
     files = (root / "runs").rglob("*")
     run.files = sorted(p.relative_to(root).as_posix() for p in files if p.is_file())
@@ -846,3 +853,20 @@ def test_the_benchmark_interleaves_its_boots_after_a_warm_up() -> None:
         assert sorted(name for _, _, name in boots) == sorted(f"{n}-{r}" for _, _, n in states)
     assert len({tuple(st for _, st, _ in boots) for boots in rounds}) > 1  # not one order
     assert bench.boot_plan(states, 3, 1) == plan  # seeded
+
+
+def test_the_switch_not_doing_what_its_state_says_is_a_contradiction(tmp_path: Path) -> None:
+    # Review 20 S5: the flush count's growth was checked only in the boot test.
+    bundles = _loaded(
+        tmp_path,
+        good={"state": "alle1is", "vms": 20, "switch": ("alle1is", 5, "alle1is", 25)},
+        none={"state": "last-ran", "vms": 20, "switch": ("last-ran", 25, "last-ran", 25)},
+        off={"state": "off", "vms": 20, "switch": ("off", 0, "off", 3)},
+        moved={"state": "alle1is", "vms": 20, "switch": ("alle1is", 0, "off", 7)},
+    )
+    assert _built(bundles).contradictions == [
+        "none: churn: teardown_flush last-ran flushed 0 times over 20 VMs (20 ran to "
+        "power-off): not one flush per VM",
+        "off: churn: teardown_flush off, yet its flush count grew by 3",
+        "moved: churn: teardown_flush changed during the churn: alle1is before, off after",
+    ]

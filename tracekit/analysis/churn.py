@@ -119,6 +119,9 @@ class Churn:
     counted: int | None = None  # the loops cyclictest's --json counted
     vmid_bits: int | None = None  # the host's VMID width
     guest_cpus: tuple[int, ...] = ()  # the VMM's --cpus: its main thread is on the first
+    # The debug series' switch around the churn ({"before": {teardown_flush,
+    # teardown_flushes}, "after": ... or None}); None: not recorded (no series, older run).
+    switch: dict[str, Any] | None = None
 
     @property
     def release(self) -> str:
@@ -447,6 +450,7 @@ class ChurnResult:
     groups: list[GroupResult]
     left_out: list[str]  # for the report's unknowns
     notes: list[str]  # findings about the bundles as a whole
+    contradictions: list[str] = field(default_factory=list)  # the switch not as recorded
 
 
 def churn_result(churns: list[Churn], thresholds: Thresholds = DEFAULT_THRESHOLDS) -> ChurnResult:
@@ -485,7 +489,38 @@ def churn_result(churns: list[Churn], thresholds: Thresholds = DEFAULT_THRESHOLD
             f"no comparable churn with teardown_flush {BASELINE}: nothing to compare the "
             "states with"
         )
-    return ChurnResult(groups, left_out, notes)
+    contradictions = [text for c in churns if (text := switch_contradiction(c))]
+    return ChurnResult(groups, left_out, notes, contradictions)
+
+
+def switch_contradiction(churn: Churn) -> str | None:
+    """A churn whose switch did not do what its state says: changed during the churn, or
+    a flush count that did not grow by one per VM that ran (alle1is, last-ran; a VM stopped
+    before it ran may not flush) or grew with the switch off."""
+    record = churn.switch
+    if not record or not isinstance(record.get("before"), dict):
+        return None
+    before, after = record["before"], record.get("after")
+    if not isinstance(after, dict):
+        return f"{churn.label}: the debug series' switch could not be read after the churn"
+    if after.get("teardown_flush") != before.get("teardown_flush"):
+        return (
+            f"{churn.label}: teardown_flush changed during the churn: "
+            f"{before.get('teardown_flush')} before, {after.get('teardown_flush')} after"
+        )
+    counts = before.get("teardown_flushes"), after.get("teardown_flushes")
+    if not all(isinstance(n, int) for n in counts):
+        return None
+    grew = counts[1] - counts[0]  # type: ignore[operator]
+    ran, vms = _ok_vms(churn), churn.vms.height
+    if churn.state == BASELINE and grew != 0:
+        return f"{churn.label}: teardown_flush off, yet its flush count grew by {grew}"
+    if churn.state in ALTERNATIVE and not ran <= grew <= vms:
+        return (
+            f"{churn.label}: teardown_flush {churn.state} flushed {grew} times over {vms} VMs "
+            f"({ran} ran to power-off): not one flush per VM"
+        )
+    return None
 
 
 def _ok_vms(churn: Churn) -> int:

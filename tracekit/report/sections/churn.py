@@ -12,7 +12,7 @@ import polars as pl
 
 from tracekit.analysis import churn as ch
 from tracekit.analysis.conditions import bundle_condition
-from tracekit.bundle import RunKind
+from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table
@@ -73,6 +73,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         tables=tables,
         plots=plots,
         unknowns=unknowns,
+        contradictions=result.contradictions,
     )
 
 
@@ -112,6 +113,7 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
                     counted=found.cyclictest_counted,
                     vmid_bits=_vmid_bits(host),
                     guest_cpus=tuple(data.manifest.options.get("guest_cpus") or ()),
+                    switch=found.extra(RunFile.TEARDOWN_FLUSH),
                 )
             )
     return churns, unknowns
