@@ -31,7 +31,7 @@ from tracekit.errors import TracekitError
 from tracekit.host import churn as host_churn
 from tracekit.host import guestruns
 from tracekit.host.churn import ChurnCommands, OutputTail, churn, describe_stop
-from tracekit.host.guestruns import summary_fields
+from tracekit.host.guestruns import BudgetOutcome, summary_fields
 from tracekit.host.protocol import Roles, plan_runs, scenario_named
 from tracekit.ingest.bundle import load_bundle
 from tracekit.ingest.vmm import parse_vmm_output
@@ -618,7 +618,7 @@ def _cyclic(tmp_path: Path, body: str = _CYCLIC) -> list[str]:
     return [sys.executable, "-c", body, str(tmp_path / "vmm.txt")]
 
 
-def _churn_of(tmp_path: Path, body: str, vms: int = 2, cyclic: str = _CYCLIC):  # type: ignore[no-untyped-def]
+def _churn_of(tmp_path: Path, body: str, vms: int = 2, cyclic: str = _CYCLIC) -> BudgetOutcome:
     """A churn of a Python stand-in VMM; its outcome (errors propagate)."""
     commands = ChurnCommands(
         ["sh", "-c", _python_vmm(tmp_path, body)], _cyclic(tmp_path, cyclic), vms, 30

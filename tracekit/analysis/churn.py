@@ -132,7 +132,7 @@ class Churn:
         """The cyclictest periods the churn spanned: run start to last teardown end."""
         if self.start_ns is None or not self.interval_ns or self.clock != "boottime":
             return None
-        end = int(self.vms["teardown_end_ns"].max())  # type: ignore[arg-type]
+        end = int(self.vms["teardown_end_ns"].max())
         return max(0.0, (end - self.start_ns) / self.interval_ns)
 
 
@@ -253,7 +253,7 @@ def summarize(state: str, churns: list[Churn]) -> StateSummary:
             f"teardown_flush {state}: no VM after the first ran to power-off; run the churn "
             "with --repeat 2 or more"
         )
-    span = sum(int(t["teardown_end_ns"].max() - t["create_start_ns"].min()) for t in tables)  # type: ignore[operator]
+    span = sum(int(t["teardown_end_ns"].max() - t["create_start_ns"].min()) for t in tables)
     count = sum(t.height for t in tables)
     samples = [c.samples["latency_ns"].to_numpy() for c in churns if c.samples is not None]
     periods = [c.periods() for c in churns]
@@ -511,7 +511,7 @@ def switch_contradiction(churn: Churn) -> str | None:
     counts = before.get("teardown_flushes"), after.get("teardown_flushes")
     if not all(isinstance(n, int) for n in counts):
         return None
-    grew = counts[1] - counts[0]  # type: ignore[operator]
+    grew = counts[1] - counts[0]
     ran, vms = _ok_vms(churn), churn.vms.height
     if churn.state == BASELINE and grew != 0:
         return f"{churn.label}: teardown_flush off, yet its flush count grew by {grew}"
