@@ -300,7 +300,7 @@ def test_states_compare_only_within_one_condition(tmp_path: Path) -> None:
     assert [t.title for t in built.tables if t.title.startswith("each state")] == []
     assert any(f.startswith("emulated and board churns are never pooled") for f in built.findings)
     assert sum("nothing to compare the states with" in f for f in built.findings) == 2
-    assert any("differs from" in f and "kvm_mode" in f for f in built.findings)
+    assert any("differs from" in f and "KVM" in f for f in built.findings)
 
 
 def test_a_churn_that_did_not_end_ok_is_left_out(tmp_path: Path) -> None:

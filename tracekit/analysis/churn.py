@@ -50,7 +50,7 @@ from tracekit.analysis.compare import (
     nested_bootstrap_ratio_ci,
     rank_test,
 )
-from tracekit.analysis.conditions import Condition, varying_fields
+from tracekit.analysis.conditions import FIELD_LABELS, Condition, varying_fields
 from tracekit.analysis.teardown import steady_state
 from tracekit.errors import TracekitError
 
@@ -481,7 +481,7 @@ def churn_result(churns: list[Churn], thresholds: Thresholds = DEFAULT_THRESHOLD
     for cond, group in list(zip(conditions, groups, strict=True))[1:]:
         notes.append(
             f"{group.label}: differs from {groups[0].label} in "
-            + ", ".join(cond.differing(conditions[0]))
+            + ", ".join(FIELD_LABELS.get(n, n) for n in cond.differing(conditions[0]))
             + ": compared only within itself"
         )
     if not any(BASELINE in {s.state for s in g.states} for g in groups):
