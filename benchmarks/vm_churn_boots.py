@@ -14,19 +14,25 @@ Emulated timings: they say nothing about hardware. Output under $TRACEKIT_CACHE 
 ~/.cache/tracekit)/bench/churn, never in the repo.
 
     python3 benchmarks/vm_churn_boots.py [--kernel bookworm:kpatch-ci] [--vms 500]
-        [--states off,alle1is,last-ran] [--twin]
+        [--states off,alle1is,last-ran] [--twin] [--boots K [--seed S]]
+
+With --boots K (2 or more) each state gets K fresh boots, each round's states in a
+seeded random order after one discarded warm-up boot, so the report's interval is across
+boots (one boot per state gives none) and the order no longer always favours one state.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tracekit.analysis.churn import is_twin
 from tracekit.vhost.cache import cache_root
 from tracekit.vhost.image import build_image
 from tracekit.vhost.kernels import parse_kernel_spec
@@ -63,7 +69,7 @@ def up_to_date_releases(kernels: list[str]) -> dict[str, str]:
 
 def check_twin(patched: str, twin: str) -> None:
     """Fail unless the twin is the patched kernel's own unpatched build (same config)."""
-    if not patched.startswith(twin + "-kp"):
+    if not is_twin(patched, twin):
         raise SystemExit(f"unpatched twin {twin} is not {patched}'s base build: compare neither")
 
 
@@ -78,24 +84,53 @@ def one_boot(out: Path, kernel: str, state: str | None, vms: int) -> float:
     return time.monotonic() - started
 
 
+Boot = tuple[str, "str | None", str]  # kernel, teardown_flush state (None: the twin), name
+
+
+def boot_plan(states: list[Boot], boots: int, seed: int) -> list[Boot]:
+    """The boots in the order they run: with one boot per state the states in turn; with
+    more, each round's states in a seeded random order, after one warm-up boot (the first
+    state's, named "warm-up", left out of the report: the first boot after the build or
+    the image check is the anomalous one, review 20 S8)."""
+    if boots == 1:
+        return list(states)
+    rng = random.Random(seed)
+    kernel, state, _ = states[0]
+    plan: list[Boot] = [(kernel, state, "warm-up")]
+    for round_ in range(1, boots + 1):
+        order = list(states)
+        rng.shuffle(order)
+        plan += [(k, st, f"{name}-{round_}") for k, st, name in order]
+    return plan
+
+
 def main() -> None:
-    """A fresh boot per state, then the report over their bundles."""
+    """Fresh boots per state (seeded order), then the report over their bundles."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="bookworm:kpatch-ci")
     parser.add_argument("--vms", type=int, default=500, help="VMs per churn")
     parser.add_argument("--states", default="off,alle1is,last-ran")
     parser.add_argument("--twin", action="store_true", help="churn the unpatched twin too")
+    parser.add_argument(
+        "--boots",
+        type=int,
+        default=1,
+        help="boots per state (2 or more: the report's interval across boots, a seeded "
+        "random order per round and one warm-up boot first)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="the order's seed (--boots 2+)")
     args = parser.parse_args()
+    if args.boots < 1:
+        raise SystemExit("--boots: give 1 or more")
     base = cache_root() / "bench" / "churn"
-    boots: list[tuple[str, str | None]] = [(args.kernel, s) for s in args.states.split(",")]
+    states: list[Boot] = [(args.kernel, s, s) for s in args.states.split(",")]
     if args.twin:
-        boots.append((TWINS[args.kernel], None))
-    releases = up_to_date_releases(sorted({kernel for kernel, _ in boots}))
+        states.append((TWINS[args.kernel], None, "unpatched"))
+    releases = up_to_date_releases(sorted({kernel for kernel, _, _ in states}))
     if args.twin:
         check_twin(releases[args.kernel], releases[TWINS[args.kernel]])
     bundles = []
-    for kernel, state in boots:
-        name = state or "unpatched"
+    for kernel, state, name in boot_plan(states, args.boots, args.seed):
         load = os.getloadavg()[0]
         wall = one_boot(base / name, kernel, state, args.vms)
         print(
@@ -103,7 +138,8 @@ def main() -> None:
             f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
             flush=True,
         )
-        bundles.append(str(base / name / "bundle"))
+        if name != "warm-up":
+            bundles.append(str(base / name / "bundle"))
     report = [sys.executable, "-m", "tracekit", "report", "--no-progress", *bundles]
     subprocess.run(report, check=True)
 

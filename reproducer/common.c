@@ -242,3 +242,13 @@ void gt_sync_print(const char *source, long long vm, const char *event,
 	printf("record=sync source=%s vm=%lld event=%s cpu=%d t0=%llu t1=%llu\n", source, vm,
 	       event, sync->cpu, (unsigned long long)sync->t0, (unsigned long long)sync->t1);
 }
+
+void fprint_escaped(FILE *out, const char *text)
+{
+	for (const char *p = text; *p; p++) {
+		if (*p == '%' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '=')
+			fprintf(out, "%%%02X", (unsigned char)*p);
+		else
+			fputc(*p, out);
+	}
+}

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 /* Exit codes shared by both tools (README "Exit codes"). */
@@ -35,6 +36,9 @@ void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), no
 
 /* Set the program name used in error lines. */
 void set_program_name(const char *name);
+
+/* Print TEXT with whitespace, '=' and '%' escaped (%XX) so key=value lines stay parseable. */
+void fprint_escaped(FILE *out, const char *text);
 
 /* Parse a kernel CPU list; dies with EXIT_USAGE on bad syntax. */
 void parse_cpu_list(const char *text, struct cpu_list *out);

@@ -33,40 +33,10 @@ static const char usage_text[] =
 	"  --clock NAME         boottime (default) or monotonic\n"
 	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n";
 
-volatile sig_atomic_t vmm_stop_signal;
-/* Who sent the stop signal (si_pid; 0 from the kernel or a tty): the summary names it, so
- * a stop nobody asked for says where it came from. */
-static volatile sig_atomic_t stop_sender;
-
 /* Empty handler: SIGUSR1 only exists to make KVM_RUN return with EINTR. */
 static void on_kick(int sig)
 {
 	(void)sig;
-}
-
-/* SIGTERM/SIGINT: remember it and its sender; the running VM stops and is torn down. */
-static void on_stop(int sig, siginfo_t *info, void *context)
-{
-	(void)context;
-	if (!vmm_stop_signal)
-		stop_sender = info && info->si_code <= 0 ? info->si_pid : 0;
-	vmm_stop_signal = sig;
-}
-
-/* The sender's command name from /proc (or "-" once it is gone), for the summary. */
-static void sender_name(int pid, char *buf, size_t size)
-{
-	char path[64];
-	FILE *in;
-
-	snprintf(buf, size, "-");
-	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
-	in = pid > 0 ? fopen(path, "r") : NULL;
-	if (!in)
-		return;
-	if (fgets(buf, (int)size, in))
-		buf[strcspn(buf, "\n")] = '\0';
-	fclose(in);
 }
 
 /* Parse --ipa-bits "40,48" into OPTS (range checked later against the host). */
@@ -293,17 +263,6 @@ static void read_thp_mode(char *buf, size_t size)
 	fclose(in);
 }
 
-/* Print a value with whitespace and '%' escaped (%XX) so key=value lines stay parseable. */
-static void print_escaped(const char *text)
-{
-	for (const char *p = text; *p; p++) {
-		if (*p == '%' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '=')
-			printf("%%%02X", (unsigned char)*p);
-		else
-			putchar(*p);
-	}
-}
-
 /* The rest of the run line: backing, preset, revision, every knob and what was set. */
 static void print_knobs(const struct vmm_options *opts, const struct guest_image *image)
 {
@@ -311,9 +270,9 @@ static void print_knobs(const struct vmm_options *opts, const struct guest_image
 
 	read_thp_mode(thp, sizeof(thp));
 	printf(" backing=%s thp=%s preset=", backing_name(opts->backing), thp);
-	print_escaped(image->preset);
+	fprint_escaped(stdout, image->preset);
 	printf(" revision=");
-	print_escaped(image->revision);
+	fprint_escaped(stdout, image->revision);
 	printf(" knobs=%d", opts->knobbed ? KNOB_LAYOUT : 0);
 	if (opts->knobbed) {
 		for (int word = KW_FIRST_KNOB; word <= KW_LAST_KNOB; word++) {
@@ -343,9 +302,9 @@ static void print_run_line(const struct vmm_options *opts, const struct guest_im
 	if (opts->cpus.count)
 		format_cpu_list(&opts->cpus, cpus, sizeof(cpus));
 	printf("record=run format=1 guest=");
-	print_escaped(image->path);
+	fprint_escaped(stdout, image->path);
 	printf(" variant=");
-	print_escaped(image->variant);
+	fprint_escaped(stdout, image->variant);
 	printf(" marker=0x%016llx vcpus=%d cpus=%s ram_mb=%llu ipa_bits=",
 	       (unsigned long long)image->marker, opts->vcpus, cpus,
 	       (unsigned long long)(opts->ram_bytes >> 20));
@@ -444,17 +403,10 @@ static struct vm_result run_series(const struct kvm_host *host, const struct vmm
  * series, then min/mean/max per phase. */
 static void print_summary(const struct vm_series *series, bool last_not_ok)
 {
-	char sender[64];
-
 	printf("record=summary vms=%llu ok=%llu stopped=%d", (unsigned long long)series->done,
 	       (unsigned long long)(last_not_ok ? series->done - 1 : series->done),
 	       vmm_stop_signal ? 1 : 0);
-	if (vmm_stop_signal) {
-		sender_name(stop_sender, sender, sizeof(sender));
-		printf(" stop_signal=%d stop_pid=%d stop_comm=", (int)vmm_stop_signal,
-		       (int)stop_sender);
-		print_escaped(sender);
-	}
+	stop_signals_print(stdout);
 	print_stat("create_ns", series->create, series->done);
 	print_stat("run_ns", series->run, series->done);
 	print_stat("teardown_ns", series->teardown, series->done);
@@ -478,8 +430,6 @@ int main(int argc, char **argv)
 	struct guest_image image;
 	struct vm_series series = { 0 };
 	struct sigaction kick = { .sa_handler = on_kick };	/* no SA_RESTART */
-	/* no SA_RESTART; SA_SIGINFO for the sender */
-	struct sigaction stop = { .sa_sigaction = on_stop, .sa_flags = SA_SIGINFO };
 	struct vm_result result;
 	uint64_t cntfrq;
 
@@ -500,8 +450,7 @@ int main(int argc, char **argv)
 		die(EXIT_USAGE, "cannot pin to CPU %d (is it online and allowed?)",
 		    opts.cpus.cpus[0]);
 	sigaction(SIGUSR1, &kick, NULL);
-	sigaction(SIGTERM, &stop, NULL);
-	sigaction(SIGINT, &stop, NULL);
+	stop_signals_install();
 
 	print_run_line(&opts, &image, cntfrq);
 	result = run_series(&host, &opts, &image, &series);

@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "knobset.h"
+#include "stopsig.h"
 
 /* The guest memory layout; guests/guest.h holds the same numbers for the assembly. */
 #define RAM_BASE		0x40000000ull
@@ -91,8 +92,6 @@ struct vm_result {
 	char message[512];
 };
 
-/* The signal (SIGTERM or SIGINT) that asked the VMM to stop; 0 while none has. */
-extern volatile sig_atomic_t vmm_stop_signal;
 
 /* The durations of one VM's phases, in ns of the chosen clock. */
 struct vm_timing {

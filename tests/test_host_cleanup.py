@@ -190,18 +190,46 @@ def test_spawned_process_group_is_stopped_with_its_children() -> None:
     assert not _group_exists(proc.pid)
 
 
-def test_a_child_ignoring_sigterm_is_killed() -> None:
-    proc = subprocess.Popen(
-        ["sh", "-c", "trap '' TERM; echo started; sleep 1000"],
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-    )
+def _started(argv: list[str]) -> subprocess.Popen[bytes]:
+    """A child in its own session, once it has printed "started"."""
+    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"started\n"
     proc.stdout.close()
+    return proc
+
+
+IGNORES_SIGTERM = ["sh", "-c", "trap '' TERM; echo started; sleep 1000"]
+
+
+def test_a_child_ignoring_sigterm_is_killed() -> None:
+    proc = _started(IGNORES_SIGTERM)
     stop_process_group(proc, grace=0.2)
     assert proc.returncode == -signal.SIGKILL
     assert not _group_exists(proc.pid)
+
+
+def test_a_stopped_child_that_handles_sigterm_ends_in_order() -> None:
+    # A handled SIGTERM does not wake a SIGSTOPped task: without the SIGCONT it stayed
+    # pending for 2 x grace and the child was SIGKILLed (review 20, M3).
+    handler = "import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
+    proc = _started(
+        [sys.executable, "-c", handler + "print('started', flush=True)\ntime.sleep(60)"]
+    )
+    os.kill(proc.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    stop_process_group(proc, grace=10)
+    assert proc.returncode == 3
+    assert time.monotonic() - began < 5
+
+
+def test_the_grace_is_the_whole_wait_before_sigkill() -> None:
+    proc = _started(IGNORES_SIGTERM)
+    began = time.monotonic()
+    stop_process_group(proc, grace=1.0)
+    took = time.monotonic() - began
+    assert proc.returncode == -signal.SIGKILL
+    assert 1.0 <= took < 1.8, took  # was 2 x grace
 
 
 def test_spawn_of_a_missing_tool_is_one_clear_line() -> None:

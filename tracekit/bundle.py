@@ -76,6 +76,8 @@ class RunFile(StrEnum):
     ROLLOVER = "rollover.json"
     VMID_PREP = "vmid-prep.json"
     GUEST_STOP = "guest-stop.json"
+    TEARDOWN_FLUSH = "teardown-flush.json"  # a churn's switch state and count, before/after
+    VMM_STUCK = "vmm-stuck.txt"  # a VMM the churn's watch killed: its /proc, before any signal
 
 
 RUNS_DIR = "runs"

@@ -13,6 +13,7 @@ ELF64 headers are read by tracekit/guestelf.py; never polars).
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -447,3 +448,9 @@ def guest_invalidations(knobs: Mapping[str, str]) -> dict[str, int]:
             if times:
                 counts[name] = counts.get(name, 0) + times
     return counts
+
+
+def vmm_unescape(value: str) -> str:
+    """Undo the VMM's %XX escaping of whitespace, '=' and '%' in a key=value line's value
+    (reproducer/common.c fprint_escaped: guest paths, variants, the stop sender's comm)."""
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), value)

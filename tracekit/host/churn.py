@@ -23,15 +23,17 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit.bundle import RunFile
 from tracekit.errors import TracekitError
 from tracekit.host.cleanup import stop_process_group
 from tracekit.host.guestruns import BudgetOutcome, stop_over_budget, summary_fields, vms_recorded
-from tracekit.host.procs import describe_state, process_state
+from tracekit.host.procs import describe_state, process_dump, process_state
 
 # cyclictest's first loops are under way before the first VM is created.
 LEAD_IN_SECONDS = 1.0
@@ -48,7 +50,8 @@ STUCK_SECONDS = 5.0
 # A churn VM (MMU-on, 16 MiB, 40-bit IPA) takes well under 1 s in the emulated host:
 # this long with no new VM recorded is a stuck VMM.
 STALL_SECONDS = 60.0
-# A stuck VMM's teardown is already over or will never come: a short grace before SIGKILL.
+# A stuck VMM's teardown is already over or will never come: a short grace (SIGTERM and
+# SIGCONT to SIGKILL) in all.
 KILL_GRACE_SECONDS = 2.0
 
 Spawn = Callable[[list[str], Path], subprocess.Popen[bytes]]
@@ -71,26 +74,39 @@ def churn(
     """cyclictest, then the VMM's churn watched under its budget, then cyclictest stopped."""
     cyclic = spawn(commands.cyclictest, cyclic_out)
     time.sleep(LEAD_IN_SECONDS)
+    if cyclic.poll() is not None:  # it failed to start: no VMM to start and kill
+        raise TracekitError(
+            f"cyclictest ended (status {cyclic.returncode}) before the churn began; see "
+            f"its output in the bundle ({cyclic_out.name})"
+        )
     vmm = spawn(commands.vmm, vmm_out)
     try:
         outcome = watch_churn(vmm, cyclic, commands, vmm_out)
-    finally:
-        stop_cyclictest(cyclic)
+    except BaseException:
+        # The error in flight is the one to report (an Interrupted keeps its exit status
+        # and the manifest's "interrupted"): cyclictest not ending only warns here, and
+        # the cleanup stack stops it later.
+        if (problem := stop_cyclictest(cyclic)) is not None:
+            print(f"tracekit: warning: {problem}", file=sys.stderr, flush=True)
+        raise
+    if (problem := stop_cyclictest(cyclic)) is not None:
+        raise TracekitError(f"{problem}; it is stopped with the run")
     wait(cyclic, "cyclictest", 0, ok_codes=STOPPED_CODES)
     return outcome
 
 
-def stop_cyclictest(cyclic: subprocess.Popen[bytes]) -> None:
-    """SIGINT (it then writes its JSON); an error if it has not ended within seconds."""
+def stop_cyclictest(cyclic: subprocess.Popen[bytes]) -> str | None:
+    """SIGINT (it then writes its JSON); what went wrong if it has not ended within seconds."""
     if cyclic.poll() is None:
         cyclic.send_signal(signal.SIGINT)
     try:
         cyclic.wait(timeout=CYCLIC_STOP_SECONDS)
     except subprocess.TimeoutExpired:
-        raise TracekitError(
+        return (
             f"cyclictest did not end within {CYCLIC_STOP_SECONDS:.0f} s of SIGINT "
-            f"({describe_state(cyclic.pid)}); it is stopped"
-        ) from None
+            f"({describe_state(cyclic.pid)})"
+        )
+    return None
 
 
 def watch_churn(
@@ -105,24 +121,25 @@ def watch_churn(
     stuck_since: float | None = None
     while (code := vmm.poll()) is None:
         now = time.monotonic()
-        if now - started >= commands.budget_s:
-            return stop_over_budget(vmm, commands.budget_s, output, commands.vms)
         tail.read(now)
+        # Before the budget: a VMM stopped (state T) at its budget is stuck, not slow, and
+        # stopping it as over budget would hide why.
+        stopped = process_state(vmm.pid) in ("T", "t")
+        stuck_since = (stuck_since or now) if stopped or tail.summary else None
+        if now - started >= commands.budget_s:
+            if stopped:
+                raise _stuck(vmm, commands, output, now - (stuck_since or now), at_budget=True)
+            return stop_over_budget(vmm, commands.budget_s, output, commands.vms)
         if cyclic.poll() is not None:
             stop_process_group(vmm)
             raise TracekitError(
                 f"cyclictest ended during the churn (status {cyclic.returncode}) after "
                 f"{vms_recorded(output)} of {commands.vms} VMs; the VMM was stopped"
             )
-        stopped = process_state(vmm.pid) in ("T", "t")
-        if stopped or tail.summary:
-            stuck_since = stuck_since or now
-            if now - stuck_since >= STUCK_SECONDS:
-                raise _stuck(vmm, commands, output, tail)
-        else:
-            stuck_since = None
-            if now - tail.progress_at >= STALL_SECONDS:
-                raise _stuck(vmm, commands, output, tail)
+        if stuck_since is not None and now - stuck_since >= STUCK_SECONDS:
+            raise _stuck(vmm, commands, output, now - stuck_since)
+        if stuck_since is None and now - tail.progress_at >= STALL_SECONDS:
+            raise _stuck(vmm, commands, output, now - tail.progress_at)
         time.sleep(POLL_SECONDS)
     done = vms_recorded(output)
     if code == 0 and done == commands.vms:
@@ -159,30 +176,54 @@ class OutputTail:
 
 
 def _stuck(
-    vmm: subprocess.Popen[bytes], commands: ChurnCommands, output: Path, tail: OutputTail
+    vmm: subprocess.Popen[bytes],
+    commands: ChurnCommands,
+    output: Path,
+    for_s: float,
+    at_budget: bool = False,
 ) -> TracekitError:
-    """Kill a VMM that will not end by itself; the error says what it was doing."""
+    """Kill a VMM that will not end by itself (seen so for `for_s` s); the error says what
+    it was doing."""
     state = describe_state(vmm.pid)
+    by = stopped_by(vmm.pid)
     fields = summary_fields(output)
-    # SIGCONT first: a stopped VMM then acts on the SIGTERM (its teardown in order), and
-    # one that ignores it gets SIGKILL after the short grace.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(vmm.pid, signal.SIGCONT)
-    stop_process_group(vmm, grace=KILL_GRACE_SECONDS)
+    # Before any signal: what it was doing, for whoever looks for the cause.
+    dump = output.parent / RunFile.VMM_STUCK
+    with contextlib.suppress(OSError):
+        dump.write_text(process_dump(vmm.pid))
+    # stop_process_group continues a stopped VMM: it then acts on the SIGTERM (its
+    # teardown in order), and one that ignores it gets SIGKILL after the short grace.
+    try:
+        stop_process_group(vmm, grace=KILL_GRACE_SECONDS)
+        killed = "it was killed"
+    except OSError as err:  # e.g. in state D, blocked in do_exit
+        killed = f"it could not be killed ({err})"
     done = vms_recorded(output)
     if fields:
-        what = f"printed its summary ({describe_stop(fields)}) but did not exit"
-        within = STUCK_SECONDS
+        what = f"printed its summary ({describe_stop(fields)}) but did not exit within"
     elif state.startswith(("state T", "state t")):
-        what = f"was stopped ({state}, e.g. by SIGSTOP) and did not go on"
-        within = STUCK_SECONDS
+        when = f"at the time budget of {commands.budget_s} s, " if at_budget else ""
+        what = f"was stopped ({state}, {by}) {when}and did not go on for"
     else:
-        what = f"recorded no new VM ({state})"
-        within = STALL_SECONDS
+        what = f"recorded no new VM ({state}) within"
     return TracekitError(
-        f"vmm {what} within {within:.0f} s, after {done} of {commands.vms} VMs; it was "
-        "killed and the churn is incomplete"
+        f"vmm {what} {for_s:.0f} s, after {done} of {commands.vms} VMs; {killed} and the "
+        f"churn is incomplete (its state before: {dump.name})"
     )
+
+
+def stopped_by(pid: int) -> str:
+    """Which signal stopped a child, as waitid(WSTOPPED | WNOWAIT) reports it without
+    reaping, or "e.g. by SIGSTOP" if it cannot. (A VMM tracekit starts leads its own
+    session, an orphaned process group, so the kernel discards SIGTSTP, SIGTTIN and
+    SIGTTOU for it: only SIGSTOP, or a tracer's stop, state t, can stop it.)"""
+    try:
+        found = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+    except OSError:
+        found = None
+    if found is None or found.si_code != os.CLD_STOPPED:
+        return "e.g. by SIGSTOP"
+    return f"by {_signal_name(found.si_status)}"
 
 
 def ended_early(code: int, done: int, vms: int, fields: dict[str, str]) -> str:
@@ -195,15 +236,45 @@ def ended_early(code: int, done: int, vms: int, fields: dict[str, str]) -> str:
     )
 
 
+# si_code values a stop signal can carry (include/uapi/asm-generic/siginfo.h); the VMM
+# gives si_pid only for the first four, whose sender is a process.
+SI_CODES = {0: "SI_USER", -1: "SI_QUEUE", -3: "SI_MESGQ", -6: "SI_TKILL", 0x80: "SI_KERNEL"}
+
+
 def describe_stop(fields: dict[str, str]) -> str:
-    """Who stopped the VMM, from its summary's stop_* fields (an older VMM has none)."""
+    """Who stopped the VMM, from its summary's stop_* fields (values unescaped).
+
+    An older VMM printed no stop_code, and stop_pid 0 for a signal that no process sent:
+    its pid 0 is "the kernel, or a sender outside the VMM's pid namespace". A damaged
+    field reads as not reported, never as an error.
+    """
     if fields.get("stopped") != "1":
         return "not stopped by a signal"
-    signum, pid = fields.get("stop_signal"), fields.get("stop_pid")
-    if signum is None or pid is None:
+    signum, code, pid = (_int(fields.get(k)) for k in ("stop_signal", "stop_code", "stop_pid"))
+    if signum is None:
         return "a stop signal from a sender this VMM does not report"
-    sender = "the kernel or a terminal" if pid == "0" else f"pid {pid} ({fields['stop_comm']})"
-    return f"{_signal_name(int(signum))} from {sender}"
+    name = _signal_name(signum)
+    if code is not None and "stop_pid" not in fields:
+        return f"{name} with si_code {SI_CODES.get(code, code)}, sent by no process"
+    if pid is None:
+        return f"{name} from a sender this VMM does not report"
+    if pid == 0:
+        where = "a sender outside the VMM's pid namespace"
+        return f"{name} from pid 0 ({where if code is not None else 'the kernel, or ' + where})"
+    sender = f"{name} from pid {pid} ({fields.get('stop_comm') or '-'}"
+    if fields.get("stop_from_parent") == "1":
+        sender += ", the VMM's parent"
+    elif (ppid := _int(fields.get("stop_ppid"))) is not None and ppid >= 0:
+        sender += f", child of pid {ppid}"
+    return sender + ")"
+
+
+def _int(text: str | None) -> int | None:
+    """A summary field as an integer, None when absent or damaged."""
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _signal_name(signum: int) -> str:

@@ -360,13 +360,22 @@ def open_fd(path: Path | str, flags: int) -> Iterator[int]:
 
 
 def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_SECONDS) -> None:
-    """Stop a child and everything it started: SIGTERM to its group, SIGKILL after `grace` s."""
+    """Stop a child and everything it started: SIGTERM then SIGCONT to its group, SIGKILL
+    to what is left `grace` s after the SIGTERM (in all: the leader and the group share it).
+
+    SIGCONT because a stopped (state T) process that handles SIGTERM only acts on it once
+    continued: the kernel wakes a stopped task for SIGKILL or a fatal default action, not
+    for a handled signal (kernel/signal.c, complete_signal), so without it a SIGSTOPped
+    VMM kept its SIGTERM pending for the whole grace and was then killed mid-teardown.
+    """
     pgid = proc.pid
+    deadline = time.monotonic() + grace
     _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, signal.SIGCONT)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     # Grandchildren that ignore SIGTERM must not outlive the run either.
-    if not _wait_group_gone(pgid, grace):
+    if not _wait_group_gone(pgid, max(0.0, deadline - time.monotonic())):
         _signal_group(pgid, signal.SIGKILL)
         if not _wait_group_gone(pgid, CHILD_GRACE_SECONDS):
             raise OSError(f"processes {group_members(pgid)} of group {pgid} survive SIGKILL")

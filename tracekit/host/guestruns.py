@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.guests import vmm_unescape
 from tracekit.host.cleanup import stop_process_group
 
 # A VMM stopped in the middle of a teardown exits only when the kernel is done with it.
@@ -95,7 +96,8 @@ def summary_fields(output: Path) -> dict[str, str]:
     if match is None:
         return {}
     words = match[1].decode(errors="replace").split()
-    return dict(word.split("=", 1) for word in words if "=" in word)
+    pairs = (word.split("=", 1) for word in words if "=" in word)
+    return {key: vmm_unescape(value) for key, value in pairs}
 
 
 class BackgroundGuest:

@@ -90,3 +90,33 @@ def describe_state(pid: int) -> str:
         return "gone"
     # wchan reads "0" for a running process, and "0" too where the kernel hides it.
     return f"state {state} in {wchan}" if wchan not in ("", "0") else f"state {state}"
+
+
+# What process_dump keeps of /proc/PID/status: the state and the signal masks.
+DUMP_STATUS_KEYS = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+
+
+def process_dump(pid: int) -> str:
+    """A process's state as text, for the record of one that will not end: its status
+    lines (state, pending, blocked and caught signals), its kernel stack (root only) and
+    each thread's stat and wchan. What cannot be read says so; never raises."""
+
+    def read(path: Path) -> str:
+        try:
+            return path.read_text(errors="replace").strip()
+        except OSError as err:
+            return f"(not read: {err.strerror})"
+
+    base = PROC / str(pid)
+    status = read(base / "status").splitlines()
+    lines = [f"pid {pid}"]
+    lines += [line for line in status if line.split(":", 1)[0] in DUMP_STATUS_KEYS] or status
+    lines += ["stack:", read(base / "stack")]
+    try:
+        tasks = sorted(int(t.name) for t in (base / "task").iterdir() if t.name.isdigit())
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        task = base / "task" / str(tid)
+        lines += [f"task {tid}: {read(task / 'stat')}", f"task {tid} wchan: {read(task / 'wchan')}"]
+    return "\n".join(lines) + "\n"

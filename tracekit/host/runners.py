@@ -44,6 +44,7 @@ from tracekit.host.guestruns import (
     wait_within_budget,
 )
 from tracekit.host.instance import Instance
+from tracekit.host.preflight import Kpatch, read_kpatch
 from tracekit.host.protocol import (
     PlannedRun,
     ScenarioParams,
@@ -231,12 +232,25 @@ def run_churn(session: Session, ctx: RunContext) -> Outcome:
         vms=params.repeat,
         budget_s=params.vm_budget_s,
     )
+    before = read_kpatch()
     outcome = churn(
         commands, session.spawn, session.wait, ctx.path(RunFile.VMM), ctx.path(RunFile.CYCLICTEST)
     )
+    if before is not None:  # the debug series: its switch and flush count, read again
+        after = read_kpatch()
+        record = {
+            "before": switch_record(before),
+            "after": switch_record(after) if after is not None else None,
+        }
+        ctx.path(RunFile.TEARDOWN_FLUSH).write_text(json.dumps(record) + "\n")
     if outcome.status != "ok":
         session.echo(f"  OVER BUDGET: {outcome.note}")
     return Outcome(outcome.status, outcome.note)
+
+
+def switch_record(kpatch: Kpatch) -> dict[str, object]:
+    """The teardown switch's state and flush count, as a churn records them."""
+    return {"teardown_flush": kpatch.teardown_flush, "teardown_flushes": kpatch.teardown_flushes}
 
 
 def run_guest_start(session: Session, ctx: RunContext) -> None:

@@ -8,7 +8,6 @@ capture directory `runs/<run>/trace`, or `runs/<run>/trace.dat` from `--capture 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from tracekit.bundle import (
     run_trace_path,
 )
 from tracekit.errors import TracekitError
-from tracekit.ingest.rundata import RunData
+from tracekit.ingest.rundata import RunData, cyclictest_cycles
 
 if TYPE_CHECKING:
     from tracekit.ingest.groundtruth import GroundTruth
@@ -147,7 +146,7 @@ def load_bundle(path: str | Path, verify: bool = False) -> BundleData:
         if samples is not None:
             latencies.append(_latencies(run, samples))
             if (counted := data.path(RunFile.CYCLICTEST_JSON)) is not None:
-                cycles.append((run.run_id, _cycles(counted)))
+                cycles.append((run.run_id, cyclictest_cycles(counted)))
         if (ops := data.stress_ops_per_s) is not None:
             stress.append((run.run_id, run.phase, run.kind, ops))
         summary = data.probe_summary if run.kind == RunKind.PROBE else None
@@ -240,15 +239,6 @@ def _latencies(run: RunRecord, samples: pl.DataFrame) -> pl.DataFrame:
         pl.lit(run.kind).alias("kind"),
         pl.col("latency_ns").cast(pl.Int64),
     )
-
-
-def _cycles(path: Path) -> int:
-    """Loops cyclictest itself counted, all threads: what -v should have printed."""
-    try:
-        threads = json.loads(path.read_text())["thread"]
-        return sum(int(t["cycles"]) for t in threads.values())
-    except (ValueError, KeyError, TypeError) as err:
-        raise TracekitError(f"{path}: not cyclictest's --json output ({err})") from None
 
 
 def _probe(run: RunRecord, summary: dict[str, Any]) -> dict[str, object]:

@@ -177,6 +177,13 @@ class RunData:
         return samples
 
     @cached_property
+    def cyclictest_counted(self) -> int | None:
+        """The loops cyclictest itself counted (its --json, all threads): what -v should
+        have printed; None without the file, when it is cut, or a stopped run's unread."""
+        unknown = "the loops cyclictest counted are not known"
+        return self._whole(RunFile.CYCLICTEST_JSON, cyclictest_cycles, unknown)
+
+    @cached_property
     def stress_ops_per_s(self) -> float | None:
         """stress-ng's bogo-ops per second of wall time, all workers (its --yaml metrics);
         None without the file, when it is cut, or when a stopped run's has no metrics."""
@@ -293,3 +300,12 @@ def read_probe_summary(path: Path) -> dict[str, Any]:
     if missing:
         raise TracekitError(f"{path}: not the probe's JSON summary (no {', '.join(missing)})")
     return summary  # type: ignore[no-any-return]
+
+
+def cyclictest_cycles(path: Path) -> int:
+    """Loops cyclictest itself counted, all threads: what -v should have printed."""
+    try:
+        threads = json.loads(path.read_text())["thread"]
+        return sum(int(t["cycles"]) for t in threads.values())
+    except (ValueError, KeyError, TypeError) as err:
+        raise TracekitError(f"{path}: not cyclictest's --json output ({err})") from None

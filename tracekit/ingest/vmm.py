@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from tracekit.errors import TracekitError
+from tracekit.guests import vmm_unescape
 
 if TYPE_CHECKING:
     from tracekit.bundle import RunRecord
@@ -56,16 +57,11 @@ class VmmOutput:
     syncs: list[dict[str, str]] = field(default_factory=list)
 
 
-def _unescape(value: str) -> str:
-    """Undo the VMM's %XX escaping of spaces, '=', '%' in guest paths and variants."""
-    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), value)
-
-
 def _record(line: str) -> dict[str, str] | None:
     """The key=value pairs of one line, or None when it is not a VMM record."""
     if not line.startswith("record="):
         return None
-    return {key: _unescape(value) for key, value in _PAIR.findall(line)}
+    return {key: vmm_unescape(value) for key, value in _PAIR.findall(line)}
 
 
 def _vm_row(fields: dict[str, str], batch: int, run: dict[str, str]) -> dict[str, object]:

@@ -1,22 +1,28 @@
 """The teardown fix's cost (vm-churn bundles): per-VM time and rt latency, fix off vs on.
 
-Thin: every number comes from tracekit/analysis/churn.py; this groups the bundles' churn
-runs by their teardown_flush state and draws the tables and the per-VM plot.
+Thin: every number, grouping and comparison comes from tracekit/analysis/churn.py; this
+reads each churn run's recorded facts from its bundle and draws the tables and plots.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
 
 from tracekit.analysis import churn as ch
-from tracekit.bundle import RunKind
+from tracekit.analysis.conditions import bundle_condition
+from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table
 
 EMULATED_NOTE = (
     "EMULATED host: per-VM times and latencies are QEMU TCG times, not hardware times; "
-    "compare the states with each other, never with the brief's 32.1 vs 33.4 ms or 15 vs 13 us"
+    "compare the states with each other, never with the brief's 32.1 vs 33.4 ms or 15 vs 13 us; "
+    "under TCG a broadcast TLBI flushes every vCPU's softmmu TLB, a cost unrelated to the "
+    "hardware's, so the emulated A/B says nothing about the fix's hardware cost, not even "
+    "its sign"
 )
 BRIEF_NOTE = (
     "the brief's hardware figures: 500 VMs, 32.1 ms each with the fix, 33.4 ms without; "
@@ -25,102 +31,122 @@ BRIEF_NOTE = (
 
 
 def section(bundles: list[BundleData]) -> Section | None:
-    """Per switch state: per-VM time distribution, ms each, the rt CPU's latency; vs off."""
-    by_state, kernels, unknowns = _churns(bundles)
-    if not by_state:
+    """Per condition and switch state: per-VM time and its phases, ms each, the rt CPU's
+    latency and its coverage; each state against off, alle1is against last-ran."""
+    churns, unknowns = _churns(bundles)
+    if not churns and not unknowns:
         return None
-    result = ch.churn_result(by_state)
-    findings = [c.statement() for c in result.comparisons]
-    findings += ch.shared_boots(_boots(bundles))
-    if ch.BASELINE not in by_state:
-        unknowns.append(
-            f"no churn with teardown_flush {ch.BASELINE}: nothing to compare the states with"
+    result = ch.churn_result(churns)
+    findings: list[str] = list(result.notes)
+    tables, plots = [], []
+    for group in result.groups:
+        prefix = f"{group.label}: " if group.label else ""
+        findings += [prefix + c.statement() for c in group.comparisons]
+        findings += [prefix + note for note in group.notes]
+        title = f" ({group.label})" if group.label else ""
+        tables.append(
+            Table(f"vm-churn per teardown_flush state{title}", ch.summary_frame(group.states))
+        )
+        if group.comparisons:
+            tables.append(_comparison_table(group.comparisons, title))
+        plots.append(_plot(group.points, title))
+    findings += ch.shared_boots(ch.churn_boots(churns))
+    unknowns += result.left_out
+    kernels: dict[str, set[str]] = {}
+    for c in churns:
+        kernels.setdefault(c.state, set()).add(c.release)
+    if kernels:
+        findings.append(
+            "kernels: "
+            + "; ".join(f"{state} {', '.join(sorted(k))}" for state, k in kernels.items())
         )
     findings.append(
-        "kernels: " + "; ".join(f"{state} {', '.join(sorted(k))}" for state, k in kernels.items())
-    )
-    findings.append(
-        "per-VM time: the VMM's create start to teardown end; the first VM of each churn is "
-        "left out of the distributions (one-time costs: first_vm_ms); ms each: the whole "
-        "churn's span / its VMs"
+        "per-VM time: the VMM's create start to teardown end, and its phases (create, run, "
+        "teardown); the first VM of each churn is left out of the distributions (one-time "
+        "costs: first_vm_ms); ms each: the whole churn's span / its VMs; the boot is the "
+        "unit of every interval"
     )
     findings.append(BRIEF_NOTE)
     if any(is_emulated(b) for b in bundles):
         findings.insert(0, EMULATED_NOTE)
-    tables = [Table("vm-churn per teardown_flush state", ch.summary_frame(result.states))]
-    if result.comparisons:
-        tables.append(_comparison_table(result.comparisons))
     return Section(
         key="churn",
         title="VM churn: the teardown fix's cost",
         findings=findings,
         tables=tables,
-        plots=[_plot(result.points)],
+        plots=plots,
         unknowns=unknowns,
+        contradictions=result.contradictions,
     )
 
 
-def _churns(bundles: list[BundleData]) -> tuple[ch.Churns, dict[str, set[str]], list[str]]:
-    """Each churn run's per-VM table and cyclictest samples, by switch state; kernels."""
-    by_state: ch.Churns = {}
-    kernels: dict[str, set[str]] = {}
+def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
+    """Each churn run as the analysis takes it (what its bundle recorded); the runs that
+    recorded no VM."""
+    churns: list[ch.Churn] = []
     unknowns: list[str] = []
     for data in bundles:
-        state = ch.switch_state(data.manifest.host.get("kpatch"))
+        host = data.manifest.host
+        state = ch.switch_state(host.get("kpatch"))
+        condition = bundle_condition(data.manifest)
         for run in data.manifest.runs:
             if run.kind != RunKind.CHURN:
                 continue
             found = data.run(run)
+            label = f"{bundle_label(data)}: {run.run_id}"
             if found.vmm is None or found.vmm.vms.is_empty():
-                unknowns.append(f"{bundle_label(data)}: {run.run_id}: no VM recorded")
+                unknowns.append(f"{label}: no VM recorded")
                 continue
             samples = found.cyclictest
             if samples is None:
-                unknowns.append(f"{bundle_label(data)}: {run.run_id}: no cyclictest sample")
-            by_state.setdefault(state, []).append((ch.per_vm(found.vmm.vms), samples))
-            release = str(data.manifest.host.get("kernel_release") or "kernel ?")
-            kernels.setdefault(state, set()).add(release)
-    return by_state, kernels, unknowns
+                unknowns.append(f"{label}: no cyclictest sample")
+            churns.append(
+                ch.Churn(
+                    label=label,
+                    state=state,
+                    condition=condition,
+                    vms=ch.per_vm(found.vmm.vms),
+                    samples=samples,
+                    boot=host.get("boot_id") or None,
+                    status=run.status,
+                    note=run.note,
+                    start_ns=run.start_ns,
+                    clock=(found.vmm.runs[0].get("clock") or "boottime"),
+                    interval_ns=found.cyclictest_interval_ns,
+                    counted=found.cyclictest_counted,
+                    vmid_bits=_vmid_bits(host),
+                    guest_cpus=tuple(data.manifest.options.get("guest_cpus") or ()),
+                    switch=found.extra(RunFile.TEARDOWN_FLUSH),
+                )
+            )
+    return churns, unknowns
 
 
-def _boots(bundles: list[BundleData]) -> dict[str, set[str | None]]:
-    """The boots (host.boot_id, None if unrecorded) of each state's churn bundles."""
-    boots: dict[str, set[str | None]] = {}
-    for data in bundles:
-        if any(run.kind == RunKind.CHURN for run in data.manifest.runs):
-            state = ch.switch_state(data.manifest.host.get("kpatch"))
-            boots.setdefault(state, set()).add(data.manifest.host.get("boot_id") or None)
-    return boots
+def _vmid_bits(host: dict[str, Any]) -> int | None:
+    """The host's VMID width: its facts' (kvmstate), else the debug series' own."""
+    bits = host.get("vmid_bits")
+    if not isinstance(bits, int):
+        bits = (host.get("kpatch") or {}).get("vmid_bits")
+    return bits if isinstance(bits, int) else None
 
 
-def _comparison_table(comparisons: list[ch.StateComparison]) -> Table:
-    """One row per state compared with off."""
-    frame = pl.DataFrame(
-        [
-            {
-                "teardown_flush": c.state,
-                "vm_mean_ratio": c.mean_ratio,
-                "ci_low": c.ci_low,
-                "ci_high": c.ci_high,
-                "median_diff_ms": c.median_diff_ms,
-                "each_ratio": c.each_ratio,
-                "rt_max_ratio": c.latency_max_ratio,
-                "rt_p99_ratio": c.latency_p99_ratio,
-            }
-            for c in comparisons
-        ]
-    ).with_columns(pl.col(pl.Float64).round(3))
+def _comparison_table(comparisons: list[ch.StateComparison], title: str) -> Table:
+    """One row per comparison."""
     return Table(
-        f"each state against teardown_flush {ch.BASELINE}",
-        frame,
-        note=f"{comparisons[0].confidence:.0%} percentile bootstrap over VMs of the mean ratio",
+        f"each state against teardown_flush {ch.BASELINE} (and alle1is against last-ran){title}",
+        ch.comparison_frame(comparisons),
+        note=(
+            f"ratios of per-boot means; ci_low/ci_high ({comparisons[0].confidence:.0%}) and p "
+            "only with two boots or more per state: a two-level bootstrap (boots, then VMs) "
+            "and a rank test on per-boot means; rt ratios null where not comparable"
+        ),
     )
 
 
-def _plot(points: pl.DataFrame) -> Plot:
+def _plot(points: pl.DataFrame, title: str) -> Plot:
     """Each VM's create->destroy time, in churn order, one series per state."""
     return Plot(
-        "per-VM time over the churn",
+        f"per-VM time over the churn{title}",
         "xy",
         points,
         x="vm_seq",
