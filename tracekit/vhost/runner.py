@@ -445,7 +445,7 @@ def cpu_entry_check(directory: Path) -> EntryCheck | None:
         cpu_entry_warnings,
         read_sim_log,
     )
-    from tracekit.symbols.kallsyms import read_kallsyms
+    from tracekit.symbols.kallsyms import parse_line
 
     try:
         form = (directory / SIM_FORM).read_text().splitlines()
@@ -460,13 +460,18 @@ def cpu_entry_check(directory: Path) -> EntryCheck | None:
         return EntryCheck(cpu_on, [f"the plugin's log is unreadable: {exc}"], [])
     try:
         iomem = (directory / IOMEM).read_text()
-        table = read_kallsyms(directory / KALLSYMS)
-    except (OSError, TracekitError) as exc:
-        return EntryCheck(cpu_on, [f"the boot's /proc/iomem or kallsyms is unreadable: {exc}"], [])
+        kallsyms = (directory / KALLSYMS).read_text(errors="replace")
+    except OSError as exc:
+        return EntryCheck(
+            cpu_on, [f"the boot's /proc/iomem or kallsyms is unreadable: {exc.strerror}"], []
+        )
+    # Line by line, not through a SymbolTable: that keeps one name per address, and 6.1's
+    # _stext shares its address with the first IRQ handler listed.
     wanted = {CPU_ENTRY_SYMBOL, INIT_BEGIN, *CODE_START_SYMBOLS}
     symbols: dict[str, int] = {}
-    for symbol in table.symbols:  # the first of each name, as the plugin takes it
-        if symbol.name in wanted:
+    for line in kallsyms.splitlines():  # the first of each name, as the plugin takes it
+        symbol = parse_line(line)
+        if symbol is not None and symbol.name in wanted:
             symbols.setdefault(symbol.name, symbol.address)
     return EntryCheck(
         cpu_on, cpu_entry_mistakes(log, iomem, symbols), cpu_entry_warnings(log, symbols)
