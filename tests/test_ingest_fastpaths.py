@@ -112,6 +112,16 @@ def test_wide_strings_cut_at_nul_and_count(
     assert got.dtype == pl.String and got.to_list() == want
 
 
+def test_spans_of_int32_offsets_past_one_gib_are_shared() -> None:
+    """Offsets come as int32 (a buffer under 2 GiB): neighbours at 1.5 GiB share a span
+    (lo + SPAN_MAX once wrapped there, and every string got a span of its own)."""
+    start = (np.arange(100, dtype=np.int64) * 2100 + (3 << 29)).astype(np.int32)
+    length = np.full(100, 2000, np.int32)
+    spans, data_of, data_at = columns._spans(start, length)
+    assert spans == [(3 << 29, (3 << 29) + 99 * 2100 + 2000)]
+    assert (data_of == 0).all() and (data_at == np.arange(100) * 2100).all()
+
+
 def test_wide_strings_decode_bad_utf8_with_replacement() -> None:
     text = b"ok \xff\xfe " * 40 + b"\0tail"
     held = np.frombuffer(text * 3, np.uint8)

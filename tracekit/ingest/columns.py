@@ -267,7 +267,10 @@ def _spans(
     the small events among the prints, come with them: one large piece instead of one
     per string); a span holds at most SPAN_MAX bytes (a view's offset is 32-bit).
     """
+    start, length = start.astype(np.int64, copy=False), length.astype(np.int64, copy=False)
     order = np.argsort(start, kind="stable")
+    # int64: the offsets come as int32 (a buffer under 2 GiB), and lo + SPAN_MAX past
+    # 2^31 wrapped, which gave every string of the buffer's last GiB a span of its own.
     lo, hi = start[order], start[order] + length[order]
     reach = np.maximum.accumulate(hi)
     gap = np.flatnonzero(lo[1:] - reach[:-1] > SPAN_GAP) + 1
