@@ -303,7 +303,8 @@ def _merge(parts: list[tuple[CpuData, Records]]) -> _Merged:
     base = at = 0
     for c, rec in parts:
         end = at + len(rec.ts)
-        m.ts[at:end], m.payload[at:end] = rec.ts, rec.payload + base
+        m.ts[at:end], m.payload[at:end] = rec.ts, rec.payload
+        m.payload[at:end] += base  # in the merged dtype: the CPU's own may be narrower
         m.length[at:end], m.cpu[at:end] = rec.length, c.cpu
         rec.ts = rec.payload = rec.length = rec.page = np.zeros(0, np.int64)
         m.spans.append(CpuSpan(at, end, base, base + len(c.data)))
