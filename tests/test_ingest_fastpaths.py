@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.ingest import chars, columns, membuf
+from tracekit.ingest import arrowbuf, chars, columns, membuf
 from tracekit.ingest.columns import Gatherer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -128,6 +128,20 @@ def test_wide_strings_decode_bad_utf8_with_replacement() -> None:
     start, count = np.arange(3) * len(text), np.full(3, len(text))
     got = Gatherer(held, start, count).strings(start, count).to_list()
     assert got == [text.split(b"\0")[0].decode("utf-8", "replace")] * 3
+
+
+@pytest.mark.parametrize("dtype", sorted(arrowbuf.INT_FORMATS, key=str))
+@pytest.mark.parametrize("n", [0, 1, 300_000])
+def test_empty_lists_equal_a_gathered_empty_list(dtype: np.dtype, n: int) -> None:
+    """An all-empty flexible array (function_graph's args[]) as offsets nobody writes:
+    the same column as one empty list gathered, and let go when polars drops it."""
+    got = arrowbuf.empty_lists(n, dtype)
+    want = pl.Series(np.zeros(0, dtype)).implode().gather(np.zeros(n, np.uint32))
+    assert got.dtype == want.dtype and got.equals(want)
+    assert pl.concat([got, got]).list.len().sum() == 0
+    assert got.filter(pl.Series(np.ones(n, bool))).equals(want)
+    del got
+    assert not arrowbuf._alive
 
 
 def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.ingest import membuf
-from tracekit.ingest.arrowbuf import view_column
+from tracekit.ingest.arrowbuf import INT_FORMATS, empty_lists, view_column
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
@@ -312,6 +312,8 @@ def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
     """Split a flat array into one list per event (empty lists kept)."""
     n = len(counts)
     if not len(values):  # every list empty (function_graph's args[] without funcgraph-args)
+        if values.dtype in INT_FORMATS:  # offsets no page of which is written: no memory
+            return empty_lists(n, values.dtype)
         return pl.Series(values[:0]).implode().gather(np.zeros(n, np.uint32))
     rows = np.repeat(np.arange(n), counts)
     grouped = (
