@@ -12,6 +12,10 @@ print trace's ingest). The structures are the Arrow C data interface's
 (arrow.apache.org, "The Arrow C data interface"), declared with ctypes: no dependency
 beyond the standard library.
 
+The same interface gives a List column of all-empty lists (function_graph's `args[]`
+without funcgraph-args) whose offsets, all 0, are a fresh anonymous mapping nobody
+writes: no memory until something does (empty_lists).
+
 The buffers live until polars drops the last column sharing them (a gather or filter of
 the column shares them too) and calls the array's release callback, which lets them go. That
 callback runs in the thread that drops it and takes the GIL there, as polars' own Python
