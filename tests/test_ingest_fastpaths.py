@@ -9,6 +9,7 @@ a word, and rows whose keys collide.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.ingest import arrowbuf, chars, columns, membuf
+from tracekit.ingest import arrowbuf, chars, columns, membuf, tables
 from tracekit.ingest.columns import Gatherer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -142,6 +143,37 @@ def test_empty_lists_equal_a_gathered_empty_list(dtype: np.dtype, n: int) -> Non
     assert got.filter(pl.Series(np.ones(n, bool))).equals(want)
     del got
     assert not arrowbuf._alive
+
+
+@pytest.mark.parametrize("path", [p for p in HELD if p.suffix == ".dat"], ids=lambda p: p.name)
+def test_file_pages_unmapped_between_reads_give_the_same_tables(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace.dat mapped from disk has its pages unmapped after each read of them (the
+    page headers, each walk batch, each HEADER_ROWS of the header): the same tables as
+    with the pages kept."""
+    monkeypatch.setattr(tables, "HEADER_ROWS", 7)  # the header in many parts
+    dropped_events, dropped = _tables(path)
+    monkeypatch.setattr(membuf, "drop_file_pages", lambda *_args, **_kw: 0)
+    kept_events, kept = _tables(path)
+    assert dropped_events.equals(kept_events) and dropped.keys() == kept.keys()
+    for name, table in kept.items():
+        assert dropped[name].equals(table), name
+
+
+def test_file_pages_read_back_and_anonymous_memory_is_kept(tmp_path: Path) -> None:
+    data = np.random.default_rng(5).integers(0, 256, 5 * membuf.PAGE, dtype=np.uint8)
+    path = tmp_path / "pages"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mapped = np.frombuffer(memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)),
+                               np.uint8)  # fmt: skip
+    assert membuf.maps_file(mapped) and membuf.drop_file_pages(mapped) == len(data)
+    assert (mapped == data).all()  # mapped again from the file
+    anon = membuf.alloc(len(data))
+    anon[:] = data
+    assert not membuf.maps_file(anon) and membuf.drop_file_pages(anon) == 0
+    assert (anon == data).all()
 
 
 def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.ingest import membuf
 from tracekit.ingest.formats import HeaderEvent, HeaderPage
 
 MISSED_EVENTS = 1 << 31  # the page was preceded by lost events
@@ -105,6 +106,9 @@ def decode_pages(
             f"{len(buf)} bytes, not a whole number of {page_size}-byte pages (truncated)"
         )
     ts, size, missed, lost = page_headers(buf, hp, page_size, endian)
+    # A trace.dat mapped from disk: the headers' read mapped every page; the walk maps
+    # them again batch by batch, unmapping each batch behind it (membuf.drop_file_pages).
+    membuf.drop_file_pages(buf)
     bad = np.flatnonzero(size > page_size - hp.data_offset)
     damage = None
     if len(bad):
@@ -167,6 +171,7 @@ def _walk_batches(
     for first in range(0, len(size), PAGES_PER_WALK):
         last = first + PAGES_PER_WALK
         w = _walk(words, page_ts[first:last], size[first:last], hp, he, page_size, first)
+        membuf.drop_file_pages(words.view(np.uint8), first * page_size, last * page_size)
         w.length = w.length.astype(np.int32)  # a record is shorter than a page
         w.payload = w.payload.astype(offset, copy=False)
         walks.append(w)
