@@ -50,9 +50,11 @@ directory. On a shared machine, run timings when no emulated-host boot runs besi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -153,20 +155,32 @@ def _dd(size: Size) -> None:
 
 def _sched_mix(size: Size) -> None:
     """Context switches (perf bench sched pipe) beside a 50 us sleep loop (hrtimers)."""
-    pipe = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", str(size.pipe_loops)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    pipe = _pipe_bench(size.pipe_loops)
     end = time.monotonic() + size.seconds
     while time.monotonic() < end and pipe.poll() is None:
         time.sleep(50e-6)
-    pipe.terminate()  # the recording lasts `seconds` (or until the buffer is full)
+    _stop(pipe)  # the recording lasts `seconds` (or until the buffer is full)
+
+
+def _pipe_bench(loops: int) -> subprocess.Popen:
+    """`perf bench sched pipe` in a process group of its own (it forks its other end)."""
+    return subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", str(loops)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+
+
+def _stop(pipe: subprocess.Popen) -> None:
+    """End the pipe benchmark and the child it forked: terminating perf alone left the
+    child waiting on its pipe for good, one per recording."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pipe.pid, signal.SIGTERM)
     pipe.wait()
 
 
 def _large(inst: Path, size: Size, cap: int = 1 << 62) -> None:
     """2 KB marker writes beside context switches (each with a kernel stack), for
     `seconds` or until `cap` bytes of markers are written."""
-    pipe = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", str(size.pipe_loops // 4)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    pipe = _pipe_bench(size.pipe_loops // 4)
     text = ("tracekit-bench " * 140)[:2000]
     end = time.monotonic() + size.seconds
     fd = os.open(inst / "trace_marker", os.O_WRONLY)  # no O_TRUNC: tracefs refuses it
@@ -180,8 +194,7 @@ def _large(inst: Path, size: Size, cap: int = 1 << 62) -> None:
             n += 1
     finally:
         os.close(fd)
-        pipe.terminate()
-        pipe.wait()
+        _stop(pipe)
 
 
 SCHED_MIX_EVENTS = ["sched", "irq", "timer", "tlb"]

@@ -9,6 +9,7 @@ a word, and rows whose keys collide.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import polars as pl
 import pytest
 
 import tracekit
-from tracekit.ingest import chars, columns, membuf
+from tracekit.ingest import arrowbuf, chars, columns, membuf, tables
 from tracekit.ingest.columns import Gatherer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -112,12 +113,67 @@ def test_wide_strings_cut_at_nul_and_count(
     assert got.dtype == pl.String and got.to_list() == want
 
 
+def test_spans_of_int32_offsets_past_one_gib_are_shared() -> None:
+    """Offsets come as int32 (a buffer under 2 GiB): neighbours at 1.5 GiB share a span
+    (lo + SPAN_MAX once wrapped there, and every string got a span of its own)."""
+    start = (np.arange(100, dtype=np.int64) * 2100 + (3 << 29)).astype(np.int32)
+    length = np.full(100, 2000, np.int32)
+    spans, data_of, data_at = columns._spans(start, length)
+    assert spans == [(3 << 29, (3 << 29) + 99 * 2100 + 2000)]
+    assert (data_of == 0).all() and (data_at == np.arange(100) * 2100).all()
+
+
 def test_wide_strings_decode_bad_utf8_with_replacement() -> None:
     text = b"ok \xff\xfe " * 40 + b"\0tail"
     held = np.frombuffer(text * 3, np.uint8)
     start, count = np.arange(3) * len(text), np.full(3, len(text))
     got = Gatherer(held, start, count).strings(start, count).to_list()
     assert got == [text.split(b"\0")[0].decode("utf-8", "replace")] * 3
+
+
+@pytest.mark.parametrize("dtype", sorted(arrowbuf.INT_FORMATS, key=str))
+@pytest.mark.parametrize("n", [0, 1, 300_000])
+def test_empty_lists_equal_a_gathered_empty_list(dtype: np.dtype, n: int) -> None:
+    """An all-empty flexible array (function_graph's args[]) as offsets nobody writes:
+    the same column as one empty list gathered, and let go when polars drops it."""
+    got = arrowbuf.empty_lists(n, dtype)
+    want = pl.Series(np.zeros(0, dtype)).implode().gather(np.zeros(n, np.uint32))
+    assert got.dtype == want.dtype and got.equals(want)
+    assert pl.concat([got, got]).list.len().sum() == 0
+    assert got.filter(pl.Series(np.ones(n, bool))).equals(want)
+    del got
+    assert not arrowbuf._alive
+
+
+@pytest.mark.parametrize("path", [p for p in HELD if p.suffix == ".dat"], ids=lambda p: p.name)
+def test_file_pages_unmapped_between_reads_give_the_same_tables(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace.dat mapped from disk has its pages unmapped after each read of them (the
+    page headers, each walk batch, each HEADER_ROWS of the header): the same tables as
+    with the pages kept."""
+    monkeypatch.setattr(tables, "HEADER_ROWS", 7)  # the header in many parts
+    dropped_events, dropped = _tables(path)
+    monkeypatch.setattr(membuf, "drop_file_pages", lambda *_args, **_kw: 0)
+    kept_events, kept = _tables(path)
+    assert dropped_events.equals(kept_events) and dropped.keys() == kept.keys()
+    for name, table in kept.items():
+        assert dropped[name].equals(table), name
+
+
+def test_file_pages_read_back_and_anonymous_memory_is_kept(tmp_path: Path) -> None:
+    data = np.random.default_rng(5).integers(0, 256, 5 * membuf.PAGE, dtype=np.uint8)
+    path = tmp_path / "pages"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mapped = np.frombuffer(memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)),
+                               np.uint8)  # fmt: skip
+    assert membuf.maps_file(mapped) and membuf.drop_file_pages(mapped) == len(data)
+    assert (mapped == data).all()  # mapped again from the file
+    anon = membuf.alloc(len(data))
+    anon[:] = data
+    assert not membuf.maps_file(anon) and membuf.drop_file_pages(anon) == 0
+    assert (anon == data).all()
 
 
 def test_colliding_keys_fall_back_to_every_row(monkeypatch: pytest.MonkeyPatch) -> None:

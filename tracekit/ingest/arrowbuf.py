@@ -12,6 +12,10 @@ print trace's ingest). The structures are the Arrow C data interface's
 (arrow.apache.org, "The Arrow C data interface"), declared with ctypes: no dependency
 beyond the standard library.
 
+The same interface gives a List column of all-empty lists (function_graph's `args[]`
+without funcgraph-args) whose offsets, all 0, are a fresh anonymous mapping nobody
+writes: no memory until something does (empty_lists).
+
 The buffers live until polars drops the last column sharing them (a gather or filter of
 the column shares them too) and calls the array's release callback, which lets them go. That
 callback runs in the thread that drops it and takes the GIL there, as polars' own Python
@@ -26,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
+from tracekit.ingest import membuf
 
 
 class _Schema(ctypes.Structure):
@@ -137,4 +143,61 @@ def view_column(buf: np.ndarray, start: np.ndarray, length: np.ndarray, data: li
         return pl.Series(export)
     except BaseException:
         _alive.pop(export.key, None)  # not imported: nothing will release it
+        raise
+
+
+# Arrow format strings of the integer types a list of a trace's field holds.
+INT_FORMATS = {
+    np.dtype(np.int8): b"c", np.dtype(np.uint8): b"C", np.dtype(np.int16): b"s",
+    np.dtype(np.uint16): b"S", np.dtype(np.int32): b"i", np.dtype(np.uint32): b"I",
+    np.dtype(np.int64): b"l", np.dtype(np.uint64): b"L",
+}  # fmt: skip
+LARGE_LIST = b"+L"  # polars' List is Arrow's large list: 64-bit offsets
+
+
+class _EmptyLists:
+    """n empty lists of one integer type, offered to polars once: their n + 1 offsets
+    (all 0) are fresh anonymous memory whose pages nobody writes, so they take none
+    (a gather of one empty list writes 8 bytes a row: 16 MB on 2 M funcgraph entries)."""
+
+    def __init__(self, n: int, dtype: np.dtype) -> None:
+        # A mapping of its own, not np.zeros: glibc's calloc memsets what it takes from
+        # the heap (a block's 1 MB of offsets, below its raised mmap threshold).
+        self.offsets = membuf.alloc(8 * (n + 1)).view(np.int64)
+        self.values = np.zeros(1, dtype)  # a valid pointer for the child's (empty) data
+        self.fmt = INT_FORMATS[np.dtype(dtype)]
+        self.key = next(_keys)
+
+    def __arrow_c_array__(self, requested_schema: object = None) -> tuple[object, object]:
+        """The (schema, array) capsules of a large list with an empty child."""
+        child_schema = _Schema(self.fmt, b"item", None, NULLABLE, 0, None, None, _release_schema,
+                               None)  # fmt: skip
+        child_buffers = (ctypes.c_void_p * 2)(None, self.values.ctypes.data)
+        child = _Array(0, 0, 0, 2, 0, ctypes.cast(child_buffers, ctypes.c_void_p), None, None,
+                       _release_array, None)  # fmt: skip
+        schema_children = (ctypes.POINTER(_Schema) * 1)(ctypes.pointer(child_schema))
+        array_children = (ctypes.POINTER(_Array) * 1)(ctypes.pointer(child))
+        buffers = (ctypes.c_void_p * 2)(None, self.offsets.ctypes.data)
+        schema = _Schema(LARGE_LIST, b"", None, NULLABLE, 1,
+                         ctypes.cast(schema_children, ctypes.c_void_p), None, _release_schema,
+                         None)  # fmt: skip
+        array = _Array(len(self.offsets) - 1, 0, 0, 2, 1, ctypes.cast(buffers, ctypes.c_void_p),
+                       ctypes.cast(array_children, ctypes.c_void_p), None, _release_array,
+                       self.key)  # fmt: skip
+        _alive[self.key] = (self.offsets, self.values, child_schema, child_buffers, child,
+                            schema_children, array_children, buffers, schema, array)  # fmt: skip
+        return (
+            _capsule(ctypes.addressof(schema), b"arrow_schema", None),
+            _capsule(ctypes.addressof(array), b"arrow_array", None),
+        )
+
+
+def empty_lists(n: int, dtype: np.dtype) -> pl.Series:
+    """A List column of n empty lists of an integer dtype, whose offsets take no memory
+    until something writes them (see _EmptyLists)."""
+    export = _EmptyLists(n, dtype)
+    try:
+        return pl.Series(export)
+    except BaseException:
+        _alive.pop(export.key, None)
         raise

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.ingest import membuf
-from tracekit.ingest.arrowbuf import view_column
+from tracekit.ingest.arrowbuf import INT_FORMATS, empty_lists, view_column
 from tracekit.ingest.chars import BYTE_MASKS, string_column
 from tracekit.ingest.formats import EventFormat, FieldSpec, Kind
 
@@ -267,7 +267,10 @@ def _spans(
     the small events among the prints, come with them: one large piece instead of one
     per string); a span holds at most SPAN_MAX bytes (a view's offset is 32-bit).
     """
+    start, length = start.astype(np.int64, copy=False), length.astype(np.int64, copy=False)
     order = np.argsort(start, kind="stable")
+    # int64: the offsets come as int32 (a buffer under 2 GiB), and lo + SPAN_MAX past
+    # 2^31 wrapped, which gave every string of the buffer's last GiB a span of its own.
     lo, hi = start[order], start[order] + length[order]
     reach = np.maximum.accumulate(hi)
     gap = np.flatnonzero(lo[1:] - reach[:-1] > SPAN_GAP) + 1
@@ -309,6 +312,8 @@ def _to_lists(values: np.ndarray, counts: np.ndarray) -> pl.Series:
     """Split a flat array into one list per event (empty lists kept)."""
     n = len(counts)
     if not len(values):  # every list empty (function_graph's args[] without funcgraph-args)
+        if values.dtype in INT_FORMATS:  # offsets no page of which is written: no memory
+            return empty_lists(n, values.dtype)
         return pl.Series(values[:0]).implode().gather(np.zeros(n, np.uint32))
     rows = np.repeat(np.arange(n), counts)
     grouped = (

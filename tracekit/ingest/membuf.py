@@ -95,6 +95,23 @@ def release(arr: np.ndarray, start: int, stop: int) -> int:
     return last - first
 
 
+def maps_file(arr: np.ndarray) -> bool:
+    """Whether arr's memory is a mapping of a file (not alloc's, not the heap's)."""
+    mm = _mapping(arr)
+    return mm is not None and not isinstance(mm, _Private)
+
+
+def drop_file_pages(arr: np.ndarray, start: int = 0, stop: int | None = None) -> int:
+    """Unmap the whole pages of arr[start:stop] when arr maps a file (an uncompressed
+    trace.dat): they stay in the page cache and are mapped again from it when next read,
+    so the process holds only the pages it is reading (the walk, the header and the typed
+    tables each read the whole ring buffer). Anonymous memory (alloc's, the decompressed
+    data) would read back as zeros: it is left as it is. Returns the bytes unmapped."""
+    if not maps_file(arr):
+        return 0
+    return release(arr, start, len(arr) if stop is None else stop)
+
+
 def trim() -> None:
     """Hand the C heap's free memory back to the OS (glibc only; elsewhere a no-op).
 

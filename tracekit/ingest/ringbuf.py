@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.ingest import membuf
 from tracekit.ingest.formats import HeaderEvent, HeaderPage
 
 MISSED_EVENTS = 1 << 31  # the page was preceded by lost events
@@ -40,7 +41,8 @@ class Records:
     """The event records of one CPU's pages, in order, as parallel arrays."""
 
     ts: np.ndarray  # uint64 raw clock value of each event
-    payload: np.ndarray  # int64 byte offset of each event's payload in the buffer
+    payload: np.ndarray  # byte offset of each event's payload in the buffer: int32 (int64
+    # for a buffer of 2 GiB or more)
     length: np.ndarray  # int32 payload length in bytes (an event fits in a page)
     page: np.ndarray  # int32 page index of each event
     page_ts: np.ndarray  # uint64 timestamp of every page
@@ -104,6 +106,9 @@ def decode_pages(
             f"{len(buf)} bytes, not a whole number of {page_size}-byte pages (truncated)"
         )
     ts, size, missed, lost = page_headers(buf, hp, page_size, endian)
+    # A trace.dat mapped from disk: the headers' read mapped every page; the walk maps
+    # them again batch by batch, unmapping each batch behind it (membuf.drop_file_pages).
+    membuf.drop_file_pages(buf)
     bad = np.flatnonzero(size > page_size - hp.data_offset)
     damage = None
     if len(bad):
@@ -160,10 +165,15 @@ def _walk_batches(
 ) -> _Walk:
     """_walk over batches of pages, joined; stops after the first batch with a bad page."""
     walks: list[_Walk] = []
+    # Offsets as int32 when they fit: the walks of every CPU hold their records at once
+    # (funcgraph's peak), 4 bytes a record less.
+    offset = np.int32 if len(words) * 4 < 2**31 else np.int64
     for first in range(0, len(size), PAGES_PER_WALK):
         last = first + PAGES_PER_WALK
         w = _walk(words, page_ts[first:last], size[first:last], hp, he, page_size, first)
+        membuf.drop_file_pages(words.view(np.uint8), first * page_size, last * page_size)
         w.length = w.length.astype(np.int32)  # a record is shorter than a page
+        w.payload = w.payload.astype(offset, copy=False)
         walks.append(w)
         if w.bad_page >= 0:
             break

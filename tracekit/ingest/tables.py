@@ -220,6 +220,8 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
                 f"({rec.damage.reason})"
             )
     lost = _lost_table(trace, parts)
+    for c in trace.cpus:  # its page headers' read mapped every page of a mapped trace.dat
+        membuf.drop_file_pages(c.data)
     meta = dict(trace.meta)
     meta.update(
         reader=trace.reader, clock=trace.clock, instance=trace.instance, symbols=syms.source,
@@ -239,11 +241,12 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     membuf.trim()  # the sort's old copies
     g = Gatherer(merged.buf, merged.payload, merged.length, trace.endian)
     g.pinned = pinned
-    header = standard_header(g) if len(g.payload) else None
+    header = _standard_header(g) if len(g.payload) else None
     if header is not None:
         ids = header["common_type"]
     else:
         ids = g.ints(0, 2, False).astype(np.uint16) if len(g.payload) else np.zeros(0, np.uint16)
+        membuf.drop_file_pages(merged.buf)
     membuf.trim()  # the header's temporaries: glibc keeps up to 64 MB free at a heap's top
     dec = Decoder(trace.formats, trace.printk, trace.long_size, syms)
     del syms  # dec holds it only until the typed tables are built
@@ -251,6 +254,29 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     del merged
     events, by_event = _event_tables(trace, dec, g, ids, ts, cpu, header, after_block, ends)
     return Tables(events, by_event, lost, meta)
+
+
+HEADER_ROWS = 1 << 20  # rows of the standard header read at once from a mapped file
+
+
+def _standard_header(g: Gatherer) -> dict[str, np.ndarray] | None:
+    """columns.standard_header of every row; from a trace.dat mapped from disk, HEADER_ROWS
+    rows at a time, the file's pages unmapped after each (membuf.drop_file_pages): the
+    read maps every page of the ring buffer, and the typed tables map them again block
+    by block, so between the walk and them the process holds a part of it, not all."""
+    if not membuf.maps_file(g.buf) or len(g.payload) <= HEADER_ROWS:
+        header = standard_header(g)
+        membuf.drop_file_pages(g.buf)
+        return header
+    parts = []
+    for at in range(0, len(g.payload), HEADER_ROWS):
+        sub = Gatherer(g.buf, g.payload[at : at + HEADER_ROWS], g.length[at : at + HEADER_ROWS])
+        part = standard_header(sub)
+        membuf.drop_file_pages(g.buf)
+        if part is None:
+            return None
+        parts.append(part)
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
 @dataclass
@@ -303,7 +329,8 @@ def _merge(parts: list[tuple[CpuData, Records]]) -> _Merged:
     base = at = 0
     for c, rec in parts:
         end = at + len(rec.ts)
-        m.ts[at:end], m.payload[at:end] = rec.ts, rec.payload + base
+        m.ts[at:end], m.payload[at:end] = rec.ts, rec.payload
+        m.payload[at:end] += base  # in the merged dtype: the CPU's own may be narrower
         m.length[at:end], m.cpu[at:end] = rec.length, c.cpu
         rec.ts = rec.payload = rec.length = rec.page = np.zeros(0, np.int64)
         m.spans.append(CpuSpan(at, end, base, base + len(c.data)))
