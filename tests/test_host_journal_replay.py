@@ -162,3 +162,17 @@ def test_a_journal_records_its_boot_and_marks_its_tools(tmp_path: Path) -> None:
         record = json.loads(stack.journal.path.read_text().splitlines()[-1])
         assert record["start"] == process_start(tool.pid) is not None
     assert tool.returncode is not None
+
+
+def test_a_setting_of_an_instance_already_gone_is_undone_with_it(tmp_path: Path) -> None:
+    """An instance's setting whose instance no longer exists (a run's own record removed it,
+    or someone by hand) changed nothing left to restore: undone, not left for the user; a
+    missing setting in a directory still there is still named."""
+    gone_instance = tmp_path / "instances" / "tracekit-9" / "buffer_size_kb"
+    here = tmp_path / "instances"
+    here.mkdir()
+    path = dead_journal(tmp_path / "j", boot_id(), journal.setting(gone_instance, "1408"))
+    recovery = recover(tmp_path / "j")
+    assert recovery.left == [] and not path.exists(), recovery
+    dead_journal(tmp_path / "j", boot_id(), journal.setting(here / "missing_kb", "1"))
+    assert recover(tmp_path / "j").left[0].startswith(f"could not restore {here / 'missing_kb'}")

@@ -201,7 +201,11 @@ def undo(entry: Entry, mark: str = "") -> None:
     """
     kind = entry.get("kind")
     if kind == "setting":
-        write_once(Path(entry["path"]), entry["value"])
+        path = Path(entry["path"])
+        # A setting of a tracefs instance that is gone (removed by its own record, or by
+        # hand) went with it; only a missing file in a directory still there is an error.
+        if path.exists() or path.parent.exists():
+            write_once(path, entry["value"])
     elif kind == "instance":
         with contextlib.suppress(FileNotFoundError):
             Path(entry["path"]).rmdir()
