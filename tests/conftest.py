@@ -26,6 +26,8 @@ from tracekit.vhost.runner import VhostConfig, VhostResult
 # (7 min cold, the three boots ~2 min), or (set to bookworm:kpatch) the full config's,
 # whose tests are otherwise the same (a ~28 min cold build: never CI's default).
 KPATCH_KERNEL = os.environ.get("TRACEKIT_KPATCH_KERNEL", "bookworm:kpatch-ci")
+# The same for the 6.12 series (reproducer/kpatch/6.12): trixie's CI config by default.
+KPATCH_KERNEL_612 = os.environ.get("TRACEKIT_KPATCH_KERNEL_612", "trixie:kpatch-ci")
 
 # The configurations the tests boot; others add entries here, not new boot code.
 VHOST_CONFIGS: dict[str, VhostConfig] = {
@@ -126,6 +128,24 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         cpu_model="cortex-a76",
         smp=2,
         timeout_s=900,
+    ),
+    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), as the two above:
+    # nVHE on cortex-a76 and VHE on max, both with the ground-truth plugin.
+    "nvhe-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=2,
+        timeout_s=600 if KPATCH_KERNEL_612.endswith("-ci") else 1500,
+        ground_truth=True,
+    ),
+    "vhe-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
+        kvm_mode="vhe",
+        cpu_model="max",
+        smp=2,
+        timeout_s=900,
+        ground_truth=True,
     ),
 }
 

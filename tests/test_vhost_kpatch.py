@@ -45,6 +45,10 @@ from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, 
 CONFIG = "nvhe-kpatch"
 VHE = "vhe-kpatch"
 PROTECTED = "protected-kpatch"
+# The nVHE and VHE boots per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
+NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
+VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612"}
+SERIES = pytest.mark.parametrize("series", ["6.1", "6.12"])
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 HYP_MAINT = "__kvm_nvhe___kvm_debug_maint"
 VHE_MAINT = "__kvm_debug_maint+"
@@ -129,19 +133,21 @@ def _nvhe_script() -> str:
 
 
 _VHE_REFUSED = REFUSED + SWITCH_INACTIVE
-register_vhost_check(CONFIG, "kpatch", _nvhe_script())
 # The collector's after-guest action through the same interface, after the check above
 # (its VMs make the host dirty): 2 CPUs leave no control CPU, so the guest CPU's ALLE1.
 AFTER_GUEST = "tlbi:alle1@guest-cpu"
-register_vhost_check(
-    CONFIG,
-    "kpatch_collect",
-    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
-    f"--traced-runs 0 --duration 2 --after-guest {AFTER_GUEST} --allow-dirty -o bundle",
-)
-register_vhost_check(
-    VHE, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
-)
+for _nvhe in NVHE_BOOTS.values():
+    register_vhost_check(_nvhe, "kpatch", _nvhe_script())
+    register_vhost_check(
+        _nvhe,
+        "kpatch_collect",
+        "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
+        f"--traced-runs 0 --duration 2 --after-guest {AFTER_GUEST} --allow-dirty -o bundle",
+    )
+for _vhe in VHE_BOOTS.values():
+    register_vhost_check(
+        _vhe, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
+    )
 register_vhost_check(
     PROTECTED,
     "kpatch",
@@ -181,8 +187,9 @@ def _complete_truth(here: Path) -> pl.DataFrame:
 
 
 def _repeat_tlbi(here: Path, config: str) -> bool:
-    """Whether the boot runs with the REPEAT_TLBI workaround: 6.1.176's erratum 4118414
-    lists every Cortex-A76 (cpu_errata.c) and not `max`, and the boot log must say so."""
+    """Whether the boot runs with the REPEAT_TLBI workaround: erratum 4118414 lists every
+    Cortex-A76 and not `max` (cpu_errata.c, 6.1.176 and 6.12.117 alike), and the boot log
+    must say so."""
     expected = VHOST_CONFIGS[config].cpu_model == "cortex-a76"
     dmesg = (here.parent.parent / "vhost-boot-dmesg.txt").read_text()
     assert ("Broken broadcast TLBI completion" in dmesg) == expected, config
@@ -215,18 +222,27 @@ def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> No
         assert (here / f"refused{index}").read_text().strip() == expected, (file, request)
 
 
-def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool) -> None:
-    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only."""
+# What EL2 runs before each operation, besides it, per series. 6.1 leaves EL2 to the hyp
+# stub with no VM alive: the interface brings it up on the target CPU alone, first (its
+# VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there). 6.12 keeps EL2 up from KVM's init
+# (kvm.enable_virt_at_load=1, the default): nothing.
+BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": []}
+
+
+def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool, series: str) -> None:
+    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only
+    (6.1), or with nothing else at EL2 in its window (6.12)."""
+    bring_up = BRING_UP[series]
     for index, (request, _) in enumerate(OPERATIONS):
         mine = _issued(here, hyp, index, HYP_MAINT, repeat)
-        # 6.1 leaves EL2 to the hyp stub with no VM alive: the interface brings it up on
-        # the target CPU alone, first (its VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there).
         init = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_INIT)))
-        assert init["operation"].to_list() == ["TLBI ALLE2", "TLBI VMALLS12E1"], request
-        assert init["cpu"].to_list() == [1, 1], request
+        assert init["operation"].to_list() == bring_up, request
+        assert init["cpu"].to_list() == [1] * len(bring_up), request
         ours = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_MAINT)))
-        assert init["ts"].max() < ours["ts"][0], request
-        assert _invalidations(mine).height == 2 + len(_expected(OPERATIONS[index][1], repeat)), (
+        if bring_up:
+            assert init["ts"].max() < ours["ts"][0], request
+        expected = len(bring_up) + len(_expected(OPERATIONS[index][1], repeat))
+        assert _invalidations(mine).height == expected, (
             request,
             _invalidations(mine).select("cpu", "operation", "symbol").rows(),
         )
@@ -262,13 +278,15 @@ def _nvhe_teardowns(here: Path, table: pl.DataFrame, repeat: bool) -> None:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot, series: str) -> None:
     """nVHE: each operation once, on CPU 1, at EL2; the switch changes what teardown runs."""
-    here = _checked_boot(vhost_boot, CONFIG, "nvhe")
+    config = NVHE_BOOTS[series]
+    here = _checked_boot(vhost_boot, config, "nvhe")
     assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
     table = _complete_truth(here)
-    repeat = _repeat_tlbi(here, CONFIG)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat)
+    repeat = _repeat_tlbi(here, config)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, series)
     _nvhe_teardowns(here, table, repeat)
     read = (here / "teardown-read").read_text()
     assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
@@ -277,13 +295,15 @@ def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot, series: str) -> None:
     """VHE: each operation once, on CPU 1, from __kvm_debug_maint (no hyp text); no switch."""
-    here = _checked_boot(vhost_boot, VHE, "vhe")
+    config = VHE_BOOTS[series]
+    here = _checked_boot(vhost_boot, config, "vhe")
     assert "(inactive: vhe)" in (here / "switch-read").read_text().splitlines()[0]
     table = _complete_truth(here)
     assert table.filter(pl.col("where") == "hyp").height == 0
-    repeat = _repeat_tlbi(here, VHE)
+    repeat = _repeat_tlbi(here, config)
     for index in range(len(OPERATIONS)):
         _issued(here, table.filter(pl.col("where") == "kernel"), index, VHE_MAINT, repeat)
     _assert_refused(here, _VHE_REFUSED)
@@ -300,15 +320,17 @@ def test_vhost_kpatch_protected_refuses(vhost_boot) -> None:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_after_guest_tlbi_in_a_collect(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_after_guest_tlbi_in_a_collect(vhost_boot, series: str) -> None:
     """tracekit collect --after-guest tlbi:alle1@guest-cpu: one TLBI ALLE1 at EL2, on the
     guest's CPU, inside the after-guest run and nowhere else; the bundle names the series."""
-    boot = vhost_boot(CONFIG)
+    boot = vhost_boot(NVHE_BOOTS[series])
     check = boot.checks["kpatch_collect"]
     assert check.status == 0, check.stdout + check.stderr
     bundle = boot.result.out_dir / "checks" / "kpatch_collect" / "bundle"
     manifest = read_manifest(bundle)
     assert "-kp" in manifest.host["kernel_release"]
+    assert manifest.host["kernel_release"].startswith(f"{series}.")
     assert manifest.host["kpatch"]["mode"] == "nvhe"
     assert manifest.host["kpatch"]["teardown_flush"] == "off"
     _, given = bundle_ground_truth(bundle)
