@@ -536,7 +536,7 @@ def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
             f"--after-guest {action} needs tracekit's debug series, and {KPATCH_DIR} is "
             "missing (or unreadable: debugfs needs root): boot a kernel with reproducer/kpatch/"
             " and kvm-arm.debug_maint=1 (in the "
-            "emulated host: --kernel bookworm:kpatch)"
+            "emulated host: --kernel bookworm:kpatch or trixie:kpatch)"
         )
     if kpatch.mode.startswith("protected"):
         raise TracekitError(
