@@ -29,6 +29,28 @@ KPATCH_KERNEL = os.environ.get("TRACEKIT_KPATCH_KERNEL", "bookworm:kpatch-ci")
 # The same for the 6.12 series (reproducer/kpatch/6.12): trixie's CI config by default.
 KPATCH_KERNEL_612 = os.environ.get("TRACEKIT_KPATCH_KERNEL_612", "trixie:kpatch-ci")
 
+
+def _kpatch_boots(kernel: str, suffix: str = "") -> dict[str, VhostConfig]:
+    """The kpatch boots of one kernel, both with the ground-truth plugin: nvhe-kpatch on
+    cortex-a76 and vhe-kpatch on max (their names + `suffix`)."""
+    return {
+        f"nvhe-kpatch{suffix}": VhostConfig(
+            kernel=kernel,
+            kvm_mode="nvhe",
+            cpu_model="cortex-a76",
+            smp=2,
+            # 84 s on 6.1's CI kernel (session 12); 600 s bounds the churn's intermittent
+            # VMM stop seen in benchmarks/results/vm_churn_boots.txt. The full config took
+            # 13 min.
+            timeout_s=600 if kernel.endswith("-ci") else 1500,
+            ground_truth=True,
+        ),
+        f"vhe-kpatch{suffix}": VhostConfig(
+            kernel=kernel, kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900, ground_truth=True
+        ),
+    }
+
+
 # The configurations the tests boot; others add entries here, not new boot code.
 VHOST_CONFIGS: dict[str, VhostConfig] = {
     # The brief's main case: four A76s in two clusters, CPU 3 isolated for cyclictest.
@@ -101,27 +123,10 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900, ground_truth=True
     ),
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit: the CI config by default
-    # (KPATCH_KERNEL; the image build builds the kernel where it is not cached).
-    "nvhe-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
-        kvm_mode="nvhe",
-        cpu_model="cortex-a76",
-        smp=2,
-        # 84 s on the CI kernel (session 12); 600 s bounds the churn's intermittent VMM
-        # stop seen in benchmarks/results/vm_churn_boots.txt. The full config took 13 min.
-        timeout_s=600 if KPATCH_KERNEL.endswith("-ci") else 1500,
-        ground_truth=True,
-    ),
-    # The same kernel in VHE (its __kvm_debug_maint runs in kernel text) and protected
-    # mode (refused), on the same kernel as nvhe-kpatch.
-    "vhe-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
-        kvm_mode="vhe",
-        cpu_model="max",
-        smp=2,
-        timeout_s=900,
-        ground_truth=True,
-    ),
+    # (KPATCH_KERNEL; the image build builds the kernel where it is not cached), in nVHE
+    # and in VHE (its __kvm_debug_maint runs in kernel text); and protected mode (refused)
+    # on the same kernel.
+    **_kpatch_boots(KPATCH_KERNEL),
     "protected-kpatch": VhostConfig(
         kernel=KPATCH_KERNEL,
         kvm_mode="protected",
@@ -129,24 +134,8 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         smp=2,
         timeout_s=900,
     ),
-    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), as the two above:
-    # nVHE on cortex-a76 and VHE on max, both with the ground-truth plugin.
-    "nvhe-kpatch-612": VhostConfig(
-        kernel=KPATCH_KERNEL_612,
-        kvm_mode="nvhe",
-        cpu_model="cortex-a76",
-        smp=2,
-        timeout_s=600 if KPATCH_KERNEL_612.endswith("-ci") else 1500,
-        ground_truth=True,
-    ),
-    "vhe-kpatch-612": VhostConfig(
-        kernel=KPATCH_KERNEL_612,
-        kvm_mode="vhe",
-        cpu_model="max",
-        smp=2,
-        timeout_s=900,
-        ground_truth=True,
-    ),
+    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same two boots.
+    **_kpatch_boots(KPATCH_KERNEL_612, "-612"),
 }
 
 
