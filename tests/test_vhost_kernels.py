@@ -30,6 +30,10 @@ ALL_SPECS = [
     "bookworm:tk-ci",
     "bookworm:kpatch-ci",
     "trixie",
+    "trixie:tk",
+    "trixie:kpatch",
+    "trixie:tk-ci",
+    "trixie:kpatch-ci",
     "sid",
     "sid:16k",
 ]
