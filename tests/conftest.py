@@ -31,8 +31,9 @@ KPATCH_KERNEL_612 = os.environ.get("TRACEKIT_KPATCH_KERNEL_612", "trixie:kpatch-
 
 
 def _kpatch_boots(kernel: str, suffix: str = "") -> dict[str, VhostConfig]:
-    """The kpatch boots of one kernel, both with the ground-truth plugin: nvhe-kpatch on
-    cortex-a76 and vhe-kpatch on max (their names + `suffix`)."""
+    """The kpatch boots of one kernel (their names + `suffix`): nvhe-kpatch on cortex-a76
+    and vhe-kpatch on max (its __kvm_debug_maint runs in kernel text), both with the
+    ground-truth plugin, and protected-kpatch on cortex-a76 (refused)."""
     return {
         f"nvhe-kpatch{suffix}": VhostConfig(
             kernel=kernel,
@@ -47,6 +48,9 @@ def _kpatch_boots(kernel: str, suffix: str = "") -> dict[str, VhostConfig]:
         ),
         f"vhe-kpatch{suffix}": VhostConfig(
             kernel=kernel, kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900, ground_truth=True
+        ),
+        f"protected-kpatch{suffix}": VhostConfig(
+            kernel=kernel, kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900
         ),
     }
 
@@ -123,18 +127,9 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         kernel="trixie", cpu_model="max", kvm_mode="nvhe", smp=2, timeout_s=900, ground_truth=True
     ),
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit: the CI config by default
-    # (KPATCH_KERNEL; the image build builds the kernel where it is not cached), in nVHE
-    # and in VHE (its __kvm_debug_maint runs in kernel text); and protected mode (refused)
-    # on the same kernel.
+    # (KPATCH_KERNEL; the image build builds the kernel where it is not cached).
     **_kpatch_boots(KPATCH_KERNEL),
-    "protected-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
-        kvm_mode="protected",
-        cpu_model="cortex-a76",
-        smp=2,
-        timeout_s=900,
-    ),
-    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same two boots.
+    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same three boots.
     **_kpatch_boots(KPATCH_KERNEL_612, "-612"),
 }
 

@@ -53,6 +53,7 @@ PROTECTED = "protected-kpatch"
 # The nVHE and VHE boots per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
 NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
 VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612"}
+PROTECTED_BOOTS = {"6.1": PROTECTED, "6.12": "protected-kpatch-612"}
 SERIES = pytest.mark.parametrize("series", ["6.1", "6.12"])
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 HYP_MAINT = "__kvm_nvhe___kvm_debug_maint"
@@ -153,12 +154,13 @@ for _vhe in VHE_BOOTS.values():
     register_vhost_check(
         _vhe, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
     )
-register_vhost_check(
-    PROTECTED,
-    "kpatch",
-    f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read"
-    + _refusals_script(PROTECTED_REFUSED),
-)
+for _protected in PROTECTED_BOOTS.values():
+    register_vhost_check(
+        _protected,
+        "kpatch",
+        f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read"
+        + _refusals_script(PROTECTED_REFUSED),
+    )
 
 
 def _window(here: Path, name: str) -> pl.Expr:
@@ -316,9 +318,10 @@ def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot, series: str) -> None
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_protected_refuses(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_protected_refuses(vhost_boot, series: str) -> None:
     """Protected mode: the interface says so, every operation EPERM, the switch EOPNOTSUPP."""
-    here = _checked_boot(vhost_boot, PROTECTED, "protected (refused)")
+    here = _checked_boot(vhost_boot, PROTECTED_BOOTS[series], "protected (refused)")
     assert "(inactive: protected)" in (here / "switch-read").read_text().splitlines()[0]
     _assert_refused(here, PROTECTED_REFUSED)
 
