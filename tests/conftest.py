@@ -129,8 +129,28 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit: the CI config by default
     # (KPATCH_KERNEL; the image build builds the kernel where it is not cached).
     **_kpatch_boots(KPATCH_KERNEL),
-    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same three boots.
+    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same three boots,
+    # and two 6.12 has that 6.1 has not: hVHE (nVHE hyp code with E2H set, on max) and
+    # EL2 left to the hyp stub while no VM exists (kvm.enable_virt_at_load=0).
     **_kpatch_boots(KPATCH_KERNEL_612, "-612"),
+    "hvhe-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
+        kvm_mode="nvhe",
+        cpu_model="max",
+        smp=2,
+        append="arm64_sw.hvhe=1",
+        timeout_s=900,
+        ground_truth=True,
+    ),
+    "novirt-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
+        kvm_mode="nvhe",
+        cpu_model="cortex-a76",
+        smp=2,
+        append="kvm.enable_virt_at_load=0",
+        timeout_s=900,
+        ground_truth=True,
+    ),
 }
 
 

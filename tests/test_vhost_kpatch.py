@@ -54,6 +54,9 @@ PROTECTED = "protected-kpatch"
 NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
 VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612"}
 PROTECTED_BOOTS = {"6.1": PROTECTED, "6.12": "protected-kpatch-612"}
+# 6.12 only: hVHE on max, and nVHE with kvm.enable_virt_at_load=0.
+HVHE = "hvhe-kpatch-612"
+NOVIRT = "novirt-kpatch-612"
 SERIES = pytest.mark.parametrize("series", ["6.1", "6.12"])
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 HYP_MAINT = "__kvm_nvhe___kvm_debug_maint"
@@ -142,7 +145,7 @@ _VHE_REFUSED = REFUSED + SWITCH_INACTIVE
 # The collector's after-guest action through the same interface, after the check above
 # (its VMs make the host dirty): 2 CPUs leave no control CPU, so the guest CPU's ALLE1.
 AFTER_GUEST = "tlbi:alle1@guest-cpu"
-for _nvhe in NVHE_BOOTS.values():
+for _nvhe in (*NVHE_BOOTS.values(), HVHE):
     register_vhost_check(_nvhe, "kpatch", _nvhe_script())
     register_vhost_check(
         _nvhe,
@@ -154,6 +157,9 @@ for _vhe in VHE_BOOTS.values():
     register_vhost_check(
         _vhe, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
     )
+register_vhost_check(
+    NOVIRT, "kpatch", _operations_script().rstrip("; ") + _refusals_script(REFUSED)
+)
 for _protected in PROTECTED_BOOTS.values():
     register_vhost_check(
         _protected,
@@ -232,14 +238,15 @@ def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> No
 # What EL2 runs before each operation, besides it, per series. 6.1 leaves EL2 to the hyp
 # stub with no VM alive: the interface brings it up on the target CPU alone, first (its
 # VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there). 6.12 keeps EL2 up from KVM's init
-# (kvm.enable_virt_at_load=1, the default): nothing.
+# (kvm.enable_virt_at_load=1, the default): nothing; with kvm.enable_virt_at_load=0 it
+# leaves EL2 to the stub too, and 6.12's hyp init runs TLBI ALLE2 and ALLE1.
 BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": []}
+BRING_UP_NOVIRT = ["TLBI ALLE2", "TLBI ALLE1"]
 
 
-def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool, series: str) -> None:
+def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool, bring_up: list[str]) -> None:
     """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only
-    (6.1), or with nothing else at EL2 in its window (6.12)."""
-    bring_up = BRING_UP[series]
+    (`bring_up`), or with nothing else at EL2 in its window (no bring-up)."""
     for index, (request, _) in enumerate(OPERATIONS):
         mine = _issued(here, hyp, index, HYP_MAINT, repeat)
         init = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_INIT)))
@@ -293,10 +300,39 @@ def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot, series: str) ->
     assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
     table = _complete_truth(here)
     repeat = _repeat_tlbi(here, config)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, series)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, BRING_UP[series])
     _nvhe_teardowns(here, table, repeat)
     read = (here / "teardown-read").read_text()
     assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
+    _assert_refused(here, REFUSED)
+
+
+@pytest.mark.kpatch
+@pytest.mark.vhost
+def test_vhost_kpatch_hvhe_takes_the_hypercall(vhost_boot) -> None:
+    """6.12's hVHE on max: the interface reads `mode: hvhe`, each operation runs once on
+    CPU 1 from the nVHE hyp text, and the switch acts as in nVHE."""
+    here = _checked_boot(vhost_boot, HVHE, "hvhe")
+    assert vhost_boot(HVHE).result.kvm_mode == "hvhe"
+    assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
+    table = _complete_truth(here)
+    repeat = _repeat_tlbi(here, HVHE)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, [])
+    _nvhe_teardowns(here, table, repeat)
+    assert "flushes: 2" in (here / "teardown-read").read_text()
+    _assert_refused(here, REFUSED)
+
+
+@pytest.mark.kpatch
+@pytest.mark.vhost
+def test_vhost_kpatch_brings_el2_up_without_virt_at_load(vhost_boot) -> None:
+    """6.12 with kvm.enable_virt_at_load=0 and no VM alive: EL2 is the hyp stub, so each
+    operation brings it up on CPU 1 first (cpu_hyp_init: ___kvm_hyp_init's ALLE2 and
+    ALLE1), then runs once, as on 6.1."""
+    here = _checked_boot(vhost_boot, NOVIRT, "nvhe")
+    table = _complete_truth(here)
+    repeat = _repeat_tlbi(here, NOVIRT)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, BRING_UP_NOVIRT)
     _assert_refused(here, REFUSED)
 
 
