@@ -290,21 +290,31 @@ def _nvhe_teardowns(here: Path, table: pl.DataFrame, repeat: bool) -> None:
             assert seen["symbol"][0].startswith(HYP_MAINT)
 
 
+def _nvhe_boot(
+    vhost_boot, config: str, mode: str, bring_up: list[str], switch: bool = True
+) -> Path:
+    """A boot running the nVHE hyp code (nVHE, hVHE): each operation once on CPU 1 at EL2
+    after `bring_up`; with `switch`, one VM per teardown_flush choice did what it says;
+    the refusals got their errnos. The check's directory."""
+    here = _checked_boot(vhost_boot, config, mode)
+    table = _complete_truth(here)
+    repeat = _repeat_tlbi(here, config)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, bring_up)
+    if switch:
+        assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
+        _nvhe_teardowns(here, table, repeat)
+        read = (here / "teardown-read").read_text()
+        assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
+    _assert_refused(here, REFUSED)
+    return here
+
+
 @pytest.mark.kpatch
 @pytest.mark.vhost
 @SERIES
 def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot, series: str) -> None:
     """nVHE: each operation once, on CPU 1, at EL2; the switch changes what teardown runs."""
-    config = NVHE_BOOTS[series]
-    here = _checked_boot(vhost_boot, config, "nvhe")
-    assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
-    table = _complete_truth(here)
-    repeat = _repeat_tlbi(here, config)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, BRING_UP[series])
-    _nvhe_teardowns(here, table, repeat)
-    read = (here / "teardown-read").read_text()
-    assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
-    _assert_refused(here, REFUSED)
+    _nvhe_boot(vhost_boot, NVHE_BOOTS[series], "nvhe", BRING_UP[series])
 
 
 @pytest.mark.kpatch
@@ -312,15 +322,8 @@ def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot, series: str) ->
 def test_vhost_kpatch_hvhe_takes_the_hypercall(vhost_boot) -> None:
     """6.12's hVHE on max: the interface reads `mode: hvhe`, each operation runs once on
     CPU 1 from the nVHE hyp text, and the switch acts as in nVHE."""
-    here = _checked_boot(vhost_boot, HVHE, "hvhe")
+    _nvhe_boot(vhost_boot, HVHE, "hvhe", [])
     assert vhost_boot(HVHE).result.kvm_mode == "hvhe"
-    assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
-    table = _complete_truth(here)
-    repeat = _repeat_tlbi(here, HVHE)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, [])
-    _nvhe_teardowns(here, table, repeat)
-    assert "flushes: 2" in (here / "teardown-read").read_text()
-    _assert_refused(here, REFUSED)
 
 
 @pytest.mark.kpatch
@@ -329,11 +332,7 @@ def test_vhost_kpatch_brings_el2_up_without_virt_at_load(vhost_boot) -> None:
     """6.12 with kvm.enable_virt_at_load=0 and no VM alive: EL2 is the hyp stub, so each
     operation brings it up on CPU 1 first (cpu_hyp_init: ___kvm_hyp_init's ALLE2 and
     ALLE1), then runs once, as on 6.1."""
-    here = _checked_boot(vhost_boot, NOVIRT, "nvhe")
-    table = _complete_truth(here)
-    repeat = _repeat_tlbi(here, NOVIRT)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, BRING_UP_NOVIRT)
-    _assert_refused(here, REFUSED)
+    _nvhe_boot(vhost_boot, NOVIRT, "nvhe", BRING_UP_NOVIRT, switch=False)
 
 
 @pytest.mark.kpatch
