@@ -145,7 +145,8 @@ _VHE_REFUSED = REFUSED + SWITCH_INACTIVE
 # The collector's after-guest action through the same interface, after the check above
 # (its VMs make the host dirty): 2 CPUs leave no control CPU, so the guest CPU's ALLE1.
 AFTER_GUEST = "tlbi:alle1@guest-cpu"
-for _nvhe in (*NVHE_BOOTS.values(), HVHE):
+register_vhost_check(HVHE, "kpatch", _nvhe_script())
+for _nvhe in NVHE_BOOTS.values():
     register_vhost_check(_nvhe, "kpatch", _nvhe_script())
     register_vhost_check(
         _nvhe,

@@ -181,7 +181,8 @@ class KvmMode:
 
 # Kernel log lines that name KVM's mode, newest wording first.
 KVM_MODE_LINES = (
-    (re.compile(r"kvm \[\d+\]: Protected nVHE mode initialized successfully"), "protected"),
+    # 6.12 runs pKVM with E2H set (hVHE) on a VHE-capable CPU: "Protected hVHE".
+    (re.compile(r"kvm \[\d+\]: Protected [nh]VHE mode initialized successfully"), "protected"),
     (re.compile(r"kvm \[\d+\]: Hyp hVHE mode initialized successfully"), "hvhe"),
     (re.compile(r"kvm \[\d+\]: Hyp (nVHE )?mode initialized successfully"), "nvhe"),
     (re.compile(r"kvm \[\d+\]: VHE mode initialized successfully"), "vhe"),

@@ -14,7 +14,8 @@ KVM_MODES = ("nvhe", "vhe", "protected")
 
 # arch/arm64/kvm/arm.c prints exactly one of these once KVM is up (kvm_info lines).
 _MODE_LINES = (
-    (re.compile(r"kvm \[\d+\]: Protected nVHE mode initialized successfully"), "protected"),
+    # 6.12 runs pKVM with E2H set (hVHE) on a VHE-capable CPU, cortex-a76 included.
+    (re.compile(r"kvm \[\d+\]: Protected [nh]VHE mode initialized successfully"), "protected"),
     (re.compile(r"kvm \[\d+\]: VHE mode initialized successfully"), "vhe"),
     (re.compile(r"kvm \[\d+\]: (?:Hyp|nVHE) mode initialized successfully"), "nvhe"),
     (re.compile(r"kvm \[\d+\]: Hyp nVHE mode initialized successfully"), "nvhe"),
