@@ -26,6 +26,34 @@ from tracekit.vhost.runner import VhostConfig, VhostResult
 # (7 min cold, the three boots ~2 min), or (set to bookworm:kpatch) the full config's,
 # whose tests are otherwise the same (a ~28 min cold build: never CI's default).
 KPATCH_KERNEL = os.environ.get("TRACEKIT_KPATCH_KERNEL", "bookworm:kpatch-ci")
+# The same for the 6.12 series (reproducer/kpatch/6.12): trixie's CI config by default.
+KPATCH_KERNEL_612 = os.environ.get("TRACEKIT_KPATCH_KERNEL_612", "trixie:kpatch-ci")
+
+
+def _kpatch_boots(kernel: str, suffix: str = "") -> dict[str, VhostConfig]:
+    """The kpatch boots of one kernel (their names + `suffix`): nvhe-kpatch on cortex-a76
+    and vhe-kpatch on max (its __kvm_debug_maint runs in kernel text), both with the
+    ground-truth plugin, and protected-kpatch on cortex-a76 (refused)."""
+    return {
+        f"nvhe-kpatch{suffix}": VhostConfig(
+            kernel=kernel,
+            kvm_mode="nvhe",
+            cpu_model="cortex-a76",
+            smp=2,
+            # 84 s on 6.1's CI kernel (session 12); 600 s bounds the churn's intermittent
+            # VMM stop seen in benchmarks/results/vm_churn_boots.txt. The full config took
+            # 13 min.
+            timeout_s=600 if kernel.endswith("-ci") else 1500,
+            ground_truth=True,
+        ),
+        f"vhe-kpatch{suffix}": VhostConfig(
+            kernel=kernel, kvm_mode="vhe", cpu_model="max", smp=2, timeout_s=900, ground_truth=True
+        ),
+        f"protected-kpatch{suffix}": VhostConfig(
+            kernel=kernel, kvm_mode="protected", cpu_model="cortex-a76", smp=2, timeout_s=900
+        ),
+    }
+
 
 # The configurations the tests boot; others add entries here, not new boot code.
 VHOST_CONFIGS: dict[str, VhostConfig] = {
@@ -101,38 +129,36 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
     ),
     # bookworm's 6.1 with reproducer/kpatch, built by tracekit: the CI config by default
     # (KPATCH_KERNEL; the image build builds the kernel where it is not cached).
-    "nvhe-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
+    **_kpatch_boots(KPATCH_KERNEL),
+    # trixie's 6.12 with reproducer/kpatch/6.12 (KPATCH_KERNEL_612), the same three boots,
+    # and two 6.12 has that 6.1 has not: hVHE (nVHE hyp code with E2H set, on max) and
+    # EL2 left to the hyp stub while no VM exists (kvm.enable_virt_at_load=0).
+    **_kpatch_boots(KPATCH_KERNEL_612, "-612"),
+    "hvhe-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
+        kvm_mode="nvhe",
+        cpu_model="max",
+        smp=2,
+        append="arm64_sw.hvhe=1",
+        timeout_s=900,
+        ground_truth=True,
+    ),
+    "novirt-kpatch-612": VhostConfig(
+        kernel=KPATCH_KERNEL_612,
         kvm_mode="nvhe",
         cpu_model="cortex-a76",
         smp=2,
-        # 84 s on the CI kernel (session 12); 600 s bounds the churn's intermittent VMM
-        # stop seen in benchmarks/results/vm_churn_boots.txt. The full config took 13 min.
-        timeout_s=600 if KPATCH_KERNEL.endswith("-ci") else 1500,
-        ground_truth=True,
-    ),
-    # The same kernel in VHE (its __kvm_debug_maint runs in kernel text) and protected
-    # mode (refused), on the same kernel as nvhe-kpatch.
-    "vhe-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
-        kvm_mode="vhe",
-        cpu_model="max",
-        smp=2,
+        append="kvm.enable_virt_at_load=0",
         timeout_s=900,
         ground_truth=True,
-    ),
-    "protected-kpatch": VhostConfig(
-        kernel=KPATCH_KERNEL,
-        kvm_mode="protected",
-        cpu_model="cortex-a76",
-        smp=2,
-        timeout_s=900,
     ),
 }
 
 
 # Markers whose tests run only when `-m` names them: too long for every CI run.
 OPT_IN = {
+    "kpatch612": "the 6.12 kpatch boots (~14 min cold with their kernel's build, over CI's "
+    "budget beside the rest): select with -m kpatch612",
     "unproven": "a boot check that has not yet passed in a boot: select with -m unproven",
 }
 # The opt-in markers this session's -m names (set before test modules register checks).

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.analysis.gtsignatures import packaged_signatures
 from tracekit.bundle import check_run_id
 from tracekit.campaign.plan import AFTER_GUEST_ACTIONS as PLAN_ACTIONS
 from tracekit.errors import TracekitError
 from tracekit.host.afterguest import TLBI_ACTIONS, issue_maint, tlbi_request
 from tracekit.host.preflight import check_kpatch_for, parse_kpatch, read_kpatch
 from tracekit.host.protocol import AFTER_GUEST_ACTIONS, SCENARIOS, Roles, plan_runs, tlbi_cpu
+from tracekit.vhost.kcustom import SERIES
 
 ROLES = Roles(rt_cpu=3, stress_cpus=(0, 1, 2), guest_cpus=(1,))
 OP_TEXT = (
@@ -106,6 +108,34 @@ def test_preflight_protected_mode_and_no_switch() -> None:
     found = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
     assert found.mode == "protected (refused)"
     assert (found.teardown_flush, found.teardown_flushes) == (None, None)
+
+
+def test_preflight_takes_hvhe_as_nvhe() -> None:
+    """6.12's hVHE (nVHE hyp code, E2H set) reads `mode: hvhe`; the switch acts there, and
+    every action is offered (the hypercall path, as nVHE)."""
+    found = parse_kpatch(OP_TEXT.replace("nvhe", "hvhe"), "[off] alle1is last-ran\nflushes: 0\n")
+    assert (found.mode, found.teardown_flush) == ("hvhe", "off")
+    for action in TLBI_ACTIONS:
+        check_kpatch_for(action, found)
+
+
+@pytest.mark.parametrize("series", sorted(SERIES.values()))
+def test_each_series_action_has_its_signatures(series: str) -> None:
+    """Every tlbi: action is checked against the ground truth on each series tracekit ships,
+    nVHE and VHE, with and without REPEAT_TLBI: the series' own instruction once on the
+    target; in nVHE 6.1 brings EL2 up first (no VM alive), 6.12 does not (EL2 kept up)."""
+    signatures = packaged_signatures()
+    for mode in ("nvhe", "vhe"):
+        for action, (op, _) in TLBI_ACTIONS.items():
+            found = signatures.candidates(series, mode, "cortex-a76", action)
+            assert found, (series, mode, action)
+            for signature in found:
+                ours = [e for e in signature.expect if e.function == "__kvm_debug_maint"]
+                assert ours[0].operation == f"TLBI {op.upper()}" and ours[0].count == 1
+                init = [e for e in signature.expect if e.function == "___kvm_hyp_init"]
+                assert bool(init) == ((series, mode) == ("6.1", "nvhe")), (mode, action)
+        vmid = signatures.candidates(series, mode, "cortex-a76", "tlbi:vmalls12e1is@vmid")
+        assert sorted(dict(s.requires)["repeat_tlbi"] for s in vmid) == [("no",), ("yes",)]
 
 
 def test_preflight_says_the_switch_is_inactive_outside_nvhe() -> None:

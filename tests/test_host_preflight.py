@@ -43,6 +43,8 @@ KVM_LINES = [
     ("[    0.562114] kvm [1]: Hyp nVHE mode initialized successfully", "nvhe"),
     ("[    0.562114] kvm [1]: Protected nVHE mode initialized successfully", "protected"),
     ("[    0.562114] kvm [1]: Hyp hVHE mode initialized successfully", "hvhe"),
+    # 6.12's protected mode on a VHE-capable CPU (the protected-kpatch-612 boot, cortex-a76).
+    ("[    0.520000] kvm [1]: Protected hVHE mode initialized successfully", "protected"),
     ("[    0.100000] kvm [1]: KVM disabled from command line", "none"),
 ]
 

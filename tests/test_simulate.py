@@ -1142,10 +1142,12 @@ def test_a_bad_model_stops_vhost_run_before_any_boot(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_the_debug_series_actions_are_predicted_by_what_they_issue() -> None:
+@pytest.mark.parametrize("kernel", [R61, R612])
+def test_the_debug_series_actions_are_predicted_by_what_they_issue(kernel: str) -> None:
     """ALLE1 on the guest CPU clears the brief's model, on another CPU it does not, and
-    VMALLS12E1IS clears none of the shipped models (the brief: it does not remove it)."""
-    on = replace(ON, kernel=R61)
+    VMALLS12E1IS clears none of the shipped models (the brief: it does not remove it); on
+    6.1 and on 6.12, each with its series (reproducer/kpatch/6.1, 6.12)."""
+    on = replace(ON, kernel=kernel)
     brief = load_model("brief-literal")
     said = {
         a: predict(brief, replace(on, after_guest=a)).verdict

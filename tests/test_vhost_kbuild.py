@@ -1,8 +1,9 @@
 """tracekit's own kernels: config trimming, release strings, the patch series, the cache.
 
 The fast tests run on configs and trees made here. The `kbuild` ones need Debian's
-bookworm linux source (the version bookworm ships today, fetched into the cache, ~140 MB)
-and, for the boots, the CI kernel's cross build (~7 min cold on this 2-core machine).
+bookworm and trixie linux sources (the versions they ship today, fetched into the cache,
+~140 MB and ~150 MB) and, for the boots, the CI kernels' cross builds (~7 min cold each
+on this 2-core machine).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -20,15 +22,24 @@ import pytest
 from tracekit.errors import TracekitError
 from tracekit.vhost import kbuild, kcustom, ksource
 from tracekit.vhost.kernels import BOOT_MODULES, parse_kernel_spec
+from tracekit.vhost.kernels import SUITES as SUITES_BY_NAME
 from tracekit.vhost.rootfs import install_modules
 
-SERIES = Path(__file__).parent.parent / "reproducer" / "kpatch" / "6.1"
+KPATCH = Path(__file__).parent.parent / "reproducer" / "kpatch"
+SERIES = KPATCH / "6.1"
+# Each suite with a series, and that series.
+SUITES = pytest.mark.parametrize("suite", sorted(kcustom.SERIES))
 
 
 @functools.cache
+def suite_version(suite: str) -> str:
+    """The version a suite ships today: Debian's pool keeps only the current one."""
+    return kcustom.debian_inputs(suite, print)[0]
+
+
 def bookworm_version() -> str:
-    """The 6.1 version bookworm ships today: Debian's pool keeps only the current one."""
-    return kcustom.debian_inputs("bookworm", print)[0]
+    """The 6.1 version bookworm ships today."""
+    return suite_version("bookworm")
 
 
 DEBIAN_LIKE = """\
@@ -99,15 +110,25 @@ def test_config_hash_and_release_suffix() -> None:
     assert kbuild.release_suffix(digest, "0123abcd") == f"-tk{digest[:6]}-kp0123abcd"
 
 
-def test_built_flavours() -> None:
-    """bookworm:tk and bookworm:kpatch build Debian's source; only kpatch enables the series."""
-    tk, kp = parse_kernel_spec("bookworm:tk"), parse_kernel_spec("bookworm:kpatch")
+@SUITES
+def test_built_flavours(suite: str) -> None:
+    """SUITE:tk and SUITE:kpatch build Debian's source; only kpatch enables the series,
+    the one written for the suite's kernel series."""
+    tk, kp = parse_kernel_spec(f"{suite}:tk"), parse_kernel_spec(f"{suite}:kpatch")
     assert (tk.info.build, kp.info.build) == ("base", "kpatch")
     assert tk.info.kernel_args == ()
     assert kp.info.kernel_args == ("kvm-arm.debug_maint=1",)
-    assert tk.packages() == parse_kernel_spec("bookworm").packages()
-    with pytest.raises(TracekitError, match="no kernel patch series for trixie"):
-        kcustom.series_dir("trixie")
+    assert tk.packages() == parse_kernel_spec(suite).packages()
+    assert kcustom.SERIES[suite] == SUITES_BY_NAME[suite].kernel_series
+    assert kcustom.series_dir(suite) == KPATCH / kcustom.SERIES[suite]
+
+
+def test_a_suite_without_a_series() -> None:
+    """sid has no series yet: one line naming the suites that have one."""
+    with pytest.raises(TracekitError, match=r"no kernel patch series for sid .*6\.1, 6\.12"):
+        kcustom.series_dir("sid")
+    with pytest.raises(TracekitError, match="unknown kernel flavour 'kpatch' for suite 'sid'"):
+        parse_kernel_spec("sid:kpatch")
 
 
 def test_ci_fragment_keeps_the_kept_files_settings(tmp_path: Path) -> None:
@@ -130,13 +151,14 @@ def test_ci_fragment_keeps_the_kept_files_settings(tmp_path: Path) -> None:
     assert {f"CONFIG_{name}=y" for name in kbuild.CI_ON} <= fragment
 
 
-def test_ci_flavours_build_the_ci_config() -> None:
-    """bookworm:tk-ci and :kpatch-ci are :tk and :kpatch with the CI config."""
-    tk, kp = parse_kernel_spec("bookworm:tk-ci"), parse_kernel_spec("bookworm:kpatch-ci")
+@SUITES
+def test_ci_flavours_build_the_ci_config(suite: str) -> None:
+    """SUITE:tk-ci and :kpatch-ci are :tk and :kpatch with the CI config."""
+    tk, kp = parse_kernel_spec(f"{suite}:tk-ci"), parse_kernel_spec(f"{suite}:kpatch-ci")
     assert (tk.info.build, kp.info.build) == ("base", "kpatch")
     assert (tk.info.config, kp.info.config) == ("ci", "ci")
-    assert kp.info.kernel_args == parse_kernel_spec("bookworm:kpatch").info.kernel_args
-    assert parse_kernel_spec("bookworm:kpatch").info.config == "full"
+    assert kp.info.kernel_args == parse_kernel_spec(f"{suite}:kpatch").info.kernel_args
+    assert parse_kernel_spec(f"{suite}:kpatch").info.config == "full"
 
 
 @pytest.mark.kbuild
@@ -152,15 +174,39 @@ def test_ci_config_of_debian_source_keeps_what_the_tests_need(tmp_path: Path) ->
     assert "# CONFIG_EFI is not set" in lines and "# CONFIG_EXT4_FS is not set" in lines
 
 
-def test_the_series_lists_its_patches_in_order() -> None:
-    """The shipped 6.1 series: every file listed, hash over the contents in order."""
-    patches = ksource.series_files(SERIES)
+@SUITES
+def test_the_series_lists_its_patches_in_order(suite: str) -> None:
+    """Each shipped series: every file listed, hash over the contents in order."""
+    patches = ksource.series_files(kcustom.series_dir(suite))
     assert [p.name[:4] for p in patches] == ["0001", "0002", "0003"]
     assert len(ksource.series_hash(patches)) == 8
     assert ksource.series_hash(patches) != ksource.series_hash(patches[::-1])
     touched = ksource.touched_files(patches)
     assert "arch/arm64/kvm/debug_maint.c" in touched
     assert "arch/arm64/kvm/mmu.c" in touched
+
+
+def _subjects(series: Path) -> list[str]:
+    """Each patch's subject line, its "[PATCH n/m]" cut (format-patch folds long ones)."""
+    found = []
+    for patch in ksource.series_files(series):
+        header = patch.read_text().split("\n\n", 1)[0]
+        subject = re.search(r"^Subject: (.*(?:\n .*)*)", header, re.M)
+        assert subject is not None, patch.name
+        found.append(re.sub(r"^\[PATCH [^]]*\] ", "", " ".join(subject.group(1).split())))
+    return found
+
+
+def test_the_ports_are_the_same_series() -> None:
+    """6.12 is a port of 6.1: the same patches, in the same order, writing the same files,
+    so the interface tracekit reads is one; each patch's notes say it is not for merging."""
+    ported = KPATCH / "6.12"
+    assert _subjects(ported) == _subjects(SERIES)
+    assert len(_subjects(SERIES)) == 3
+    for old, new in zip(ksource.series_files(SERIES), ksource.series_files(ported), strict=True):
+        assert ksource.touched_files([old]) == ksource.touched_files([new]), new.name
+        assert "Not for merging" in new.read_text(), new.name
+        assert "From: Your Name <your.name@example.org>" in new.read_text(), new.name
 
 
 def test_series_file_naming_a_missing_patch(tmp_path: Path) -> None:
@@ -289,10 +335,12 @@ def test_cache_cap_removes_least_recently_used(
 
 
 @pytest.mark.kbuild
-def test_series_applies_to_debian_source_and_is_checkpatch_clean() -> None:
-    """The 6.1 series applies to Debian's bookworm source; checkpatch --strict finds no error."""
-    tree = ksource.pristine_tree("bookworm", bookworm_version(), print)
-    patches = ksource.series_files(SERIES)
+@SUITES
+def test_series_applies_to_debian_source_and_is_checkpatch_clean(suite: str) -> None:
+    """Each series applies to its suite's Debian source; checkpatch --strict (the tree's
+    own) finds no error and no check, and warns only of MAINTAINERS for a new file."""
+    tree = ksource.pristine_tree(suite, suite_version(suite), print)
+    patches = ksource.series_files(kcustom.series_dir(suite))
     patched = ksource.patched_tree(tree, patches, print)
     assert (patched / "arch" / "arm64" / "kvm" / "debug_maint.c").is_file()
     done = subprocess.run(
@@ -517,3 +565,29 @@ def test_a_seeded_build_recompiles_changed_files_older_than_the_seed(tmp_path: P
     )
     assert made.stdout.splitlines() == ["cp ../a.c a.o"]
     assert (pristine / "a.c").stat().st_mtime == 1000
+
+
+def _hypercalls(tree: Path) -> tuple[list[str], list[str]]:
+    """The host hypercalls in kvm_asm.h's enum and in hyp-main.c's host_hcall[], in order."""
+    asm = (tree / "arch/arm64/include/asm/kvm_asm.h").read_text()
+    enum = asm.split("enum __kvm_host_smccc_func {", 1)[1].split("};", 1)[0]
+    enum = re.sub(r"/\*.*?\*/", "", enum, flags=re.S)
+    ids = re.findall(r"^\s*__KVM_HOST_SMCCC_FUNC_(\w+)", enum, re.M)
+    main = (tree / "arch/arm64/kvm/hyp/nvhe/hyp-main.c").read_text()
+    table = main.split("static const hcall_t host_hcall[] = {", 1)[1].split("};", 1)[0]
+    return ids, re.findall(r"HANDLE_FUNC\((\w+)\)", table)
+
+
+@pytest.mark.kbuild
+@SUITES
+def test_series_hypercall_has_the_same_number_at_both_ends(suite: str) -> None:
+    """host_hcall[] is indexed by the enum: in the patched tree both list the same calls in
+    the same order, __kvm_debug_maint last (after the pKVM ones on 6.12, so protected
+    mode's finalisation does not refuse it by number: the handler refuses it itself)."""
+    tree = ksource.pristine_tree(suite, suite_version(suite), print)
+    patched = ksource.patched_tree(tree, ksource.series_files(kcustom.series_dir(suite)), print)
+    ids, handlers = _hypercalls(patched)
+    assert ids == handlers
+    assert ids[-1] == "__kvm_debug_maint" and ids.count("__kvm_debug_maint") == 1
+    assert ids.index("__pkvm_prot_finalize") < ids.index("__kvm_debug_maint")
+    assert _hypercalls(tree)[0] == ids[:-1]

@@ -30,6 +30,10 @@ ALL_SPECS = [
     "bookworm:tk-ci",
     "bookworm:kpatch-ci",
     "trixie",
+    "trixie:tk",
+    "trixie:kpatch",
+    "trixie:tk-ci",
+    "trixie:kpatch-ci",
     "sid",
     "sid:16k",
 ]
@@ -143,6 +147,8 @@ def test_builtin_roots_need_no_file_and_xz_modules_load(tmp_path: Path) -> None:
         ("dmesg-trixie-max-vhe.txt", "vhe"),
         ("dmesg-sid-cortex-a76-nvhe.txt", "nvhe"),
         ("dmesg-sid-16k-cortex-a76-nvhe.txt", "nvhe"),
+        ("dmesg-trixie-kpatch-max-hvhe.txt", "hvhe"),
+        ("dmesg-trixie-kpatch-cortex-a76-protected.txt", "protected"),
     ],
 )
 def test_kvm_mode_from_newer_kernels(log: str, mode: str) -> None:

@@ -16,6 +16,10 @@ bookworm:kpatch-ci by default, conftest.KPATCH_KERNEL), 2 CPUs each:
 - VHE on `max` with the plugin: the same operations, issued directly in kernel text
   (`__kvm_debug_maint`, no hypercall); the switch refuses all but `off`.
 - protected on cortex-a76: every operation refused with EPERM, the switch with EOPNOTSUPP.
+The nVHE and VHE tests run for each series (`[6.1]`, `[6.12]`): the 6.12 boots
+(nvhe-kpatch-612, vhe-kpatch-612, conftest.KPATCH_KERNEL_612, trixie:kpatch-ci by
+default) check the same, except that 6.12 keeps EL2 up from KVM's init
+(kvm.enable_virt_at_load=1), so no ___kvm_hyp_init may run before an operation.
 
 What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API reads no
 registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
@@ -26,7 +30,8 @@ passed; VHE and protected passed (refusals compared by errno number: Linux's EOP
 is ENOTSUP, the name Python gives 95).
 All five (these four and tests/test_vhost_churn.py's) passed on the CI kernel too
 (TRACEKIT_KPATCH_KERNEL=bookworm:kpatch-ci, 6.1.176-tk8977d8-kpa298619e, session 12):
-113 s for the three boots.
+113 s for the three boots. The 6.12 twins passed on 2026-12-04 (trixie:kpatch-ci,
+6.12.117-tk0feb10-kpd7c583d9, with tests/test_vhost_churn.py's [6.12]: 4 passed in 179 s).
 """
 
 from __future__ import annotations
@@ -45,6 +50,26 @@ from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, 
 CONFIG = "nvhe-kpatch"
 VHE = "vhe-kpatch"
 PROTECTED = "protected-kpatch"
+# The nVHE and VHE boots per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
+NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
+VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612"}
+PROTECTED_BOOTS = {"6.1": PROTECTED, "6.12": "protected-kpatch-612"}
+# 6.12 only: hVHE on max, and nVHE with kvm.enable_virt_at_load=0.
+HVHE = "hvhe-kpatch-612"
+NOVIRT = "novirt-kpatch-612"
+# 6.12's boots are opt-in (-m kpatch612): its CI kernel's cold build and five boots,
+# ~14 min, do not fit CI's budget beside the rest; 6.1's are CI's.
+SERIES = pytest.mark.parametrize(
+    "series", ["6.1", pytest.param("6.12", marks=pytest.mark.kpatch612)]
+)
+OPT_IN_612 = "kpatch612"
+
+
+def _opt_in(config: str) -> str | None:
+    """The opt-in marker of a boot's checks: 6.12's boots only."""
+    return OPT_IN_612 if config.endswith("-612") else None
+
+
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 HYP_MAINT = "__kvm_nvhe___kvm_debug_maint"
 VHE_MAINT = "__kvm_debug_maint+"
@@ -129,25 +154,40 @@ def _nvhe_script() -> str:
 
 
 _VHE_REFUSED = REFUSED + SWITCH_INACTIVE
-register_vhost_check(CONFIG, "kpatch", _nvhe_script())
 # The collector's after-guest action through the same interface, after the check above
 # (its VMs make the host dirty): 2 CPUs leave no control CPU, so the guest CPU's ALLE1.
 AFTER_GUEST = "tlbi:alle1@guest-cpu"
+register_vhost_check(HVHE, "kpatch", _nvhe_script(), opt_in=OPT_IN_612)
+for _nvhe in NVHE_BOOTS.values():
+    register_vhost_check(_nvhe, "kpatch", _nvhe_script(), opt_in=_opt_in(_nvhe))
+    register_vhost_check(
+        _nvhe,
+        "kpatch_collect",
+        "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
+        f"--traced-runs 0 --duration 2 --after-guest {AFTER_GUEST} --allow-dirty -o bundle",
+        opt_in=_opt_in(_nvhe),
+    )
+for _vhe in VHE_BOOTS.values():
+    register_vhost_check(
+        _vhe,
+        "kpatch",
+        _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED),
+        opt_in=_opt_in(_vhe),
+    )
 register_vhost_check(
-    CONFIG,
-    "kpatch_collect",
-    "python3 -m tracekit collect --rt-cpu 1 --stress-cpus 0 --guest-cpu 0 --runs 1 "
-    f"--traced-runs 0 --duration 2 --after-guest {AFTER_GUEST} --allow-dirty -o bundle",
-)
-register_vhost_check(
-    VHE, "kpatch", _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED)
-)
-register_vhost_check(
-    PROTECTED,
+    NOVIRT,
     "kpatch",
-    f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read"
-    + _refusals_script(PROTECTED_REFUSED),
+    _operations_script().rstrip("; ") + _refusals_script(REFUSED),
+    opt_in=OPT_IN_612,
 )
+for _protected in PROTECTED_BOOTS.values():
+    register_vhost_check(
+        _protected,
+        "kpatch",
+        f"set -e; cat {MAINT}/op > op-read; cat {MAINT}/teardown_flush > switch-read"
+        + _refusals_script(PROTECTED_REFUSED),
+        opt_in=_opt_in(_protected),
+    )
 
 
 def _window(here: Path, name: str) -> pl.Expr:
@@ -181,8 +221,9 @@ def _complete_truth(here: Path) -> pl.DataFrame:
 
 
 def _repeat_tlbi(here: Path, config: str) -> bool:
-    """Whether the boot runs with the REPEAT_TLBI workaround: 6.1.176's erratum 4118414
-    lists every Cortex-A76 (cpu_errata.c) and not `max`, and the boot log must say so."""
+    """Whether the boot runs with the REPEAT_TLBI workaround: erratum 4118414 lists every
+    Cortex-A76 and not `max` (cpu_errata.c, 6.1.176 and 6.12.117 alike), and the boot log
+    must say so."""
     expected = VHOST_CONFIGS[config].cpu_model == "cortex-a76"
     dmesg = (here.parent.parent / "vhost-boot-dmesg.txt").read_text()
     assert ("Broken broadcast TLBI completion" in dmesg) == expected, config
@@ -215,18 +256,28 @@ def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> No
         assert (here / f"refused{index}").read_text().strip() == expected, (file, request)
 
 
-def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool) -> None:
-    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only."""
+# What EL2 runs before each operation, besides it, per series. 6.1 leaves EL2 to the hyp
+# stub with no VM alive: the interface brings it up on the target CPU alone, first (its
+# VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there). 6.12 keeps EL2 up from KVM's init
+# (kvm.enable_virt_at_load=1, the default): nothing; with kvm.enable_virt_at_load=0 it
+# leaves EL2 to the stub too, and 6.12's hyp init runs TLBI ALLE2 and ALLE1.
+BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": []}
+BRING_UP_NOVIRT = ["TLBI ALLE2", "TLBI ALLE1"]
+
+
+def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool, bring_up: list[str]) -> None:
+    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only
+    (`bring_up`), or with nothing else at EL2 in its window (no bring-up)."""
     for index, (request, _) in enumerate(OPERATIONS):
         mine = _issued(here, hyp, index, HYP_MAINT, repeat)
-        # 6.1 leaves EL2 to the hyp stub with no VM alive: the interface brings it up on
-        # the target CPU alone, first (its VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there).
         init = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_INIT)))
-        assert init["operation"].to_list() == ["TLBI ALLE2", "TLBI VMALLS12E1"], request
-        assert init["cpu"].to_list() == [1, 1], request
+        assert init["operation"].to_list() == bring_up, request
+        assert init["cpu"].to_list() == [1] * len(bring_up), request
         ours = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_MAINT)))
-        assert init["ts"].max() < ours["ts"][0], request
-        assert _invalidations(mine).height == 2 + len(_expected(OPERATIONS[index][1], repeat)), (
+        if bring_up:
+            assert init["ts"].max() < ours["ts"][0], request
+        expected = len(bring_up) + len(_expected(OPERATIONS[index][1], repeat))
+        assert _invalidations(mine).height == expected, (
             request,
             _invalidations(mine).select("cpu", "operation", "symbol").rows(),
         )
@@ -260,30 +311,64 @@ def _nvhe_teardowns(here: Path, table: pl.DataFrame, repeat: bool) -> None:
             assert seen["symbol"][0].startswith(HYP_MAINT)
 
 
-@pytest.mark.kpatch
-@pytest.mark.vhost
-def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot) -> None:
-    """nVHE: each operation once, on CPU 1, at EL2; the switch changes what teardown runs."""
-    here = _checked_boot(vhost_boot, CONFIG, "nvhe")
-    assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
+def _nvhe_boot(
+    vhost_boot, config: str, mode: str, bring_up: list[str], switch: bool = True
+) -> Path:
+    """A boot running the nVHE hyp code (nVHE, hVHE): each operation once on CPU 1 at EL2
+    after `bring_up`; with `switch`, one VM per teardown_flush choice did what it says;
+    the refusals got their errnos. The check's directory."""
+    here = _checked_boot(vhost_boot, config, mode)
     table = _complete_truth(here)
-    repeat = _repeat_tlbi(here, CONFIG)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat)
-    _nvhe_teardowns(here, table, repeat)
-    read = (here / "teardown-read").read_text()
-    assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
+    repeat = _repeat_tlbi(here, config)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, bring_up)
+    if switch:
+        assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
+        _nvhe_teardowns(here, table, repeat)
+        read = (here / "teardown-read").read_text()
+        assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
     _assert_refused(here, REFUSED)
+    return here
 
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_operations_and_teardown_switch(vhost_boot, series: str) -> None:
+    """nVHE: each operation once, on CPU 1, at EL2; the switch changes what teardown runs."""
+    _nvhe_boot(vhost_boot, NVHE_BOOTS[series], "nvhe", BRING_UP[series])
+
+
+@pytest.mark.kpatch
+@pytest.mark.kpatch612
+@pytest.mark.vhost
+def test_vhost_kpatch_hvhe_takes_the_hypercall(vhost_boot) -> None:
+    """6.12's hVHE on max: the interface reads `mode: hvhe`, each operation runs once on
+    CPU 1 from the nVHE hyp text, and the switch acts as in nVHE."""
+    _nvhe_boot(vhost_boot, HVHE, "hvhe", [])
+    assert vhost_boot(HVHE).result.kvm_mode == "hvhe"
+
+
+@pytest.mark.kpatch
+@pytest.mark.kpatch612
+@pytest.mark.vhost
+def test_vhost_kpatch_brings_el2_up_without_virt_at_load(vhost_boot) -> None:
+    """6.12 with kvm.enable_virt_at_load=0 and no VM alive: EL2 is the hyp stub, so each
+    operation brings it up on CPU 1 first (cpu_hyp_init: ___kvm_hyp_init's ALLE2 and
+    ALLE1), then runs once, as on 6.1."""
+    _nvhe_boot(vhost_boot, NOVIRT, "nvhe", BRING_UP_NOVIRT, switch=False)
+
+
+@pytest.mark.kpatch
+@pytest.mark.vhost
+@SERIES
+def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot, series: str) -> None:
     """VHE: each operation once, on CPU 1, from __kvm_debug_maint (no hyp text); no switch."""
-    here = _checked_boot(vhost_boot, VHE, "vhe")
+    config = VHE_BOOTS[series]
+    here = _checked_boot(vhost_boot, config, "vhe")
     assert "(inactive: vhe)" in (here / "switch-read").read_text().splitlines()[0]
     table = _complete_truth(here)
     assert table.filter(pl.col("where") == "hyp").height == 0
-    repeat = _repeat_tlbi(here, VHE)
+    repeat = _repeat_tlbi(here, config)
     for index in range(len(OPERATIONS)):
         _issued(here, table.filter(pl.col("where") == "kernel"), index, VHE_MAINT, repeat)
     _assert_refused(here, _VHE_REFUSED)
@@ -291,24 +376,27 @@ def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot) -> None:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_protected_refuses(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_protected_refuses(vhost_boot, series: str) -> None:
     """Protected mode: the interface says so, every operation EPERM, the switch EOPNOTSUPP."""
-    here = _checked_boot(vhost_boot, PROTECTED, "protected (refused)")
+    here = _checked_boot(vhost_boot, PROTECTED_BOOTS[series], "protected (refused)")
     assert "(inactive: protected)" in (here / "switch-read").read_text().splitlines()[0]
     _assert_refused(here, PROTECTED_REFUSED)
 
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-def test_vhost_kpatch_after_guest_tlbi_in_a_collect(vhost_boot) -> None:
+@SERIES
+def test_vhost_kpatch_after_guest_tlbi_in_a_collect(vhost_boot, series: str) -> None:
     """tracekit collect --after-guest tlbi:alle1@guest-cpu: one TLBI ALLE1 at EL2, on the
     guest's CPU, inside the after-guest run and nowhere else; the bundle names the series."""
-    boot = vhost_boot(CONFIG)
+    boot = vhost_boot(NVHE_BOOTS[series])
     check = boot.checks["kpatch_collect"]
     assert check.status == 0, check.stdout + check.stderr
     bundle = boot.result.out_dir / "checks" / "kpatch_collect" / "bundle"
     manifest = read_manifest(bundle)
     assert "-kp" in manifest.host["kernel_release"]
+    assert manifest.host["kernel_release"].startswith(f"{series}.")
     assert manifest.host["kpatch"]["mode"] == "nvhe"
     assert manifest.host["kpatch"]["teardown_flush"] == "off"
     _, given = bundle_ground_truth(bundle)

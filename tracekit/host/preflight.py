@@ -181,7 +181,8 @@ class KvmMode:
 
 # Kernel log lines that name KVM's mode, newest wording first.
 KVM_MODE_LINES = (
-    (re.compile(r"kvm \[\d+\]: Protected nVHE mode initialized successfully"), "protected"),
+    # 6.12 runs pKVM with E2H set (hVHE) on a VHE-capable CPU: "Protected hVHE".
+    (re.compile(r"kvm \[\d+\]: Protected [nh]VHE mode initialized successfully"), "protected"),
     (re.compile(r"kvm \[\d+\]: Hyp hVHE mode initialized successfully"), "hvhe"),
     (re.compile(r"kvm \[\d+\]: Hyp (nVHE )?mode initialized successfully"), "nvhe"),
     (re.compile(r"kvm \[\d+\]: VHE mode initialized successfully"), "vhe"),
@@ -536,7 +537,7 @@ def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
             f"--after-guest {action} needs tracekit's debug series, and {KPATCH_DIR} is "
             "missing (or unreadable: debugfs needs root): boot a kernel with reproducer/kpatch/"
             " and kvm-arm.debug_maint=1 (in the "
-            "emulated host: --kernel bookworm:kpatch)"
+            "emulated host: --kernel bookworm:kpatch or trixie:kpatch)"
         )
     if kpatch.mode.startswith("protected"):
         raise TracekitError(

@@ -25,7 +25,7 @@ from tracekit.vhost.rootfs import KernelFiles
 Progress = Callable[[str], None]
 
 # The series written for each suite's kernel (reproducer/kpatch/<series>/).
-SERIES = {"bookworm": "6.1"}
+SERIES = {"bookworm": "6.1", "trixie": "6.12"}
 # Set in both builds' config input: Kconfig of the unpatched tree drops what it lacks,
 # so A and B are built from the same input.
 SERIES_SYMBOLS = ("KVM_ARM_DEBUG_MAINT",)

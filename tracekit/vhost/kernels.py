@@ -93,7 +93,7 @@ SUITES: dict[str, Suite] = {
     "trixie": Suite(
         name="trixie",
         kernel_series="6.12",
-        flavours={"": Flavour("linux-image-arm64", has_kvm=True)},
+        flavours={"": Flavour("linux-image-arm64", has_kvm=True), **_built_flavours()},
     ),
     # sid's kernel is split: linux-image-* depends on linux-binary-* (vmlinuz) and
     # linux-modules-* (modules as .ko.xz); both are taken as kernel packages below.

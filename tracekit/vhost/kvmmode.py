@@ -9,18 +9,22 @@ from __future__ import annotations
 import re
 
 KVM_MODES = ("nvhe", "vhe", "protected")
+# What a boot can report besides those: hVHE, the nVHE hypervisor with E2H set (6.12 on a
+# VHE-capable CPU with kvm-arm.mode=nvhe and arm64_sw.hvhe=1), asked for as nvhe.
 
 # arch/arm64/kvm/arm.c prints exactly one of these once KVM is up (kvm_info lines).
 _MODE_LINES = (
-    (re.compile(r"kvm \[\d+\]: Protected nVHE mode initialized successfully"), "protected"),
+    # 6.12 runs pKVM with E2H set (hVHE) on a VHE-capable CPU, cortex-a76 included.
+    (re.compile(r"kvm \[\d+\]: Protected [nh]VHE mode initialized successfully"), "protected"),
     (re.compile(r"kvm \[\d+\]: VHE mode initialized successfully"), "vhe"),
     (re.compile(r"kvm \[\d+\]: (?:Hyp|nVHE) mode initialized successfully"), "nvhe"),
     (re.compile(r"kvm \[\d+\]: Hyp nVHE mode initialized successfully"), "nvhe"),
+    (re.compile(r"kvm \[\d+\]: Hyp hVHE mode initialized successfully"), "hvhe"),
 )
 
 
 def kvm_mode_from_log(kernel_log: str) -> str:
-    """`nvhe`, `vhe` or `protected` as the kernel reports it, else `none`."""
+    """`nvhe`, `hvhe`, `vhe` or `protected` as the kernel reports it, else `none`."""
     for pattern, mode in _MODE_LINES:
         if pattern.search(kernel_log):
             return mode
