@@ -26,7 +26,7 @@ from tracekit.vhost.rootfs import KernelFiles
 Progress = Callable[[str], None]
 
 # The series written for each suite's kernel (reproducer/kpatch/<series>/). sid's 7.2 is
-# written and checked against linux-source-7.2 (applies, checkpatch, compiles), but
+# checked against linux-source-7.2 (applies, checkpatch, arch/arm64/kvm/ compiles), but
 # kernels.py gives sid no built flavours yet, so tracekit neither builds nor boots it.
 SERIES = {"bookworm": "6.1", "trixie": "6.12", "sid": "7.2"}
 # Set in both builds' config input: Kconfig of the unpatched tree drops what it lacks,
