@@ -220,6 +220,25 @@ def test_the_ports_are_the_same_series(port: str) -> None:
         assert "From: Your Name <your.name@example.org>" in new.read_text(), new.name
 
 
+def test_the_72_hypercall_is_before_the_pkvm_only_marker() -> None:
+    """7.2's enum is split by MARKER()s and, outside protected mode, handle_host_hcall
+    refuses every id from __KVM_HOST_SMCCC_FUNC_PKVM_ONLY on: the 7.2 patch adds the call
+    last before that marker (not at the enum's end, as 6.12's does), and its handler in
+    the same place of host_hcall[], before the first pKVM-only one. Read from the patch
+    text (the kbuild tests do not build sid)."""
+    text = ksource.series_files(KPATCH / "7.2")[0].read_text()
+    enum = re.search(r"^\+\t__KVM_HOST_SMCCC_FUNC___kvm_debug_maint,\n((?: .*\n)*)", text, re.M)
+    assert enum is not None
+    after = [line.strip() for line in enum.group(1).splitlines() if line.strip()]
+    assert after[0] == "MARKER(__KVM_HOST_SMCCC_FUNC_PKVM_ONLY),"
+    table = re.search(r"^\+\tHANDLE_FUNC\(__kvm_debug_maint\),\n((?: .*\n)*)", text, re.M)
+    assert table is not None
+    following = [line.strip() for line in table.group(1).splitlines() if line.strip()]
+    assert following[0] == "HANDLE_FUNC(__pkvm_host_share_hyp),"
+    assert text.count("__KVM_HOST_SMCCC_FUNC___kvm_debug_maint,") == 1
+    assert "write_sysreg(hcr" not in text  # 7.2 writes HCR_EL2 with write_sysreg_hcr()
+
+
 def test_series_file_naming_a_missing_patch(tmp_path: Path) -> None:
     """A series that names an absent patch is one line naming it."""
     (tmp_path / "series").write_text("# comment\n0001-a.patch\n")
