@@ -127,10 +127,9 @@ complete 1
 LOG6 = LOG5.replace("tksim-log 5", "tksim-log 6").replace(
     "0x41f244b0 0x40200000\n", "0x41f244b0 0x40200000 0x40210000 _text\n"
 )
-# A 6.1 kallsyms (no _text) anchored on _stext; secondary_entry 0x1d144b0 above it.
-# Session 16's bookworm boot (6.1.0-50-arm64, nVHE, 4 x A76, power-cycle; /work/boots
-# s16-pc61): no _text in kallsyms, the entry found from _stext 64 KiB above the load
-# address, secondary_entry in .text, Kernel code [_stext, __init_begin).
+# Session 16's bookworm boot (6.1.0-50-arm64, nVHE, 4 x A76, power-cycle; docs/simulate.md
+# "Measured on 6.1"): no _text in kallsyms, the entry found from _stext 64 KiB above the
+# load address, secondary_entry in .text, Kernel code [_stext, __init_begin).
 LOG6_61 = LOG6.replace(
     "0x41f244b0 0x40200000 0x40210000 _text", "0x40ef02c8 0x40200000 0x40210000 _stext"
 )
