@@ -99,7 +99,7 @@ class BundleData:
         """The simulation's log and model (groundtruth/ of `vhost run --simulate`), read
         once; None when the bundle holds no simulation log."""
         from tracekit.simulate.model import load_model
-        from tracekit.simulate.simlog import read_sim_log
+        from tracekit.simulate.simlog import parse_sim_log
         from tracekit.vhost.runner import GT_BUNDLE_DIR, SIM_LOG, SIM_SOURCE, cpu_entry_check
 
         if "simulation" not in self._truth:
@@ -109,8 +109,9 @@ class BundleData:
             if log_path.is_file():
                 model = load_model(str(source)) if source.is_file() else None
                 text = log_path.read_text(errors="replace")
-                entry = cpu_entry_check(self.path / GT_BUNDLE_DIR)
-                found = BundleSimulation(text, read_sim_log(log_path), model, entry)
+                log = parse_sim_log(text, str(log_path))  # read once, for the check too
+                entry = cpu_entry_check(self.path / GT_BUNDLE_DIR, log)
+                found = BundleSimulation(text, log, model, entry)
             self._truth["simulation"] = found
         return self._truth["simulation"]
 

@@ -39,7 +39,7 @@ from tracekit.vhost.qemu import (
 )
 
 if TYPE_CHECKING:
-    from tracekit.simulate.simlog import EntryCheck
+    from tracekit.simulate.simlog import EntryCheck, SimLog
 
 EMULATED_NOTE = (
     "emulated arm64 host (QEMU TCG): its timings are not hardware timings and "
@@ -432,10 +432,11 @@ def _simulation_notes(out: Path) -> list[str]:
     return [SIMULATED_NOTE, summary]
 
 
-def cpu_entry_check(directory: Path) -> EntryCheck | None:
+def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | None:
     """Whether the plugin watched the boot's real CPU entry, from the files `vhost run`
-    leaves in --out (and copies into a bundle's groundtruth/): the plugin's form and log,
-    the boot's /proc/iomem and kallsyms. None: the form asked for no entry."""
+    leaves in --out (and copies into a bundle's groundtruth/): the plugin's form and log
+    (`log`: that log, already read), the boot's /proc/iomem and kallsyms. None: the form
+    asked for no entry."""
     from tracekit.simulate.model import CPU_ENTRY_SYMBOL
     from tracekit.simulate.simlog import (
         CODE_START_SYMBOLS,
@@ -455,7 +456,7 @@ def cpu_entry_check(directory: Path) -> EntryCheck | None:
         return None
     cpu_on = "clear cpu-on" in form
     try:
-        log = read_sim_log(directory / SIM_LOG)
+        log = log or read_sim_log(directory / SIM_LOG)
     except TracekitError as exc:
         return EntryCheck(cpu_on, [f"the plugin's log is unreadable: {exc}"], [])
     try:
