@@ -276,6 +276,13 @@ def bootstrap_ratio_ci(
     n = thresholds.resamples
     b_means = before[rng.integers(0, len(before), (n, len(before)))].mean(axis=1)
     a_means = after[rng.integers(0, len(after), (n, len(after)))].mean(axis=1)
+    return _ratio_interval(b_means, a_means, thresholds)
+
+
+def _ratio_interval(
+    b_means: np.ndarray, a_means: np.ndarray, thresholds: Thresholds
+) -> tuple[float, float]:
+    """The percentile interval of the resampled after/before ratios."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = a_means / b_means  # a resample of all-zero befores gives inf: it sorts last
     tail = (1 - thresholds.confidence) / 2 * 100
@@ -308,12 +315,8 @@ def nested_bootstrap_ratio_ci(
             means[drawn] = values[rng.integers(0, len(values), (count, len(values)))].mean(axis=1)
         return means.mean(axis=1)
 
-    b_means, a_means = side(before), side(after)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = a_means / b_means
-    tail = (1 - thresholds.confidence) / 2 * 100
-    lo, hi = np.percentile(ratios, [tail, 100 - tail])
-    return float(lo), float(hi)
+    b_means = side(before)
+    return _ratio_interval(b_means, side(after), thresholds)
 
 
 def mean_of_means(units: list[np.ndarray]) -> float:
