@@ -13,11 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_simulate import GOOD, ON, PRELUDE, built, needs_qemu_user  # noqa: F401
+from report_bundles import edit_manifest, make_bundle
+from test_simulate import GOOD, ON, PRELUDE, _simulated, built, needs_qemu_user  # noqa: F401
 
 from tracekit.analysis.conditions import Condition
 from tracekit.errors import TracekitError
-from tracekit.ingest.bundle import BundleSimulation
+from tracekit.ingest.bundle import BundleSimulation, load_bundle
+from tracekit.report.sections import predictions, simulated
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model, parse_model, plugin_form
 from tracekit.simulate.predict import ABSENT, PRESENT, predict
@@ -432,3 +434,22 @@ _RESULT = runner.VhostResult(
     console_log=Path("c"),
     boot_dmesg=Path("d"),
 )
+
+
+def test_reports_of_a_bundle_not_as_modelled_say_so_and_test_no_model(tmp_path: Path) -> None:
+    """A generated emulated bundle under power-cycle with its boot's files in groundtruth/:
+    watched right, the model predictions take it; watched wrong, the simulated-effect
+    section says NOT AS MODELLED and the predictions leave it out."""
+    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
+    edit_manifest(bundle, lambda m: m["host"].__setitem__("emulated", True))
+    _simulated(bundle, "power-cycle@0123456789abcdef")
+    gt = bundle / runner.GT_BUNDLE_DIR
+    gt.mkdir()
+    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61)
+    assert predictions.section([load_bundle(bundle)]) is not None
+    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61.replace("40210000", "40200000"))
+    data = load_bundle(bundle)
+    section = simulated.section([data])
+    assert section is not None
+    assert any("NOT AS MODELLED" in line for line in section.findings), section.findings
+    assert predictions.section([data]) is None
