@@ -15,11 +15,19 @@ SYMBOL PA TEXT_PA STEXT_PA ANCHOR` where a powered-on CPU enters, found from ANC
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL
+from tracekit.vhost.qemu import (
+    BOOTED_SECONDARY,
+    BOOTING_LINUX,
+    FAILED_TO_COME_ONLINE,
+    qemu_mpidr,
+    qemu_vcpu,
+)
 
 SIM_LOG = "vhost-simulate.txt"  # in vhost run's --out, beside the ground-truth log
 SIM_MODEL = "vhost-simulate-model.txt"  # the plugin form the plugin read
@@ -83,9 +91,9 @@ class EntryCheck:
             head = ["the CPU entry the plugin watched is where this boot's /proc/iomem and "
                     "kallsyms put secondary_entry"]  # fmt: skip
         elif self.cpu_on:
-            head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not watch "
-                    "where this boot's kernel enters, so it never cleared: "
-                    + "; ".join(self.mistakes)]  # fmt: skip
+            head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not see "
+                    "this boot's power-ons where its kernel enters, so it did not clear as "
+                    "modelled: " + "; ".join(self.mistakes)]  # fmt: skip
         else:
             head = ["power-ons were not watched (the model does not clear by them): "
                     + "; ".join(self.mistakes)]  # fmt: skip
@@ -244,6 +252,58 @@ def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list
     if not start <= entry.pa <= end:
         mistakes.append(f"{entry.symbol} at {entry.pa:#x} is outside Kernel code")
     return mistakes
+
+
+def power_on_mistakes(log: SimLog, boot_dmesg: str | None, dmesg: str | None) -> list[str]:
+    """Where the power-ons the plugin saw at the CPU entry are not the kernel's, one line
+    per vCPU ([]: each one seen; or nothing to count, which power_on_warnings says).
+
+    `boot_dmesg`: the kernel log before the command (/init's, vhost-boot-dmesg.txt);
+    `dmesg`: after it (vhost-dmesg.txt). Each "Booted secondary processor" line of the
+    second beyond the first is one bring-up during the command, after its entry through
+    secondary_entry; the plugin watches from the first clock marker on, after /init,
+    so the boot's own secondaries are in both logs and in neither count."""
+    if boot_dmesg is None or dmesg is None or power_on_warnings(log, boot_dmesg, dmesg):
+        return []
+    if log.cpu_entry is None or log.cpu_entry.symbol == "unresolved":
+        return []
+    booted = _booted(dmesg) - _booted(boot_dmesg)
+    seen = Counter(qemu_mpidr(e.vcpu) for e in log.power_ons())
+    failed = len(FAILED_TO_COME_ONLINE.findall(dmesg)) - len(
+        FAILED_TO_COME_ONLINE.findall(boot_dmesg)
+    )
+    why = f"; dmesg has {failed} 'failed to come online'" if failed else ""
+    return [
+        f"the kernel brought vCPU {qemu_vcpu(mpidr)} (MPIDR {mpidr:#x}) up {booted[mpidr]}"
+        f" time(s) during the command (its 'Booted secondary processor' lines), the plugin"
+        f" saw {seen[mpidr]} entries at {log.cpu_entry.symbol}{why}"
+        for mpidr in sorted(set(booted) | set(seen))
+        if booted[mpidr] != seen[mpidr]
+    ]
+
+
+def power_on_warnings(log: SimLog, boot_dmesg: str | None, dmesg: str | None) -> list[str]:
+    """Why the power-ons seen could not be counted against the kernel's log, or nothing
+    (nothing either where the entry was never found: that is a mistake of its own)."""
+    if log.cpu_entry is None or log.cpu_entry.symbol == "unresolved":
+        return []
+    if boot_dmesg is None or dmesg is None:
+        return ["power-ons not counted against the kernel's log: no vhost-boot-dmesg.txt or "
+                "vhost-dmesg.txt (a bundle from before both were kept)"]  # fmt: skip
+    if not _whole(boot_dmesg) or not _whole(dmesg):
+        return ["power-ons not counted against the kernel's log: its dmesg does not start "
+                "with 'Booting Linux' (the log buffer wrapped)"]  # fmt: skip
+    return []
+
+
+def _whole(dmesg: str) -> bool:
+    """Whether a dmesg copy holds the whole boot: its first line is the boot CPU's."""
+    return BOOTING_LINUX.search(dmesg.lstrip().partition("\n")[0]) is not None
+
+
+def _booted(dmesg: str) -> Counter[int]:
+    """MPIDR (Aff3-0) -> how many "Booted secondary processor" lines name it."""
+    return Counter(int(m, 16) & 0xFF_00FF_FFFF for _, m in BOOTED_SECONDARY.findall(dmesg))
 
 
 def cpu_entry_warnings(log: SimLog, symbols: dict[str, int]) -> list[str]:

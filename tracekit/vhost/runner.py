@@ -47,6 +47,9 @@ EMULATED_NOTE = (
 )
 CONSOLE_LOG = "vhost-console.log"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
+# The kernel log after the command (/init writes it before powering off): with BOOT_DMESG,
+# how often each CPU came up during the command, which the CPU-entry check counts.
+DMESG = "vhost-dmesg.txt"
 RUN_RECORD = "vhost-run.json"
 # --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
 # (No tracekit.ingest import at module level: the emulated host has no polars, and its
@@ -73,6 +76,7 @@ GT_FILES = (
     IOMEM,
     MARKERS,
     BOOT_DMESG,
+    DMESG,
     RUN_RECORD,
     SIM_SOURCE,
     SIM_FORM,
@@ -433,10 +437,11 @@ def _simulation_notes(out: Path) -> list[str]:
 
 
 def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | None:
-    """Whether the plugin watched the boot's real CPU entry, from the files `vhost run`
-    leaves in --out (and copies into a bundle's groundtruth/): the plugin's form and log
-    (`log`: that log, already read), the boot's /proc/iomem and kallsyms. None: the form
-    asked for no entry."""
+    """Whether the plugin watched the boot's real CPU entry and saw each power-on there,
+    from the files `vhost run` leaves in --out (and copies into a bundle's groundtruth/):
+    the plugin's form and log (`log`: that log, already read), the boot's /proc/iomem and
+    kallsyms, and its kernel log before and after the command. None: the form asked for
+    no entry."""
     from tracekit.simulate.model import CPU_ENTRY_SYMBOL
     from tracekit.simulate.simlog import (
         CODE_START_SYMBOLS,
@@ -444,6 +449,8 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
         EntryCheck,
         cpu_entry_mistakes,
         cpu_entry_warnings,
+        power_on_mistakes,
+        power_on_warnings,
         read_sim_log,
     )
     from tracekit.symbols.kallsyms import parse_line
@@ -474,9 +481,21 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
         symbol = parse_line(line)
         if symbol is not None and symbol.name in wanted:
             symbols.setdefault(symbol.name, symbol.address)
-    return EntryCheck(
-        cpu_on, cpu_entry_mistakes(log, iomem, symbols), cpu_entry_warnings(log, symbols)
-    )
+    mistakes = cpu_entry_mistakes(log, iomem, symbols)
+    warnings = cpu_entry_warnings(log, symbols)
+    if not mistakes:  # watched in the right place: did it see what the kernel did there?
+        before, after = (_text_or_none(directory / name) for name in (BOOT_DMESG, DMESG))
+        mistakes = power_on_mistakes(log, before, after)
+        warnings += power_on_warnings(log, before, after)
+    return EntryCheck(cpu_on, mistakes, warnings)
+
+
+def _text_or_none(path: Path) -> str | None:
+    """A text file's contents, or None when it cannot be read."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _checked_cpu_entry(out: Path, result: VhostResult) -> int:
