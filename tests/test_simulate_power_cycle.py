@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from report_bundles import edit_manifest, make_bundle
+from bundlegen import Spec, generate
 from test_simulate import GOOD, ON, PRELUDE, _simulated, built, needs_qemu_user  # noqa: F401
 
 from tracekit.analysis.conditions import Condition
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleSimulation, load_bundle
-from tracekit.report.sections import predictions, simulated
+from tracekit.report.assemble import build_report
+from tracekit.report.sections import decision, predictions, simulated
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model, parse_model, plugin_form
 from tracekit.simulate.predict import ABSENT, PRESENT, predict
@@ -29,6 +30,8 @@ from tracekit.simulate.simlog import (
     cpu_entry_mistakes,
     cpu_entry_warnings,
     parse_sim_log,
+    power_on_mistakes,
+    power_on_warnings,
 )
 from tracekit.vhost import groundtruth, runner
 from tracekit.vhost.qemu import VIRT_RAM_BASE, ImageLoad, image_load, kernel_text_pa
@@ -358,9 +361,29 @@ def test_without_text_the_plugin_anchors_on_stext(built: Path, tmp_path: Path) -
     assert log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
 
 
-def _boot_out(tmp_path: Path, model: str, log: str | None, iomem: str) -> Path:
+# The kernel log before the command (the boot's three secondaries) and after it, where
+# CPU1 and CPU2 were each hotplugged once (the power-ons of LOG6_61's cpu-on events).
+BOOTED = "CPU{0}: Booted secondary processor 0x000000000{0} [0x414fd0b1]\n"
+BOOT_DMESG_61 = (
+    "[    0.000000] Booting Linux on physical CPU 0x0000000000 [0x414fd0b1]\n"
+    + "".join(f"[    0.14{n}] " + BOOTED.format(n) for n in (1, 2, 3))
+)
+DMESG_61 = BOOT_DMESG_61 + "".join(
+    f"[    6.4{n}] psci: CPU{n} killed (polled 0 ms)\n[    7.6{n}] " + BOOTED.format(n)
+    for n in (1, 2)
+)
+
+
+def _boot_out(
+    tmp_path: Path, model: str, log: str | None, iomem: str, dmesg: str | None = DMESG_61
+) -> Path:
     """A boot's --out as `vhost run` leaves it (and a bundle's groundtruth/ holds it): the
-    plugin's form of `model`, its log, /proc/iomem and kallsyms."""
+    plugin's form of `model`, its log, /proc/iomem, kallsyms and the kernel log before
+    and after the command (`dmesg`: after; None: neither file)."""
+    for name, text in ((runner.BOOT_DMESG, BOOT_DMESG_61), (runner.DMESG, dmesg)):
+        (tmp_path / name).unlink(missing_ok=True)
+        if dmesg is not None:
+            (tmp_path / name).write_text(text)
     form = plugin_form(load_model(model), "nvhe", tmp_path / KALLSYMS, [3], LOAD)
     (tmp_path / SIM_FORM).write_text(form)
     (tmp_path / SIM_LOG).unlink(missing_ok=True)
@@ -391,18 +414,31 @@ def test_vhost_run_checks_the_cpu_entry_against_the_boot(tmp_path: Path, model: 
     assert runner._checked_cpu_entry(out, result) == 0
     assert "is where this boot's /proc/iomem and kallsyms put" in result.notes[-1]
     cpu_on = model == "power-cycle"
-    for log, iomem, why in (
-        (LOG6_61, IOMEM_61.replace("40210000", "40200000"), "Kernel code starts at 0x40200000"),
-        (None, IOMEM_61, "the plugin's log is unreadable"),
-        (re.sub("cpu-entry-at .*\n", "", LOG6_61), IOMEM_61, "no cpu-entry-at line"),
-    ):
+    # Watched in the right place, but a power-on the kernel logged was not seen there, or
+    # one was seen that the kernel did not log.
+    unseen = DMESG_61 + "[    9.3] psci: CPU3 killed (polled 0 ms)\n[    9.9] " + BOOTED.format(3)
+    unlogged = DMESG_61.rpartition("[    6.42]")[0]
+    for log, iomem, dmesg, why in (
+        (LOG6_61, IOMEM_61.replace("40210000", "40200000"), DMESG_61,
+         "Kernel code starts at 0x40200000"),
+        (None, IOMEM_61, DMESG_61, "the plugin's log is unreadable"),
+        (re.sub("cpu-entry-at .*\n", "", LOG6_61), IOMEM_61, DMESG_61, "no cpu-entry-at line"),
+        (LOG6_61, IOMEM_61, unseen, "the kernel brought vCPU 3 (MPIDR 0x3) up 1 time(s) "
+         "during the command (its 'Booted secondary processor' lines), the plugin saw 0 "
+         "entries at secondary_entry"),
+        (LOG6_61, IOMEM_61, unlogged, "brought vCPU 2 (MPIDR 0x2) up 0 time(s)"),
+        (LOG6_61, IOMEM_61, unlogged + "[ 6.5] CPU2: failed to come online\n",
+         "the plugin saw 1 entries at secondary_entry; dmesg has 1 'failed to come online'"),
+    ):  # fmt: skip
         result = replace(_RESULT, out_dir=tmp_path, notes=[])
-        status = runner._checked_cpu_entry(_boot_out(tmp_path, model, log, iomem), result)
+        out = _boot_out(tmp_path, model, log, iomem, dmesg)
+        status = runner._checked_cpu_entry(out, result)
         assert why in result.notes[0], result.notes
         assert result.notes[0].startswith(
             "simulation: NOT AS MODELLED" if cpu_on else "simulation: power-ons were not watched"
         )
         assert status == (runner.SIMULATION_NOT_APPLIED if cpu_on else 0)
+    out = _boot_out(tmp_path, model, LOG6_61, IOMEM_61)
     failed = replace(_RESULT, exit_status=1, out_dir=tmp_path, notes=[])
     assert runner._checked_cpu_entry(out, failed) == 1
     assert runner.cpu_entry_check(_boot_out(tmp_path, "holder-only", LOG6_61, IOMEM_61)) is None
@@ -437,22 +473,41 @@ _RESULT = runner.VhostResult(
 
 
 def test_reports_of_a_bundle_not_as_modelled_say_so_and_test_no_model(tmp_path: Path) -> None:
-    """A generated emulated bundle under power-cycle with its boot's files in groundtruth/:
-    watched right, the model predictions take it; watched wrong, the simulated-effect
-    section says NOT AS MODELLED and the predictions leave it out."""
-    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
-    edit_manifest(bundle, lambda m: m["host"].__setitem__("emulated", True))
-    _simulated(bundle, "power-cycle@0123456789abcdef")
-    gt = bundle / runner.GT_BUNDLE_DIR
-    gt.mkdir()
-    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61)
-    assert predictions.section([load_bundle(bundle)]) is not None
-    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61.replace("40210000", "40200000"))
-    data = load_bundle(bundle)
-    section = simulated.section([data])
+    """Two generated emulated bundles of one condition under power-cycle, each with its
+    boot's files in groundtruth/: both watched right, they pool (one decision-table row
+    of 2+2 boots) and the model predictions take them; one watched wrong, the report's
+    first line says NOT AS MODELLED with the model and how many bundles, its
+    simulated-effect section says why, it pools with nothing (a decision-table row of
+    its own, marked) and the model predictions leave it out."""
+    label = "power-cycle@0123456789abcdef"
+    bundles = [generate(tmp_path / name, Spec(runs=4, seed=i)) for i, name in enumerate("ab")]
+    for bundle in bundles:
+        _simulated(bundle, label)
+        (bundle / runner.GT_BUNDLE_DIR).mkdir()
+        _boot_out(bundle / runner.GT_BUNDLE_DIR, "power-cycle", LOG6_61, IOMEM_61)
+    applied = [load_bundle(b) for b in bundles]
+    table = decision.section(applied)
+    assert table is not None
+    assert [n for _, n in table.tables[0].frame.select("condition", "n").rows()] == ["2+2 boots"]
+    assert predictions.section(applied) is not None
+    assert not any("NOT AS MODELLED" in line for line in build_report(applied).warnings)
+    wrong = IOMEM_61.replace("40210000", "40200000")
+    _boot_out(bundles[1] / runner.GT_BUNDLE_DIR, "power-cycle", LOG6_61, wrong)
+    data = [load_bundle(b) for b in bundles]
+    section = simulated.section(data)
     assert section is not None
-    assert any("NOT AS MODELLED" in line for line in section.findings), section.findings
-    assert predictions.section([data]) is None
+    assert any(line.startswith("b: NOT AS MODELLED") for line in section.findings), section
+    first = build_report(data).warnings[1]
+    assert first.startswith(f"SIMULATED EFFECT ({label})")
+    assert f"NOT AS MODELLED: {label} in 1 bundle(s)" in first, first
+    table = decision.section(data)
+    assert table is not None
+    rows = dict(table.tables[0].frame.select("condition", "n").rows())
+    assert rows == {label: "4+4 runs", f"{label} (NOT AS MODELLED)": "4+4 runs"}, rows
+    tested = predictions.section(data)
+    assert tested is not None
+    assert any(u.startswith("b: left out of the model predictions") for u in tested.unknowns)
+    assert not any(u.startswith("a: left out") for u in tested.unknowns)
 
 
 def test_an_end_check_that_could_not_run_is_said() -> None:
@@ -465,3 +520,21 @@ def test_an_end_check_that_could_not_run_is_said() -> None:
         "kallsyms has no __init_begin: Kernel code's end was not checked, only its start"
     ]
     assert cpu_entry_warnings(log, SYMBOLS_612) == []
+
+
+def test_power_ons_the_kernel_log_cannot_count_are_said() -> None:
+    """No kernel log (a bundle from before it was kept) or one that wrapped (its first
+    line is not the boot CPU's): the power-ons are not counted, a warning says why, no
+    mistake; an entry never found is not counted either (its own mistake says why)."""
+    log = parse_sim_log(LOG6_61)
+    assert power_on_mistakes(log, BOOT_DMESG_61, DMESG_61) == []
+    assert power_on_warnings(log, BOOT_DMESG_61, DMESG_61) == []
+    wrapped = DMESG_61.partition("\n")[2]
+    for before, after, why in ((None, DMESG_61, "no vhost-boot-dmesg.txt"),
+                               (BOOT_DMESG_61, None, "no vhost-boot-dmesg.txt"),
+                               (BOOT_DMESG_61, wrapped, "the log buffer wrapped")):  # fmt: skip
+        assert power_on_mistakes(log, before, after) == []
+        assert why in power_on_warnings(log, before, after)[0]
+    unresolved = parse_sim_log(LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0"))
+    assert power_on_mistakes(unresolved, BOOT_DMESG_61, "") == []
+    assert power_on_warnings(unresolved, None, None) == []

@@ -32,6 +32,7 @@ from tracekit.errors import TracekitError
 from tracekit.ingest.rundata import RunData, cyclictest_cycles
 
 if TYPE_CHECKING:
+    from tracekit.analysis.conditions import Condition
     from tracekit.ingest.groundtruth import GroundTruth
     from tracekit.ingest.trace import Trace
     from tracekit.simulate.model import Model
@@ -114,6 +115,20 @@ class BundleData:
                 found = BundleSimulation(text, log, model, entry)
             self._truth["simulation"] = found
         return self._truth["simulation"]
+
+    def not_as_modelled(self) -> bool:
+        """Whether the bundle ran under a cpu-on model the plugin did not apply as modelled
+        (its simulation's check): its data answer to no model, and pool with no bundle
+        whose model was applied."""
+        simulation = self.simulation()
+        return simulation is not None and simulation.not_as_modelled()
+
+    def condition(self) -> Condition:
+        """The bundle's condition (analysis.conditions.bundle_condition), marked NOT AS
+        MODELLED where it was: its groundtruth/ files show it, not its manifest."""
+        from tracekit.analysis.conditions import bundle_condition
+
+        return bundle_condition(self.manifest, as_modelled=not self.not_as_modelled())
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""

@@ -134,8 +134,24 @@ def simulated_warnings(bundles: list[BundleData]) -> list[str]:
     mixed = f"; {real} bundle(s) not simulated, never pooled with them" if real else ""
     return [
         f"SIMULATED EFFECT ({', '.join(labels)}): an injected mechanism, not a measured "
-        f"one; it tests tracekit's inference, never the hardware{mixed}."
+        f"one; it tests tracekit's inference, never the hardware{mixed}{_unapplied(bundles)}."
     ]
+
+
+def _unapplied(bundles: list[BundleData]) -> str:
+    """ "; NOT AS MODELLED: ..." per model some bundles ran without its cpu-on clearing
+    (BundleData.not_as_modelled), or nothing: the lead says it, not only its section."""
+    counts: dict[str, int] = {}
+    for data in bundles:
+        if simulated_label(data.manifest) != "none" and data.not_as_modelled():
+            label = simulated_label(data.manifest)
+            counts[label] = counts.get(label, 0) + 1
+    return "".join(
+        f"; NOT AS MODELLED: {label} in {n} bundle(s) (the plugin did not watch where the"
+        " kernel enters, so its cpu-on clearing never ran: a condition of their own, in no"
+        " model prediction)"
+        for label, n in sorted(counts.items())
+    )
 
 
 def header_lines(bundles: list[BundleData]) -> list[str]:

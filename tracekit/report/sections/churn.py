@@ -11,7 +11,6 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis import churn as ch
-from tracekit.analysis.conditions import bundle_condition
 from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_label, is_emulated
@@ -88,7 +87,7 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
     for data in bundles:
         host = data.manifest.host
         state = ch.switch_state(host.get("kpatch"))
-        condition = bundle_condition(data.manifest)
+        condition = data.condition()
         for run in data.manifest.runs:
             if run.kind != RunKind.CHURN:
                 continue

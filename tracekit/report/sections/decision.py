@@ -16,7 +16,6 @@ from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, runs_to_dec
 from tracekit.analysis.conditions import (
     FIELD_LABELS,
     Condition,
-    bundle_condition,
     varying_fields,
 )
 from tracekit.analysis.decision import (
@@ -84,9 +83,7 @@ def condition_groups(
     unknowns = []
     for data in bundles:
         if _has_quiet_phases(data):
-            groups.setdefault(bundle_condition(data.manifest), []).append(
-                (bundle_label(data), data.latencies)
-            )
+            groups.setdefault(data.condition(), []).append((bundle_label(data), data.latencies))
         else:
             unknowns.append(
                 f"{bundle_label(data)}: left out of {what} (no quiet runs both"

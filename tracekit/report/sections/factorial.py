@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import polars as pl
 
-from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.factorial import (
     FOUND,
     RESPONSES,
@@ -44,7 +43,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     """Effects (or a dose-response) per group of bundles alike but for the factors."""
     if len(bundles) < 2:
         return None
-    conditions = [bundle_condition(b.manifest) for b in bundles]
+    conditions = [b.condition() for b in bundles]
     groups = setting_groups(conditions)
     if len(groups) == 1:
         return _group_section(bundles)
