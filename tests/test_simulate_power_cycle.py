@@ -7,6 +7,7 @@ under qemu-user (a function named secondary_entry stands in for the kernel's ent
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from dataclasses import replace
@@ -33,9 +34,12 @@ from tracekit.simulate.simlog import (
     power_on_mistakes,
     power_on_warnings,
 )
+from tracekit.symbols.kallsyms import kallsyms_omission
 from tracekit.vhost import groundtruth, runner
+from tracekit.vhost.image import IMAGE_RECORD, VhostImage
+from tracekit.vhost.kernels import parse_kernel_spec
 from tracekit.vhost.qemu import VIRT_RAM_BASE, ImageLoad, image_load, kernel_text_pa
-from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_FORM, SIM_LOG
+from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_FORM, SIM_LOG, VhostConfig
 
 POWER = GOOD.replace('["alle1-local"]', '["cpu-on"]')
 LOAD = ImageLoad(0x40200000, 0x40210000)  # where QEMU 7.2 loads both of Debian's Images
@@ -538,3 +542,65 @@ def test_power_ons_the_kernel_log_cannot_count_are_said() -> None:
     unresolved = parse_sim_log(LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0"))
     assert power_on_mistakes(unresolved, BOOT_DMESG_61, "") == []
     assert power_on_warnings(unresolved, None, None) == []
+
+
+# Offsets from the System.map of tracekit's CI builds (docs/simulate.md): 6.12 puts
+# secondary_entry in .rodata.text, between _etext and _sinittext; 6.1 in .text.
+MAP_612 = {
+    "_text": 0xFFFF800080000000,
+    "_stext": 0xFFFF800080010000,
+    "_etext": 0xFFFF800080630000,
+    "secondary_entry": 0xFFFF8000807B9478,
+    "_sinittext": 0xFFFF8000807C0000,
+    "_einittext": 0xFFFF800080803608,
+}
+MAP_61 = {
+    "_text": 0xFFFF800008000000,
+    "_stext": 0xFFFF800008010000,
+    "secondary_entry": 0xFFFF80000859A290,
+    "_etext": 0xFFFF8000085A0000,
+    "_sinittext": 0xFFFF800008710000,
+    "_einittext": 0xFFFF800008741718,
+}
+
+
+def _built_image(tmp_path: Path, system_map: dict[str, int], config: str) -> VhostImage:
+    """An image record naming a kernel build whose System.map and .config are these."""
+    here = tmp_path / str(len(list(tmp_path.iterdir())))  # one of its own per call
+    build, image = here / "build", here / "image"
+    for directory in (build, image):
+        directory.mkdir(parents=True)
+    (build / "System.map").write_text("".join(f"{a:016x} T {n}\n" for n, a in system_map.items()))
+    (build / ".config").write_text(config)
+    (image / IMAGE_RECORD).write_text(json.dumps({"build_dir": str(build)}))
+    return VhostImage(image, parse_kernel_spec("trixie:tk-ci"), "6.12.117-tk", [])
+
+
+def test_a_cpu_on_model_is_refused_before_the_boot_where_kallsyms_drops_the_entry(
+    tmp_path: Path,
+) -> None:
+    """trixie:tk-ci (6.12, no CONFIG_KALLSYMS_ALL): its kallsyms will not list
+    secondary_entry, so a cpu-on model is refused in one line naming why and what to
+    boot instead; with KALLSYMS_ALL, on 6.1's layout, for a model that does not clear by
+    cpu-on, or on a Debian kernel (no build of tracekit's: checked after the run) it
+    boots."""
+    config = "CONFIG_KALLSYMS=y\n# CONFIG_KALLSYMS_SELFTEST is not set\n"
+    power = VhostConfig(kernel="trixie:tk-ci", simulate="power-cycle")
+    with pytest.raises(TracekitError) as refused:
+        runner._refuse_unwatchable_entry(power, _built_image(tmp_path, MAP_612, config))
+    said = str(refused.value)
+    assert "\n" not in said and "trixie:tk-ci's kallsyms will not list secondary_entry" in said
+    assert "without CONFIG_KALLSYMS_ALL" in said and "(0xffff8000807b9478) lies in neither" in said
+    assert "use --kernel bookworm, trixie or bookworm:tk-ci" in said
+    for image, model in (
+        (_built_image(tmp_path, MAP_612, config + "CONFIG_KALLSYMS_ALL=y\n"), "power-cycle"),
+        (_built_image(tmp_path, MAP_61, config), "power-cycle"),
+        (_built_image(tmp_path, MAP_612, config), "brief-literal"),
+        (VhostImage(tmp_path / "debian", parse_kernel_spec("trixie"), "6.12", []), "power-cycle"),
+    ):
+        runner._refuse_unwatchable_entry(replace(power, simulate=model), image)
+    no_entry = {n: a for n, a in MAP_61.items() if n != CPU_ENTRY_SYMBOL}
+    text = "".join(f"{a:016x} T {n}\n" for n, a in no_entry.items())
+    assert (
+        kallsyms_omission(text, CPU_ENTRY_SYMBOL, True) == "its System.map has no secondary_entry"
+    )

@@ -171,6 +171,32 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
     return spec
 
 
+def _refuse_unwatchable_entry(config: VhostConfig, image: VhostImage) -> None:
+    """Refuse, before the boot, a model that clears by cpu-on on a kernel whose kallsyms
+    will not list the CPU entry the plugin looks for there (tracekit's trixie:tk-ci):
+    it could never clear. Known before the boot only for kernels tracekit built (their
+    System.map and .config); on the others the run's own check says so after it."""
+    from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model
+    from tracekit.symbols.kallsyms import kallsyms_omission
+
+    build = image.build_dir()
+    if not config.simulate or build is None or not load_model(config.simulate).clears_by("cpu-on"):
+        return
+    try:
+        system_map = (build / "System.map").read_text(errors="replace")
+        all_symbols = "CONFIG_KALLSYMS_ALL=y" in (build / ".config").read_text().splitlines()
+    except OSError:
+        return  # the build tree is gone: the run's check still tells
+    why = kallsyms_omission(system_map, CPU_ENTRY_SYMBOL, all_symbols)
+    if why is not None:
+        raise TracekitError(
+            f"--simulate {config.simulate} clears by cpu-on, but {image.spec.name}'s kallsyms "
+            f"will not list {CPU_ENTRY_SYMBOL}, where the plugin watches for power-ons: {why} "
+            "(6.12 and 7.2 put the idmap text in .rodata.text); use --kernel bookworm, "
+            "trixie or bookworm:tk-ci, or a model that does not clear by cpu-on"
+        )
+
+
 def _ground_truth_script(command: list[str]) -> list[str]:
     """The command between two rounds of clock markers, after saving this boot's kallsyms."""
     gtmark = f"/tracekit/{GTMARK}"
@@ -279,6 +305,7 @@ def run(
         config = replace(config, ground_truth=True)  # the plugin applies the model
     spec = _validate(config, command)
     image = require_image(spec, say)
+    _refuse_unwatchable_entry(config, image)
     out = (config.out or Path(tempfile.mkdtemp(prefix="tracekit-vhost-out-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tracekit-vhost-ctl-") as ctl_name:
