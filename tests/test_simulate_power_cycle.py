@@ -604,3 +604,23 @@ def test_a_cpu_on_model_is_refused_before_the_boot_where_kallsyms_drops_the_entr
     assert (
         kallsyms_omission(text, CPU_ENTRY_SYMBOL, True) == "its System.map has no secondary_entry"
     )
+
+
+def test_an_entry_unwatched_for_want_of_the_irq_entries_says_so() -> None:
+    """The plugin watches nothing until every IRQ entry resolves: a log whose IRQ entries
+    were not all found, or where no clock marker ran, has its CPU entry unresolved for
+    that reason, named so, not as a kallsyms without the entry."""
+    unresolved = LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0")
+    irq = "pay-at el1h_64_irq_handler 0xffffc8b56cccc934\npay-at el0t_64_irq_handler 0x0\n"
+    failed = parse_sim_log(unresolved.replace("clock 1\n", "clock 1\n" + irq))
+    why = cpu_entry_mistakes(failed, IOMEM_61, SYMBOLS_61)
+    assert why == [
+        "the plugin never found the IRQ entries el0t_64_irq_handler in kallsyms, so it "
+        "watched nothing, no CPU entry either (Image at 0x40200000)"
+    ]
+    early = parse_sim_log(unresolved.replace("clock 1\n", "clock 1\npay-at unresolved 0x0\n"))
+    assert cpu_entry_mistakes(early, IOMEM_61, SYMBOLS_61)[0].startswith("no clock marker ran")
+    assert (
+        "never found the CPU entry"
+        in cpu_entry_mistakes(parse_sim_log(unresolved), IOMEM_61, SYMBOLS_61)[0]
+    )

@@ -223,7 +223,7 @@ def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list
         return ["the log has no cpu-entry-at line: the plugin never watched a CPU entry"]
     entry = log.cpu_entry
     if entry.symbol == "unresolved":
-        return [_unresolved_reason(entry, symbols)]
+        return [_unresolved_reason(entry, symbols, log.pay_at)]
     code = _kernel_code(iomem)
     if code is None:
         return ["/proc/iomem has no Kernel code line with an address (read it as root)"]
@@ -331,9 +331,20 @@ def cpu_entry_warnings(log: SimLog, symbols: dict[str, int]) -> list[str]:
     ]
 
 
-def _unresolved_reason(entry: CpuEntry, symbols: dict[str, int]) -> str:
-    """Why the plugin found no entry, as far as the boot's kallsyms tells."""
+def _unresolved_reason(entry: CpuEntry, symbols: dict[str, int], pay_at: dict[str, int]) -> str:
+    """Why the plugin found no entry, as far as its log and the boot's kallsyms tell: the
+    plugin watches nothing until the IRQ entries resolve too (tksim.c), so an IRQ entry
+    never found, or no clock marker at all, leaves it unresolved whatever kallsyms holds."""
     where = f"(Image at {entry.text_pa:#x})"
+    if "unresolved" in pay_at:
+        return (
+            f"no clock marker ran, so the plugin read no kallsyms and watched no CPU entry {where}"
+        )
+    if missing := [name for name, address in pay_at.items() if not address]:
+        return (
+            f"the plugin never found the IRQ entries {', '.join(missing)} in kallsyms, so it "
+            f"watched nothing, no CPU entry either {where}"
+        )
     if symbols and not any(s in symbols for s in CODE_START_SYMBOLS):
         return f"the plugin never found the CPU entry {where}: kallsyms has neither anchor"
     if symbols and CPU_ENTRY_SYMBOL not in symbols:
