@@ -534,9 +534,9 @@ def test_power_ons_the_kernel_log_cannot_count_are_said() -> None:
     assert power_on_mistakes(log, BOOT_DMESG_61, DMESG_61) == []
     assert power_on_warnings(log, BOOT_DMESG_61, DMESG_61) == []
     wrapped = DMESG_61.partition("\n")[2]
-    for before, after, why in ((None, DMESG_61, "no vhost-boot-dmesg.txt"),
-                               (BOOT_DMESG_61, None, "no vhost-boot-dmesg.txt"),
-                               (BOOT_DMESG_61, wrapped, "the log buffer wrapped")):  # fmt: skip
+    for before, after, why in ((None, DMESG_61, "it has none from before the command"),
+                               (BOOT_DMESG_61, None, "it has none from after the command"),
+                               (BOOT_DMESG_61, wrapped, "the buffer wrapped")):  # fmt: skip
         assert power_on_mistakes(log, before, after) == []
         assert why in power_on_warnings(log, before, after)[0]
     unresolved = parse_sim_log(LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0"))

@@ -263,9 +263,10 @@ def power_on_mistakes(log: SimLog, boot_dmesg: str | None, dmesg: str | None) ->
     second beyond the first is one bring-up during the command, after its entry through
     secondary_entry; the plugin watches from the first clock marker on, after /init,
     so the boot's own secondaries are in both logs and in neither count."""
-    if boot_dmesg is None or dmesg is None or power_on_warnings(log, boot_dmesg, dmesg):
-        return []
-    if log.cpu_entry is None or log.cpu_entry.symbol == "unresolved":
+    entry = log.cpu_entry
+    if entry is None or entry.symbol == "unresolved" or boot_dmesg is None or dmesg is None:
+        return []  # never watched (a mistake of its own), or nothing to count by
+    if power_on_warnings(log, boot_dmesg, dmesg):
         return []
     booted = _booted(dmesg) - _booted(boot_dmesg)
     seen = Counter(qemu_mpidr(e.vcpu) for e in log.power_ons())
@@ -276,7 +277,7 @@ def power_on_mistakes(log: SimLog, boot_dmesg: str | None, dmesg: str | None) ->
     return [
         f"the kernel brought vCPU {qemu_vcpu(mpidr)} (MPIDR {mpidr:#x}) up {booted[mpidr]}"
         f" time(s) during the command (its 'Booted secondary processor' lines), the plugin"
-        f" saw {seen[mpidr]} entries at {log.cpu_entry.symbol}{why}"
+        f" saw {seen[mpidr]} entries at {entry.symbol}{why}"
         for mpidr in sorted(set(booted) | set(seen))
         if booted[mpidr] != seen[mpidr]
     ]
@@ -287,12 +288,13 @@ def power_on_warnings(log: SimLog, boot_dmesg: str | None, dmesg: str | None) ->
     (nothing either where the entry was never found: that is a mistake of its own)."""
     if log.cpu_entry is None or log.cpu_entry.symbol == "unresolved":
         return []
-    if boot_dmesg is None or dmesg is None:
-        return ["power-ons not counted against the kernel's log: no vhost-boot-dmesg.txt or "
-                "vhost-dmesg.txt (a bundle from before both were kept)"]  # fmt: skip
-    if not _whole(boot_dmesg) or not _whole(dmesg):
-        return ["power-ons not counted against the kernel's log: its dmesg does not start "
-                "with 'Booting Linux' (the log buffer wrapped)"]  # fmt: skip
+    head = "power-ons not counted against the kernel's log"
+    missing = [when for when, text in (("before", boot_dmesg), ("after", dmesg)) if text is None]
+    if missing:
+        return [f"{head}: it has none from {' or '.join(missing)} the command (a bundle from "
+                "before it was kept)"]  # fmt: skip
+    if not _whole(boot_dmesg or "") or not _whole(dmesg or ""):
+        return [f"{head}: its dmesg does not start with 'Booting Linux' (the buffer wrapped)"]
     return []
 
 
