@@ -32,7 +32,6 @@ from tracekit.errors import TracekitError
 from tracekit.ingest.rundata import RunData, cyclictest_cycles
 
 if TYPE_CHECKING:
-    from tracekit.analysis.conditions import Condition
     from tracekit.ingest.groundtruth import GroundTruth
     from tracekit.ingest.trace import Trace
     from tracekit.simulate.model import Model
@@ -122,13 +121,6 @@ class BundleData:
         whose model was applied."""
         simulation = self.simulation()
         return simulation is not None and simulation.not_as_modelled()
-
-    def condition(self) -> Condition:
-        """The bundle's condition (analysis.conditions.bundle_condition), marked NOT AS
-        MODELLED where it was: its groundtruth/ files show it, not its manifest."""
-        from tracekit.analysis.conditions import bundle_condition
-
-        return bundle_condition(self.manifest, as_modelled=not self.not_as_modelled())
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tracekit.analysis.conditions import (
+    Condition,
     Unknown,
+    bundle_condition,
     fact_slots,
     guest_knobs,
     guest_variant,
@@ -27,6 +29,13 @@ def is_emulated(data: BundleData) -> bool:
 # Directory names too common to tell bundles apart (`collect -o bundle`): the parent's
 # name is put in front of them.
 GENERIC_NAMES = ("bundle", "out", "output")
+
+
+def bundle_condition_of(data: BundleData) -> Condition:
+    """The bundle's condition (analysis.conditions.bundle_condition), marked NOT AS
+    MODELLED where it was: its groundtruth/ files show that, not its manifest. What every
+    table that pools bundles by condition groups by."""
+    return bundle_condition(data.manifest, as_modelled=not data.not_as_modelled())
 
 
 def bundle_label(data: BundleData) -> str:

@@ -29,7 +29,7 @@ from tracekit.analysis.decision import (
 )
 from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label
+from tracekit.report.header import bundle_condition_of, bundle_label
 from tracekit.report.model import Plot, Section, Table
 from tracekit.report.sections.beforeafter import interval_of
 
@@ -83,7 +83,9 @@ def condition_groups(
     unknowns = []
     for data in bundles:
         if _has_quiet_phases(data):
-            groups.setdefault(data.condition(), []).append((bundle_label(data), data.latencies))
+            groups.setdefault(bundle_condition_of(data), []).append(
+                (bundle_label(data), data.latencies)
+            )
         else:
             unknowns.append(
                 f"{bundle_label(data)}: left out of {what} (no quiet runs both"
