@@ -415,8 +415,13 @@ def test_vhost_run_checks_the_cpu_entry_against_the_boot(tmp_path: Path, model: 
     out = _boot_out(tmp_path, model, LOG6_61, IOMEM_61)
     check = runner.cpu_entry_check(out)
     assert check is not None and check.mistakes == [] and check.cpu_on == (model == "power-cycle")
+    assert check.power_ons == 2  # CPU1's and CPU2's re-plugs, each seen
     assert runner._checked_cpu_entry(out, result) == 0
     assert "is where this boot's /proc/iomem and kallsyms put" in result.notes[-1]
+    assert "; the plugin saw there each of the 2 power-on(s) the kernel logged" in result.notes[-1]
+    uncounted = runner.cpu_entry_check(_boot_out(tmp_path, model, LOG6_61, IOMEM_61, None))
+    assert uncounted is not None and uncounted.mistakes == [] and uncounted.power_ons is None
+    assert "power-ons not counted" in uncounted.lines()[-1]
     cpu_on = model == "power-cycle"
     # Watched in the right place, but a power-on the kernel logged was not seen there, or
     # one was seen that the kernel did not log.

@@ -84,12 +84,18 @@ class EntryCheck:
     cpu_on: bool  # the model clears by cpu-on: a wrong entry means it never cleared
     mistakes: list[str]  # the watched entry is wrong, or was never found ([]: right)
     warnings: list[str]  # disagreements that leave the watched entry right
+    # The bring-ups the kernel logged during the command, each seen at the entry (None:
+    # not counted, or a mistake).
+    power_ons: int | None = None
 
     def lines(self) -> list[str]:
         """What the check found, one line each, worded for the model's use of it."""
         if not self.mistakes:
+            seen = "" if self.power_ons is None else (
+                f"; the plugin saw there each of the {self.power_ons} power-on(s) the kernel logged"
+                " during the command")  # fmt: skip
             head = ["the CPU entry the plugin watched is where this boot's /proc/iomem and "
-                    "kallsyms put secondary_entry"]  # fmt: skip
+                    f"kallsyms put secondary_entry{seen}"]  # fmt: skip
         elif self.cpu_on:
             head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not see "
                     "this boot's power-ons where its kernel enters, so it did not clear as "
@@ -281,6 +287,12 @@ def power_on_mistakes(log: SimLog, boot_dmesg: str | None, dmesg: str | None) ->
         for mpidr in sorted(set(booted) | set(seen))
         if booted[mpidr] != seen[mpidr]
     ]
+
+
+def kernel_power_ons(boot_dmesg: str, dmesg: str) -> int:
+    """How many times the kernel brought a secondary up during the command (the
+    "Booted secondary processor" lines of `dmesg` beyond `boot_dmesg`'s)."""
+    return (_booted(dmesg) - _booted(boot_dmesg)).total()
 
 
 def power_on_warnings(log: SimLog, boot_dmesg: str | None, dmesg: str | None) -> list[str]:

@@ -476,6 +476,7 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
         EntryCheck,
         cpu_entry_mistakes,
         cpu_entry_warnings,
+        kernel_power_ons,
         power_on_mistakes,
         power_on_warnings,
         read_sim_log,
@@ -510,11 +511,14 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
             symbols.setdefault(symbol.name, symbol.address)
     mistakes = cpu_entry_mistakes(log, iomem, symbols)
     warnings = cpu_entry_warnings(log, symbols)
-    if not mistakes:  # watched in the right place: did it see what the kernel did there?
-        before, after = (_text_or_none(directory / name) for name in (BOOT_DMESG, DMESG))
-        mistakes = power_on_mistakes(log, before, after)
-        warnings += power_on_warnings(log, before, after)
-    return EntryCheck(cpu_on, mistakes, warnings)
+    if mistakes:
+        return EntryCheck(cpu_on, mistakes, warnings)
+    # Watched in the right place: did it see there what the kernel did?
+    before, after = (_text_or_none(directory / name) for name in (BOOT_DMESG, DMESG))
+    uncounted = power_on_warnings(log, before, after)
+    mistakes = power_on_mistakes(log, before, after)
+    counted = None if uncounted or mistakes else kernel_power_ons(before or "", after or "")
+    return EntryCheck(cpu_on, mistakes, warnings + uncounted, counted)
 
 
 def _text_or_none(path: Path) -> str | None:
