@@ -62,7 +62,8 @@ class BundleSimulation:
     entry: EntryCheck | None = None
 
     def not_as_modelled(self) -> bool:
-        """The model clears by cpu-on and the plugin did not watch where the kernel enters."""
+        """The model clears by cpu-on and the plugin did not see its power-ons where the
+        kernel enters (watched elsewhere, never, or not each one the kernel logged)."""
         return self.entry is not None and self.entry.cpu_on and bool(self.entry.mistakes)
 
 

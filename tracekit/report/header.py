@@ -156,9 +156,9 @@ def _unapplied(bundles: list[BundleData]) -> str:
             label = simulated_label(data.manifest)
             counts[label] = counts.get(label, 0) + 1
     return "".join(
-        f"; NOT AS MODELLED: {label} in {n} bundle(s) (the plugin did not watch where the"
-        " kernel enters, so its cpu-on clearing never ran: a condition of their own, in no"
-        " model prediction)"
+        f"; NOT AS MODELLED: {label} in {n} bundle(s) (the plugin did not see their power-ons"
+        " where the kernel enters, so the model's cpu-on clearing did not run as it says: a"
+        " condition of their own, in no model prediction)"
         for label, n in sorted(counts.items())
     )
 

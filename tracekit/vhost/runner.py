@@ -540,7 +540,7 @@ def _checked_cpu_entry(out: Path, result: VhostResult) -> int:
     if check.mistakes and check.cpu_on and result.exit_status == 0:
         result.notes.append(
             f"exit status {SIMULATION_NOT_APPLIED}: the model clears by cpu-on, and its "
-            "power-ons were not watched where the kernel enters (its bundles say so too)"
+            "power-ons were not seen where the kernel enters (its bundles say so too)"
         )
         return SIMULATION_NOT_APPLIED
     return result.exit_status

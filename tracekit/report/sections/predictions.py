@@ -32,8 +32,8 @@ UNPREDICTED = (
     " there is predicted unknown"
 )
 NOT_AS_MODELLED = (
-    "its model clears by cpu-on and the plugin did not watch where the kernel enters (the"
-    " simulated-effect section says why), so its data answer to no model"
+    "its model clears by cpu-on and the plugin did not see its power-ons where the kernel"
+    " enters (the simulated-effect section says why), so its data answer to no model"
 )
 NOTE = (
     "the verdicts are the decision table's, on the rt CPU's cyclictest, so each model's"
