@@ -629,3 +629,16 @@ def test_an_entry_unwatched_for_want_of_the_irq_entries_says_so() -> None:
         "never found the CPU entry"
         in cpu_entry_mistakes(parse_sim_log(unresolved), IOMEM_61, SYMBOLS_61)[0]
     )
+
+
+def test_a_bundle_gets_both_kernel_logs_and_counts_the_power_ons_again(tmp_path: Path) -> None:
+    """`vhost run` copies the boot's files into a bundle it left, the kernel log after the
+    command with them: the bundle's own check counts the same 2 power-ons the run did."""
+    out = _boot_out(tmp_path, "power-cycle", LOG6_61, IOMEM_61)
+    bundle = generate(out / "cell", Spec(runs=2))
+    _simulated(bundle, "power-cycle@0123456789abcdef")
+    assert runner.add_to_bundles(out) == [bundle]
+    assert (bundle / runner.GT_BUNDLE_DIR / runner.DMESG).is_file()
+    simulation = load_bundle(bundle).simulation()
+    assert simulation is not None and simulation.entry is not None
+    assert simulation.entry.mistakes == [] and simulation.entry.power_ons == 2
