@@ -9,8 +9,9 @@ bookworm:kpatch-ci by default, conftest.KPATCH_KERNEL), 2 CPUs each:
   MMU-on VM per teardown_flush choice: `off` issues no ALLE1(IS) at EL2 in its window,
   `alle1is` one TLBI ALLE1IS from __kvm_flush_vm_context, `last-ran` one local TLBI ALLE1
   on CPU 1, each after the guest's last instruction the plugin logged. Then each refused
-  request (an offline CPU, a VMID too wide, a missing or extra VMID, an unknown operation
-  or switch choice) must fail with its errno. 6.1.176's erratum 4118414 (REPEAT_TLBI)
+  request (a CPU the kernel does not have, a number too wide for its field, a VMID too
+  wide, a missing VMID or a field the operation does not take, an unknown operation or
+  switch choice; then CPU 1 taken offline, and back) must fail with its errno. 6.1.176's erratum 4118414 (REPEAT_TLBI)
   covers every Cortex-A76 revision: where the boot log says "Broken broadcast TLBI
   completion", each broadcast operation is followed by the workaround's TLBI VALE2IS.
 - VHE on `max` with the plugin: the same operations, issued directly in kernel text
@@ -19,7 +20,9 @@ bookworm:kpatch-ci by default, conftest.KPATCH_KERNEL), 2 CPUs each:
 The nVHE and VHE tests run for each series (`[6.1]`, `[6.12]`): the 6.12 boots
 (nvhe-kpatch-612, vhe-kpatch-612, conftest.KPATCH_KERNEL_612, trixie:kpatch-ci by
 default) check the same, except that 6.12 keeps EL2 up from KVM's init
-(kvm.enable_virt_at_load=1), so no ___kvm_hyp_init may run before an operation.
+(kvm.enable_virt_at_load=1), so no ___kvm_hyp_init may run before an operation; with
+kvm.enable_virt_at_load=0 (novirt-kpatch-612) the series holds virtualization enabled
+for the operation, so every online CPU's ___kvm_hyp_init runs before it.
 
 What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API reads no
 registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
