@@ -11,9 +11,10 @@ bookworm:kpatch-ci by default, conftest.KPATCH_KERNEL), 2 CPUs each:
   on CPU 1, each after the guest's last instruction the plugin logged. Then each refused
   request (a CPU the kernel does not have, a number too wide for its field, a VMID too
   wide, a missing VMID or a field the operation does not take, an unknown operation or
-  switch choice; then CPU 1 taken offline, and back) must fail with its errno. 6.1.176's erratum 4118414 (REPEAT_TLBI)
-  covers every Cortex-A76 revision: where the boot log says "Broken broadcast TLBI
-  completion", each broadcast operation is followed by the workaround's TLBI VALE2IS.
+  switch choice; then CPU 1 taken offline, and back) must fail with its errno. 6.1.176's
+  erratum 4118414 (REPEAT_TLBI) covers every Cortex-A76 revision: where the boot log says
+  "Broken broadcast TLBI completion", each broadcast operation is followed by the
+  workaround's TLBI VALE2IS.
 - VHE on `max` with the plugin: the same operations, issued directly in kernel text
   (`__kvm_debug_maint`, no hypercall); the switch refuses all but `off`.
 - protected on cortex-a76: every operation refused with EPERM, the switch with EOPNOTSUPP.
