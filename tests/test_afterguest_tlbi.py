@@ -87,20 +87,35 @@ def test_issue_without_the_series_or_refused(tmp_path: Path) -> None:
     """No interface: one line naming the series; a failed write: one line with the reason."""
     with pytest.raises(TracekitError, match="reproducer/kpatch"):
         issue_maint("alle1 1", lambda: 0, tmp_path / "absent")
-    with pytest.raises(TracekitError, match="EL2 maintenance 'alle1 1' failed: Is a directory"):
+    with pytest.raises(
+        TracekitError, match=r"EL2 maintenance 'alle1 1' failed \(EISDIR\): Is a directory"
+    ):
         issue_maint("alle1 1", lambda: 0, tmp_path)
+
+
+def test_a_malformed_request_says_what_malformed_means() -> None:
+    """EINVAL (the series' answer to a request it cannot run as written) is named with what
+    the interface refuses, not a bare "invalid argument". A real EINVAL: this process's own
+    oom_score_adj refuses a word."""
+    with pytest.raises(TracekitError) as raised:
+        issue_maint("alle1 1 5", lambda: 0, Path("/proc/self/oom_score_adj"))
+    text = str(raised.value)
+    assert "'alle1 1 5' failed (EINVAL)" in text
+    assert "a field the operation does not take" in text and "CPU number" in text
 
 
 def test_preflight_reads_the_interface(tmp_path: Path) -> None:
     """Mode, VMID width, operations and the teardown switch with its count."""
     assert read_kpatch(tmp_path) is None
     (tmp_path / "op").write_text(OP_TEXT)
-    (tmp_path / "teardown_flush").write_text("off [alle1is] last-ran\nflushes: 3\n")
+    switch = "off [alle1is] last-ran\nflushes: 3\nfailed: 1\nvmid_bits: 16\n"
+    (tmp_path / "teardown_flush").write_text(switch)
     found = read_kpatch(tmp_path)
     assert found is not None
     assert (found.mode, found.vmid_bits) == ("nvhe", 16)
     assert "vmalls12e1is" in found.ops and len(found.ops) == 7
     assert (found.teardown_flush, found.teardown_flushes) == ("alle1is", 3)
+    assert found.teardown_failures == 1  # counted by the series since review S1
 
 
 def test_preflight_protected_mode_and_no_switch() -> None:

@@ -495,13 +495,15 @@ class Kpatch:
     # series refuses any other choice there); None if the file is absent
     teardown_flush: str | None
     teardown_flushes: int | None
+    # local flushes of last-ran that failed at EL2 (none should); None: an older series
+    teardown_failures: int | None = None
 
 
 def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
     """The series' `op` file (mode, vmid_bits, ops) and `teardown_flush` ([choice], count)."""
     fields = dict(line.split(":", 1) for line in op_text.splitlines() if ":" in line)
     bits = fields.get("vmid_bits", "").strip()
-    policy, flushes = None, None
+    policy, flushes, failures = None, None, None
     if teardown_text is not None:
         chosen = re.search(r"\[([\w-]+)\]", teardown_text)
         policy = chosen.group(1) if chosen else None
@@ -510,12 +512,15 @@ def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
             policy = f"{policy} {inactive.group(0)}"
         count = re.search(r"flushes: (\d+)", teardown_text)
         flushes = int(count.group(1)) if count else None
+        failed = re.search(r"^failed: (\d+)", teardown_text, re.M)
+        failures = int(failed.group(1)) if failed else None
     return Kpatch(
         mode=fields.get("mode", "").strip(),
         vmid_bits=int(bits) if bits.isdigit() else None,
         ops=fields.get("ops", "").split(),
         teardown_flush=policy,
         teardown_flushes=flushes,
+        teardown_failures=failures,
     )
 
 
