@@ -29,7 +29,9 @@
   same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
   guest's VMID (the one --vmid gave it), with stage 2 disabled while issued, from that
   control CPU too (a broadcast: the same invalidation reaches the guest's CPU, without
-  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive).
+  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive). On 6.12+ with
+  kvm.enable_virt_at_load=0 every operation would follow an EL2 init (TLBI ALLE1) on
+  every online CPU: preflight refuses these actions there.
 """
 
 from __future__ import annotations

@@ -532,7 +532,7 @@ def read_kpatch(directory: Path = KPATCH_DIR) -> Kpatch | None:
     return parse_kpatch(op_text, _read(directory / "teardown_flush"))
 
 
-def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
+def check_kpatch_for(action: str, kpatch: Kpatch | None, enable_virt_at_load: str) -> None:
     """One line, before anything runs, if --after-guest tlbi:... cannot be done here."""
     if action not in TLBI_ACTIONS:
         return
@@ -553,6 +553,16 @@ def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
         raise TracekitError(
             f"--after-guest {action}: this kernel's debug series offers {', '.join(kpatch.ops)}"
             f", not {op}: rebuild it from this checkout's reproducer/kpatch/"
+        )
+    # 6.12+ with kvm.enable_virt_at_load=0 leaves EL2 at the hyp stub while no VM is
+    # alive; the series then brings KVM's EL2 up for the operation, and ___kvm_hyp_init
+    # runs TLBI ALLE2 and ALLE1 on every online CPU first (hyp-init.S): the requested
+    # instruction would not be what removed the state, and the controls would be void.
+    if enable_virt_at_load == "no" and kpatch.mode in ("nvhe", "hvhe"):
+        raise TracekitError(
+            f"--after-guest {action}: with kvm.enable_virt_at_load=0 each operation first "
+            "re-initialises EL2 (a local TLBI ALLE1 on every online CPU), so no tlbi: result "
+            "isolates its instruction; boot without kvm.enable_virt_at_load=0"
         )
 
 
