@@ -20,13 +20,16 @@ from tracekit.report.model import Plot, Section, Table
 EMULATED_NOTE = (
     "EMULATED host: per-VM times and latencies are QEMU TCG times, not hardware times; "
     "compare the states with each other, never with the brief's 32.1 vs 33.4 ms or 15 vs 13 us; "
-    "under TCG a broadcast TLBI flushes every vCPU's softmmu TLB, a cost unrelated to the "
+    "under TCG a broadcast TLBI flushes every vCPU's softmmu TLB and runs as safe work, "
+    "with every vCPU (the rt CPU's too) out of its execution loop (accel/tcg/cputlb.c: "
+    "tlb_flush_*_all_cpus_synced, async_safe_run_on_cpu), costs unrelated to the "
     "hardware's, so the emulated A/B says nothing about the fix's hardware cost, not even "
-    "its sign"
+    "its sign, and its rt latencies get no state ratio"
 )
 BRIEF_NOTE = (
     "the brief's hardware figures: 500 VMs, 32.1 ms each with the fix, 33.4 ms without; "
-    "isolated-CPU latency meanwhile 15 us vs 13 us"
+    "isolated-CPU latency meanwhile 15 us vs 13 us; its VMM, guest and RAM size are not "
+    "known to be this one's, so not even the scale transfers"
 )
 
 
@@ -89,6 +92,7 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
         host = data.manifest.host
         state = ch.switch_state(host.get("kpatch"))
         condition = bundle_condition(data.manifest)
+        params = data.manifest.scenario.get("parameters") or {}
         for run in data.manifest.runs:
             if run.kind != RunKind.CHURN:
                 continue
@@ -111,15 +115,22 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
                     status=run.status,
                     note=run.note,
                     start_ns=run.start_ns,
-                    clock=(found.vmm.runs[0].get("clock") or "boottime"),
+                    clock=found.vmm.runs[0].get("clock") or None,  # unsaid: not assumed
                     interval_ns=found.cyclictest_interval_ns,
                     counted=found.cyclictest_counted,
                     vmid_bits=_vmid_bits(host),
                     guest_cpus=tuple(data.manifest.options.get("guest_cpus") or ()),
                     switch=found.extra(RunFile.TEARDOWN_FLUSH),
+                    repeat=_int(params.get("repeat")),
+                    hold_vm=bool(params.get("hold_vm")),
                 )
             )
     return churns, unknowns
+
+
+def _int(value: Any) -> int | None:
+    """An int parameter, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _vmid_bits(host: dict[str, Any]) -> int | None:
@@ -132,13 +143,18 @@ def _vmid_bits(host: dict[str, Any]) -> int | None:
 
 def _comparison_table(comparisons: list[ch.StateComparison], title: str) -> Table:
     """One row per comparison."""
+    floor = comparisons[0].each.thresholds
     return Table(
         f"each state against teardown_flush {ch.BASELINE} (and alle1is against last-ran){title}",
         ch.comparison_frame(comparisons),
         note=(
-            f"ratios of per-boot means; ci_low/ci_high ({comparisons[0].confidence:.0%}) and p "
-            "only with two boots or more per state: a two-level bootstrap (boots, then VMs) "
-            "and a rank test on per-boot means; rt ratios null where not comparable"
+            "the boot is the unit: ratios of the geometric means of per-boot values; for ms "
+            f"each (the primary metric) a {comparisons[0].confidence:.0%} Welch t interval on "
+            "the log per-boot values and an exact rank test, with two boots or more a side; "
+            f"verdicts by the project's rule, none below {ch.runs_needed(floor.alpha)}+"
+            f"{ch.runs_needed(floor.alpha)} boots; the other metrics' p Holm-adjusted over "
+            "the group; detectable_ratio: what these boots detect with 80% power at the "
+            "spread seen; rt ratios of the churn's per-period latencies (max always)"
         ),
     )
 
