@@ -275,8 +275,12 @@ class Coverage:
 
     @property
     def unexplained(self) -> bool:
-        """Periods the samples do not account for, or loops counted but not printed."""
-        lost = self.counted is not None and self.counted > self.printed
+        """Periods the samples do not account for, or loops counted but not printed, beyond
+        COVERAGE_TOLERANCE (cyclictest's last few lines are often lost at its SIGINT,
+        after the churn)."""
+        lost = self.counted is not None and self.counted - self.printed > (
+            COVERAGE_TOLERANCE * self.counted
+        )
         frac = self.fraction
         return lost or (frac is not None and frac < 1 - COVERAGE_TOLERANCE)
 
@@ -570,7 +574,7 @@ def compare_states(
     max_ratio = p99_ratio = None
     note = _latency_note(base, other)
     if base.emulated or other.emulated:
-        note = EMULATED_LATENCY
+        note = "no state ratio (EMULATED host: see the group's note)"
     elif base.latency is not None and other.latency is not None:
         max_ratio = other.latency.max / base.latency.max
         if not (base.coverage.unexplained or other.coverage.unexplained):
@@ -789,6 +793,8 @@ def _group(label: str, by_state: dict[str, list[Churn]], thresholds: Thresholds)
     notes += _rollovers(list(states.values()))
     notes += _last_ran(by_state.get(ALTERNATIVE[1], []))
     notes += _held(by_state)
+    if any(s.emulated for s in states.values()):
+        notes.append(f"rt CPU latency: {EMULATED_LATENCY}")
     if BASELINE not in states:
         notes.append(
             f"no churn with teardown_flush {BASELINE} under this condition: nothing to compare "
@@ -805,6 +811,23 @@ def _group(label: str, by_state: dict[str, list[Churn]], thresholds: Thresholds)
         ]
     )
     return GroupResult(label, list(states.values()), comparisons, notes, points)
+
+
+def no_verdict(group: GroupResult) -> str | None:
+    """The lead's line when the rule's floor kept every comparison of a group from a
+    verdict: the boots there were, the boots it needs, the rank test's smallest p."""
+    short = [c for c in group.comparisons if c.each.needed_runs is not None]
+    if not short or len(short) < len(group.comparisons):
+        return None
+    needed = short[0].each.needed_runs
+    boots = sorted({f"{c.boots[0]}+{c.boots[1]}" for c in short})
+    floors = sorted({min_p_value(*c.boots) for c in short})
+    prefix = f"{group.label}: " if group.label else ""
+    return (
+        f"{prefix}vm-churn: no comparison reaches a verdict with {', '.join(boots)} boots "
+        f"(the rule needs {needed}+{needed}; the exact rank test's smallest p here is "
+        f"{', '.join(f'{p:.2g}' for p in floors)})"
+    )
 
 
 def _held(by_state: dict[str, list[Churn]]) -> list[str]:
@@ -852,6 +875,9 @@ def _rollovers(states: list[StateSummary]) -> list[str]:
         else f"{s.state} VMID width not recorded"
         for s in states
     )
+    if len(states) > 1 and len({(s.vmid_bits, s.rollovers) for s in states}) == 1:
+        said = f"every state {states[0].vmid_bits}-bit VMIDs, about {states[0].rollovers} "
+        said += "rollovers per churn"
     text = f"VMID rollovers expected from the churn's VMs (VMs / (2^bits - 1)): {said}"
     if any((s.rollovers or 0) >= 1 for s in states):
         text += (

@@ -55,6 +55,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         plots.append(_plot(group.points, title))
     findings += ch.shared_boots(ch.churn_boots(churns))
     unknowns += result.left_out
+    unknowns += [text for group in result.groups if (text := ch.no_verdict(group))]
     kernels: dict[str, set[str]] = {}
     for c in churns:
         kernels.setdefault(c.state, set()).add(c.release)
