@@ -49,18 +49,13 @@ import polars as pl
 
 from tracekit.analysis.compare import (
     DEFAULT_THRESHOLDS,
-    INCONCLUSIVE,
     Comparison,
     Thresholds,
     compare_all,
-    geometric_ratio,
+    compare_units,
     min_detectable_ratio,
     min_p_value,
-    rank_test,
-    runs_needed,
     units_for_ratio,
-    verdict,
-    welch_log_ratio_ci,
 )
 from tracekit.analysis.conditions import FIELD_LABELS, Condition, Unknown, varying_fields
 from tracekit.analysis.teardown import steady_state
@@ -424,34 +419,6 @@ def _emulated(condition: Condition) -> bool:
     return not isinstance(condition.host, Unknown) and condition.host != "board"
 
 
-def boot_comparison(
-    name: str, before: np.ndarray, after: np.ndarray, thresholds: Thresholds
-) -> Comparison:
-    """One metric's per-boot values, state (after) against base (before): the ratio of
-    geometric means, Welch's t interval on the logs, the exact rank test, the verdict with
-    the rule's floor (fewer than runs_needed boots a side: inconclusive, needs that)."""
-    low, high = welch_log_ratio_ci(before, after, thresholds.confidence)
-    two = min(len(before), len(after)) >= 2
-    p, test = rank_test(before, after, thresholds.seed) if two else (math.nan, "none")
-    needed = runs_needed(thresholds.alpha)
-    short = min(len(before), len(after)) < needed
-    return Comparison(
-        metric=name,
-        n_before=len(before),
-        n_after=len(after),
-        ratio=geometric_ratio(before, after),
-        ci_low=low,
-        ci_high=high,
-        p_value=p,
-        p_adjusted=p,
-        test=test,
-        verdict=INCONCLUSIVE if short or math.isnan(p) else verdict(low, high, p, thresholds),
-        needed_runs=needed if short else None,
-        thresholds=thresholds,
-        ratio_label="",
-    )
-
-
 @dataclass(frozen=True)
 class StateComparison:
     """A state against a base state (`off`, or last-ran for alle1is)."""
@@ -567,7 +534,7 @@ def compare_states(
     over the group (holm_group)."""
     name = f"{other.state} vs {base.state}"
     metrics = [
-        boot_comparison(f"{name}: {label}", base.per_boot[key], other.per_boot[key], thresholds)
+        compare_units(base.per_boot[key], other.per_boot[key], f"{name}: {label}", thresholds)
         for key, label in METRICS
     ]
     b_each, a_each = base.per_boot["each"], other.per_boot["each"]

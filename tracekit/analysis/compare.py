@@ -211,6 +211,34 @@ def compare(
             " ratio; compare a metric that is positive before the change"
         )
     lo, hi = bootstrap_ratio_ci(b, a, thresholds)
+    judged = _judged(metric, b, a, float(a.mean() / b.mean()), (lo, hi), thresholds)
+    return replace(judged, excluded=b_out + a_out, ratio_label=ratio_label)
+
+
+def compare_units(
+    before: np.ndarray, after: np.ndarray, metric: str, thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> Comparison:
+    """Compare one value per unit (a boot) when the units are few: the ratio of geometric
+    means, Welch's t interval on the logs (welch_log_ratio_ci), the rank test (none, NaN,
+    with one unit a side) and the verdict with the rule's floor."""
+    interval = welch_log_ratio_ci(before, after, thresholds.confidence)
+    judged = _judged(metric, before, after, geometric_ratio(before, after), interval, thresholds)
+    if min(len(before), len(after)) < 2:
+        judged = replace(judged, p_value=math.nan, p_adjusted=math.nan, test="none")
+    return replace(judged, ratio_label="")
+
+
+def _judged(
+    metric: str,
+    b: np.ndarray,
+    a: np.ndarray,
+    ratio: float,
+    interval: tuple[float, float],
+    thresholds: Thresholds,
+) -> Comparison:
+    """The comparison of a ratio and its interval: the rank test, and the verdict unless
+    a side has fewer runs than runs_needed (then inconclusive, with the runs it needs)."""
+    lo, hi = interval
     p, test = rank_test(b, a, thresholds.seed)
     needed = runs_needed(thresholds.alpha)
     short = min(len(b), len(a)) < needed
@@ -218,7 +246,7 @@ def compare(
         metric=metric,
         n_before=len(b),
         n_after=len(a),
-        ratio=float(a.mean() / b.mean()),
+        ratio=ratio,
         ci_low=lo,
         ci_high=hi,
         p_value=p,
@@ -226,9 +254,7 @@ def compare(
         test=test,
         verdict=INCONCLUSIVE if short else verdict(lo, hi, p, thresholds),
         needed_runs=needed if short else None,
-        excluded=b_out + a_out,
         thresholds=thresholds,
-        ratio_label=ratio_label,
     )
 
 
@@ -351,21 +377,29 @@ def geometric_ratio(before: np.ndarray, after: np.ndarray) -> float:
     return float(np.exp(np.log(after).mean() - np.log(before).mean()))
 
 
+def _pooled_log_variance(before: np.ndarray, after: np.ndarray) -> tuple[float, int] | None:
+    """The pooled variance of log per-unit values and its df (k1 + k2 - 2); None: no df,
+    no spread, or a value that has no log."""
+    df = len(before) + len(after) - 2
+    if df < 1 or (before <= 0).any() or (after <= 0).any():
+        return None
+    lb, la = np.log(before), np.log(after)
+    pooled = float((((lb - lb.mean()) ** 2).sum() + ((la - la.mean()) ** 2).sum()) / df)
+    return (pooled, df) if pooled > 0 else None
+
+
 def min_detectable_ratio(
     before: np.ndarray, after: np.ndarray, alpha: float = 0.05, power: float = 0.8
 ) -> float | None:
     """The ratio a two-sided t test on log per-unit values detects with `power` at these
     unit counts and their pooled spread: exp((t(1-alpha/2) + t(power)) * s * sqrt(1/k1 +
     1/k2)), df = k1 + k2 - 2. None: no spread to pool (under three units, or none)."""
-    df = len(before) + len(after) - 2
-    if df < 1 or (before <= 0).any() or (after <= 0).any():
+    spread = _pooled_log_variance(before, after)
+    if spread is None:
         return None
-    lb, la = np.log(before), np.log(after)
-    pooled = (((lb - lb.mean()) ** 2).sum() + ((la - la.mean()) ** 2).sum()) / df
-    if pooled <= 0:
-        return None
+    pooled, df = spread
     t = t_quantile(1 - alpha / 2, df) + t_quantile(power, df)
-    return math.exp(t * math.sqrt(pooled * (1 / len(lb) + 1 / len(la))))
+    return math.exp(t * math.sqrt(pooled * (1 / len(before) + 1 / len(after))))
 
 
 def units_for_ratio(
@@ -373,15 +407,11 @@ def units_for_ratio(
 ) -> int | None:
     """Units per side the t test needs to detect `ratio` at these units' pooled log spread
     (normal approximation, 2 (z + z)^2 s^2 / log(ratio)^2); None as min_detectable_ratio."""
-    df = len(before) + len(after) - 2
-    if df < 1 or ratio == 1:
-        return None
-    lb, la = np.log(before), np.log(after)
-    pooled = (((lb - lb.mean()) ** 2).sum() + ((la - la.mean()) ** 2).sum()) / df
-    if pooled <= 0:
+    spread = _pooled_log_variance(before, after)
+    if spread is None or ratio == 1:
         return None
     z = NORMAL_QUANTILES[1 - alpha / 2] + NORMAL_QUANTILES[power]
-    return math.ceil(2 * z**2 * pooled / math.log(ratio) ** 2)
+    return math.ceil(2 * z**2 * spread[0] / math.log(ratio) ** 2)
 
 
 def rank_test(before: np.ndarray, after: np.ndarray, seed: int = 7) -> tuple[float, str]:

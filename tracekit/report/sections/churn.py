@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis import churn as ch
+from tracekit.analysis.compare import runs_needed
 from tracekit.analysis.conditions import bundle_condition
 from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
@@ -152,8 +153,8 @@ def _comparison_table(comparisons: list[ch.StateComparison], title: str) -> Tabl
             "the boot is the unit: ratios of the geometric means of per-boot values; for ms "
             f"each (the primary metric) a {comparisons[0].confidence:.0%} Welch t interval on "
             "the log per-boot values and an exact rank test, with two boots or more a side; "
-            f"verdicts by the project's rule, none below {ch.runs_needed(floor.alpha)}+"
-            f"{ch.runs_needed(floor.alpha)} boots; the other metrics' p Holm-adjusted over "
+            f"verdicts by the project's rule, none below {runs_needed(floor.alpha)}+"
+            f"{runs_needed(floor.alpha)} boots; the other metrics' p Holm-adjusted over "
             "the group; detectable_ratio: what these boots detect with 80% power at the "
             "spread seen; rt ratios of the churn's per-period latencies (max always)"
         ),
