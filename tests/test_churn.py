@@ -1053,3 +1053,23 @@ def test_the_controls_line_of_a_churn_is_its_own(tmp_path: Path) -> None:
     assert "before phase" not in line and "probe slots" not in line
     assert "traced runs" not in line
     assert "rt CPU" in line  # the isolation is still said
+
+
+def test_the_twin_joins_every_patched_kernel_built_on_it(tmp_path: Path) -> None:
+    # Review s17 S7: two series revisions on one base, each its own condition: the
+    # unpatched twin is the control of both, not only of the first.
+    other = TWIN + "-kpb1b2c3d4"
+    built = _built(
+        _loaded(
+            tmp_path,
+            a_off={"state": "off"},
+            a_on={"state": "alle1is"},
+            b_off={"state": "off", "kernel": other},
+            b_on={"state": "alle1is", "kernel": other},
+            twin={"state": None},
+        )
+    )
+    summaries = [t.frame for t in built.tables if t.title.startswith("vm-churn per")]
+    assert len(summaries) == 2
+    assert all(ch.NO_SERIES in frame["teardown_flush"].to_list() for frame in summaries)
+    assert not any("twin" in u for u in built.unknowns)
