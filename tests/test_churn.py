@@ -115,6 +115,8 @@ def churn_bundle(
     stalls_us: tuple[float, ...] = (),
     lead_in_us: float | None = None,
     clock: str | None = "boottime",
+    virt_at_load: str | None = None,
+    idle_states: tuple[str, ...] = (),
 ) -> tuple[Path, list[int]]:
     """One vm-churn bundle with every condition field recorded (bundlegen's host), state
     None a kernel without the series (kernel: PATCHED, or TWIN without the series); boot
@@ -135,6 +137,9 @@ def churn_bundle(
         host["vmid_bits"] = vmid_bits
     if state is not None:
         host["kpatch"] = {"mode": "nvhe", "teardown_flush": state, "teardown_flushes": 0}
+    if virt_at_load is not None:  # 6.12: kvm.enable_virt_at_load, the guest CPU's idle states
+        host["kvm_params"] = {"enable_virt_at_load": virt_at_load}
+        host["power"] = [{"cpu": 0, "idle_states": list(idle_states)}]
     manifest.scenario["name"] = "vm-churn"
     manifest.scenario["parameters"] = {"repeat": vms}
     if hold_vm is not None:
@@ -1073,3 +1078,13 @@ def test_the_twin_joins_every_patched_kernel_built_on_it(tmp_path: Path) -> None
     assert len(summaries) == 2
     assert all(ch.NO_SERIES in frame["teardown_flush"].to_list() for frame in summaries)
     assert not any("twin" in u for u in built.unknowns)
+
+
+def test_on_a_kernel_keeping_el2_up_the_idle_states_are_said(tmp_path: Path) -> None:
+    # Review s17 MF2 on 6.12: enable_virt_at_load=1 keeps EL2 up; a power-down idle exit
+    # re-runs ___kvm_hyp_init (a local ALLE1), last-ran's flush, in off too.
+    opts = {"virt_at_load": "yes", "idle_states": ("WFI", "cpu-sleep-0"), "hold_vm": True}
+    built = _built(_loaded(tmp_path, off={"state": "off", **opts}))
+    (note,) = [f for f in built.findings if f.startswith("kvm.enable_virt_at_load=1")]
+    assert "so no churn VM brings it up or down" in note
+    assert "power-down idle states (cpu-sleep-0)" in note and "off too gets last-ran" in note

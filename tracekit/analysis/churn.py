@@ -780,6 +780,23 @@ def _group(label: str, by_state: dict[str, list[Churn]], thresholds: Thresholds)
     return GroupResult(label, list(states.values()), comparisons, notes, points)
 
 
+def _idle_note(idle: set[str]) -> str:
+    """6.12 nVHE: an exit from a power-down idle state re-runs ___kvm_hyp_init on that CPU,
+    a local TLBI ALLE1 (conditions.Condition.guest_idle): last-ran's flush, in any state."""
+    if idle <= {"wfi-only"}:
+        return "; the guest CPUs idle in WFI only, so no idle exit re-runs the EL2 init"
+    if idle == {"not recorded"}:
+        return (
+            "; the guest CPUs' idle states were not recorded: an exit from a power-down one "
+            "re-runs ___kvm_hyp_init (a local TLBI ALLE1, last-ran's flush) in every state"
+        )
+    return (
+        f"; the guest CPUs have power-down idle states ({', '.join(sorted(idle))}): each exit "
+        "from one re-runs ___kvm_hyp_init, a local TLBI ALLE1, so off too gets last-ran's "
+        "flush whenever a guest CPU idles that deep"
+    )
+
+
 def no_verdict(group: GroupResult) -> str | None:
     """The lead's line when the rule's floor kept every comparison of a group from a
     verdict: the boots there were, the boots it needs, the rank test's smallest p."""
@@ -812,6 +829,7 @@ def _held(by_state: dict[str, list[Churn]]) -> list[str]:
             "kvm.enable_virt_at_load=1: EL2 stays initialised with no VM alive, as on the "
             "brief's kernel, so no churn VM brings it up or down"
             + ("; the VMM's idle held VM changes nothing here" if True in held else "")
+            + _idle_note({str(c.condition.guest_idle) for c in churns})
         ]
     kernel = "kvm.enable_virt_at_load " + "/".join(sorted(at_load))
     if held == {True}:
