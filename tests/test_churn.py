@@ -788,7 +788,7 @@ def test_a_vmm_stopped_near_its_budget_is_said_stopped_and_ends_in_order(
     with pytest.raises(TracekitError, match="at the time budget of 3 s") as caught:
         churn(commands, _spawn, _wait, tmp_path / "vmm.txt", tmp_path / "cyclic.txt")
     assert time.monotonic() - began < 8
-    assert "was stopped (state T" in str(caught.value)
+    assert "stopped (state T" in str(caught.value)  # "was found stopped" if within a poll
 
 
 def _cyclic(tmp_path: Path, body: str = _CYCLIC) -> list[str]:
