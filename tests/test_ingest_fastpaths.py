@@ -88,6 +88,27 @@ def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool
     assert got.dtype == pl.String and got.to_list() == want
 
 
+@pytest.mark.parametrize("width", [8, 16, 20, 64])
+@pytest.mark.parametrize("names", [3, 5000])
+@pytest.mark.parametrize("varied", [True, False])  # bytes after the NUL: random, or one per name
+def test_fixed_width_strings_cut_at_nul(width: int, names: int, varied: bool) -> None:
+    """char[N] fields: every row's count is the field's width (its words unmasked), the
+    rows deduplicated as they are and the distinct ones cut at their NUL, or every row
+    cut first when the bytes after their NUL vary."""
+    rng = np.random.default_rng(width * 11 + names)
+    buf, start, count, want = _generated(rng, 6000, width, names, aligned=True)
+    if not varied:  # equal names, equal rows: the bytes after the NUL must still go
+        for i in range(len(start)):
+            field = buf[start[i] : start[i] + width]
+            nul = np.flatnonzero(field == 0)
+            if len(nul):
+                field[nul[0] + 1 :] = ord("A")
+    count = np.full(len(start), width)
+    want = [bytes(buf[a : a + width]).split(b"\0")[0].decode() for a in start.tolist()]
+    got = Gatherer(buf, start, count).strings(start, count)
+    assert got.dtype == pl.String and got.to_list() == want
+
+
 @pytest.mark.parametrize("width", [257, 300, 2000])
 @pytest.mark.parametrize("owner", ["bytes", "mmap"])  # the memories cut one by one
 # one span; a span per string (gap 0: any byte between cuts); spans cut by their size
