@@ -6,6 +6,8 @@ the pages behind it are released (membuf): the ring buffer shrinks while the tab
 grow, instead of both being whole at once (peak memory on big traces). Within a block
 the rows are grouped by event id, so each field is still read for thousands of events at
 once with numpy; the blocks of a table are joined without copying (one polars chunk each).
+The event types with fewest rows in the whole trace are decoded once, before the first
+block (a piece costs about the same whatever its rows: see _rare_ids).
 """
 
 from __future__ import annotations
