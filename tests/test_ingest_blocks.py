@@ -108,6 +108,31 @@ def test_rare_ids_take_the_fewest_rows_within_the_limit() -> None:
     assert not bytype._rare_ids(ids, bounds, 1).any()
 
 
+def _block_ends_whole(length: np.ndarray, rows: int, nbytes: int) -> np.ndarray:
+    """block_ends as it was, by one running sum of every row: the reference."""
+    upto = np.cumsum(length, dtype=np.int64)
+    ends: list[int] = []
+    at = 0
+    while at < len(length):
+        limit = (upto[at - 1] if at else 0) + nbytes
+        end = max(int(np.searchsorted(upto, limit, side="right")), at + 1)
+        at = min(end, at + rows, len(length))
+        ends.append(at)
+    return np.array(ends, np.int64)
+
+
+@pytest.mark.parametrize("rows, nbytes", [(7, 1 << 30), (1 << 20, 500), (5, 500), (3, 1), (64, 0)])
+def test_block_ends_block_by_block_equal_one_running_sum(rows: int, nbytes: int) -> None:
+    """Summed a block at a time, in time order through `order` or not, the blocks are
+    those one running sum of every row gives."""
+    rng = np.random.default_rng(rows * 3 + nbytes)
+    length = rng.integers(0, 2100, 5000).astype(np.int32)
+    order = rng.permutation(len(length))
+    want = _block_ends_whole(length[order], rows, nbytes)
+    assert bytype.block_ends(length, rows, nbytes, order).tolist() == want.tolist()
+    assert bytype.block_ends(length[order], rows, nbytes).tolist() == want.tolist()
+
+
 def test_release_drops_whole_pages_inside_the_range_only() -> None:
     """Pages wholly inside [start, stop) read back as zeros; partial pages are kept."""
     page = membuf.PAGE

@@ -232,7 +232,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     del parts  # the per-CPU record arrays: peak memory matters on big traces
     membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
-    ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
+    ends = block_ends(merged.length, ROWS_PER_BLOCK, BYTES_PER_BLOCK, order)
     pinned: list[tuple[int, int]] = []  # bytes the wide strings' columns point into
     cuts = release_cuts(order, merged.payload, merged.spans, ends)
     merged.sort(order)
