@@ -487,8 +487,8 @@ def _spread(values: list[float]) -> str:
 
 
 HEAD = ("shape", "tracekit", "events", "ref ev", "data MB", "tc wall", "tk wall", "tk CPU",
-        "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data")  # fmt: skip
-WIDTHS = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 10)
+        "x wall (min-max)", "x CPU (min-max)", "peak MB", "peak/data (min-max)")  # fmt: skip
+WIDTHS = (10, 9, 10, 10, 8, 8, 8, 7, 18, 18, 8, 22)
 
 
 def header(repeat: int) -> None:
@@ -506,6 +506,9 @@ def _load() -> str:
 def print_row(r: Row) -> None:
     """One shape's figures with one tracekit source."""
     peak = statistics.median(f[2] for f in r.tk)
+    # The peak's spread too: where it is set (the events table's construction) it moved
+    # by 15-30 MB from run to run with what the allocators kept (docs/ingest-speed.md).
+    peaks = [f[2] / max(r.data_bytes, 1) for f in r.tk]
     shape = r.shape + ("*" if r.shape in STARTUP_BOUND else "")
     cells = (
         f"{shape:<10}", f"{r.source:>9}", f"{r.events:>10}", f"{r.ref_events:>10}",
@@ -513,7 +516,7 @@ def print_row(r: Row) -> None:
         f"{statistics.median(f[0] for f in r.tk):>8.2f}",
         f"{statistics.median(f[1] for f in r.tk):>7.2f}", f"{_spread(r.ratios(0)):>18}",
         f"{_spread(r.ratios(1)):>18}", f"{peak / 1e6:>8.0f}",
-        f"{peak / max(r.data_bytes, 1):>10.2f}",
+        f"{peak / max(r.data_bytes, 1):>10.2f} ({min(peaks):.2f}-{max(peaks):.2f})",
     )  # fmt: skip
     print("".join(cells), flush=True)
 

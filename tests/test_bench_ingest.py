@@ -61,3 +61,13 @@ def test_start_up_bound_shape_is_marked_in_the_table(capsys: pytest.CaptureFixtu
     small, big = capsys.readouterr().out.splitlines()
     assert small.split()[0] == "large*"  # the 1 s trace-cmd shape: ceiling below 5x
     assert big.split()[0] == "large-1g"  # the per-byte shape the targets apply to
+
+
+def test_peak_spread_is_printed_beside_its_median(capsys: pytest.CaptureFixture[str]) -> None:
+    """The peak over the data shows its min-max: the peak moves from run to run."""
+    bench = _bench_module()
+    tc = [(4.0, 4.0, 1, "")] * 3
+    tk = [(1.0, 1.0, peak * 10**6, "") for peak in (100, 150, 120)]
+    bench.print_row(bench.Row("v6", "this", 10, 10, 50 * 10**6, tc, tk))  # type: ignore[attr-defined]
+    cells = capsys.readouterr().out.split()
+    assert cells[-3:] == ["120", "2.40", "(2.00-3.00)"]

@@ -42,6 +42,7 @@ def test_tiny_blocks_and_batches_change_nothing(
     tables as the defaults."""
     whole = _frames(FIXTURES / name)
     monkeypatch.setattr(ringbuf, "PAGES_PER_WALK", 1)
+    monkeypatch.setattr(bytype, "RARE_ROWS", 0)  # every type block by block
     if limit == "rows":
         monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
     else:
@@ -66,6 +67,70 @@ def test_block_ends_keep_both_limits(rows: int, nbytes: int) -> None:
     sizes = np.add.reduceat(length, starts)
     assert ((sizes <= nbytes) | (ends - starts == 1)).all()
     assert len(bytype.block_ends(length[:0], rows, nbytes)) == 0
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_rare_types_decoded_up_front_change_nothing(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of 7 rows, the event types with fewest rows decoded in one piece before
+    the first block (up to half the rows) give the tables every type decoded
+    block by block gives; and both kinds of type really occur."""
+    monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    monkeypatch.setattr(bytype, "RARE_ROWS", 0)
+    by_block = _frames(FIXTURES / name)
+    chosen: list[np.ndarray] = []
+    pick = bytype._rare_ids
+
+    def recorded(ids: np.ndarray, bounds: list[int], limit: int) -> np.ndarray:
+        chosen.append(pick(ids, bounds, limit))
+        return chosen[-1]
+
+    monkeypatch.setattr(bytype, "_rare_ids", recorded)
+    monkeypatch.setattr(bytype, "RARE_ROWS", by_block["events"].height // 2)
+    up_front = _frames(FIXTURES / name)
+    ids = set(by_block["events"]["event"].cast(pl.String))
+    assert 0 < int(chosen[0].sum()) < len(ids)  # some types up front, others not
+    assert up_front.keys() == by_block.keys()
+    for key, frame in by_block.items():
+        assert up_front[key].schema == frame.schema, key
+        assert_frame_equal(up_front[key], frame, categorical_as_str=True)
+
+
+def test_rare_ids_take_the_fewest_rows_within_the_limit() -> None:
+    """Types by ascending row count while their rows add up to at most the limit; a type
+    seen in one block only is left to it (nothing to save)."""
+    ids = np.array([5] * 10 + [1, 2, 2, 3, 3, 3] + [9] * 4 + [1, 2, 3, 7], np.uint16)
+    bounds = [10, 20, len(ids)]  # 7 in the last block only; 9 in the second only
+    rare = bytype._rare_ids(ids, bounds, 6)
+    assert np.flatnonzero(rare).tolist() == [1, 2]  # 1: 2 rows, 2: 3 rows; 3 (4) is over
+    assert np.flatnonzero(bytype._rare_ids(ids, bounds, 100)).tolist() == [1, 2, 3]
+    assert not bytype._rare_ids(ids, bounds, 1).any()
+
+
+def _block_ends_whole(length: np.ndarray, rows: int, nbytes: int) -> np.ndarray:
+    """block_ends as it was, by one running sum of every row: the reference."""
+    upto = np.cumsum(length, dtype=np.int64)
+    ends: list[int] = []
+    at = 0
+    while at < len(length):
+        limit = (upto[at - 1] if at else 0) + nbytes
+        end = max(int(np.searchsorted(upto, limit, side="right")), at + 1)
+        at = min(end, at + rows, len(length))
+        ends.append(at)
+    return np.array(ends, np.int64)
+
+
+@pytest.mark.parametrize("rows, nbytes", [(7, 1 << 30), (1 << 20, 500), (5, 500), (3, 1), (64, 0)])
+def test_block_ends_block_by_block_equal_one_running_sum(rows: int, nbytes: int) -> None:
+    """Summed a block at a time, in time order through `order` or not, the blocks are
+    those one running sum of every row gives."""
+    rng = np.random.default_rng(rows * 3 + nbytes)
+    length = rng.integers(0, 2100, 5000).astype(np.int32)
+    order = rng.permutation(len(length))
+    want = _block_ends_whole(length[order], rows, nbytes)
+    assert bytype.block_ends(length, rows, nbytes, order).tolist() == want.tolist()
+    assert bytype.block_ends(length[order], rows, nbytes).tolist() == want.tolist()
 
 
 def test_release_drops_whole_pages_inside_the_range_only() -> None:
@@ -148,6 +213,7 @@ def test_strings_in_the_ring_buffer_survive_the_release_behind_blocks(
     monkeypatch.setattr(columns, "WIDE_MIN", 0)
     monkeypatch.setattr(columns, "PIN_WASTE", waste)
     monkeypatch.setattr(tables, "ROWS_PER_BLOCK", 7)
+    monkeypatch.setattr(bytype, "RARE_ROWS", 0)  # every type block by block
     blocks = _frames(FIXTURES / name)
     for key, frame in whole.items():
         assert_frame_equal(blocks[key], frame, categorical_as_str=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 import tracekit
 from tracekit.ingest import arrowbuf, chars, columns, membuf, tables
@@ -83,6 +84,27 @@ def _generated(
 def test_string_words_cut_at_nul_and_count(width: int, names: int, aligned: bool) -> None:
     rng = np.random.default_rng(width * 7 + names)
     buf, start, count, want = _generated(rng, 6000, width, names, aligned)
+    got = Gatherer(buf, start, count).strings(start, count)
+    assert got.dtype == pl.String and got.to_list() == want
+
+
+@pytest.mark.parametrize("width", [8, 16, 20, 64])
+@pytest.mark.parametrize("names", [3, 5000])
+@pytest.mark.parametrize("varied", [True, False])  # bytes after the NUL: random, or one per name
+def test_fixed_width_strings_cut_at_nul(width: int, names: int, varied: bool) -> None:
+    """char[N] fields: every row's count is the field's width (its words unmasked), the
+    rows deduplicated as they are and the distinct ones cut at their NUL, or every row
+    cut first when the bytes after their NUL vary."""
+    rng = np.random.default_rng(width * 11 + names)
+    buf, start, count, want = _generated(rng, 6000, width, names, aligned=True)
+    if not varied:  # equal names, equal rows: the bytes after the NUL must still go
+        for i in range(len(start)):
+            field = buf[start[i] : start[i] + width]
+            nul = np.flatnonzero(field == 0)
+            if len(nul):
+                field[nul[0] + 1 :] = ord("A")
+    count = np.full(len(start), width)
+    want = [bytes(buf[a : a + width]).split(b"\0")[0].decode() for a in start.tolist()]
     got = Gatherer(buf, start, count).strings(start, count)
     assert got.dtype == pl.String and got.to_list() == want
 
@@ -247,3 +269,39 @@ def test_wide_strings_point_into_private_memory_only(tmp_path: Path) -> None:
     got = from_file.strings(start, count)
     path.write_bytes(b"z" * len(text))  # the file rewritten: the column must not change
     assert got.to_list() == ["y" * 300] * 4 and not from_file.pinned
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([7, 3, 7, 0, 3, 3, 65535], np.uint16),  # event ids: the lookup table
+        np.array([4000, 0, 17, 4000, 4194303], np.int32),  # pids up to pid_max: the table
+        np.array([-1, 5, -1, 2, 5], np.int32),  # a negative pid: np.unique
+        np.array([1 << 30, 5, 1 << 30], np.int64),  # past LUT_LIMIT: np.unique
+        np.zeros(0, np.int32),
+    ],
+)
+def test_lookup_gives_each_rows_entry(values: np.ndarray) -> None:
+    """The events table's per-value columns: the distinct values in ascending order, and
+    a per-value column turned into each row's entry, by table or by np.unique alike."""
+    keys, per_row = tables._lookup(values)
+    assert keys == sorted(set(values.tolist()))
+    names = pl.Series([f"n{k}" for k in keys], dtype=pl.Categorical)
+    got = per_row(names)
+    assert got.dtype == pl.Categorical
+    assert got.cast(pl.String).to_list() == [f"n{v}" for v in values.tolist()]
+    tgid = pl.Series([k + 1 if k % 2 else None for k in keys], dtype=pl.Int32)
+    assert per_row(tgid).to_list() == [v + 1 if v % 2 else None for v in values.tolist()]
+
+
+@pytest.mark.parametrize("path", HELD, ids=lambda p: p.name)
+def test_events_table_by_lookup_table_equals_by_unique(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events table's event, system, comm and tgid by lookup tables (ids, pids) equal
+    those np.unique's codes give, on every held trace."""
+    fast, _ = _tables(path)
+    monkeypatch.setattr(tables, "LUT_LIMIT", 0)
+    slow, _ = _tables(path)
+    assert fast.schema == slow.schema
+    assert_frame_equal(fast, slow, categorical_as_str=True)

@@ -48,16 +48,23 @@ def string_column(words: np.ndarray, decode: Callable[[pl.Series], pl.Series]) -
 
     `decode` turns a Binary Series into a String one (invalid UTF-8 replaced).
     """
-    cut_at_nul(words)
-    col = _deduplicated(words, decode)
+    # Rows equal as they are hold equal strings: deduplicated first, only the distinct rows
+    # are cut (the kernel pads most names with NULs, so they are as few either way).
+    col = _deduplicated(words, decode, cut=True)
+    if col is None:  # bytes after the NUL made the rows too varied: cut every row
+        cut_at_nul(words)
+        col = _deduplicated(words, decode)
     if col is None:
         col = decode(pl.Series(words.view(f"S{8 * words.shape[1]}").ravel()))
     return col
 
 
-def _deduplicated(words: np.ndarray, decode: Callable[[pl.Series], pl.Series]) -> pl.Series | None:
-    """The strings of the words, each distinct row decoded once; None when the rows are too
-    varied for that to pay, or when two different rows share a key."""
+def _deduplicated(
+    words: np.ndarray, decode: Callable[[pl.Series], pl.Series], cut: bool = False
+) -> pl.Series | None:
+    """The strings of the words, each distinct row decoded once (`cut`: the distinct rows
+    cut at their NUL first); None when the rows are too varied for that to pay, or when
+    two different rows share a key."""
     n, k = words.shape
     key = words[:, 0] * MIX
     for j in range(1, k):
@@ -68,7 +75,10 @@ def _deduplicated(words: np.ndarray, decode: Callable[[pl.Series], pl.Series]) -
         code, first = _by_key(key)
     if len(first) * DISTINCT_SHARE > n or not _same_rows(words, first[code]):
         return None
-    names = decode(pl.Series(np.ascontiguousarray(words[first]).view(f"S{8 * k}").ravel()))
+    distinct = np.ascontiguousarray(words[first])
+    if cut:
+        cut_at_nul(distinct)
+    names = decode(pl.Series(distinct.view(f"S{8 * k}").ravel()))
     return names[code]
 
 

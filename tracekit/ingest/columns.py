@@ -227,8 +227,10 @@ class Gatherer:
             m = np.pad(m, ((0, 0), (0, -width % 4))).view(np.uint32)
         words = np.zeros((len(m), -(-width // 8)), dtype=np.uint64)
         words.view(np.uint32)[:, : m.shape[1]] = m
+        low = int(count.min())
         for k in range(words.shape[1]):  # bytes past the count (and past the field): 0
-            words[:, k] &= BYTE_MASKS[np.clip(count - 8 * k, 0, 8)]
+            if low < 8 * (k + 1):  # not when every row's count covers the word (char[N])
+                words[:, k] &= BYTE_MASKS[np.clip(count - 8 * k, 0, 8)]
         return words
 
     def arrays(self, start: np.ndarray, nbytes: np.ndarray, elem: int, signed: bool) -> pl.Series:

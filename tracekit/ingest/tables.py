@@ -232,7 +232,7 @@ def build_tables(trace: BinaryTrace, salvage: bool = False, symbols: Path | None
     del parts  # the per-CPU record arrays: peak memory matters on big traces
     membuf.trim()  # the per-CPU record arrays, back to the OS before the tables
     order = np.argsort(merged.ts, kind="stable")  # ties: lower CPU first, then record order
-    ends = block_ends(merged.length[order], ROWS_PER_BLOCK, BYTES_PER_BLOCK)
+    ends = block_ends(merged.length, ROWS_PER_BLOCK, BYTES_PER_BLOCK, order)
     pinned: list[tuple[int, int]] = []  # bytes the wide strings' columns point into
     cuts = release_cuts(order, merged.payload, merged.spans, ends)
     merged.sort(order)
@@ -395,11 +395,14 @@ def _event_tables(
 LUT_LIMIT = 1 << 23
 
 
-def _codes(values: np.ndarray) -> tuple[list[int], pl.Series]:
-    """The distinct values and, per row, the index of its value among them.
+def _lookup(values: np.ndarray) -> tuple[list[int], Callable[[pl.Series], pl.Series]]:
+    """The distinct values, and a function turning a column of one entry per distinct
+    value (in that order) into its entry per row.
 
-    For small non-negative integers a lookup table does it in two linear passes, far
-    cheaper than np.unique's full sort of millions of rows.
+    For small non-negative integers a lookup table by value, which polars gathers at the
+    rows as they are: in two linear passes, far cheaper than np.unique's full sort of
+    millions of rows, and with no per-row array of codes of our own (4 bytes an event
+    each, held in the C heap beside the columns: the events table's peak).
     """
     if len(values) and values.min() >= 0 and values.max() < LUT_LIMIT:
         seen = np.zeros(int(values.max()) + 1, dtype=bool)  # not bincount: 1 byte a value
@@ -407,9 +410,11 @@ def _codes(values: np.ndarray) -> tuple[list[int], pl.Series]:
         present = np.flatnonzero(seen)
         lut = np.zeros(len(seen), dtype=np.uint32)
         lut[present] = np.arange(len(present), dtype=np.uint32)
-        return present.tolist(), pl.Series(lut[values])
+        by_value, rows = pl.Series(lut), pl.Series(values)
+        return present.tolist(), lambda per: per.gather(by_value).gather(rows)
     distinct, at = np.unique(values, return_inverse=True)
-    return distinct.tolist(), pl.Series(at.ravel().astype(np.uint32))
+    codes = pl.Series(at.ravel().astype(np.uint32))
+    return distinct.tolist(), lambda per: per.gather(codes)
 
 
 def _events_frame(
@@ -418,26 +423,23 @@ def _events_frame(
     """The events table; comm/tgid/event/system are gathered from small per-pid and
     per-id columns, so no string is built per event.
 
-    Peak memory is reached here: the columns needing a per-row index come first (each
-    index freed before the next is made), the row numbers, which need none, last.
+    Peak memory is reached here: the row numbers, which need no lookup, come last.
     """
-    uniq, id_at = _codes(ids)
-    event = pl.Series([id_name[int(i)][0] for i in uniq], dtype=pl.Categorical)
-    system = pl.Series([id_name[int(i)][1] for i in uniq], dtype=pl.Categorical)
-    cols = {"event": event.gather(id_at), "system": system.gather(id_at)}
-    del id_at
-    pids, pid_at = _codes(c.pid)
+    uniq, by_id = _lookup(ids)
+    event = pl.Series([id_name[i][0] for i in uniq], dtype=pl.Categorical)
+    system = pl.Series([id_name[i][1] for i in uniq], dtype=pl.Categorical)
+    cols = {"event": by_id(event), "system": by_id(system)}
+    pids, by_pid = _lookup(c.pid)
     comms = {**trace.cmdlines, 0: "<idle>"}
-    comm = pl.Series([comms.get(int(p)) for p in pids], dtype=pl.Categorical)
-    tgid = pl.Series([trace.tgids.get(int(p)) for p in pids], dtype=pl.Int32)
+    comm = pl.Series([comms.get(p) for p in pids], dtype=pl.Categorical)
+    tgid = pl.Series([trace.tgids.get(p) for p in pids], dtype=pl.Int32)
     if tgid.null_count() == len(tgid):  # no saved_tgids (trace-cmd's usual trace.dat)
         # A column of nulls made whole: its zeroed values are never written, so they take
         # no memory (a gather writes 4 bytes an event).
         cols["tgid"] = pl.repeat(None, len(ids), dtype=pl.Int32, eager=True)
     else:
-        cols["tgid"] = tgid.gather(pid_at)
-    cols["comm"] = comm.gather(pid_at)
-    del pid_at
+        cols["tgid"] = by_pid(tgid)
+    cols["comm"] = by_pid(comm)
     return pl.DataFrame(
         {
             "row": np.arange(len(ids), dtype=np.int64), "ts": c.ts, "cpu": c.cpu,
