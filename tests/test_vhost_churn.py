@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import register_vhost_check
+from conftest import KPATCH_SERIES, kpatch_opt_in, register_vhost_check
 
 from tracekit.bundle import RunKind, read_manifest
 from tracekit.ingest.bundle import load_bundle
@@ -37,8 +37,8 @@ from tracekit.ingest.vmm import read_vmm_output
 from tracekit.report.sections import churn as churn_section
 
 CONFIG = "nvhe-kpatch"
-# The nVHE boot per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
-BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
+# The nVHE boot per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612, KPATCH_KERNEL_72).
+BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612", "7.2": "nvhe-kpatch-72"}
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 POLICIES = ("off", "alle1is", "last-ran")
 CHURN_VMS = 20
@@ -63,8 +63,9 @@ def _churn_script() -> str:
 
 # Late: the kpatch checks count the switch's flushes and expect `off` from boot.
 for _config in BOOTS.values():
-    opt_in = "kpatch612" if _config.endswith("-612") else None  # as test_vhost_kpatch
-    register_vhost_check(_config, "kpatch_churn", _churn_script(), late=True, opt_in=opt_in)
+    register_vhost_check(
+        _config, "kpatch_churn", _churn_script(), late=True, opt_in=kpatch_opt_in(_config)
+    )
 
 
 def _flushes(text: str) -> int:
@@ -93,7 +94,7 @@ def _per_vm_invalidations(bundle: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-@pytest.mark.parametrize("series", ["6.1", pytest.param("6.12", marks=pytest.mark.kpatch612)])
+@KPATCH_SERIES
 def test_vhost_churn_fix_invalidates_once_per_vm(vhost_boot, series: str) -> None:
     """Each VM's teardown: off none, alle1is one ALLE1IS, last-ran one ALLE1 on its CPU."""
     boot = vhost_boot(BOOTS[series])

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import VHOST_CONFIGS, register_vhost_check
+from conftest import KPATCH_SERIES, VHOST_CONFIGS, kpatch_opt_in, register_vhost_check
 
 from tracekit.bundle import read_manifest
 from tracekit.host.protocol import after_guest_run_id
@@ -50,24 +50,19 @@ from tracekit.ingest.groundtruth import bundle_ground_truth, load_ground_truth, 
 CONFIG = "nvhe-kpatch"
 VHE = "vhe-kpatch"
 PROTECTED = "protected-kpatch"
-# The nVHE and VHE boots per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
-NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
-VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612"}
-PROTECTED_BOOTS = {"6.1": PROTECTED, "6.12": "protected-kpatch-612"}
+# The nVHE and VHE boots per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612, _72).
+NVHE_BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612", "7.2": "nvhe-kpatch-72"}
+VHE_BOOTS = {"6.1": VHE, "6.12": "vhe-kpatch-612", "7.2": "vhe-kpatch-72"}
+PROTECTED_BOOTS = {"6.1": PROTECTED, "6.12": "protected-kpatch-612", "7.2": "protected-kpatch-72"}
 # 6.12 only: hVHE on max, and nVHE with kvm.enable_virt_at_load=0.
 HVHE = "hvhe-kpatch-612"
 NOVIRT = "novirt-kpatch-612"
 # 6.12's boots are opt-in (-m kpatch612): its CI kernel's cold build and five boots,
-# ~14 min, do not fit CI's budget beside the rest; 6.1's are CI's.
-SERIES = pytest.mark.parametrize(
-    "series", ["6.1", pytest.param("6.12", marks=pytest.mark.kpatch612)]
-)
+# ~14 min, do not fit CI's budget beside the rest; nor do 7.2's (-m kpatch72, three
+# boots); 6.1's are CI's (conftest.KPATCH_SERIES, kpatch_opt_in).
+SERIES = KPATCH_SERIES
 OPT_IN_612 = "kpatch612"
-
-
-def _opt_in(config: str) -> str | None:
-    """The opt-in marker of a boot's checks: 6.12's boots only."""
-    return OPT_IN_612 if config.endswith("-612") else None
+_opt_in = kpatch_opt_in
 
 
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
@@ -260,8 +255,8 @@ def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> No
 # stub with no VM alive: the interface brings it up on the target CPU alone, first (its
 # VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there). 6.12 keeps EL2 up from KVM's init
 # (kvm.enable_virt_at_load=1, the default): nothing; with kvm.enable_virt_at_load=0 it
-# leaves EL2 to the stub too, and 6.12's hyp init runs TLBI ALLE2 and ALLE1.
-BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": []}
+# leaves EL2 to the stub too, and 6.12's hyp init runs TLBI ALLE2 and ALLE1. 7.2 as 6.12.
+BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": [], "7.2": []}
 BRING_UP_NOVIRT = ["TLBI ALLE2", "TLBI ALLE1"]
 
 
