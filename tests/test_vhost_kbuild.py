@@ -195,6 +195,19 @@ def test_ci_config_of_debian_source_keeps_what_the_tests_need(tmp_path: Path) ->
     assert "# CONFIG_EFI is not set" in lines and "# CONFIG_EXT4_FS is not set" in lines
 
 
+@pytest.mark.kbuild
+def test_sids_ci_config_has_the_hypervisor_tracing() -> None:
+    """sid's CI config, made from its Debian config (NVHE_EL2_DEBUG off there) and its 7.2
+    source: NVHE_EL2_DEBUG on, and with it 7.2's nVHE hypervisor tracing (hidden, default
+    y with ftrace) and the trace remote it selects; the pKVM panic option stays off."""
+    version, debian = kcustom.debian_inputs("sid", print)
+    assert "# CONFIG_NVHE_EL2_DEBUG is not set" in _lines(debian)
+    tree = ksource.pristine_tree("sid", version, print)
+    lines = _lines(kcustom.input_config(debian, tree, "ci", "sid"))
+    assert {"CONFIG_NVHE_EL2_TRACING=y", "CONFIG_TRACE_REMOTE=y"} <= lines
+    assert "# CONFIG_PKVM_DISABLE_STAGE2_ON_PANIC is not set" in lines
+
+
 @SUITES
 def test_the_series_lists_its_patches_in_order(suite: str) -> None:
     """Each shipped series: every file listed, hash over the contents in order."""
