@@ -182,7 +182,7 @@ def kpatch_opt_in(config: str) -> str | None:
 OPT_IN = {
     "kpatch612": "the 6.12 kpatch boots (~14 min cold with their kernel's build, over CI's "
     "budget beside the rest): select with -m kpatch612",
-    "kpatch72": "the 7.2 kpatch boots (~KP72MIN min cold with their kernel's build, over CI's "
+    "kpatch72": "the 7.2 kpatch boots (~16 min cold with their kernel's build, over CI's "
     "budget beside the rest): select with -m kpatch72",
     "unproven": "a boot check that has not yet passed in a boot: select with -m unproven",
 }

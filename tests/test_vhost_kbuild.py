@@ -3,7 +3,7 @@
 The fast tests run on configs and trees made here. The `kbuild` ones need Debian's
 bookworm, trixie and sid linux sources (the versions they ship today, fetched into the
 cache, ~140 MB, ~150 MB and ~165 MB) and, for the boots, the CI kernels' cross builds
-(~7, ~10 and ~SIDMIN min cold on this 2-core machine).
+(~7, ~10 and ~12 min cold on this 2-core machine).
 """
 
 from __future__ import annotations

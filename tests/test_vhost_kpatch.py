@@ -32,6 +32,11 @@ All five (these four and tests/test_vhost_churn.py's) passed on the CI kernel to
 (TRACEKIT_KPATCH_KERNEL=bookworm:kpatch-ci, 6.1.176-tk8977d8-kpa298619e, session 12):
 113 s for the three boots. The 6.12 twins passed on 2026-12-04 (trixie:kpatch-ci,
 6.12.117-tk0feb10-kpd7c583d9, with tests/test_vhost_churn.py's [6.12]: 4 passed in 179 s).
+The 7.2 twins (`[7.2]`, -m kpatch72: nvhe-kpatch-72, vhe-kpatch-72, protected-kpatch-72 on
+conftest.KPATCH_KERNEL_72, sid:kpatch-ci by default) check what 6.12's do: 7.2 keeps EL2 up
+from KVM's init too. On 2026-12-04 (7.2.13-tk498551-kp638caddc, with the churn's [7.2]):
+4 of 5 passed in 214 s; the VHE one failed on its "no hyp row" (7.2's boot-time
+__finalise_el2 DSB NSH), since asserted as _assert_no_hyp_work says.
 """
 
 from __future__ import annotations
