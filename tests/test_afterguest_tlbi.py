@@ -87,20 +87,35 @@ def test_issue_without_the_series_or_refused(tmp_path: Path) -> None:
     """No interface: one line naming the series; a failed write: one line with the reason."""
     with pytest.raises(TracekitError, match="reproducer/kpatch"):
         issue_maint("alle1 1", lambda: 0, tmp_path / "absent")
-    with pytest.raises(TracekitError, match="EL2 maintenance 'alle1 1' failed: Is a directory"):
+    with pytest.raises(
+        TracekitError, match=r"EL2 maintenance 'alle1 1' failed \(EISDIR\): Is a directory"
+    ):
         issue_maint("alle1 1", lambda: 0, tmp_path)
+
+
+def test_a_malformed_request_says_what_malformed_means() -> None:
+    """EINVAL (the series' answer to a request it cannot run as written) is named with what
+    the interface refuses, not a bare "invalid argument". A real EINVAL: this process's own
+    oom_score_adj refuses a word."""
+    with pytest.raises(TracekitError) as raised:
+        issue_maint("alle1 1 5", lambda: 0, Path("/proc/self/oom_score_adj"))
+    text = str(raised.value)
+    assert "'alle1 1 5' failed (EINVAL)" in text
+    assert "a field the operation does not take" in text and "CPU number" in text
 
 
 def test_preflight_reads_the_interface(tmp_path: Path) -> None:
     """Mode, VMID width, operations and the teardown switch with its count."""
     assert read_kpatch(tmp_path) is None
     (tmp_path / "op").write_text(OP_TEXT)
-    (tmp_path / "teardown_flush").write_text("off [alle1is] last-ran\nflushes: 3\n")
+    switch = "off [alle1is] last-ran\nflushes: 3\nfailed: 1\nvmid_bits: 16\n"
+    (tmp_path / "teardown_flush").write_text(switch)
     found = read_kpatch(tmp_path)
     assert found is not None
     assert (found.mode, found.vmid_bits) == ("nvhe", 16)
     assert "vmalls12e1is" in found.ops and len(found.ops) == 7
     assert (found.teardown_flush, found.teardown_flushes) == ("alle1is", 3)
+    assert found.teardown_failures == 1  # counted by the series since review S1
 
 
 def test_preflight_protected_mode_and_no_switch() -> None:
@@ -116,7 +131,7 @@ def test_preflight_takes_hvhe_as_nvhe() -> None:
     found = parse_kpatch(OP_TEXT.replace("nvhe", "hvhe"), "[off] alle1is last-ran\nflushes: 0\n")
     assert (found.mode, found.teardown_flush) == ("hvhe", "off")
     for action in TLBI_ACTIONS:
-        check_kpatch_for(action, found)
+        check_kpatch_for(action, found, "yes")
 
 
 @pytest.mark.parametrize("series", sorted(SERIES[suite] for suite in built_suites()))
@@ -171,13 +186,29 @@ def test_report_header_names_the_series_and_switch(tmp_path: Path) -> None:
 
 def test_preflight_refuses_an_action_this_kernel_cannot_do() -> None:
     """No series, protected mode, or an operation it lacks: one line before anything runs."""
-    check_kpatch_for("hotplug", None)  # not a tlbi action: nothing to check
+    check_kpatch_for("hotplug", None, "yes")  # not a tlbi action: nothing to check
     with pytest.raises(TracekitError, match="--kernel bookworm:kpatch"):
-        check_kpatch_for("tlbi:alle1@guest-cpu", None)
+        check_kpatch_for("tlbi:alle1@guest-cpu", None, "absent")
     refused = parse_kpatch(OP_TEXT.replace("nvhe", "protected (refused)"), None)
     with pytest.raises(TracekitError, match="refuses EL2 maintenance in protected mode"):
-        check_kpatch_for("tlbi:alle1@guest-cpu", refused)
+        check_kpatch_for("tlbi:alle1@guest-cpu", refused, "yes")
     older = parse_kpatch("mode: nvhe\nvmid_bits: 8\nops: alle1\n", None)
-    check_kpatch_for("tlbi:alle1@other-cpu", older)
+    check_kpatch_for("tlbi:alle1@other-cpu", older, "absent")
     with pytest.raises(TracekitError, match="offers alle1, not vmalls12e1is"):
-        check_kpatch_for("tlbi:vmalls12e1is@vmid", older)
+        check_kpatch_for("tlbi:vmalls12e1is@vmid", older, "absent")
+
+
+@pytest.mark.parametrize("mode", ["nvhe", "hvhe"])
+def test_preflight_refuses_tlbi_where_each_operation_reinitialises_el2(mode: str) -> None:
+    """6.12+ with kvm.enable_virt_at_load=0: the EL2 bring-up's ALLE1 on every CPU comes first."""
+    found = parse_kpatch(OP_TEXT.replace("nvhe", mode), None)
+    with pytest.raises(TracekitError, match="enable_virt_at_load=0 each operation first"):
+        check_kpatch_for("tlbi:alle1@other-cpu", found, "no")
+    check_kpatch_for("tlbi:alle1@other-cpu", found, "yes")
+    check_kpatch_for("hotplug", found, "no")  # not a tlbi action
+
+
+def test_preflight_keeps_tlbi_in_vhe_with_virtualisation_on_demand() -> None:
+    """VHE's EL2 bring-up runs no ___kvm_hyp_init, so its operations stay isolated."""
+    vhe = parse_kpatch(OP_TEXT.replace("nvhe", "vhe"), None)
+    check_kpatch_for("tlbi:alle1@other-cpu", vhe, "no")

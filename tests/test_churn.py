@@ -129,6 +129,8 @@ def churn_bundle(
             "before": {"teardown_flush": switch[0], "teardown_flushes": switch[1]},
             "after": {"teardown_flush": switch[2], "teardown_flushes": switch[3]},
         }
+        for side, failed in zip(("before", "after"), switch[4:], strict=False):
+            record[side]["teardown_failures"] = failed  # then failed flushes, twice
         writer.path("runs/churn/teardown-flush.json").write_text(json.dumps(record))
     run.end_ns = end
     files = (root / "runs").rglob("*")
@@ -863,10 +865,14 @@ def test_the_switch_not_doing_what_its_state_says_is_a_contradiction(tmp_path: P
         none={"state": "last-ran", "vms": 20, "switch": ("last-ran", 25, "last-ran", 25)},
         off={"state": "off", "vms": 20, "switch": ("off", 0, "off", 3)},
         moved={"state": "alle1is", "vms": 20, "switch": ("alle1is", 0, "off", 7)},
+        failed={"state": "last-ran", "vms": 20, "switch": ("last-ran", 0, "last-ran", 20, 1, 3)},
+        clean={"state": "last-ran", "vms": 20, "switch": ("last-ran", 0, "last-ran", 20, 0, 0)},
     )
     assert _built(bundles).contradictions == [
         "none: churn: teardown_flush last-ran flushed 0 times over 20 VMs (20 ran to "
         "power-off): not one flush per VM",
         "off: churn: teardown_flush off, yet its flush count grew by 3",
         "moved: churn: teardown_flush changed during the churn: alle1is before, off after",
+        "failed: churn: 2 of teardown_flush last-ran's local TLBI ALLE1s failed at EL2 "
+        "during the churn: its flushes did not all run",
     ]

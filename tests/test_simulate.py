@@ -480,29 +480,64 @@ def _run_responders(
     model: str,
     isolated: tuple[int, ...] = (),
     load: ImageLoad | None = None,
+    late: str | None = None,
 ) -> tuple[dict, Path]:
     """Build `program` (IRQ-handler symbols in a kallsyms file), run it under the plugin
     with `model` (`isolated`: the CPUs isolcpus= would name); its printed timings (ns)
-    and the simulation log's path."""
+    and the simulation log's path. `late`: a symbol the kallsyms file first lacks; the
+    program gets the file's path and a whole copy's, to put in its place."""
     source = tmp_path / "r.c"
     source.write_text(program)
     binary = tmp_path / "r"
     gcc = ["aarch64-linux-gnu-gcc", "-O2", "-static", "-pthread", "-o", str(binary)]
     subprocess.run([*gcc, str(source)], check=True)
     nm = subprocess.run(["aarch64-linux-gnu-nm", str(binary)], capture_output=True, text=True)
-    kallsyms = tmp_path / "kallsyms.txt"
+    kallsyms, whole = tmp_path / "kallsyms.txt", tmp_path / "kallsyms.whole"
     kallsyms.write_text(nm.stdout)
+    argv = []
+    if late is not None:
+        whole.write_text(nm.stdout)
+        kallsyms.write_text("".join(line + "\n" for line in nm.stdout.splitlines()
+                                    if not line.endswith(f" {late}")))  # fmt: skip
+        argv = [str(kallsyms), str(whole)]
     form = plugin_form(parse_model(model, "t.toml"), "nvhe", kallsyms, isolated, load)
     (tmp_path / "model.txt").write_text(form)
     args = f"out={tmp_path / 'gt.tkgt'},limit=65536,sim={tmp_path / 'model.txt'}"
     args += f",simlog={tmp_path / 'sim.txt'}"
     plugin = f"{built / groundtruth.PLUGIN},{args}"
     done = subprocess.run(
-        ["qemu-aarch64", "-plugin", plugin, str(binary)], capture_output=True, text=True
+        ["qemu-aarch64", "-plugin", plugin, str(binary), *argv], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
     return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}, tmp_path / "sim.txt"
+
+
+# A first clock marker while the kallsyms file lacks one IRQ handler (found: the other),
+# then the whole file in its place, then RESPONDER_PROGRAM's own marker and phases.
+RETRY_PROGRAM = RESPONDER_PROGRAM.replace(
+    "int main(void) {\n\tpthread_t t = start();",
+    "int main(int argc, char **argv) {\n\t(void)argc;\n"
+    '\t__asm__ volatile("hint #0x77");\n'
+    "\tif (rename(argv[2], argv[1])) return 1;\n"
+    "\tpthread_t t = start();",
+)
+
+
+@needs_qemu_user
+def test_a_retry_after_a_partial_find_of_the_irq_entries_resolves_them(
+    built: Path, tmp_path: Path
+) -> None:
+    """The first marker finds one of the two IRQ handlers (the file lacks the other), the
+    next reads the whole file afresh and finds both: the responder then pays as it does
+    when both are there at once (2 payments for 53 completions)."""
+    assert 'hint #0x77");\n\tif (rename' in RETRY_PROGRAM
+    late = IRQ_ENTRY_SYMBOLS[-1]
+    _, log_path = _run_responders(tmp_path, built, RETRY_PROGRAM, RESPONDERS, late=late)
+    log = read_sim_log(log_path)
+    assert log.complete and set(log.pay_at) == set(IRQ_ENTRY_SYMBOLS), log.pay_at
+    assert all(log.pay_at.values()), log.pay_at
+    assert (log.vcpus[1]["pays"], log.vcpus[1]["owed"]) == (2, 53)
 
 
 @needs_qemu_user

@@ -7,19 +7,21 @@ under qemu-user (a function named secondary_entry stands in for the kernel's ent
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from report_bundles import edit_manifest, make_bundle
+from bundlegen import Spec, generate
 from test_simulate import GOOD, ON, PRELUDE, _simulated, built, needs_qemu_user  # noqa: F401
 
 from tracekit.analysis.conditions import Condition
 from tracekit.errors import TracekitError
 from tracekit.ingest.bundle import BundleSimulation, load_bundle
-from tracekit.report.sections import predictions, simulated
+from tracekit.report.assemble import build_report
+from tracekit.report.sections import decision, predictions, simulated
 from tracekit.simulate.expected import paying_windows
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model, parse_model, plugin_form
 from tracekit.simulate.predict import ABSENT, PRESENT, predict
@@ -29,10 +31,15 @@ from tracekit.simulate.simlog import (
     cpu_entry_mistakes,
     cpu_entry_warnings,
     parse_sim_log,
+    power_on_mistakes,
+    power_on_warnings,
 )
+from tracekit.symbols.kallsyms import kallsyms_omission
 from tracekit.vhost import groundtruth, runner
+from tracekit.vhost.image import IMAGE_RECORD, VhostImage
+from tracekit.vhost.kernels import parse_kernel_spec
 from tracekit.vhost.qemu import VIRT_RAM_BASE, ImageLoad, image_load, kernel_text_pa
-from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_FORM, SIM_LOG
+from tracekit.vhost.runner import IOMEM, KALLSYMS, SIM_FORM, SIM_LOG, VhostConfig
 
 POWER = GOOD.replace('["alle1-local"]', '["cpu-on"]')
 LOAD = ImageLoad(0x40200000, 0x40210000)  # where QEMU 7.2 loads both of Debian's Images
@@ -358,9 +365,29 @@ def test_without_text_the_plugin_anchors_on_stext(built: Path, tmp_path: Path) -
     assert log.power_ons() == [] and log.vcpus[0]["delayed"] == 10
 
 
-def _boot_out(tmp_path: Path, model: str, log: str | None, iomem: str) -> Path:
+# The kernel log before the command (the boot's three secondaries) and after it, where
+# CPU1 and CPU2 were each hotplugged once (the power-ons of LOG6_61's cpu-on events).
+BOOTED = "CPU{0}: Booted secondary processor 0x000000000{0} [0x414fd0b1]\n"
+BOOT_DMESG_61 = (
+    "[    0.000000] Booting Linux on physical CPU 0x0000000000 [0x414fd0b1]\n"
+    + "".join(f"[    0.14{n}] " + BOOTED.format(n) for n in (1, 2, 3))
+)
+DMESG_61 = BOOT_DMESG_61 + "".join(
+    f"[    6.4{n}] psci: CPU{n} killed (polled 0 ms)\n[    7.6{n}] " + BOOTED.format(n)
+    for n in (1, 2)
+)
+
+
+def _boot_out(
+    tmp_path: Path, model: str, log: str | None, iomem: str, dmesg: str | None = DMESG_61
+) -> Path:
     """A boot's --out as `vhost run` leaves it (and a bundle's groundtruth/ holds it): the
-    plugin's form of `model`, its log, /proc/iomem and kallsyms."""
+    plugin's form of `model`, its log, /proc/iomem, kallsyms and the kernel log before
+    and after the command (`dmesg`: after; None: neither file)."""
+    for name, text in ((runner.BOOT_DMESG, BOOT_DMESG_61), (runner.DMESG, dmesg)):
+        (tmp_path / name).unlink(missing_ok=True)
+        if dmesg is not None:
+            (tmp_path / name).write_text(text)
     form = plugin_form(load_model(model), "nvhe", tmp_path / KALLSYMS, [3], LOAD)
     (tmp_path / SIM_FORM).write_text(form)
     (tmp_path / SIM_LOG).unlink(missing_ok=True)
@@ -388,21 +415,39 @@ def test_vhost_run_checks_the_cpu_entry_against_the_boot(tmp_path: Path, model: 
     out = _boot_out(tmp_path, model, LOG6_61, IOMEM_61)
     check = runner.cpu_entry_check(out)
     assert check is not None and check.mistakes == [] and check.cpu_on == (model == "power-cycle")
+    assert check.power_ons == 2  # CPU1's and CPU2's re-plugs, each seen
     assert runner._checked_cpu_entry(out, result) == 0
     assert "is where this boot's /proc/iomem and kallsyms put" in result.notes[-1]
+    assert "; the plugin saw there each of the 2 power-on(s) the kernel logged" in result.notes[-1]
+    uncounted = runner.cpu_entry_check(_boot_out(tmp_path, model, LOG6_61, IOMEM_61, None))
+    assert uncounted is not None and uncounted.mistakes == [] and uncounted.power_ons is None
+    assert "power-ons not counted" in uncounted.lines()[-1]
     cpu_on = model == "power-cycle"
-    for log, iomem, why in (
-        (LOG6_61, IOMEM_61.replace("40210000", "40200000"), "Kernel code starts at 0x40200000"),
-        (None, IOMEM_61, "the plugin's log is unreadable"),
-        (re.sub("cpu-entry-at .*\n", "", LOG6_61), IOMEM_61, "no cpu-entry-at line"),
-    ):
+    # Watched in the right place, but a power-on the kernel logged was not seen there, or
+    # one was seen that the kernel did not log.
+    unseen = DMESG_61 + "[    9.3] psci: CPU3 killed (polled 0 ms)\n[    9.9] " + BOOTED.format(3)
+    unlogged = DMESG_61.rpartition("[    6.42]")[0]
+    for log, iomem, dmesg, why in (
+        (LOG6_61, IOMEM_61.replace("40210000", "40200000"), DMESG_61,
+         "Kernel code starts at 0x40200000"),
+        (None, IOMEM_61, DMESG_61, "the plugin's log is unreadable"),
+        (re.sub("cpu-entry-at .*\n", "", LOG6_61), IOMEM_61, DMESG_61, "no cpu-entry-at line"),
+        (LOG6_61, IOMEM_61, unseen, "the kernel brought vCPU 3 (MPIDR 0x3) up 1 time(s) "
+         "during the command (its 'Booted secondary processor' lines), the plugin saw 0 "
+         "entries at secondary_entry"),
+        (LOG6_61, IOMEM_61, unlogged, "brought vCPU 2 (MPIDR 0x2) up 0 time(s)"),
+        (LOG6_61, IOMEM_61, unlogged + "[ 6.5] CPU2: failed to come online\n",
+         "the plugin saw 1 entries at secondary_entry; dmesg has 1 'failed to come online'"),
+    ):  # fmt: skip
         result = replace(_RESULT, out_dir=tmp_path, notes=[])
-        status = runner._checked_cpu_entry(_boot_out(tmp_path, model, log, iomem), result)
+        out = _boot_out(tmp_path, model, log, iomem, dmesg)
+        status = runner._checked_cpu_entry(out, result)
         assert why in result.notes[0], result.notes
         assert result.notes[0].startswith(
             "simulation: NOT AS MODELLED" if cpu_on else "simulation: power-ons were not watched"
         )
         assert status == (runner.SIMULATION_NOT_APPLIED if cpu_on else 0)
+    out = _boot_out(tmp_path, model, LOG6_61, IOMEM_61)
     failed = replace(_RESULT, exit_status=1, out_dir=tmp_path, notes=[])
     assert runner._checked_cpu_entry(out, failed) == 1
     assert runner.cpu_entry_check(_boot_out(tmp_path, "holder-only", LOG6_61, IOMEM_61)) is None
@@ -437,22 +482,41 @@ _RESULT = runner.VhostResult(
 
 
 def test_reports_of_a_bundle_not_as_modelled_say_so_and_test_no_model(tmp_path: Path) -> None:
-    """A generated emulated bundle under power-cycle with its boot's files in groundtruth/:
-    watched right, the model predictions take it; watched wrong, the simulated-effect
-    section says NOT AS MODELLED and the predictions leave it out."""
-    bundle = make_bundle(tmp_path / "b", runs=4, factor=2.0)
-    edit_manifest(bundle, lambda m: m["host"].__setitem__("emulated", True))
-    _simulated(bundle, "power-cycle@0123456789abcdef")
-    gt = bundle / runner.GT_BUNDLE_DIR
-    gt.mkdir()
-    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61)
-    assert predictions.section([load_bundle(bundle)]) is not None
-    _boot_out(gt, "power-cycle", LOG6_61, IOMEM_61.replace("40210000", "40200000"))
-    data = load_bundle(bundle)
-    section = simulated.section([data])
+    """Two generated emulated bundles of one condition under power-cycle, each with its
+    boot's files in groundtruth/: both watched right, they pool (one decision-table row
+    of 2+2 boots) and the model predictions take them; one watched wrong, the report's
+    first line says NOT AS MODELLED with the model and how many bundles, its
+    simulated-effect section says why, it pools with nothing (a decision-table row of
+    its own, marked) and the model predictions leave it out."""
+    label = "power-cycle@0123456789abcdef"
+    bundles = [generate(tmp_path / name, Spec(runs=4, seed=i)) for i, name in enumerate("ab")]
+    for bundle in bundles:
+        _simulated(bundle, label)
+        (bundle / runner.GT_BUNDLE_DIR).mkdir()
+        _boot_out(bundle / runner.GT_BUNDLE_DIR, "power-cycle", LOG6_61, IOMEM_61)
+    applied = [load_bundle(b) for b in bundles]
+    table = decision.section(applied)
+    assert table is not None
+    assert [n for _, n in table.tables[0].frame.select("condition", "n").rows()] == ["2+2 boots"]
+    assert predictions.section(applied) is not None
+    assert not any("NOT AS MODELLED" in line for line in build_report(applied).warnings)
+    wrong = IOMEM_61.replace("40210000", "40200000")
+    _boot_out(bundles[1] / runner.GT_BUNDLE_DIR, "power-cycle", LOG6_61, wrong)
+    data = [load_bundle(b) for b in bundles]
+    section = simulated.section(data)
     assert section is not None
-    assert any("NOT AS MODELLED" in line for line in section.findings), section.findings
-    assert predictions.section([data]) is None
+    assert any(line.startswith("b: NOT AS MODELLED") for line in section.findings), section
+    first = build_report(data).warnings[1]
+    assert first.startswith(f"SIMULATED EFFECT ({label})")
+    assert f"NOT AS MODELLED: {label} in 1 bundle(s)" in first, first
+    table = decision.section(data)
+    assert table is not None
+    rows = dict(table.tables[0].frame.select("condition", "n").rows())
+    assert rows == {label: "4+4 runs", f"{label} (NOT AS MODELLED)": "4+4 runs"}, rows
+    tested = predictions.section(data)
+    assert tested is not None
+    assert any(u.startswith("b: left out of the model predictions") for u in tested.unknowns)
+    assert not any(u.startswith("a: left out") for u in tested.unknowns)
 
 
 def test_an_end_check_that_could_not_run_is_said() -> None:
@@ -465,3 +529,116 @@ def test_an_end_check_that_could_not_run_is_said() -> None:
         "kallsyms has no __init_begin: Kernel code's end was not checked, only its start"
     ]
     assert cpu_entry_warnings(log, SYMBOLS_612) == []
+
+
+def test_power_ons_the_kernel_log_cannot_count_are_said() -> None:
+    """No kernel log (a bundle from before it was kept) or one that wrapped (its first
+    line is not the boot CPU's): the power-ons are not counted, a warning says why, no
+    mistake; an entry never found is not counted either (its own mistake says why)."""
+    log = parse_sim_log(LOG6_61)
+    assert power_on_mistakes(log, BOOT_DMESG_61, DMESG_61) == []
+    assert power_on_warnings(log, BOOT_DMESG_61, DMESG_61) == []
+    wrapped = DMESG_61.partition("\n")[2]
+    for before, after, why in ((None, DMESG_61, "it has none from before the command"),
+                               (BOOT_DMESG_61, None, "it has none from after the command"),
+                               (BOOT_DMESG_61, wrapped, "the buffer wrapped")):  # fmt: skip
+        assert power_on_mistakes(log, before, after) == []
+        assert why in power_on_warnings(log, before, after)[0]
+    unresolved = parse_sim_log(LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0"))
+    assert power_on_mistakes(unresolved, BOOT_DMESG_61, "") == []
+    assert power_on_warnings(unresolved, None, None) == []
+
+
+# Offsets from the System.map of tracekit's CI builds (docs/simulate.md): 6.12 puts
+# secondary_entry in .rodata.text, between _etext and _sinittext; 6.1 in .text.
+MAP_612 = {
+    "_text": 0xFFFF800080000000,
+    "_stext": 0xFFFF800080010000,
+    "_etext": 0xFFFF800080630000,
+    "secondary_entry": 0xFFFF8000807B9478,
+    "_sinittext": 0xFFFF8000807C0000,
+    "_einittext": 0xFFFF800080803608,
+}
+MAP_61 = {
+    "_text": 0xFFFF800008000000,
+    "_stext": 0xFFFF800008010000,
+    "secondary_entry": 0xFFFF80000859A290,
+    "_etext": 0xFFFF8000085A0000,
+    "_sinittext": 0xFFFF800008710000,
+    "_einittext": 0xFFFF800008741718,
+}
+
+
+def _built_image(tmp_path: Path, system_map: dict[str, int], config: str) -> VhostImage:
+    """An image record naming a kernel build whose System.map and .config are these."""
+    here = tmp_path / str(len(list(tmp_path.iterdir())))  # one of its own per call
+    build, image = here / "build", here / "image"
+    for directory in (build, image):
+        directory.mkdir(parents=True)
+    (build / "System.map").write_text("".join(f"{a:016x} T {n}\n" for n, a in system_map.items()))
+    (build / ".config").write_text(config)
+    (image / IMAGE_RECORD).write_text(json.dumps({"build_dir": str(build)}))
+    return VhostImage(image, parse_kernel_spec("trixie:tk-ci"), "6.12.117-tk", [])
+
+
+def test_a_cpu_on_model_is_refused_before_the_boot_where_kallsyms_drops_the_entry(
+    tmp_path: Path,
+) -> None:
+    """trixie:tk-ci (6.12, no CONFIG_KALLSYMS_ALL): its kallsyms will not list
+    secondary_entry, so a cpu-on model is refused in one line naming why and what to
+    boot instead; with KALLSYMS_ALL, on 6.1's layout, for a model that does not clear by
+    cpu-on, or on a Debian kernel (no build of tracekit's: checked after the run) it
+    boots."""
+    config = "CONFIG_KALLSYMS=y\n# CONFIG_KALLSYMS_SELFTEST is not set\n"
+    power = VhostConfig(kernel="trixie:tk-ci", simulate="power-cycle")
+    with pytest.raises(TracekitError) as refused:
+        runner._refuse_unwatchable_entry(power, _built_image(tmp_path, MAP_612, config))
+    said = str(refused.value)
+    assert "\n" not in said and "trixie:tk-ci's kallsyms will not list secondary_entry" in said
+    assert "without CONFIG_KALLSYMS_ALL" in said and "(0xffff8000807b9478) lies in neither" in said
+    assert "use --kernel bookworm, trixie or bookworm:tk-ci" in said
+    for image, model in (
+        (_built_image(tmp_path, MAP_612, config + "CONFIG_KALLSYMS_ALL=y\n"), "power-cycle"),
+        (_built_image(tmp_path, MAP_61, config), "power-cycle"),
+        (_built_image(tmp_path, MAP_612, config), "brief-literal"),
+        (VhostImage(tmp_path / "debian", parse_kernel_spec("trixie"), "6.12", []), "power-cycle"),
+    ):
+        runner._refuse_unwatchable_entry(replace(power, simulate=model), image)
+    no_entry = {n: a for n, a in MAP_61.items() if n != CPU_ENTRY_SYMBOL}
+    text = "".join(f"{a:016x} T {n}\n" for n, a in no_entry.items())
+    assert (
+        kallsyms_omission(text, CPU_ENTRY_SYMBOL, True) == "its System.map has no secondary_entry"
+    )
+
+
+def test_an_entry_unwatched_for_want_of_the_irq_entries_says_so() -> None:
+    """The plugin watches nothing until every IRQ entry resolves: a log whose IRQ entries
+    were not all found, or where no clock marker ran, has its CPU entry unresolved for
+    that reason, named so, not as a kallsyms without the entry."""
+    unresolved = LOG6_61.replace("secondary_entry 0x40ef02c8", "unresolved 0x0")
+    irq = "pay-at el1h_64_irq_handler 0xffffc8b56cccc934\npay-at el0t_64_irq_handler 0x0\n"
+    failed = parse_sim_log(unresolved.replace("clock 1\n", "clock 1\n" + irq))
+    why = cpu_entry_mistakes(failed, IOMEM_61, SYMBOLS_61)
+    assert why == [
+        "the plugin never found the IRQ entries el0t_64_irq_handler in kallsyms, so it "
+        "watched nothing, no CPU entry either (Image at 0x40200000)"
+    ]
+    early = parse_sim_log(unresolved.replace("clock 1\n", "clock 1\npay-at unresolved 0x0\n"))
+    assert cpu_entry_mistakes(early, IOMEM_61, SYMBOLS_61)[0].startswith("no clock marker ran")
+    assert (
+        "never found the CPU entry"
+        in cpu_entry_mistakes(parse_sim_log(unresolved), IOMEM_61, SYMBOLS_61)[0]
+    )
+
+
+def test_a_bundle_gets_both_kernel_logs_and_counts_the_power_ons_again(tmp_path: Path) -> None:
+    """`vhost run` copies the boot's files into a bundle it left, the kernel log after the
+    command with them: the bundle's own check counts the same 2 power-ons the run did."""
+    out = _boot_out(tmp_path, "power-cycle", LOG6_61, IOMEM_61)
+    bundle = generate(out / "cell", Spec(runs=2))
+    _simulated(bundle, "power-cycle@0123456789abcdef")
+    assert runner.add_to_bundles(out) == [bundle]
+    assert (bundle / runner.GT_BUNDLE_DIR / runner.DMESG).is_file()
+    simulation = load_bundle(bundle).simulation()
+    assert simulation is not None and simulation.entry is not None
+    assert simulation.entry.mistakes == [] and simulation.entry.power_ons == 2

@@ -32,7 +32,15 @@ from tracekit.simulate.landed import probe_accounts
 from tracekit.simulate.model import GUEST_WINDOW, IRQ_ENTRY_SYMBOLS, load_model, shipped_models
 from tracekit.simulate.predict import RT_WAKEUPS, VERDICT_METRIC, check_model, predict
 from tracekit.simulate.simlog import read_sim_log
-from tracekit.vhost.runner import GT_BUNDLE_DIR, IOMEM, SIM_LOG, cpu_entry_check
+from tracekit.vhost.qemu import BOOTED_SECONDARY, qemu_mpidr
+from tracekit.vhost.runner import (
+    BOOT_DMESG,
+    DMESG,
+    GT_BUNDLE_DIR,
+    IOMEM,
+    SIM_LOG,
+    cpu_entry_check,
+)
 
 CONFIG = "nvhe-a76-sim"
 MODEL = "brief-literal"  # tests/conftest.py gives the boot this model
@@ -147,7 +155,10 @@ def test_the_plugin_saw_the_hotplugs_power_cycle(
     header and this boot's kallsyms (checked against /proc/iomem's Kernel code), ran
     exactly once in the boot after the first clock marker: on the guest CPU, inside the
     on-hotplug cell's after-guest action, before the re-init's local ALLE1 there; no
-    run of the other cells holds one. A wrong PA finds no entry and fails here."""
+    run of the other cells holds one. The kernel's own log says the same: one bring-up
+    during the command ("Booted secondary processor" beyond /init's), the guest CPU's,
+    and each bundle's copy of the boot's files makes that count too. A wrong PA finds no
+    entry, and a watch that never fired sees none: either fails here."""
     log = read_sim_log(sim_boot / SIM_LOG)
     check = cpu_entry_check(sim_boot)
     assert check is not None and check.mistakes == check.warnings == [], (
@@ -158,6 +169,17 @@ def test_the_plugin_saw_the_hotplugs_power_cycle(
     ons = log.power_ons()
     assert [(e.vcpu, e.value) for e in ons] == [(GUEST_CPU, 0)], ons  # brief-literal: no clear
     assert log.vcpus[GUEST_CPU]["entries"] == 1
+    booted = {
+        name: [int(m, 16) for _, m in BOOTED_SECONDARY.findall((sim_boot / name).read_text())]
+        for name in (BOOT_DMESG, DMESG)
+    }
+    assert booted[DMESG][: len(booted[BOOT_DMESG])] == booted[BOOT_DMESG], booted
+    assert booted[DMESG][len(booted[BOOT_DMESG]) :] == [qemu_mpidr(GUEST_CPU)], booted
+    for name, data in cells.items():
+        assert (data.path / GT_BUNDLE_DIR / DMESG).is_file(), name
+        simulation = data.simulation()
+        assert simulation is not None and simulation.entry is not None, name
+        assert simulation.entry.mistakes == simulation.entry.warnings == [], (name, simulation)
     held = {}
     for name, data in cells.items():
         at = _trace_ns(data, ons[0].ts_ns)

@@ -9,17 +9,21 @@ bookworm:kpatch-ci by default, conftest.KPATCH_KERNEL), 2 CPUs each:
   MMU-on VM per teardown_flush choice: `off` issues no ALLE1(IS) at EL2 in its window,
   `alle1is` one TLBI ALLE1IS from __kvm_flush_vm_context, `last-ran` one local TLBI ALLE1
   on CPU 1, each after the guest's last instruction the plugin logged. Then each refused
-  request (an offline CPU, a VMID too wide, a missing or extra VMID, an unknown operation
-  or switch choice) must fail with its errno. 6.1.176's erratum 4118414 (REPEAT_TLBI)
-  covers every Cortex-A76 revision: where the boot log says "Broken broadcast TLBI
-  completion", each broadcast operation is followed by the workaround's TLBI VALE2IS.
+  request (a CPU the kernel does not have, a number too wide for its field, a VMID too
+  wide, a missing VMID or a field the operation does not take, an unknown operation or
+  switch choice; then CPU 1 taken offline, and back) must fail with its errno. 6.1.176's
+  erratum 4118414 (REPEAT_TLBI) covers every Cortex-A76 revision: where the boot log says
+  "Broken broadcast TLBI completion", each broadcast operation is followed by the
+  workaround's TLBI VALE2IS.
 - VHE on `max` with the plugin: the same operations, issued directly in kernel text
   (`__kvm_debug_maint`, no hypercall); the switch refuses all but `off`.
 - protected on cortex-a76: every operation refused with EPERM, the switch with EOPNOTSUPP.
 The nVHE and VHE tests run for each series (`[6.1]`, `[6.12]`): the 6.12 boots
 (nvhe-kpatch-612, vhe-kpatch-612, conftest.KPATCH_KERNEL_612, trixie:kpatch-ci by
 default) check the same, except that 6.12 keeps EL2 up from KVM's init
-(kvm.enable_virt_at_load=1), so no ___kvm_hyp_init may run before an operation.
+(kvm.enable_virt_at_load=1), so no ___kvm_hyp_init may run before an operation; with
+kvm.enable_virt_at_load=0 (novirt-kpatch-612) the series holds virtualization enabled
+for the operation, so every online CPU's ___kvm_hyp_init runs before it.
 
 What this proves is (instruction, CPU, EL2 text) only: QEMU 7.2's plugin API reads no
 registers, so the VMID in VTTBR_EL2 and whether HCR_EL2.VM was set while a VMID-scoped
@@ -43,6 +47,7 @@ fresh boot (11 s).
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
 
 import polars as pl
@@ -90,15 +95,26 @@ OPERATIONS = (
 )
 POLICIES = ("off", "alle1is", "last-ran")
 # Requests the interface must refuse, and the errno each gets (2 CPUs, VMIDs of 8 or 16
-# bits): none of them reaches EL2, so they run after the windows.
+# bits): none of them reaches EL2, so they run after the windows. A CPU number the kernel
+# does not have, a number too wide for its field (4294967298 was CPU 2 once, cut to 32
+# bits) and a field the operation does not take are malformed (review S4).
 REFUSED = (
-    ("op", "alle1 2", "ENXIO"),
+    ("op", "alle1 2", "EINVAL"),
+    ("op", "alle1 4294967298", "EINVAL"),
     ("op", "vmalls12e1 1 65536", "ERANGE"),
+    ("op", "vmalls12e1 1 18446744073709551616", "EINVAL"),
     ("op", "vmalls12e1 1", "EINVAL"),
+    ("op", "vmalls12e1 1 5 0 7", "EINVAL"),
+    ("op", "vmalls12e1 1 5 2", "EINVAL"),
     ("op", "vmalle1 1 5", "EINVAL"),
+    ("op", "alle1 1 5", "EINVAL"),
+    ("op", "iallu 1 0 1", "EINVAL"),
     ("op", "bogus 1", "EINVAL"),
     ("teardown_flush", "bogus", "EINVAL"),
 )
+# With CPU 1 taken offline (and back after): the one request that reaches the IPI.
+OFFLINE = (("op", "alle1 1", "ENXIO"),)
+CPU1_ONLINE = "/sys/devices/system/cpu/cpu1/online"
 # Outside nVHE the switch would do nothing: every choice but `off` is refused.
 SWITCH_INACTIVE = (
     ("teardown_flush", "alle1is", "EOPNOTSUPP"),
@@ -136,12 +152,18 @@ def _operations_script() -> str:
     return script
 
 
-def _refusals_script(refused: tuple[tuple[str, str, str], ...]) -> str:
-    """Each refused request's errno name into refusedN."""
+def _refusals_script(refused: tuple[tuple[str, str, str], ...], name: str = "refused") -> str:
+    """Each refused request's errno name into NAME<index>."""
     return "".join(
-        f"; {_WRITE_ERRNO} {MAINT}/{file} '{request}' > refused{index}"
+        f"; {_WRITE_ERRNO} {MAINT}/{file} '{request}' > {name}{index}"
         for index, (file, request, _) in enumerate(refused)
     )
+
+
+def _offline_script() -> str:
+    """OFFLINE's requests with CPU 1 offline, into offlineN; CPU 1 online again after."""
+    body = _refusals_script(OFFLINE, "offline")
+    return f"; echo 0 > {CPU1_ONLINE}{body}; echo 1 > {CPU1_ONLINE}"
 
 
 def _nvhe_script() -> str:
@@ -151,7 +173,7 @@ def _nvhe_script() -> str:
         script += f"echo {policy} > {MAINT}/teardown_flush; "
         script += _windowed(f"teardown-{policy}", f"{_VMM} > vmm-{policy}.txt")
     script += f"cat {MAINT}/teardown_flush > teardown-read; echo off > {MAINT}/teardown_flush"
-    return script + _refusals_script(REFUSED)
+    return script + _refusals_script(REFUSED) + _offline_script()
 
 
 _VHE_REFUSED = REFUSED + SWITCH_INACTIVE
@@ -172,13 +194,13 @@ for _vhe in VHE_BOOTS.values():
     register_vhost_check(
         _vhe,
         "kpatch",
-        _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED),
+        _operations_script().rstrip("; ") + _refusals_script(_VHE_REFUSED) + _offline_script(),
         opt_in=_opt_in(_vhe),
     )
 register_vhost_check(
     NOVIRT,
     "kpatch",
-    _operations_script().rstrip("; ") + _refusals_script(REFUSED),
+    _operations_script().rstrip("; ") + _refusals_script(REFUSED) + _offline_script(),
     opt_in=OPT_IN_612,
 )
 for _protected in PROTECTED_BOOTS.values():
@@ -249,35 +271,47 @@ def _issued(here: Path, frame: pl.DataFrame, index: int, symbol: str, repeat: bo
     return mine
 
 
-def _assert_refused(here: Path, refused: tuple[tuple[str, str, str], ...]) -> None:
+def _assert_refused(
+    here: Path, refused: tuple[tuple[str, str, str], ...], name: str = "refused"
+) -> None:
     """Each refused request got its errno (or "ok" where it must be accepted)."""
-    for index, (file, request, name) in enumerate(refused):
+    for index, (file, request, errname) in enumerate(refused):
         # By number: Linux's EOPNOTSUPP is ENOTSUP (95), which Python names ENOTSUP.
-        expected = name if name == "ok" else errno.errorcode[getattr(errno, name)]
-        assert (here / f"refused{index}").read_text().strip() == expected, (file, request)
+        expected = errname if errname == "ok" else errno.errorcode[getattr(errno, errname)]
+        assert (here / f"{name}{index}").read_text().strip() == expected, (file, request)
 
 
 # What EL2 runs before each operation, besides it, per series. 6.1 leaves EL2 to the hyp
 # stub with no VM alive: the interface brings it up on the target CPU alone, first (its
 # VMALLS12E1 is VMID 0's: VTTBR_EL2 is 0 there). 6.12 keeps EL2 up from KVM's init
 # (kvm.enable_virt_at_load=1, the default): nothing; with kvm.enable_virt_at_load=0 it
-# leaves EL2 to the stub too, and 6.12's hyp init runs TLBI ALLE2 and ALLE1. 7.2 as 6.12.
+# leaves EL2 to the stub too, and the interface holds virtualization enabled for the
+# operation as a VM does (kvm_enable_virtualization: review of the 6.12 port, must-fix
+# 1), so every online CPU runs 6.12's hyp init, TLBI ALLE2 and ALLE1, before it. 7.2 as
+# 6.12.
 BRING_UP = {"6.1": ["TLBI ALLE2", "TLBI VMALLS12E1"], "6.12": [], "7.2": []}
 BRING_UP_NOVIRT = ["TLBI ALLE2", "TLBI ALLE1"]
+# The CPUs brought up: 6.1's target alone (the default), 6.12's every online one.
+NOVIRT_CPUS = (0, 1)
 
 
-def _nvhe_operations(here: Path, hyp: pl.DataFrame, repeat: bool, bring_up: list[str]) -> None:
-    """Each operation once on CPU 1 from __kvm_debug_maint, after CPU 1's EL2 bring-up only
-    (`bring_up`), or with nothing else at EL2 in its window (no bring-up)."""
+def _nvhe_operations(
+    here: Path, hyp: pl.DataFrame, repeat: bool, bring_up: list[str], cpus: tuple[int, ...]
+) -> None:
+    """Each operation once on CPU 1 from __kvm_debug_maint, after the EL2 bring-up
+    (`bring_up`) of each of `cpus` and nothing else, or with nothing else at EL2 in its
+    window (no bring-up)."""
     for index, (request, _) in enumerate(OPERATIONS):
         mine = _issued(here, hyp, index, HYP_MAINT, repeat)
         init = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_INIT)))
-        assert init["operation"].to_list() == bring_up, request
-        assert init["cpu"].to_list() == [1] * len(bring_up), request
+        for cpu in cpus if bring_up else ():
+            on_cpu = init.filter(pl.col("cpu") == cpu)
+            assert on_cpu["operation"].to_list() == bring_up, (request, cpu)
+        assert init.height == len(bring_up) * len(cpus), (request, init.rows())
         ours = _invalidations(mine.filter(pl.col("symbol").str.starts_with(HYP_MAINT)))
         if bring_up:
             assert init["ts"].max() < ours["ts"][0], request
-        expected = len(bring_up) + len(_expected(OPERATIONS[index][1], repeat))
+        expected = init.height + len(_expected(OPERATIONS[index][1], repeat))
         assert _invalidations(mine).height == expected, (
             request,
             _invalidations(mine).select("cpu", "operation", "symbol").rows(),
@@ -313,7 +347,12 @@ def _nvhe_teardowns(here: Path, table: pl.DataFrame, repeat: bool) -> None:
 
 
 def _nvhe_boot(
-    vhost_boot, config: str, mode: str, bring_up: list[str], switch: bool = True
+    vhost_boot,
+    config: str,
+    mode: str,
+    bring_up: list[str],
+    switch: bool = True,
+    cpus: tuple[int, ...] = (1,),
 ) -> Path:
     """A boot running the nVHE hyp code (nVHE, hVHE): each operation once on CPU 1 at EL2
     after `bring_up`; with `switch`, one VM per teardown_flush choice did what it says;
@@ -321,13 +360,16 @@ def _nvhe_boot(
     here = _checked_boot(vhost_boot, config, mode)
     table = _complete_truth(here)
     repeat = _repeat_tlbi(here, config)
-    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, bring_up)
+    _nvhe_operations(here, table.filter(pl.col("where") == "hyp"), repeat, bring_up, cpus)
     if switch:
         assert (here / "switch-read").read_text().startswith("[off] alle1is last-ran\n")
         _nvhe_teardowns(here, table, repeat)
         read = (here / "teardown-read").read_text()
-        assert read.startswith("off alle1is [last-ran]\n") and "flushes: 2" in read
+        assert read.startswith("off alle1is [last-ran]\n") and "\nflushes: 2\n" in read
+        # No local flush failed; the VMID size is there to judge rollovers by (S6).
+        assert "\nfailed: 0\n" in read and re.search(r"\nvmid_bits: (8|16)\n", read), read
     _assert_refused(here, REFUSED)
+    _assert_refused(here, OFFLINE, "offline")
     return here
 
 
@@ -354,9 +396,10 @@ def test_vhost_kpatch_hvhe_takes_the_hypercall(vhost_boot) -> None:
 @pytest.mark.vhost
 def test_vhost_kpatch_brings_el2_up_without_virt_at_load(vhost_boot) -> None:
     """6.12 with kvm.enable_virt_at_load=0 and no VM alive: EL2 is the hyp stub, so each
-    operation brings it up on CPU 1 first (cpu_hyp_init: ___kvm_hyp_init's ALLE2 and
-    ALLE1), then runs once, as on 6.1."""
-    _nvhe_boot(vhost_boot, NOVIRT, "nvhe", BRING_UP_NOVIRT, switch=False)
+    operation holds virtualization enabled as a VM would, which brings EL2 up on every
+    online CPU first (___kvm_hyp_init's ALLE2 and ALLE1 on CPU 0 and on CPU 1, through
+    KVM's hotplug state, not from the IPI), then runs once on CPU 1."""
+    _nvhe_boot(vhost_boot, NOVIRT, "nvhe", BRING_UP_NOVIRT, switch=False, cpus=NOVIRT_CPUS)
 
 
 # Hyp text that runs in VHE: the boot's switch to VHE on each CPU, where 7.2 writes
@@ -387,6 +430,7 @@ def test_vhost_kpatch_vhe_issues_in_kernel_text(vhost_boot, series: str) -> None
     for index in range(len(OPERATIONS)):
         _issued(here, table.filter(pl.col("where") == "kernel"), index, VHE_MAINT, repeat)
     _assert_refused(here, _VHE_REFUSED)
+    _assert_refused(here, OFFLINE, "offline")
 
 
 @pytest.mark.kpatch

@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from tracekit.analysis import groundtruth as gt
-from tracekit.analysis.conditions import Condition, Unknown, bundle_condition
+from tracekit.analysis.conditions import Condition, Unknown
 from tracekit.analysis.runs import run_metrics
 from tracekit.bundle import MANIFEST, RunRecord, find_bundles
 from tracekit.errors import TracekitError
@@ -34,6 +34,7 @@ from tracekit.ingest.dataset import (
     write_table,
 )
 from tracekit.ingest.probe import probe_samples
+from tracekit.report.header import bundle_condition_of
 
 # Table columns renamed where a condition field has the same name (the VMM's per-VM
 # variant and backing are what that VM ran with; the condition's are the bundle's).
@@ -196,7 +197,7 @@ def _write_bundle(
     out: Path, campaign: str, bundle_id: str, data: BundleData, source: Path
 ) -> dict[str, object]:
     """Write the bundle's non-empty tables; its index entry (rows per table)."""
-    tagged = {"bundle_id": bundle_id} | condition_columns(bundle_condition(data.manifest))
+    tagged = {"bundle_id": bundle_id} | condition_columns(bundle_condition_of(data))
     rows = {}
     for table, frame in bundle_tables(data).items():
         rows[table] = frame.height

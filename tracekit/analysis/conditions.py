@@ -144,7 +144,8 @@ class Condition:
     protocol: str = field(default_factory=Unknown)  # run length @ cyclictest interval
     # The simulated mechanism's name@hash, or "none": a bundle recorded before simulations
     # existed was not simulated, so a missing field is "none", not unknown. Simulated
-    # bundles never share a condition, so never pool, with real ones.
+    # bundles never share a condition, so never pool, with real ones; nor does a bundle
+    # whose model was NOT AS MODELLED (its cpu-on clearing never ran) with applied ones.
     simulated: str = "none"
 
     @property
@@ -168,8 +169,13 @@ class Condition:
         return " ".join(f"{getattr(self, name)}" for name in shown)
 
 
-def bundle_condition(manifest: Manifest) -> Condition:
-    """The condition a bundle's manifest records; what it lacks is unknown."""
+def bundle_condition(manifest: Manifest, as_modelled: bool = True) -> Condition:
+    """The condition a bundle's manifest records; what it lacks is unknown.
+
+    `as_modelled`: False for a simulated bundle whose model the plugin did not apply as
+    modelled (ingest.bundle.BundleSimulation.not_as_modelled, from its groundtruth/ files,
+    which the manifest alone does not show): its simulated field says so, so it pools
+    with no bundle whose model was applied."""
     options, scenario = manifest.options, manifest.scenario
     return Condition(
         variant=guest_variant(manifest),
@@ -200,8 +206,12 @@ def bundle_condition(manifest: Manifest) -> Condition:
         host=host_kind(manifest),
         freshness=_known((manifest.host.get("freshness") or {}).get("state")),
         protocol=protocol(manifest),
-        simulated=simulated_label(manifest),
+        simulated=simulated_label(manifest) + ("" if as_modelled else f" ({NOT_AS_MODELLED_MARK})"),
     )
+
+
+# How a simulated condition whose model was not applied as modelled is marked.
+NOT_AS_MODELLED_MARK = "NOT AS MODELLED"
 
 
 def simulated_label(manifest: Manifest) -> str:

@@ -161,7 +161,8 @@ def run(
     """Boot the emulated host and run COMMAND as root in it; exit with its status.
 
     Exit 3 instead of 0: under a --simulate model cleared by cpu-on, the plugin did not
-    watch where the kernel enters after CPU_ON (the notes say why).
+    watch where the kernel enters after CPU_ON, or did not see each power-on the kernel
+    logged there (the notes say why).
 
     Inside: the project tree at /tracekit (read-only, on PYTHONPATH), --out at /out,
     --share at /share, tracefs at /sys/kernel/tracing.

@@ -29,7 +29,9 @@
   same on a CPU that did not (the negative control), or TLBI VMALLS12E1IS of the dead
   guest's VMID (the one --vmid gave it), with stage 2 disabled while issued, from that
   control CPU too (a broadcast: the same invalidation reaches the guest's CPU, without
-  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive).
+  the EL2 init that 6.1 runs on the issuing CPU when no VM is alive). On 6.12+ with
+  kvm.enable_virt_at_load=0 every operation would follow an EL2 init (TLBI ALLE1) on
+  every online CPU: preflight refuses these actions there.
 """
 
 from __future__ import annotations
@@ -240,7 +242,12 @@ _MAINT_ERRORS = {
     errno.EPERM: "this KVM mode refuses it (protected mode)",
     errno.ENXIO: "that CPU is offline",
     errno.ERANGE: "the VMID is wider than this host's VMIDs",
-    errno.EINVAL: "the interface rejected the request",
+    errno.EINVAL: (
+        "the interface refused the request as malformed: an unknown operation, a CPU number "
+        "this kernel does not have, a number too large for its field, or a field the "
+        "operation does not take (the series checks each field since review S4; a kernel "
+        "built from another checkout's reproducer/kpatch/ may differ)"
+    ),
 }
 
 
@@ -269,6 +276,8 @@ def issue_maint(request: str, now: Callable[[], int], path: Path = MAINT_OP) -> 
     try:
         path.write_text(request + "\n")
     except OSError as err:
-        reason = _MAINT_ERRORS.get(err.errno or 0, os.strerror(err.errno or 0))
-        raise TracekitError(f"EL2 maintenance {request!r} failed: {reason}") from None
+        code = err.errno or 0
+        reason = _MAINT_ERRORS.get(code, os.strerror(code))
+        name = errno.errorcode.get(code, str(code))
+        raise TracekitError(f"EL2 maintenance {request!r} failed ({name}): {reason}") from None
     return [f"{request} issued at {started}, done at {now()}"]

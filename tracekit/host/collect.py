@@ -44,7 +44,7 @@ from tracekit.host.facts import (
 from tracekit.host.graph import GraphChoice, apply_graph, choose_graph
 from tracekit.host.guestruns import BackgroundGuest
 from tracekit.host.instance import Instance
-from tracekit.host.kvmstate import read_ipa_limit
+from tracekit.host.kvmstate import read_enable_virt_at_load, read_ipa_limit
 from tracekit.host.preflight import check_kpatch_for, read_idle_usage, read_kpatch
 from tracekit.host.probes import (
     KernelSymbols,
@@ -159,7 +159,7 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
     if options.runs < 1 or options.traced_runs < 0 or options.duration_s < 1:
         raise TracekitError("--runs and --duration must be at least 1, --traced-runs at least 0")
     check_capture(options.capture, options.after_guest)
-    check_kpatch_for(options.after_guest, read_kpatch())
+    check_kpatch_for(options.after_guest, read_kpatch(), read_enable_virt_at_load())
     roles = Roles(options.rt_cpu, tuple(options.stress_cpus), tuple(options.guest_cpus))
     if options.board is not None and not options.dry_run:
         raise TracekitError(

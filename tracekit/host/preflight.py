@@ -495,13 +495,15 @@ class Kpatch:
     # series refuses any other choice there); None if the file is absent
     teardown_flush: str | None
     teardown_flushes: int | None
+    # local flushes of last-ran that failed at EL2 (none should); None: an older series
+    teardown_failures: int | None = None
 
 
 def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
     """The series' `op` file (mode, vmid_bits, ops) and `teardown_flush` ([choice], count)."""
     fields = dict(line.split(":", 1) for line in op_text.splitlines() if ":" in line)
     bits = fields.get("vmid_bits", "").strip()
-    policy, flushes = None, None
+    policy, flushes, failures = None, None, None
     if teardown_text is not None:
         chosen = re.search(r"\[([\w-]+)\]", teardown_text)
         policy = chosen.group(1) if chosen else None
@@ -510,12 +512,15 @@ def parse_kpatch(op_text: str, teardown_text: str | None) -> Kpatch:
             policy = f"{policy} {inactive.group(0)}"
         count = re.search(r"flushes: (\d+)", teardown_text)
         flushes = int(count.group(1)) if count else None
+        failed = re.search(r"^failed: (\d+)", teardown_text, re.M)
+        failures = int(failed.group(1)) if failed else None
     return Kpatch(
         mode=fields.get("mode", "").strip(),
         vmid_bits=int(bits) if bits.isdigit() else None,
         ops=fields.get("ops", "").split(),
         teardown_flush=policy,
         teardown_flushes=flushes,
+        teardown_failures=failures,
     )
 
 
@@ -527,7 +532,7 @@ def read_kpatch(directory: Path = KPATCH_DIR) -> Kpatch | None:
     return parse_kpatch(op_text, _read(directory / "teardown_flush"))
 
 
-def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
+def check_kpatch_for(action: str, kpatch: Kpatch | None, enable_virt_at_load: str) -> None:
     """One line, before anything runs, if --after-guest tlbi:... cannot be done here."""
     if action not in TLBI_ACTIONS:
         return
@@ -548,6 +553,16 @@ def check_kpatch_for(action: str, kpatch: Kpatch | None) -> None:
         raise TracekitError(
             f"--after-guest {action}: this kernel's debug series offers {', '.join(kpatch.ops)}"
             f", not {op}: rebuild it from this checkout's reproducer/kpatch/"
+        )
+    # 6.12+ with kvm.enable_virt_at_load=0 leaves EL2 at the hyp stub while no VM is
+    # alive; the series then brings KVM's EL2 up for the operation, and ___kvm_hyp_init
+    # runs TLBI ALLE2 and ALLE1 on every online CPU first (hyp-init.S): the requested
+    # instruction would not be what removed the state, and the controls would be void.
+    if enable_virt_at_load == "no" and kpatch.mode in ("nvhe", "hvhe"):
+        raise TracekitError(
+            f"--after-guest {action}: with kvm.enable_virt_at_load=0 each operation first "
+            "re-initialises EL2 (a local TLBI ALLE1 on every online CPU), so no tlbi: result "
+            "isolates its instruction; boot without kvm.enable_virt_at_load=0"
         )
 
 

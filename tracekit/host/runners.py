@@ -249,8 +249,12 @@ def run_churn(session: Session, ctx: RunContext) -> Outcome:
 
 
 def switch_record(kpatch: Kpatch) -> dict[str, object]:
-    """The teardown switch's state and flush count, as a churn records them."""
-    return {"teardown_flush": kpatch.teardown_flush, "teardown_flushes": kpatch.teardown_flushes}
+    """The teardown switch's state and its counts, as a churn records them."""
+    return {
+        "teardown_flush": kpatch.teardown_flush,
+        "teardown_flushes": kpatch.teardown_flushes,
+        "teardown_failures": kpatch.teardown_failures,
+    }
 
 
 def run_guest_start(session: Session, ctx: RunContext) -> None:

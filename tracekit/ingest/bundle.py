@@ -62,7 +62,8 @@ class BundleSimulation:
     entry: EntryCheck | None = None
 
     def not_as_modelled(self) -> bool:
-        """The model clears by cpu-on and the plugin did not watch where the kernel enters."""
+        """The model clears by cpu-on and the plugin did not see its power-ons where the
+        kernel enters (watched elsewhere, never, or not each one the kernel logged)."""
         return self.entry is not None and self.entry.cpu_on and bool(self.entry.mistakes)
 
 
@@ -114,6 +115,13 @@ class BundleData:
                 found = BundleSimulation(text, log, model, entry)
             self._truth["simulation"] = found
         return self._truth["simulation"]
+
+    def not_as_modelled(self) -> bool:
+        """Whether the bundle ran under a cpu-on model the plugin did not apply as modelled
+        (its simulation's check): its data answer to no model, and pool with no bundle
+        whose model was applied."""
+        simulation = self.simulation()
+        return simulation is not None and simulation.not_as_modelled()
 
     def run(self, run: RunRecord) -> RunData:
         """The run's data: every file it holds, each loaded on first use and kept."""

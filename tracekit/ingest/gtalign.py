@@ -29,7 +29,6 @@ Where (no register reads in QEMU 7.2's plugin API, so the exception level is inf
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -38,12 +37,11 @@ import polars as pl
 
 from tracekit.errors import TracekitError
 from tracekit.symbols.table import SymbolTable
+from tracekit.vhost.qemu import BOOTED_SECONDARY, BOOTING_LINUX, qemu_mpidr
 
 KERNEL_HALF = 1 << 63
 # The reproducer's guest RAM: IPA 0x40000000, 16 MB, run identity-mapped or MMU off.
 GUEST_WINDOW = (0x4000_0000, 0x4100_0000)
-# QEMU 7.2 virt with GICv3: MPIDR Aff0 = vCPU index % 16, Aff1 = index / 16.
-QEMU_AFF0_CPUS = 16
 # gtmark's table: 64 slots of 8 bytes (hint; ret), 512-byte aligned; gtmark uses slots
 # 0-62 (CPU % 63), the VMM's and the probe's sync marker slot 63 (reproducer/gtmark.h).
 MARKER_SLOTS = 64
@@ -74,12 +72,10 @@ VHE_KVM_TLB = (*VHE_GUEST_CONTEXT, "__kvm_flush_vm_context")
 # A marker whose [t0, t1] is at most this wide measures the clock offset well.
 TIGHT_BRACKET_NS = 20_000
 
-_BOOT_CPU = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
 # arch/arm64/kernel/cpufeature.c: ARM64_HAS_VIRT_HOST_EXTN (matches runs_at_el2, a boot
 # CPU feature) is printed with this desc when the kernel runs at EL2 with E2H.
 VHE_LINE = "CPU features: detected: Virtualization Host Extensions"
 _FEATURE_LINE = "CPU features: detected: "
-_SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -349,17 +345,12 @@ def locate(records: pl.DataFrame, layout: KernelLayout) -> pl.DataFrame:
 def mpidrs_from_dmesg(dmesg: str) -> dict[int, int]:
     """Linux CPU number -> MPIDR, from the boot log's bring-up lines."""
     found: dict[int, int] = {}
-    boot = _BOOT_CPU.search(dmesg)
+    boot = BOOTING_LINUX.search(dmesg)
     if boot:
         found[0] = int(boot.group(1), 16)
-    for cpu, mpidr in _SECONDARY.findall(dmesg):
+    for cpu, mpidr in BOOTED_SECONDARY.findall(dmesg):
         found[int(cpu)] = int(mpidr, 16)
     return found
-
-
-def qemu_mpidr(vcpu: int) -> int:
-    """The MPIDR affinity QEMU 7.2's virt machine (GICv3) gives vCPU index `vcpu`."""
-    return (vcpu // QEMU_AFF0_CPUS) << 8 | vcpu % QEMU_AFF0_CPUS
 
 
 def vcpu_to_cpu(vcpus: int, mpidrs: dict[int, int]) -> dict[int, int]:
@@ -557,7 +548,7 @@ def host_vhe(dmesg: str, vhe: bool | None = None) -> bool:
     force nVHE, whether KVM initialised or not. The log decides when it starts at boot and
     has the boot CPU's feature lines; an explicit `vhe` contradicting it is refused.
     """
-    complete = _BOOT_CPU.search(dmesg) is not None and _FEATURE_LINE in dmesg
+    complete = BOOTING_LINUX.search(dmesg) is not None and _FEATURE_LINE in dmesg
     from_log = True if VHE_LINE in dmesg else False if complete else None
     if vhe is not None and from_log is not None and vhe != from_log:
         raise TracekitError(

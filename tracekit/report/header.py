@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tracekit.analysis.conditions import (
+    Condition,
     Unknown,
+    bundle_condition,
     fact_slots,
     guest_knobs,
     guest_variant,
@@ -27,6 +29,13 @@ def is_emulated(data: BundleData) -> bool:
 # Directory names too common to tell bundles apart (`collect -o bundle`): the parent's
 # name is put in front of them.
 GENERIC_NAMES = ("bundle", "out", "output")
+
+
+def bundle_condition_of(data: BundleData) -> Condition:
+    """The bundle's condition (analysis.conditions.bundle_condition), marked NOT AS
+    MODELLED where it was: its groundtruth/ files show that, not its manifest. What every
+    table that pools bundles by condition groups by."""
+    return bundle_condition(data.manifest, as_modelled=not data.not_as_modelled())
 
 
 def bundle_label(data: BundleData) -> str:
@@ -134,8 +143,24 @@ def simulated_warnings(bundles: list[BundleData]) -> list[str]:
     mixed = f"; {real} bundle(s) not simulated, never pooled with them" if real else ""
     return [
         f"SIMULATED EFFECT ({', '.join(labels)}): an injected mechanism, not a measured "
-        f"one; it tests tracekit's inference, never the hardware{mixed}."
+        f"one; it tests tracekit's inference, never the hardware{mixed}{_unapplied(bundles)}."
     ]
+
+
+def _unapplied(bundles: list[BundleData]) -> str:
+    """ "; NOT AS MODELLED: ..." per model some bundles ran without its cpu-on clearing
+    (BundleData.not_as_modelled), or nothing: the lead says it, not only its section."""
+    counts: dict[str, int] = {}
+    for data in bundles:
+        if simulated_label(data.manifest) != "none" and data.not_as_modelled():
+            label = simulated_label(data.manifest)
+            counts[label] = counts.get(label, 0) + 1
+    return "".join(
+        f"; NOT AS MODELLED: {label} in {n} bundle(s) (the plugin did not see their power-ons"
+        " where the kernel enters, so the model's cpu-on clearing did not run as it says: a"
+        " condition of their own, in no model prediction)"
+        for label, n in sorted(counts.items())
+    )
 
 
 def header_lines(bundles: list[BundleData]) -> list[str]:

@@ -15,11 +15,19 @@ SYMBOL PA TEXT_PA STEXT_PA ANCHOR` where a powered-on CPU enters, found from ANC
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.simulate.model import CPU_ENTRY_SYMBOL
+from tracekit.vhost.qemu import (
+    BOOTED_SECONDARY,
+    BOOTING_LINUX,
+    FAILED_TO_COME_ONLINE,
+    qemu_mpidr,
+    qemu_vcpu,
+)
 
 SIM_LOG = "vhost-simulate.txt"  # in vhost run's --out, beside the ground-truth log
 SIM_MODEL = "vhost-simulate-model.txt"  # the plugin form the plugin read
@@ -76,16 +84,22 @@ class EntryCheck:
     cpu_on: bool  # the model clears by cpu-on: a wrong entry means it never cleared
     mistakes: list[str]  # the watched entry is wrong, or was never found ([]: right)
     warnings: list[str]  # disagreements that leave the watched entry right
+    # The bring-ups the kernel logged during the command, each seen at the entry (None:
+    # not counted, or a mistake).
+    power_ons: int | None = None
 
     def lines(self) -> list[str]:
         """What the check found, one line each, worded for the model's use of it."""
         if not self.mistakes:
+            seen = "" if self.power_ons is None else (
+                f"; the plugin saw there each of the {self.power_ons} power-on(s) the kernel logged"
+                " during the command")  # fmt: skip
             head = ["the CPU entry the plugin watched is where this boot's /proc/iomem and "
-                    "kallsyms put secondary_entry"]  # fmt: skip
+                    f"kallsyms put secondary_entry{seen}"]  # fmt: skip
         elif self.cpu_on:
-            head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not watch "
-                    "where this boot's kernel enters, so it never cleared: "
-                    + "; ".join(self.mistakes)]  # fmt: skip
+            head = ["NOT AS MODELLED: the model clears by cpu-on, and the plugin did not see "
+                    "this boot's power-ons where its kernel enters, so it did not clear as "
+                    "modelled: " + "; ".join(self.mistakes)]  # fmt: skip
         else:
             head = ["power-ons were not watched (the model does not clear by them): "
                     + "; ".join(self.mistakes)]  # fmt: skip
@@ -215,7 +229,7 @@ def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list
         return ["the log has no cpu-entry-at line: the plugin never watched a CPU entry"]
     entry = log.cpu_entry
     if entry.symbol == "unresolved":
-        return [_unresolved_reason(entry, symbols)]
+        return [_unresolved_reason(entry, symbols, log.pay_at)]
     code = _kernel_code(iomem)
     if code is None:
         return ["/proc/iomem has no Kernel code line with an address (read it as root)"]
@@ -246,6 +260,66 @@ def cpu_entry_mistakes(log: SimLog, iomem: str, symbols: dict[str, int]) -> list
     return mistakes
 
 
+def power_on_mistakes(log: SimLog, boot_dmesg: str | None, dmesg: str | None) -> list[str]:
+    """Where the power-ons the plugin saw at the CPU entry are not the kernel's, one line
+    per vCPU ([]: each one seen; or nothing to count, which power_on_warnings says).
+
+    `boot_dmesg`: the kernel log before the command (/init's, vhost-boot-dmesg.txt);
+    `dmesg`: after it (vhost-dmesg.txt). Each "Booted secondary processor" line of the
+    second beyond the first is one bring-up during the command, after its entry through
+    secondary_entry; the plugin watches from the first clock marker on, after /init,
+    so the boot's own secondaries are in both logs and in neither count."""
+    entry = log.cpu_entry
+    if entry is None or entry.symbol == "unresolved" or boot_dmesg is None or dmesg is None:
+        return []  # never watched (a mistake of its own), or nothing to count by
+    if power_on_warnings(log, boot_dmesg, dmesg):
+        return []
+    booted = _booted(dmesg) - _booted(boot_dmesg)
+    seen = Counter(qemu_mpidr(e.vcpu) for e in log.power_ons())
+    failed = len(FAILED_TO_COME_ONLINE.findall(dmesg)) - len(
+        FAILED_TO_COME_ONLINE.findall(boot_dmesg)
+    )
+    why = f"; dmesg has {failed} 'failed to come online'" if failed else ""
+    return [
+        f"the kernel brought vCPU {qemu_vcpu(mpidr)} (MPIDR {mpidr:#x}) up {booted[mpidr]}"
+        f" time(s) during the command (its 'Booted secondary processor' lines), the plugin"
+        f" saw {seen[mpidr]} entries at {entry.symbol}{why}"
+        for mpidr in sorted(set(booted) | set(seen))
+        if booted[mpidr] != seen[mpidr]
+    ]
+
+
+def kernel_power_ons(boot_dmesg: str, dmesg: str) -> int:
+    """How many times the kernel brought a secondary up during the command (the
+    "Booted secondary processor" lines of `dmesg` beyond `boot_dmesg`'s)."""
+    return (_booted(dmesg) - _booted(boot_dmesg)).total()
+
+
+def power_on_warnings(log: SimLog, boot_dmesg: str | None, dmesg: str | None) -> list[str]:
+    """Why the power-ons seen could not be counted against the kernel's log, or nothing
+    (nothing either where the entry was never found: that is a mistake of its own)."""
+    if log.cpu_entry is None or log.cpu_entry.symbol == "unresolved":
+        return []
+    head = "power-ons not counted against the kernel's log"
+    missing = [when for when, text in (("before", boot_dmesg), ("after", dmesg)) if text is None]
+    if missing:
+        return [f"{head}: it has none from {' or '.join(missing)} the command (a bundle from "
+                "before it was kept)"]  # fmt: skip
+    if not _whole(boot_dmesg or "") or not _whole(dmesg or ""):
+        return [f"{head}: its dmesg does not start with 'Booting Linux' (the buffer wrapped)"]
+    return []
+
+
+def _whole(dmesg: str) -> bool:
+    """Whether a dmesg copy holds the whole boot: its first line is the boot CPU's."""
+    return BOOTING_LINUX.search(dmesg.lstrip().partition("\n")[0]) is not None
+
+
+def _booted(dmesg: str) -> Counter[int]:
+    """MPIDR (Aff3-0) -> how many "Booted secondary processor" lines name it."""
+    return Counter(int(m, 16) & 0xFF_00FF_FFFF for _, m in BOOTED_SECONDARY.findall(dmesg))
+
+
 def cpu_entry_warnings(log: SimLog, symbols: dict[str, int]) -> list[str]:
     """What disagrees without making the watched entry wrong, or a check that could not
     run: the end check without __init_begin in kallsyms (6.12's start check alone leaves a
@@ -271,9 +345,20 @@ def cpu_entry_warnings(log: SimLog, symbols: dict[str, int]) -> list[str]:
     ]
 
 
-def _unresolved_reason(entry: CpuEntry, symbols: dict[str, int]) -> str:
-    """Why the plugin found no entry, as far as the boot's kallsyms tells."""
+def _unresolved_reason(entry: CpuEntry, symbols: dict[str, int], pay_at: dict[str, int]) -> str:
+    """Why the plugin found no entry, as far as its log and the boot's kallsyms tell: the
+    plugin watches nothing until the IRQ entries resolve too (tksim.c), so an IRQ entry
+    never found, or no clock marker at all, leaves it unresolved whatever kallsyms holds."""
     where = f"(Image at {entry.text_pa:#x})"
+    if "unresolved" in pay_at:
+        return (
+            f"no clock marker ran, so the plugin read no kallsyms and watched no CPU entry {where}"
+        )
+    if missing := [name for name, address in pay_at.items() if not address]:
+        return (
+            f"the plugin never found the IRQ entries {', '.join(missing)} in kallsyms, so it "
+            f"watched nothing, no CPU entry either {where}"
+        )
     if symbols and not any(s in symbols for s in CODE_START_SYMBOLS):
         return f"the plugin never found the CPU entry {where}: kallsyms has neither anchor"
     if symbols and CPU_ENTRY_SYMBOL not in symbols:

@@ -83,3 +83,31 @@ def kaslr_shift(runtime: SymbolTable, linked: SymbolTable) -> int:
         f"the kallsyms copy and the vmlinux share none of {', '.join(KASLR_ANCHORS)}; "
         "are they from the same kernel?"
     )
+
+
+# scripts/kallsyms.c symbol_valid (6.1.176 :285-309, 6.12.117 :200-230): without
+# --all-symbols, which link-vmlinux.sh passes for CONFIG_KALLSYMS_ALL, a symbol is kept
+# only within these ranges (a symbol other than the end one at an end's address is
+# dropped too; 6.12 also keeps __start_*/__stop_*).
+KEPT_RANGES = (("_stext", "_etext"), ("_sinittext", "_einittext"))
+
+
+def kallsyms_omission(system_map: str, name: str, all_symbols: bool) -> str | None:
+    """Why the /proc/kallsyms of the kernel with this System.map will not list `name`,
+    in a few words; None when it will (`all_symbols`: built with CONFIG_KALLSYMS_ALL)."""
+    where: dict[str, int] = {}
+    for line in system_map.splitlines():
+        symbol = parse_line(line)
+        if symbol is not None:
+            where.setdefault(symbol.name, symbol.address)
+    if name not in where:
+        return f"its System.map has no {name}"
+    at = where[name]
+    inside = (lo in where and hi in where and where[lo] <= at < where[hi] for lo, hi in KEPT_RANGES)
+    if all_symbols or any(inside):
+        return None
+    ranges = " and ".join(f"{lo}..{hi}" for lo, hi in KEPT_RANGES)
+    return (
+        f"built without CONFIG_KALLSYMS_ALL, its kallsyms keeps only {ranges}, and "
+        f"{name} ({at:#x}) lies in neither"
+    )

@@ -48,6 +48,15 @@ class VhostImage:
         """The initramfs QEMU loads (-initrd)."""
         return self.directory / "initramfs.cpio"
 
+    def build_dir(self) -> Path | None:
+        """The build directory of a kernel tracekit built (its System.map and .config),
+        as the image record names it; None for a Debian kernel, or a record without it."""
+        try:
+            found = json.loads((self.directory / IMAGE_RECORD).read_text()).get("build_dir")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return Path(found) if isinstance(found, str) else None
+
 
 def init_script() -> bytes:
     """The /init shell script shipped inside the package."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,28 @@ class Share:
     tag: str
     path: Path
     readonly: bool = False
+
+
+# QEMU 7.2 virt with GICv3: MPIDR Aff0 = vCPU index % 16, Aff1 = index / 16.
+QEMU_AFF0_CPUS = 16
+# What the kernel logs of each CPU it starts, by MPIDR: the boot CPU, and each secondary
+# every time it comes up (arch/arm64/kernel/smp.c secondary_start_kernel, 6.1.176 :253,
+# 6.12.117 :260, 7.2.13 :252: once per bring-up, after its CPU_ON entry, before it is
+# marked online); a CPU that entered but did not come up is "failed to come online"
+# (printed by the CPU that started it: 6.1 :141, 6.12 :148, 7.2 :140).
+BOOTING_LINUX = re.compile(r"Booting Linux on physical CPU (0x[0-9a-f]+)")
+BOOTED_SECONDARY = re.compile(r"CPU(\d+): Booted secondary processor (0x[0-9a-f]+)")
+FAILED_TO_COME_ONLINE = re.compile(r"CPU(\d+): failed to come online")
+
+
+def qemu_mpidr(vcpu: int) -> int:
+    """The MPIDR affinity QEMU 7.2's virt machine (GICv3) gives vCPU index `vcpu`."""
+    return (vcpu // QEMU_AFF0_CPUS) << 8 | vcpu % QEMU_AFF0_CPUS
+
+
+def qemu_vcpu(mpidr: int) -> int:
+    """The vCPU index QEMU 7.2's virt machine gave MPIDR `mpidr` (qemu_mpidr's inverse)."""
+    return (mpidr >> 8 & 0xFF) * QEMU_AFF0_CPUS + (mpidr & 0xFF)
 
 
 # Where `-M virt` puts RAM (QEMU 7.2 hw/arm/virt.c, base_memmap[VIRT_MEM]: 1 GiB up).

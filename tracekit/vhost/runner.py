@@ -47,6 +47,9 @@ EMULATED_NOTE = (
 )
 CONSOLE_LOG = "vhost-console.log"
 BOOT_DMESG = "vhost-boot-dmesg.txt"
+# The kernel log after the command (/init writes it before powering off): with BOOT_DMESG,
+# how often each CPU came up during the command, which the CPU-entry check counts.
+DMESG = "vhost-dmesg.txt"
 RUN_RECORD = "vhost-run.json"
 # --ground-truth: the plugin's log, the boot's kallsyms and the clock markers, in --out.
 # (No tracekit.ingest import at module level: the emulated host has no polars, and its
@@ -73,6 +76,7 @@ GT_FILES = (
     IOMEM,
     MARKERS,
     BOOT_DMESG,
+    DMESG,
     RUN_RECORD,
     SIM_SOURCE,
     SIM_FORM,
@@ -165,6 +169,32 @@ def _validate(config: VhostConfig, command: list[str]) -> KernelSpec:
             "`make -C reproducer CROSS_COMPILE=aarch64-linux-gnu-`"
         )
     return spec
+
+
+def _refuse_unwatchable_entry(config: VhostConfig, image: VhostImage) -> None:
+    """Refuse, before the boot, a model that clears by cpu-on on a kernel whose kallsyms
+    will not list the CPU entry the plugin looks for there (tracekit's trixie:tk-ci):
+    it could never clear. Known before the boot only for kernels tracekit built (their
+    System.map and .config); on the others the run's own check says so after it."""
+    from tracekit.simulate.model import CPU_ENTRY_SYMBOL, load_model
+    from tracekit.symbols.kallsyms import kallsyms_omission
+
+    build = image.build_dir()
+    if not config.simulate or build is None or not load_model(config.simulate).clears_by("cpu-on"):
+        return
+    try:
+        system_map = (build / "System.map").read_text(errors="replace")
+        all_symbols = "CONFIG_KALLSYMS_ALL=y" in (build / ".config").read_text().splitlines()
+    except OSError:
+        return  # the build tree is gone: the run's check still tells
+    why = kallsyms_omission(system_map, CPU_ENTRY_SYMBOL, all_symbols)
+    if why is not None:
+        raise TracekitError(
+            f"--simulate {config.simulate} clears by cpu-on, but {image.spec.name}'s kallsyms "
+            f"will not list {CPU_ENTRY_SYMBOL}, where the plugin watches for power-ons: {why} "
+            "(6.12 and 7.2 put the idmap text in .rodata.text); use --kernel bookworm, "
+            "trixie or bookworm:tk-ci, or a model that does not clear by cpu-on"
+        )
 
 
 def _ground_truth_script(command: list[str]) -> list[str]:
@@ -275,6 +305,7 @@ def run(
         config = replace(config, ground_truth=True)  # the plugin applies the model
     spec = _validate(config, command)
     image = require_image(spec, say)
+    _refuse_unwatchable_entry(config, image)
     out = (config.out or Path(tempfile.mkdtemp(prefix="tracekit-vhost-out-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tracekit-vhost-ctl-") as ctl_name:
@@ -433,10 +464,11 @@ def _simulation_notes(out: Path) -> list[str]:
 
 
 def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | None:
-    """Whether the plugin watched the boot's real CPU entry, from the files `vhost run`
-    leaves in --out (and copies into a bundle's groundtruth/): the plugin's form and log
-    (`log`: that log, already read), the boot's /proc/iomem and kallsyms. None: the form
-    asked for no entry."""
+    """Whether the plugin watched the boot's real CPU entry and saw each power-on there,
+    from the files `vhost run` leaves in --out (and copies into a bundle's groundtruth/):
+    the plugin's form and log (`log`: that log, already read), the boot's /proc/iomem and
+    kallsyms, and its kernel log before and after the command. None: the form asked for
+    no entry."""
     from tracekit.simulate.model import CPU_ENTRY_SYMBOL
     from tracekit.simulate.simlog import (
         CODE_START_SYMBOLS,
@@ -444,6 +476,9 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
         EntryCheck,
         cpu_entry_mistakes,
         cpu_entry_warnings,
+        kernel_power_ons,
+        power_on_mistakes,
+        power_on_warnings,
         read_sim_log,
     )
     from tracekit.symbols.kallsyms import parse_line
@@ -474,9 +509,24 @@ def cpu_entry_check(directory: Path, log: SimLog | None = None) -> EntryCheck | 
         symbol = parse_line(line)
         if symbol is not None and symbol.name in wanted:
             symbols.setdefault(symbol.name, symbol.address)
-    return EntryCheck(
-        cpu_on, cpu_entry_mistakes(log, iomem, symbols), cpu_entry_warnings(log, symbols)
-    )
+    mistakes = cpu_entry_mistakes(log, iomem, symbols)
+    warnings = cpu_entry_warnings(log, symbols)
+    if mistakes:
+        return EntryCheck(cpu_on, mistakes, warnings)
+    # Watched in the right place: did it see there what the kernel did?
+    before, after = (_text_or_none(directory / name) for name in (BOOT_DMESG, DMESG))
+    uncounted = power_on_warnings(log, before, after)
+    mistakes = power_on_mistakes(log, before, after)
+    counted = None if uncounted or mistakes else kernel_power_ons(before or "", after or "")
+    return EntryCheck(cpu_on, mistakes, warnings + uncounted, counted)
+
+
+def _text_or_none(path: Path) -> str | None:
+    """A text file's contents, or None when it cannot be read."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _checked_cpu_entry(out: Path, result: VhostResult) -> int:
@@ -490,7 +540,7 @@ def _checked_cpu_entry(out: Path, result: VhostResult) -> int:
     if check.mistakes and check.cpu_on and result.exit_status == 0:
         result.notes.append(
             f"exit status {SIMULATION_NOT_APPLIED}: the model clears by cpu-on, and its "
-            "power-ons were not watched where the kernel enters (its bundles say so too)"
+            "power-ons were not seen where the kernel enters (its bundles say so too)"
         )
         return SIMULATION_NOT_APPLIED
     return result.exit_status

@@ -11,10 +11,9 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis import churn as ch
-from tracekit.analysis.conditions import bundle_condition
 from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label, is_emulated
+from tracekit.report.header import bundle_condition_of, bundle_label, is_emulated
 from tracekit.report.model import Plot, Section, Table
 
 EMULATED_NOTE = (
@@ -88,7 +87,7 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
     for data in bundles:
         host = data.manifest.host
         state = ch.switch_state(host.get("kpatch"))
-        condition = bundle_condition(data.manifest)
+        condition = bundle_condition_of(data)
         for run in data.manifest.runs:
             if run.kind != RunKind.CHURN:
                 continue

@@ -16,7 +16,6 @@ from tracekit.analysis.compare import ABSENT, INCONCLUSIVE, PRESENT, runs_to_dec
 from tracekit.analysis.conditions import (
     FIELD_LABELS,
     Condition,
-    bundle_condition,
     varying_fields,
 )
 from tracekit.analysis.decision import (
@@ -30,7 +29,7 @@ from tracekit.analysis.decision import (
 )
 from tracekit.bundle import RunKind
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label
+from tracekit.report.header import bundle_condition_of, bundle_label
 from tracekit.report.model import Plot, Section, Table
 from tracekit.report.sections.beforeafter import interval_of
 
@@ -84,7 +83,7 @@ def condition_groups(
     unknowns = []
     for data in bundles:
         if _has_quiet_phases(data):
-            groups.setdefault(bundle_condition(data.manifest), []).append(
+            groups.setdefault(bundle_condition_of(data), []).append(
                 (bundle_label(data), data.latencies)
             )
         else:

@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import polars as pl
 
-from tracekit.analysis.conditions import bundle_condition
 from tracekit.analysis.factorial import (
     FOUND,
     RESPONSES,
@@ -34,7 +33,7 @@ from tracekit.analysis.factorial import (
     varying_factors,
 )
 from tracekit.ingest.bundle import BundleData
-from tracekit.report.header import bundle_label
+from tracekit.report.header import bundle_condition_of, bundle_label
 from tracekit.report.model import Plot, Section, Table
 
 SHORT = {RESPONSES[0]: "p99.9", RESPONSES[1]: "probe"}
@@ -44,7 +43,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     """Effects (or a dose-response) per group of bundles alike but for the factors."""
     if len(bundles) < 2:
         return None
-    conditions = [bundle_condition(b.manifest) for b in bundles]
+    conditions = [bundle_condition_of(b) for b in bundles]
     groups = setting_groups(conditions)
     if len(groups) == 1:
         return _group_section(bundles)

@@ -32,8 +32,8 @@ UNPREDICTED = (
     " there is predicted unknown"
 )
 NOT_AS_MODELLED = (
-    "its model clears by cpu-on and the plugin did not watch where the kernel enters (the"
-    " simulated-effect section says why), so its data answer to no model"
+    "its model clears by cpu-on and the plugin did not see its power-ons where the kernel"
+    " enters (the simulated-effect section says why), so its data answer to no model"
 )
 NOTE = (
     "the verdicts are the decision table's, on the rt CPU's cyclictest, so each model's"
@@ -49,7 +49,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     """Per shipped model: consistent, refuted (by which conditions) or untested."""
     # Split once, not by `in` afterwards (BundleData's == would compare its tables).
     can = [tests_models(is_emulated(b), simulated_label(b.manifest)) for b in bundles]
-    unapplied = [_not_as_modelled(b) for b in bundles]
+    unapplied = [b.not_as_modelled() for b in bundles]
     testing = [b for b, yes, no in zip(bundles, can, unapplied, strict=True) if yes and not no]
     groups, unknowns = condition_groups(testing, "the model predictions")
     if not groups:
@@ -86,12 +86,6 @@ def section(bundles: list[BundleData]) -> Section | None:
         unknowns=[*unknowns, UNPREDICTED],
         lost_events=None,
     )
-
-
-def _not_as_modelled(bundle: BundleData) -> bool:
-    """A simulated bundle whose cpu-on model was not applied as modelled (ingest/bundle.py)."""
-    simulation = bundle.simulation() if simulated_label(bundle.manifest) != "none" else None
-    return simulation is not None and simulation.not_as_modelled()
 
 
 def _shown_fields(conditions: list[Condition]) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ def section(bundles: list[BundleData]) -> Section | None:
     tables: list[Table] = []
     unknowns: list[str] = []
     shown: set[str] = set()
+    checked: set[tuple[str, ...]] = set()
     for data in simulated:
         label = bundle_label(data)
         simulation = data.simulation()
@@ -52,11 +53,15 @@ def section(bundles: list[BundleData]) -> Section | None:
             shown.add(simulation.text)
             log = simulation.log
             findings.append(f"{label}: {log.model}: {landed_line(log)}")
-            if simulation.entry is not None:
-                findings += [f"{label}: {line}" for line in simulation.entry.lines()]
             tables.append(
                 Table(f"{label}: where the delays landed, per vCPU", landed_table(log), TABLE_NOTE)
             )
+        # Once per boot too, but by what it found: a bundle whose files were copied apart
+        # (another boot's iomem, say) says its own.
+        lines = simulation.entry.lines() if simulation.entry is not None else []
+        if lines and (simulation.text, *lines) not in checked:
+            checked.add((simulation.text, *lines))
+            findings += [f"{label}: {line}" for line in lines]
         findings += _probe_findings(data, label, simulation.log, simulation.model)
     return Section(
         key="simulated",
