@@ -9,12 +9,14 @@ brief's rt CPU is); with `--twin`, the unpatched kernel of the same config (`:tk
 `:kpatch-ci`) churns too, as the "no debug series" state. No ground-truth plugin: it
 slows every emulated instruction, and per-VM time is the quantity compared. Then
 `tracekit report` over the bundles (its "VM churn" section compares each state with
-`off`). Prints each boot's wall minutes and load average, then the report's text.
+`off`). Prints each boot's round, position, wall minutes and load average, and writes
+them beside its bundle (boot.json: the report reads bundles only, so a disturbed boot
+is found there, review s17 S2), then the report's text.
 Emulated timings: they say nothing about hardware. Output under $TRACEKIT_CACHE (or
 ~/.cache/tracekit)/bench/churn, never in the repo.
 
     python3 benchmarks/vm_churn_boots.py [--kernel bookworm:kpatch-ci] [--vms 500]
-        [--states off,alle1is,last-ran] [--twin] [--boots K [--seed S]]
+        [--states off,alle1is,last-ran] [--twin] [--boots K [--seed S]] [--out DIR]
 
 With --boots K (2 or more) each state gets K fresh boots, each round's states in a
 seeded random order after one discarded warm-up boot, so the report's interval is across
@@ -24,6 +26,7 @@ boots (one boot per state gives none) and the order no longer always favours one
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -119,10 +122,16 @@ def main() -> None:
         "random order per round and one warm-up boot first)",
     )
     parser.add_argument("--seed", type=int, default=1, help="the order's seed (--boots 2+)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the boots' bundles go (default: $TRACEKIT_CACHE/bench/churn; each "
+        "boot's directory is replaced)",
+    )
     args = parser.parse_args()
     if args.boots < 1:
         raise SystemExit("--boots: give 1 or more")
-    base = cache_root() / "bench" / "churn"
+    base = args.out or cache_root() / "bench" / "churn"
     states: list[Boot] = [(args.kernel, s, s) for s in args.states.split(",")]
     if args.twin:
         states.append((TWINS[args.kernel], None, "unpatched"))
@@ -130,12 +139,20 @@ def main() -> None:
     if args.twin:
         check_twin(releases[args.kernel], releases[TWINS[args.kernel]])
     bundles = []
-    for kernel, state, name in boot_plan(states, args.boots, args.seed):
+    for position, (kernel, state, name) in enumerate(boot_plan(states, args.boots, args.seed), 1):
         load = os.getloadavg()[0]
         wall = one_boot(base / name, kernel, state, args.vms)
+        record = {
+            "round": int(name.rpartition("-")[2]) if name[-1].isdigit() else None,
+            "position": position,
+            "load_before": load,
+            "load_after": os.getloadavg()[0],
+            "wall_s": round(wall, 1),
+        }
+        (base / name / "boot.json").write_text(json.dumps(record) + "\n")
         print(
-            f"{kernel} {name}: boot + churn of {args.vms} VMs {wall / 60:.1f} min wall, "
-            f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
+            f"{kernel} {name} (#{position}): boot + churn of {args.vms} VMs "
+            f"{wall / 60:.1f} min wall, load average {load:.1f} -> {record['load_after']:.1f}",
             flush=True,
         )
         if name != "warm-up":

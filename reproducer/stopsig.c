@@ -129,6 +129,9 @@ static void on_stop(int sig, siginfo_t *info, void *context)
 		if (info->si_pid > 0)
 			read_sender(info->si_pid);
 	}
+	/* volatile orders only volatile accesses: the fence keeps the record's stores
+	 * before the flag's, for the compiler and for a reader on another CPU */
+	atomic_thread_fence(memory_order_release);
 	vmm_stop_signal = sig;
 	errno = saved_errno;
 }
@@ -145,10 +148,11 @@ void stop_signals_install(void)
 	sigaction(SIGINT, &stop, NULL);
 }
 
-void stop_signals_print(FILE *out)
+void stop_signals_print(FILE *out, int sig)
 {
-	if (!vmm_stop_signal)
+	if (!sig)
 		return;
+	atomic_thread_fence(memory_order_acquire);	/* pairs with on_stop's release */
 	fprintf(out, " stop_signal=%d stop_code=%d", first.signal, first.code);
 	if (!first.from_process)
 		return;

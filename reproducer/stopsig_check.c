@@ -31,7 +31,7 @@ int main(int argc, char **argv)
 		sleep_ms(5);
 	sleep_ms(linger_ms);
 	printf("record=summary vms=0 ok=0 stopped=1");
-	stop_signals_print(stdout);
+	stop_signals_print(stdout, vmm_stop_signal);
 	printf("\n");
 	return 0;
 }

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+#include <linux/kvm.h>
 
 #include "vmm.h"
 
@@ -31,7 +34,8 @@ static const char usage_text[] =
 	"  --repeat N           create, run and tear down N VMs in turn (default 1)\n"
 	"  --timeout S          watchdog for each run phase, 0 = none (default 60)\n"
 	"  --clock NAME         boottime (default) or monotonic\n"
-	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n";
+	"  --trace-marker PATH  write VM lifecycle markers to this trace_marker file\n"
+	"  --hold-vm            keep one idle VM (no vCPU, never run) open over the series\n";
 
 /* Empty handler: SIGUSR1 only exists to make KVM_RUN return with EINTR. */
 static void on_kick(int sig)
@@ -95,6 +99,7 @@ static void parse_options(int argc, char **argv, struct vmm_options *opts)
 		{ "knob", required_argument, NULL, 'K' },
 		{ "backing", required_argument, NULL, 'b' },
 		{ "dump-knobs", required_argument, NULL, 'd' },
+		{ "hold-vm", no_argument, NULL, 'H' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -123,6 +128,7 @@ static void parse_options(int argc, char **argv, struct vmm_options *opts)
 		case 'K': add_knob_arg(opts, optarg); break;
 		case 'b': opts->backing = parse_backing(optarg); break;
 		case 'd': opts->dump_knobs = optarg; break;
+		case 'H': opts->hold_vm = true; break;
 		case 'R': opts->repeat = parse_u64("--repeat", optarg, 1, 100000000); break;
 		case 't': opts->timeout_s = parse_u64("--timeout", optarg, 0, 86400); break;
 		case 'C': opts->clock = parse_clock(optarg); break;
@@ -313,12 +319,12 @@ static void print_run_line(const struct vmm_options *opts, const struct guest_im
 	for (int i = 0; i < opts->ipa_count; i++)
 		printf("%s%d", i ? "," : "", opts->ipa_bits[i]);
 	printf(" tlbi_count=%llu spin_us=%llu spin_ticks=%llu touch_kb=%llu repeat=%llu "
-	       "timeout_s=%llu clock=%s cntfrq_hz=%llu",
+	       "timeout_s=%llu clock=%s cntfrq_hz=%llu hold_vm=%d",
 	       (unsigned long long)opts->tlbi_count, (unsigned long long)opts->spin_us,
 	       (unsigned long long)opts->spin_ticks,
 	       (unsigned long long)(opts->touch_bytes >> 10), (unsigned long long)opts->repeat,
 	       (unsigned long long)opts->timeout_s, clock_name(opts->clock),
-	       (unsigned long long)cntfrq);
+	       (unsigned long long)cntfrq, opts->hold_vm ? 1 : 0);
 	print_knobs(opts, image);
 	fflush(stdout);
 }
@@ -403,10 +409,12 @@ static struct vm_result run_series(const struct kvm_host *host, const struct vmm
  * series, then min/mean/max per phase. */
 static void print_summary(const struct vm_series *series, bool last_not_ok)
 {
+	int sig = vmm_stop_signal;	/* read once: stopped= and the stop fields agree */
+
 	printf("record=summary vms=%llu ok=%llu stopped=%d", (unsigned long long)series->done,
 	       (unsigned long long)(last_not_ok ? series->done - 1 : series->done),
-	       vmm_stop_signal ? 1 : 0);
-	stop_signals_print(stdout);
+	       sig ? 1 : 0);
+	stop_signals_print(stdout, sig);
 	print_stat("create_ns", series->create, series->done);
 	print_stat("run_ns", series->run, series->done);
 	print_stat("teardown_ns", series->teardown, series->done);
@@ -422,6 +430,23 @@ static void exit_by_stop_signal(void)
 	exit(128 + vmm_stop_signal);	/* not reached unless the signal is blocked */
 }
 
+/*
+ * --hold-vm: a VM with no vCPU, created before the series and closed after it. With
+ * no other VM alive, each VM's create and destroy enables and disables virtualisation
+ * on every CPU (KVM's usage count goes 0 -> 1 -> 0: EL2 init and reset, an IPI each
+ * to every CPU) on a kernel that does not keep it enabled from module load (6.1, or
+ * 6.12 with kvm.enable_virt_at_load=0). Holding one VM keeps the count above zero. It
+ * never runs, so it gets no VMID. Returns its fd, closed at exit.
+ */
+static int hold_idle_vm(const struct kvm_host *host)
+{
+	int fd = ioctl(host->fd, KVM_CREATE_VM, 0);
+
+	if (fd < 0)
+		die(EXIT_SYSTEM, "--hold-vm: KVM_CREATE_VM: %s", strerror(errno));
+	return fd;
+}
+
 /* Check everything that can be checked before the first VM, then run the series. */
 int main(int argc, char **argv)
 {
@@ -432,6 +457,7 @@ int main(int argc, char **argv)
 	struct sigaction kick = { .sa_handler = on_kick };	/* no SA_RESTART */
 	struct vm_result result;
 	uint64_t cntfrq;
+	int held;
 
 	set_program_name("tracekit-vmm");
 	parse_options(argc, argv, &opts);
@@ -452,9 +478,12 @@ int main(int argc, char **argv)
 	sigaction(SIGUSR1, &kick, NULL);
 	stop_signals_install();
 
+	held = opts.hold_vm ? hold_idle_vm(&host) : -1;
 	print_run_line(&opts, &image, cntfrq);
 	result = run_series(&host, &opts, &image, &series);
 	print_summary(&series, result.code != 0 || result.stopped);
+	if (held >= 0)
+		close(held);	/* after the series: the last VM's destroy left EL2 up */
 	if (result.code)
 		die(result.code, "%s", result.message);
 	if (vmm_stop_signal)

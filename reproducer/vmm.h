@@ -80,6 +80,7 @@ struct vmm_options {
 	const char *dump_knobs;		/* --dump-knobs FILE: write the block, run nothing */
 	enum backing backing;
 	bool knobbed;			/* the guest has a knob block: KNOBS is what it gets */
+	bool hold_vm;			/* --hold-vm: one idle VM open for the whole series */
 	struct knob_block knobs;
 };
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analysis.compare import t_quantile
 from tracekit.analysis.conditions import FIELD_LABELS, Condition, Unknown
 from tracekit.analysis.runs import metric_values, run_metrics
 from tracekit.errors import TracekitError
@@ -416,37 +417,6 @@ def effect_verdict(low: float, high: float) -> str:
     if low >= 1 / EQUIVALENCE and high <= EQUIVALENCE:
         return NONE
     return UNCLEAR
-
-
-def t_cdf_two_sided(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer df (Abramowitz & Stegun 26.7.3-4)."""
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2 == 0:
-        term, total = 1.0, 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        return math.sin(theta) * total
-    if df == 1:
-        return 2 * theta / math.pi
-    term, total = 1.0, 1.0
-    for k in range(1, (df - 1) // 2):
-        term *= c2 * (2 * k) / (2 * k + 1)
-        total += term
-    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The p quantile (p > 0.5) of Student's t with integer df, by bisection."""
-    target = 2 * p - 1
-    low, high = 0.0, 1.0
-    while t_cdf_two_sided(high, df) < target:
-        high *= 2
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_cdf_two_sided(mid, df) < target else (low, mid)
-    return (low + high) / 2
 
 
 # --- Dose-response ---

@@ -72,6 +72,12 @@ def _int_list(text: str | None, option: str) -> list[int]:
     "--repeat", type=int, help="teardown, cache-toggle: VMs per sweep point; vm-churn: VMs."
 )
 @click.option(
+    "--hold-vm/--no-hold-vm",
+    default=None,
+    help="vm-churn: keep one idle, never-run VM open over the churn, so EL2 is not brought "
+    "up and down per VM where KVM does not keep it up (6.1) (default: held).",
+)
+@click.option(
     "--tlbi-count",
     type=int,
     help="TLBIs a TLBI guest issues (any scenario; guest-broadcast's default: endless).",
@@ -168,6 +174,7 @@ def collect(
     touch_kb: str | None,
     repeat: int | None,
     tlbi_count: int | None,
+    hold_vm: bool | None,
     probe_modes: str | None,
     probe_pages: str | None,
     vm_budget: int | None,
@@ -225,6 +232,7 @@ def collect(
         repeat=repeat,
         tlbi_count=tlbi_count,
         vm_budget_s=vm_budget,
+        hold_vm=hold_vm,
         probe_pages=_int_list(probe_pages, "--probe-pages"),
         probe_modes=[m for m in (probe_modes or "").split(",") if m],
         knobs=list(knobs),

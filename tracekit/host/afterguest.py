@@ -30,8 +30,8 @@
   guest's VMID (the one --vmid gave it), with stage 2 disabled while issued, from that
   control CPU too (a broadcast: the same invalidation reaches the guest's CPU, without
   the EL2 init that 6.1 runs on the issuing CPU when no VM is alive). On 6.12+ with
-  kvm.enable_virt_at_load=0 every operation would follow an EL2 init (TLBI ALLE1) on
-  every online CPU: preflight refuses these actions there.
+  kvm.enable_virt_at_load=0 every operation would follow 6.12's EL2 init, a local TLBI
+  ALLE2 and ALLE1 on every online CPU: preflight refuses these actions there.
 """
 
 from __future__ import annotations

@@ -199,15 +199,22 @@ def _stuck(
     except OSError as err:  # e.g. in state D, blocked in do_exit
         killed = f"it could not be killed ({err})"
     done = vms_recorded(output)
+    span = f" {for_s:.0f} s"
     if fields:
         what = f"printed its summary ({describe_stop(fields)}) but did not exit within"
+    elif state.startswith(("state T", "state t")) and at_budget and for_s < 1:
+        # Stopped within the last poll: how long it stayed so is not known (review s17 N4).
+        what, span = (
+            f"was found stopped ({state}, {by}) at the time budget of {commands.budget_s} s",
+            "",
+        )
     elif state.startswith(("state T", "state t")):
         when = f"at the time budget of {commands.budget_s} s, " if at_budget else ""
         what = f"was stopped ({state}, {by}) {when}and did not go on for"
     else:
         what = f"recorded no new VM ({state}) within"
     return TracekitError(
-        f"vmm {what} {for_s:.0f} s, after {done} of {commands.vms} VMs; {killed} and the "
+        f"vmm {what}{span}, after {done} of {commands.vms} VMs; {killed} and the "
         f"churn is incomplete (its state before: {dump.name})"
     )
 

@@ -369,6 +369,10 @@ def stop_process_group(proc: subprocess.Popen[Any], grace: float = CHILD_GRACE_S
     VMM kept its SIGTERM pending for the whole grace and was then killed mid-teardown.
     """
     pgid = proc.pid
+    # Reaped, its group empty: the pid may be another's by now, so signal nothing (a
+    # group with members left keeps its id, which the kernel then gives no one else).
+    if proc.returncode is not None and _wait_group_gone(pgid, 0.0):
+        return
     deadline = time.monotonic() + grace
     _signal_group(pgid, signal.SIGTERM)
     _signal_group(pgid, signal.SIGCONT)

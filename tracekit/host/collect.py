@@ -127,6 +127,7 @@ class CollectOptions:
     repeat: int | None = None
     tlbi_count: int | None = None
     vm_budget_s: int | None = None
+    hold_vm: bool | None = None  # vm-churn: None is the scenario's default (held)
     probe_pages: list[int] = field(default_factory=list)  # range/munmap slots' page counts
     probe_modes: list[str] = field(default_factory=list)  # empty: the scenario's own
     knobs: list[str] = field(default_factory=list)  # NAME=VALUE over the guest's preset
@@ -174,7 +175,10 @@ def check_options(options: CollectOptions) -> tuple[Scenario, Roles, ScenarioPar
         tlbi_count=options.tlbi_count,
         vm_budget_s=options.vm_budget_s,
         probe_pages=tuple(options.probe_pages),
+        hold_vm=options.hold_vm,
     )
+    if params.hold_vm and scenario.name != "vm-churn":
+        raise TracekitError("--hold-vm is for the vm-churn scenario only")
     for axis in ("ipa_bits", "vcpus", "touch_kb"):
         if axis not in scenario.sweep:
             params.single(axis)  # one value where the scenario does not sweep it
@@ -403,7 +407,9 @@ def describe_params(scenario: Scenario, params: ScenarioParams) -> str:
         shown = {"tlbi-count": params.tlbi_count}
     elif not scenario.sweep and "churn" not in scenario.phases:
         return "none beyond the runs"
-    return " ".join(f"--{name} {value}" for name, value in shown.items())
+    if "churn" in scenario.phases:
+        shown["hold-vm" if params.hold_vm else "no-hold-vm"] = ""
+    return " ".join(f"--{name} {value}".rstrip() for name, value in shown.items())
 
 
 class Session:

@@ -242,6 +242,10 @@ class ScenarioParams:
     tlbi_count: int = 0
     vm_budget_s: int = 600  # wall-clock budget of one sweep point's VMM run
     probe_pages: tuple[int, ...] = ()  # pages per range/munmap probe slot; empty: default
+    # vm-churn: the VMM keeps one idle, never-run VM open over the churn (--hold-vm), so
+    # KVM's usage count never falls to 0 between VMs and EL2 is not brought up and torn
+    # down on every CPU per VM, as the brief's kernel (enable_virt_at_load) does not.
+    hold_vm: bool = False
     given: tuple[str, ...] = ()  # the parameters the user set (the rest are defaults)
 
     def explicit(self, name: str) -> bool:
@@ -413,7 +417,7 @@ SCENARIOS: dict[str, Scenario] = {
         kprobes=(),
         return_probes=(),
         graph_functions=(),
-        defaults=ScenarioParams(repeat=500),
+        defaults=ScenarioParams(repeat=500, hold_vm=True),
     ),
 }
 

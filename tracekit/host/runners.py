@@ -226,26 +226,42 @@ def run_churn(session: Session, ctx: RunContext) -> Outcome:
         params.vm_budget_s + STOP_GRACE_SECONDS,  # outlasts the churn: stopped after it
         ctx.path(RunFile.CYCLICTEST_JSON),
     )
+    hold = ["--hold-vm"] if params.hold_vm else []
     commands = ChurnCommands(
-        vmm=guest_argv(session, settings, session.guest_vcpus(), params.repeat),
+        vmm=guest_argv(session, [*settings, *hold], session.guest_vcpus(), params.repeat),
         cyclictest=cyclic_argv,
         vms=params.repeat,
         budget_s=params.vm_budget_s,
     )
     before = read_kpatch()
-    outcome = churn(
-        commands, session.spawn, session.wait, ctx.path(RunFile.VMM), ctx.path(RunFile.CYCLICTEST)
-    )
-    if before is not None:  # the debug series: its switch and flush count, read again
-        after = read_kpatch()
-        record = {
-            "before": switch_record(before),
-            "after": switch_record(after) if after is not None else None,
-        }
-        ctx.path(RunFile.TEARDOWN_FLUSH).write_text(json.dumps(record) + "\n")
+    ended = "raised"  # what the record says if the churn raises (stuck, interrupted, ...)
+    try:
+        outcome = churn(
+            commands,
+            session.spawn,
+            session.wait,
+            ctx.path(RunFile.VMM),
+            ctx.path(RunFile.CYCLICTEST),
+        )
+        ended = outcome.status
+    finally:  # every way out: the runs that did not end ok are the ones whose switch matters
+        if before is not None:
+            write_switch_record(ctx.path(RunFile.TEARDOWN_FLUSH), before, ended)
     if outcome.status != "ok":
         session.echo(f"  OVER BUDGET: {outcome.note}")
     return Outcome(outcome.status, outcome.note)
+
+
+def write_switch_record(path: Path, before: Kpatch, ended: str) -> None:
+    """The debug series' switch and flush count before the churn and now, and how the
+    churn ended ("raised": it did not return)."""
+    after = read_kpatch()
+    record = {
+        "before": switch_record(before),
+        "after": switch_record(after) if after is not None else None,
+        "churn": ended,
+    }
+    path.write_text(json.dumps(record) + "\n")
 
 
 def switch_record(kpatch: Kpatch) -> dict[str, object]:

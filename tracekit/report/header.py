@@ -118,20 +118,45 @@ def isolation(data: BundleData) -> str:
 
 
 def controls_line(bundles: list[BundleData]) -> str:
-    """The protocol's controls: baseline, untraced headline runs, isolation, conditions."""
+    """The protocol's controls: baseline, untraced headline runs, isolation, conditions;
+    a vm-churn's are its own (churn_controls), and a mix says whose is whose."""
     kinds = {isolation(b) for b in bundles}
     if len(kinds) == 1:
         isolated = kinds.pop()
     else:  # they differ: say whose is whose
         isolated = "; ".join(f"{bundle_label(b)}: {isolation(b)}" for b in bundles)
-    line = (
+    churns = [b for b in bundles if is_churn(b)]
+    phased = (
         "the before phase on the same boot is the baseline; quiet (untraced)"
         " runs give the verdicts, traced runs the attribution and the observer effect;"
-        f" probe slots run apart from latency runs; {isolated}"
+        " probe slots run apart from latency runs"
     )
+    if not churns:
+        line = phased
+    elif len(churns) == len(bundles):
+        line = churn_controls()
+    else:
+        line = f"vm-churn bundles: {churn_controls()}; the others: {phased}"
+    line += f"; {isolated}"
     if len(bundles) > 1:
         line += "; one condition per bundle"
     return line
+
+
+def is_churn(data: BundleData) -> bool:
+    """A vm-churn bundle (its scenario, as recorded)."""
+    scenario = data.manifest.scenario.get("name") or data.manifest.options.get("scenario")
+    return scenario == "vm-churn"
+
+
+def churn_controls() -> str:
+    """A vm-churn's controls: no before phase, no probe slots, no traced runs."""
+    return (
+        "baseline: teardown_flush off on other, fresh boots of the same kernel (and the "
+        "twin, the same config without the series); one untraced churn per boot, the boot "
+        "the unit of every interval; boots in a seeded random order per round "
+        "(benchmarks/vm_churn_boots.py)"
+    )
 
 
 def simulated_warnings(bundles: list[BundleData]) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from tracekit.analysis import churn as ch
+from tracekit.analysis.compare import runs_needed
 from tracekit.bundle import RunFile, RunKind
 from tracekit.ingest.bundle import BundleData
 from tracekit.report.header import bundle_condition_of, bundle_label, is_emulated
@@ -19,13 +20,16 @@ from tracekit.report.model import Plot, Section, Table
 EMULATED_NOTE = (
     "EMULATED host: per-VM times and latencies are QEMU TCG times, not hardware times; "
     "compare the states with each other, never with the brief's 32.1 vs 33.4 ms or 15 vs 13 us; "
-    "under TCG a broadcast TLBI flushes every vCPU's softmmu TLB, a cost unrelated to the "
+    "under TCG a broadcast TLBI flushes every vCPU's softmmu TLB and runs as safe work, "
+    "with every vCPU (the rt CPU's too) out of its execution loop (accel/tcg/cputlb.c: "
+    "tlb_flush_*_all_cpus_synced, async_safe_run_on_cpu), costs unrelated to the "
     "hardware's, so the emulated A/B says nothing about the fix's hardware cost, not even "
-    "its sign"
+    "its sign, and its rt latencies get no state ratio"
 )
 BRIEF_NOTE = (
     "the brief's hardware figures: 500 VMs, 32.1 ms each with the fix, 33.4 ms without; "
-    "isolated-CPU latency meanwhile 15 us vs 13 us"
+    "isolated-CPU latency meanwhile 15 us vs 13 us; its VMM, guest and RAM size are not "
+    "known to be this one's, so not even the scale transfers"
 )
 
 
@@ -51,6 +55,7 @@ def section(bundles: list[BundleData]) -> Section | None:
         plots.append(_plot(group.points, title))
     findings += ch.shared_boots(ch.churn_boots(churns))
     unknowns += result.left_out
+    unknowns += [text for group in result.groups if (text := ch.no_verdict(group))]
     kernels: dict[str, set[str]] = {}
     for c in churns:
         kernels.setdefault(c.state, set()).add(c.release)
@@ -88,6 +93,7 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
         host = data.manifest.host
         state = ch.switch_state(host.get("kpatch"))
         condition = bundle_condition_of(data)
+        params = data.manifest.scenario.get("parameters") or {}
         for run in data.manifest.runs:
             if run.kind != RunKind.CHURN:
                 continue
@@ -110,15 +116,22 @@ def _churns(bundles: list[BundleData]) -> tuple[list[ch.Churn], list[str]]:
                     status=run.status,
                     note=run.note,
                     start_ns=run.start_ns,
-                    clock=(found.vmm.runs[0].get("clock") or "boottime"),
+                    clock=found.vmm.runs[0].get("clock") or None,  # unsaid: not assumed
                     interval_ns=found.cyclictest_interval_ns,
                     counted=found.cyclictest_counted,
                     vmid_bits=_vmid_bits(host),
                     guest_cpus=tuple(data.manifest.options.get("guest_cpus") or ()),
                     switch=found.extra(RunFile.TEARDOWN_FLUSH),
+                    repeat=_int(params.get("repeat")),
+                    hold_vm=bool(params.get("hold_vm")),
                 )
             )
     return churns, unknowns
+
+
+def _int(value: Any) -> int | None:
+    """An int parameter, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _vmid_bits(host: dict[str, Any]) -> int | None:
@@ -131,13 +144,18 @@ def _vmid_bits(host: dict[str, Any]) -> int | None:
 
 def _comparison_table(comparisons: list[ch.StateComparison], title: str) -> Table:
     """One row per comparison."""
+    floor = comparisons[0].each.thresholds
     return Table(
         f"each state against teardown_flush {ch.BASELINE} (and alle1is against last-ran){title}",
         ch.comparison_frame(comparisons),
         note=(
-            f"ratios of per-boot means; ci_low/ci_high ({comparisons[0].confidence:.0%}) and p "
-            "only with two boots or more per state: a two-level bootstrap (boots, then VMs) "
-            "and a rank test on per-boot means; rt ratios null where not comparable"
+            "the boot is the unit: ratios of the geometric means of per-boot values; for ms "
+            f"each (the primary metric) a {comparisons[0].confidence:.0%} Welch t interval on "
+            "the log per-boot values and an exact rank test, with two boots or more a side; "
+            f"verdicts by the project's rule, none below {runs_needed(floor.alpha)}+"
+            f"{runs_needed(floor.alpha)} boots; the other metrics' p Holm-adjusted over "
+            "the group; detectable_ratio: what these boots detect with 80% power at the "
+            "spread seen; rt ratios of the churn's per-period latencies (max always)"
         ),
     )
 
