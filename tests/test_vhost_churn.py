@@ -24,7 +24,8 @@ Booted on 2026-12-02 with only this check in the boot: passed, 3 min 37 s for th
 the three collects and the test (docs/vhost.md says what the plugin and the report showed).
 The same check runs in the 6.12 series' nVHE boot (`[6.12]`, nvhe-kpatch-612): passed on
 2026-12-04 (46 s for the three collects inside the boot). And in 7.2's (`[7.2]`,
-nvhe-kpatch-72, -m kpatch72): passed on 2026-12-04 (44 s for the three collects).
+nvhe-kpatch-72, -m kpatch72): passed on 2026-12-04 (44 s for the three collects), and
+again with the held idle VM and the reviewed series (-kp888e325a).
 """
 
 from __future__ import annotations

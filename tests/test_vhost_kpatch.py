@@ -43,7 +43,8 @@ from KVM's init too. On 2026-12-04 (7.2.13-tk498551-kp638caddc, with the churn's
 __finalise_el2 DSB NSH), since asserted as _assert_no_hyp_work says, and passed so on a
 fresh boot (11 s). With the reviewed series merged (-kp888e325a): 4 of 5 in 119 s, VHE
 failing on CPU 1's __finalise_el2 when the offline refusal brings it back, now allowed
-outside the operations' windows; passed so on a fresh boot (35 s).
+outside the operations' windows; passed so on a fresh boot (35 s). After merging main's
+churn changes: all five [7.2] tests, 5 passed in 129 s.
 """
 
 from __future__ import annotations
