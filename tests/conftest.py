@@ -28,6 +28,8 @@ from tracekit.vhost.runner import VhostConfig, VhostResult
 KPATCH_KERNEL = os.environ.get("TRACEKIT_KPATCH_KERNEL", "bookworm:kpatch-ci")
 # The same for the 6.12 series (reproducer/kpatch/6.12): trixie's CI config by default.
 KPATCH_KERNEL_612 = os.environ.get("TRACEKIT_KPATCH_KERNEL_612", "trixie:kpatch-ci")
+# And for sid's 7.2 series (reproducer/kpatch/7.2): sid's CI config by default.
+KPATCH_KERNEL_72 = os.environ.get("TRACEKIT_KPATCH_KERNEL_72", "sid:kpatch-ci")
 
 
 def _kpatch_boots(kernel: str, suffix: str = "") -> dict[str, VhostConfig]:
@@ -152,13 +154,36 @@ VHOST_CONFIGS: dict[str, VhostConfig] = {
         timeout_s=900,
         ground_truth=True,
     ),
+    # sid's 7.2 with reproducer/kpatch/7.2 (KPATCH_KERNEL_72): the same three boots.
+    **_kpatch_boots(KPATCH_KERNEL_72, "-72"),
 }
+
+
+# A kpatch boot's name ends in its series' suffix (_kpatch_boots) -> its opt-in marker:
+# 6.12's and 7.2's boots are opt-in, 6.1's are CI's.
+KPATCH_OPT_IN = {"-612": "kpatch612", "-72": "kpatch72"}
+# The series the kpatch boot tests run for, each with its opt-in marker.
+KPATCH_SERIES = pytest.mark.parametrize(
+    "series",
+    [
+        "6.1",
+        pytest.param("6.12", marks=pytest.mark.kpatch612),
+        pytest.param("7.2", marks=pytest.mark.kpatch72),
+    ],
+)
+
+
+def kpatch_opt_in(config: str) -> str | None:
+    """The opt-in marker of a kpatch boot's checks (None: 6.1's, in CI's run)."""
+    return next((m for end, m in KPATCH_OPT_IN.items() if config.endswith(end)), None)
 
 
 # Markers whose tests run only when `-m` names them: too long for every CI run.
 OPT_IN = {
     "kpatch612": "the 6.12 kpatch boots (~14 min cold with their kernel's build, over CI's "
     "budget beside the rest): select with -m kpatch612",
+    "kpatch72": "the 7.2 kpatch boots (~16 min cold with their kernel's build, over CI's "
+    "budget beside the rest): select with -m kpatch72",
     "unproven": "a boot check that has not yet passed in a boot: select with -m unproven",
 }
 # The opt-in markers this session's -m names (set before test modules register checks).

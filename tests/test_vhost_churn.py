@@ -23,7 +23,9 @@ with the three states and two comparisons with off, and says the VM was held.
 Booted on 2026-12-02 with only this check in the boot: passed, 3 min 37 s for the boot,
 the three collects and the test (docs/vhost.md says what the plugin and the report showed).
 The same check runs in the 6.12 series' nVHE boot (`[6.12]`, nvhe-kpatch-612): passed on
-2026-12-04 (46 s for the three collects inside the boot).
+2026-12-04 (46 s for the three collects inside the boot). And in 7.2's (`[7.2]`,
+nvhe-kpatch-72, -m kpatch72): passed on 2026-12-04 (44 s for the three collects), and
+again with the held idle VM and the reviewed series (-kp888e325a).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import register_vhost_check
+from conftest import KPATCH_SERIES, kpatch_opt_in, register_vhost_check
 
 from tracekit.bundle import RunKind, read_manifest
 from tracekit.ingest.bundle import load_bundle
@@ -41,8 +43,8 @@ from tracekit.ingest.vmm import read_vmm_output
 from tracekit.report.sections import churn as churn_section
 
 CONFIG = "nvhe-kpatch"
-# The nVHE boot per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612).
-BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612"}
+# The nVHE boot per series (conftest.KPATCH_KERNEL, KPATCH_KERNEL_612, KPATCH_KERNEL_72).
+BOOTS = {"6.1": CONFIG, "6.12": "nvhe-kpatch-612", "7.2": "nvhe-kpatch-72"}
 MAINT = "/sys/kernel/debug/kvm/arm64_debug_maint"
 POLICIES = ("off", "alle1is", "last-ran")
 CHURN_VMS = 20
@@ -67,8 +69,9 @@ def _churn_script() -> str:
 
 # Late: the kpatch checks count the switch's flushes and expect `off` from boot.
 for _config in BOOTS.values():
-    opt_in = "kpatch612" if _config.endswith("-612") else None  # as test_vhost_kpatch
-    register_vhost_check(_config, "kpatch_churn", _churn_script(), late=True, opt_in=opt_in)
+    register_vhost_check(
+        _config, "kpatch_churn", _churn_script(), late=True, opt_in=kpatch_opt_in(_config)
+    )
 
 
 def _flushes(text: str) -> int:
@@ -109,7 +112,7 @@ def _hyp_inits(bundle: Path, vms: pl.DataFrame) -> int:
 
 @pytest.mark.kpatch
 @pytest.mark.vhost
-@pytest.mark.parametrize("series", ["6.1", pytest.param("6.12", marks=pytest.mark.kpatch612)])
+@KPATCH_SERIES
 def test_vhost_churn_fix_invalidates_once_per_vm(vhost_boot, series: str) -> None:
     """Each VM's teardown: off none, alle1is one ALLE1IS, last-ran one ALLE1 on its CPU."""
     boot = vhost_boot(BOOTS[series])

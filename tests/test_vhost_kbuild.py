@@ -1,9 +1,9 @@
 """tracekit's own kernels: config trimming, release strings, the patch series, the cache.
 
 The fast tests run on configs and trees made here. The `kbuild` ones need Debian's
-bookworm and trixie linux sources (the versions they ship today, fetched into the cache,
-~140 MB and ~150 MB) and, for the boots, the CI kernels' cross builds (~7 min cold each
-on this 2-core machine).
+bookworm, trixie and sid linux sources (the versions they ship today, fetched into the
+cache, ~140 MB, ~150 MB and ~165 MB) and, for the boots, the CI kernels' cross builds
+(~7, ~10 and ~12 min cold on this 2-core machine).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ KPATCH = Path(__file__).parent.parent / "reproducer" / "kpatch"
 SERIES = KPATCH / "6.1"
 # Each suite with a series, and that series.
 SUITES = pytest.mark.parametrize("suite", sorted(kcustom.SERIES))
-# The suites whose series tracekit also builds (sid's 7.2 is written, not built yet).
+# The suites whose series tracekit also builds (all three).
 BUILT = pytest.mark.parametrize("suite", sorted(kcustom.built_suites()))
 
 
@@ -103,6 +103,20 @@ def test_series_symbols_are_in_both_builds_input(tmp_path: Path) -> None:
     assert "# CONFIG_ARCH_ROCKCHIP is not set" in _lines(config)
 
 
+def test_suite_symbols_replace_debians_setting(tmp_path: Path) -> None:
+    """sid's input sets NVHE_EL2_DEBUG (7.2's hypervisor tracing hangs on it) in place of
+    Debian's `is not set`, for A and B alike; the other suites' inputs leave it alone."""
+    (tmp_path / "arch" / "arm64").mkdir(parents=True)
+    (tmp_path / "arch" / "arm64" / "Kconfig.platforms").write_text("config ARCH_XGENE\n")
+    debian = DEBIAN_LIKE + "# CONFIG_NVHE_EL2_DEBUG is not set\n"
+    sid = _lines(kcustom.input_config(debian, tmp_path, suite="sid"))
+    assert "CONFIG_NVHE_EL2_DEBUG=y" in sid
+    assert "# CONFIG_NVHE_EL2_DEBUG is not set" not in sid
+    trixie = _lines(kcustom.input_config(debian, tmp_path, suite="trixie"))
+    assert "# CONFIG_NVHE_EL2_DEBUG is not set" in trixie
+    assert sid - {"CONFIG_NVHE_EL2_DEBUG=y"} == trixie - {"# CONFIG_NVHE_EL2_DEBUG is not set"}
+
+
 def test_config_hash_and_release_suffix() -> None:
     """The release names the config and, patched, the series; unpatched has no -kp."""
     digest = kbuild.config_hash("CONFIG_KVM=y\n")
@@ -127,17 +141,15 @@ def test_built_flavours(suite: str) -> None:
 
 def test_a_suite_without_a_series() -> None:
     """A suite without a series: one line naming the series there are and the suites
-    that build one. sid has its series (7.2) but no built flavour yet."""
+    that build one."""
     with pytest.raises(
         TracekitError,
         match=r"no kernel patch series for forky .*6\.1, 6\.12, 7\.2\).*"
-        r"bookworm\|trixie:kpatch",
+        r"bookworm\|trixie\|sid:kpatch",
     ):
         kcustom.series_dir("forky")
-    assert kcustom.built_suites() == ["bookworm", "trixie"]
+    assert kcustom.built_suites() == ["bookworm", "trixie", "sid"]
     assert kcustom.series_dir("sid") == KPATCH / "7.2"
-    with pytest.raises(TracekitError, match="unknown kernel flavour 'kpatch' for suite 'sid'"):
-        parse_kernel_spec("sid:kpatch")
 
 
 def test_ci_fragment_keeps_the_kept_files_settings(tmp_path: Path) -> None:
@@ -183,6 +195,19 @@ def test_ci_config_of_debian_source_keeps_what_the_tests_need(tmp_path: Path) ->
     assert "# CONFIG_EFI is not set" in lines and "# CONFIG_EXT4_FS is not set" in lines
 
 
+@pytest.mark.kbuild
+def test_sids_ci_config_has_the_hypervisor_tracing() -> None:
+    """sid's CI config, made from its Debian config (NVHE_EL2_DEBUG off there) and its 7.2
+    source: NVHE_EL2_DEBUG on, and with it 7.2's nVHE hypervisor tracing (hidden, default
+    y with ftrace) and the trace remote it selects; the pKVM panic option stays off."""
+    version, debian = kcustom.debian_inputs("sid", print)
+    assert "# CONFIG_NVHE_EL2_DEBUG is not set" in _lines(debian)
+    tree = ksource.pristine_tree("sid", version, print)
+    lines = _lines(kcustom.input_config(debian, tree, "ci", "sid"))
+    assert {"CONFIG_NVHE_EL2_TRACING=y", "CONFIG_TRACE_REMOTE=y"} <= lines
+    assert "# CONFIG_PKVM_DISABLE_STAGE2_ON_PANIC is not set" in lines
+
+
 @SUITES
 def test_the_series_lists_its_patches_in_order(suite: str) -> None:
     """Each shipped series: every file listed, hash over the contents in order."""
@@ -222,8 +247,7 @@ _PATCH2_FILES = {
 def test_the_ports_are_the_same_series(port: str) -> None:
     """6.12 and 7.2 are ports of 6.1: the same patches, in the same order, writing the same
     files (patch 2 but for its bring-up of EL2, above), so the interface tracekit reads is
-    one; each patch's notes say it is not for merging. (7.2's is checked here as files
-    only: tracekit does not build sid yet.)"""
+    one; each patch's notes say it is not for merging."""
     ported = KPATCH / port
     assert _subjects(ported) == _subjects(SERIES)
     assert len(_subjects(SERIES)) == 3
@@ -243,7 +267,7 @@ def test_the_72_hypercall_is_before_the_pkvm_only_marker() -> None:
     refuses every id from __KVM_HOST_SMCCC_FUNC_PKVM_ONLY on: the 7.2 patch adds the call
     last before that marker (not at the enum's end, as 6.12's does), and its handler in
     the same place of host_hcall[], before the first pKVM-only one. Read from the patch
-    text (the kbuild tests do not build sid)."""
+    text (test_series_hypercall_is_the_last_one_nvhe_accepts checks the patched tree)."""
     text = ksource.series_files(KPATCH / "7.2")[0].read_text()
     enum = re.search(r"^\+\t__KVM_HOST_SMCCC_FUNC___kvm_debug_maint,\n((?: .*\n)*)", text, re.M)
     assert enum is not None
@@ -522,6 +546,37 @@ def test_debian_kernel_package_gives_version_and_config(tmp_path: Path) -> None:
         kcustom.debian_kernel_deb([meta])
 
 
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_sids_config_comes_from_its_linux_base_package(tmp_path: Path) -> None:
+    """sid's linux-image-REL holds no file of the kernel: its config is linux-base-REL's
+    usr/lib/modules/REL/config (beside System.map and the dtbs), not a module's file."""
+    release = "7.2.13+deb14-arm64"
+    image = _deb(tmp_path, f"linux-image-{release}", "7.2.13-1", {"usr/share/doc/x": "x"})
+    base = _deb(
+        tmp_path,
+        f"linux-base-{release}",
+        "7.2.13-1",
+        {
+            f"usr/lib/modules/{release}/System.map": "ffff t _text\n",
+            f"usr/lib/modules/{release}/dtb/arm/config": "not it\n",
+            f"usr/lib/modules/{release}/config": "CONFIG_KVM=y\n",
+        },
+    )
+    assert kcustom.debian_kernel_deb([image, base]) == base
+    assert kcustom.debian_version(base) == "7.2.13-1"
+    assert kcustom.debian_config_text(base) == "CONFIG_KVM=y\n"
+    assert not kcustom.is_config_path(f"./usr/lib/modules/{release}/kernel/x/config")
+
+
+def test_image_targets_follow_the_top_makefile(tmp_path: Path) -> None:
+    """6.x's top Makefile has a modules.builtin rule; 7.2's vmlinux writes the file itself
+    and the top Makefile names it only in clean lists."""
+    (tmp_path / "Makefile").write_text("vmlinux.o modules.builtin.modinfo modules.builtin: x\n")
+    assert kbuild.image_targets(tmp_path) == ["Image", "modules.builtin"]
+    (tmp_path / "Makefile").write_text("CLEAN_FILES += modules.builtin modules.order \\\n")
+    assert kbuild.image_targets(tmp_path) == ["Image"]
+
+
 def test_built_kernel_as_the_image_builder_takes_it(tmp_path: Path) -> None:
     """Everything built in: an empty module tree with the build's modules.builtin."""
     build = tmp_path / "build-0123456789"
@@ -622,30 +677,39 @@ def test_a_seeded_build_recompiles_changed_files_older_than_the_seed(tmp_path: P
     assert (pristine / "a.c").stat().st_mtime == 1000
 
 
-def _hypercalls(tree: Path) -> tuple[list[str], list[str]]:
-    """The host hypercalls in kvm_asm.h's enum and in hyp-main.c's host_hcall[], in order."""
+def _hypercalls(tree: Path) -> tuple[list[str], list[str], int]:
+    """The host hypercalls in kvm_asm.h's enum and in hyp-main.c's host_hcall[], in order,
+    and how many of them handle_host_hcall accepts outside protected mode: those before
+    7.x's MARKER(__KVM_HOST_SMCCC_FUNC_PKVM_ONLY) (a marker takes no number), else all."""
     asm = (tree / "arch/arm64/include/asm/kvm_asm.h").read_text()
     enum = asm.split("enum __kvm_host_smccc_func {", 1)[1].split("};", 1)[0]
     enum = re.sub(r"/\*.*?\*/", "", enum, flags=re.S)
     ids = re.findall(r"^\s*__KVM_HOST_SMCCC_FUNC_(\w+)", enum, re.M)
+    before_marker = enum.split("MARKER(__KVM_HOST_SMCCC_FUNC_PKVM_ONLY)", 1)
+    accepted = len(re.findall(r"^\s*__KVM_HOST_SMCCC_FUNC_\w+", before_marker[0], re.M))
     main = (tree / "arch/arm64/kvm/hyp/nvhe/hyp-main.c").read_text()
     table = main.split("static const hcall_t host_hcall[] = {", 1)[1].split("};", 1)[0]
-    return ids, re.findall(r"HANDLE_FUNC\((\w+)\)", table)
+    return ids, re.findall(r"HANDLE_FUNC\((\w+)\)", table), accepted
 
 
 @pytest.mark.kbuild
 @BUILT
-def test_series_hypercall_has_the_same_number_at_both_ends(suite: str) -> None:
+def test_series_hypercall_is_the_last_one_nvhe_accepts(suite: str) -> None:
     """host_hcall[] is indexed by the enum: in the patched tree both list the same calls in
-    the same order, __kvm_debug_maint last (after the pKVM ones on 6.12, so protected
-    mode's finalisation does not refuse it by number: the handler refuses it itself)."""
+    the same order, the pristine ones with __kvm_debug_maint added once, as the last call
+    handle_host_hcall accepts outside protected mode: the enum's last on 6.1 and 6.12,
+    the last before 7.2's PKVM_ONLY marker (from there on nVHE refuses every id). And
+    after __pkvm_prot_finalize, so protected mode's finalisation does not refuse it by
+    number: the handler refuses it itself."""
     tree = ksource.pristine_tree(suite, suite_version(suite), print)
     patched = ksource.patched_tree(tree, ksource.series_files(kcustom.series_dir(suite)), print)
-    ids, handlers = _hypercalls(patched)
+    ids, handlers, accepted = _hypercalls(patched)
+    pristine, _, pristine_accepted = _hypercalls(tree)
     assert ids == handlers
-    assert ids[-1] == "__kvm_debug_maint" and ids.count("__kvm_debug_maint") == 1
+    assert ids.count("__kvm_debug_maint") == 1
+    assert ids.index("__kvm_debug_maint") == accepted - 1 == pristine_accepted
     assert ids.index("__pkvm_prot_finalize") < ids.index("__kvm_debug_maint")
-    assert _hypercalls(tree)[0] == ids[:-1]
+    assert [name for name in ids if name != "__kvm_debug_maint"] == pristine
     # Built only with the option (review S3): without it the id stays and its slot is
     # empty, which handle_host_hcall refuses as it does any unknown call.
     main = (patched / "arch/arm64/kvm/hyp/nvhe/hyp-main.c").read_text()

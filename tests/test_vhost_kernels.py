@@ -36,6 +36,10 @@ ALL_SPECS = [
     "trixie:kpatch-ci",
     "sid",
     "sid:16k",
+    "sid:tk",
+    "sid:kpatch",
+    "sid:tk-ci",
+    "sid:kpatch-ci",
 ]
 
 
@@ -169,7 +173,7 @@ def test_kernels_listing_on_an_empty_cache(tmp_path: Path, monkeypatch: pytest.M
     assert set(rows) == set(ALL_SPECS)
     assert all("? (no package lists: --refresh)" in row for row in rows.values())
     assert rows["bookworm:rt"].endswith("no (Debian builds the PREEMPT_RT flavour without KVM)")
-    assert rows["sid:16k"].split()[1] == "7.x" and rows["trixie"].endswith("yes")
+    assert rows["sid:16k"].split()[1] == "7.2" and rows["trixie"].endswith("yes")
     assert not any(tmp_path.iterdir())  # listing fetches and builds nothing
 
 

@@ -257,7 +257,8 @@ def test_cli_bad_kernel_is_one_line() -> None:
     assert result.output.strip().splitlines() == [
         "tracekit: error: unknown kernel flavour 'weird' for suite 'sid'; use one of: "
         "bookworm, bookworm:rt, bookworm:tk, bookworm:kpatch, bookworm:tk-ci, bookworm:kpatch-ci, "
-        "trixie, trixie:tk, trixie:kpatch, trixie:tk-ci, trixie:kpatch-ci, sid, sid:16k"
+        "trixie, trixie:tk, trixie:kpatch, trixie:tk-ci, trixie:kpatch-ci, sid, sid:16k, sid:tk, "
+        "sid:kpatch, sid:tk-ci, sid:kpatch-ci"
     ]
 
 

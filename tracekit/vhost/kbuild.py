@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -207,7 +208,7 @@ def platform_symbols(tree: Path) -> list[str]:
     return [line.split()[1] for line in text.splitlines() if line.startswith("config ARCH_")]
 
 
-def _symbol(line: str) -> str | None:
+def symbol_of(line: str) -> str | None:
     """The CONFIG_ name a config line sets or unsets, without the prefix."""
     if line.startswith("CONFIG_"):
         return line[len("CONFIG_") :].split("=", 1)[0]
@@ -236,7 +237,7 @@ def trimmed_config(debian_config: str, platforms: list[str]) -> str:
     wanted = set(platforms)
     lines, seen = [], set()
     for line in debian_config.splitlines():
-        name = _symbol(line)
+        name = symbol_of(line)
         if name is None:
             continue
         seen.add(name)
@@ -261,7 +262,7 @@ def ci_fragment(full_config: str, tree: Path) -> str:
     """The allnoconfig fragment of the CI config: the full config's settings of the kept
     Kconfig files (CI_OFF off), and REQUIRED and CI_ON on."""
     kept = kconfig_symbols(tree, CI_KEPT_KCONFIGS) - set(CI_OFF)
-    lines = [line for line in full_config.splitlines() if _symbol(line) in kept]
+    lines = [line for line in full_config.splitlines() if symbol_of(line) in kept]
     lines += [f"# CONFIG_{name} is not set" for name in CI_OFF]
     lines += [f"CONFIG_{name}=y" for name in dict.fromkeys((*REQUIRED, *CI_ON))]
     return "\n".join(lines) + "\n"
@@ -358,6 +359,15 @@ def _make(build: Path, args: list[str], log: Path) -> None:
         raise TracekitError(
             f"kernel build failed in {build} ({make_error(log.read_text())}); full log: {log}"
         )
+
+
+def image_targets(tree: Path) -> list[str]:
+    """make's targets for the Image and the list of built-in modules: up to 6.x the top
+    Makefile has a `modules.builtin` rule; 7.2's vmlinux writes it (scripts/Makefile.vmlinux),
+    and naming it there fails with `No rule to make target`."""
+    makefile = (tree / "Makefile").read_text(errors="replace")
+    rule = re.search(r"^[^\t#].*\bmodules\.builtin:", makefile, re.M)
+    return ["Image", "modules.builtin"] if rule else ["Image"]
 
 
 def _check_required(config_text: str) -> None:
@@ -478,7 +488,7 @@ def _build(
     _make(build, [*env, "olddefconfig"], log)
     _check_required((build / ".config").read_text())
     progress(f"kernel build: {tree.name} {suffix} (nice 19; log {log})")
-    _make(build, [*env, "Image", "modules.builtin"], log)
+    _make(build, [*env, *image_targets(tree)], log)
     elapsed = round(time.monotonic() - started, 1)
     objects, compiled = _objects(build), _objects(build, since=wall)
     # Kbuild writes the release it built with here (no second make, no other compiler).

@@ -25,13 +25,20 @@ from tracekit.vhost.rootfs import KernelFiles
 
 Progress = Callable[[str], None]
 
-# The series written for each suite's kernel (reproducer/kpatch/<series>/). sid's 7.2 is
-# checked against linux-source-7.2 (applies, checkpatch, arch/arm64/kvm/ compiles), but
-# kernels.py gives sid no built flavours yet, so tracekit neither builds nor boots it.
+# The series written for each suite's kernel (reproducer/kpatch/<series>/).
 SERIES = {"bookworm": "6.1", "trixie": "6.12", "sid": "7.2"}
 # Set in both builds' config input: Kconfig of the unpatched tree drops what it lacks,
 # so A and B are built from the same input.
 SERIES_SYMBOLS = ("KVM_ARM_DEBUG_MAINT",)
+# Set per suite in both builds' input, over Debian's setting (which is off): 7.2's nVHE
+# hypervisor tracing (NVHE_EL2_TRACING, hidden, default y with ftrace) exists only
+# inside `if NVHE_EL2_DEBUG` (arch/arm64/kvm/Kconfig). That debug mode also turns on
+# pKVM's EL2 ownership selftest at its init, 32 more hyp pages and EL2 lock assertions
+# (BUG_ON, pKVM only); hyp panics' host stage-2 relaxing and pKVM stack traces are
+# PKVM_DISABLE_STAGE2_ON_PANIC's in 7.2, which stays off.
+SUITE_SYMBOLS = {"sid": ("NVHE_EL2_DEBUG",)}
+# Checked on in both builds' .config: the symbols set, and what they were set for.
+SUITE_EXPECTED = {"sid": ("NVHE_EL2_DEBUG", "NVHE_EL2_TRACING")}
 
 
 def built_suites() -> list[str]:
@@ -51,20 +58,37 @@ def series_dir(suite: str) -> Path:
     return project_tree() / "reproducer" / "kpatch" / SERIES[suite]
 
 
+# The packages that may hold the kernel's config: linux-image-ABI-FLAVOUR (bookworm,
+# trixie: boot/config-REL), or sid's linux-base-ABI-FLAVOUR (usr/lib/modules/REL/config;
+# its linux-image-* is only dependencies). Not the generic `linux-base_*` (userland).
+CONFIG_PACKAGES = ("linux-image-", "linux-base-")
+
+
+def is_config_path(name: str) -> bool:
+    """Whether a path in a kernel package's data is the config the kernel was built with."""
+    parts = name.split("/")
+    if name.startswith("./boot/config-"):
+        return True
+    return name.startswith("./usr/lib/modules/") and len(parts) == 6 and parts[-1] == "config"
+
+
 def debian_kernel_deb(debs: list[Path]) -> Path:
-    """The downloaded linux-image-ABI-FLAVOUR package (not the metapackage)."""
+    """The downloaded package of the suite's kernel that ships its config."""
     for deb in debs:
-        if deb.name.startswith("linux-image-") and _deb_member(deb, "./boot/config-"):
+        if deb.name.startswith(CONFIG_PACKAGES) and _deb_member(deb, is_config_path):
             return deb
-    raise TracekitError("the suite's kernel packages hold no boot/config-*: cannot take its config")
+    raise TracekitError(
+        "the suite's kernel packages hold no boot/config-* nor usr/lib/modules/*/config: "
+        "cannot take its config"
+    )
 
 
-def _deb_member(deb: Path, prefix: str) -> bytes | None:
-    """The first file of a .deb's data whose path starts with `prefix`."""
+def _deb_member(deb: Path, wanted: Callable[[str], bool]) -> bytes | None:
+    """The first file of a .deb's data whose path `wanted` accepts."""
     data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(data.stdout)) as tar:
         for member in tar:
-            if member.isfile() and member.name.startswith(prefix):
+            if member.isfile() and wanted(member.name):
                 extracted = tar.extractfile(member)
                 return extracted.read() if extracted else None
     return None
@@ -79,8 +103,8 @@ def debian_version(deb: Path) -> str:
 
 
 def debian_config_text(deb: Path) -> str:
-    """The boot/config-REL the Debian kernel package ships: the config it was built with."""
-    return (_deb_member(deb, "./boot/config-") or b"").decode()
+    """The config the Debian kernel package ships: the one its kernel was built with."""
+    return (_deb_member(deb, is_config_path) or b"").decode()
 
 
 def debian_inputs(suite: str, progress: Progress) -> tuple[str, str]:
@@ -93,10 +117,17 @@ def debian_inputs(suite: str, progress: Progress) -> tuple[str, str]:
     return debian_version(deb), debian_config_text(deb)
 
 
-def input_config(debian_config: str, tree: Path, config: str = "full") -> str:
+def with_symbols_on(config: str, names: tuple[str, ...]) -> str:
+    """`config` with each named symbol set to y in place of its own line."""
+    lines = [line for line in config.splitlines() if kbuild.symbol_of(line) not in names]
+    return "\n".join([*lines, *(f"CONFIG_{name}=y" for name in names)]) + "\n"
+
+
+def input_config(debian_config: str, tree: Path, config: str = "full", suite: str = "") -> str:
     """The config both builds start from: Debian's, trimmed (`full`), or the CI config
-    made from it (`ci`, kbuild.ci_fragment), the series' symbols on."""
+    made from it (`ci`, kbuild.ci_fragment), the suite's and the series' symbols on."""
     trimmed = kbuild.trimmed_config(debian_config, kbuild.platform_symbols(tree))
+    trimmed = with_symbols_on(trimmed, SUITE_SYMBOLS.get(suite, ()))
     if config == "ci":
         with tempfile.TemporaryDirectory(prefix="ci-config-", dir=tree.parent) as scratch:
             trimmed = kbuild.ci_config(tree, kbuild.ci_fragment(trimmed, tree), Path(scratch))
@@ -108,8 +139,9 @@ def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.
     deb = debian_kernel_deb(debs)
     version = debian_version(deb)
     tree = ksource.pristine_tree(spec.suite, version, progress)
-    wanted = input_config(debian_config_text(deb), tree, spec.info.config)
+    wanted = input_config(debian_config_text(deb), tree, spec.info.config, spec.suite)
     base = kbuild.build_kernel(tree, wanted, version, "", progress)
+    _check_on(base, SUITE_EXPECTED.get(spec.suite, ()), "the suite's input config sets")
     result = base
     if spec.info.build == "kpatch":
         patches = ksource.series_files(series_dir(spec.suite))
@@ -124,10 +156,22 @@ def build_for(spec: KernelSpec, debs: list[Path], progress: Progress) -> kbuild.
             seed=base.directory,
             changed=touched,
         )
+        _check_on(result, SUITE_EXPECTED.get(spec.suite, ()), "the suite's input config sets")
         _check_series_on(result)
         _check_series_warnings(result, touched)
     kbuild.enforce_cap(ksource.source_root(), [base.directory, result.directory], progress)
     return result
+
+
+def _check_on(kernel: kbuild.BuiltKernel, names: tuple[str, ...], why: str) -> None:
+    """One line if the build's config lost a symbol it was meant to have."""
+    lines = set((kernel.directory / ".config").read_text().splitlines())
+    lost = [name for name in names if f"CONFIG_{name}=y" not in lines]
+    if lost:
+        raise TracekitError(
+            f"{kernel.release}'s config has no {', '.join(lost)}, which {why} "
+            f"(kcustom.SUITE_SYMBOLS): this source's Kconfig differs from what tracekit expects"
+        )
 
 
 def _check_series_on(kernel: kbuild.BuiltKernel) -> None:

@@ -96,10 +96,12 @@ SUITES: dict[str, Suite] = {
         flavours={"": Flavour("linux-image-arm64", has_kvm=True), **_built_flavours()},
     ),
     # sid's kernel is split: linux-image-* depends on linux-binary-* (vmlinuz) and
-    # linux-modules-* (modules as .ko.xz); both are taken as kernel packages below.
+    # linux-modules-* (modules as .ko.xz); both are taken as kernel packages below. Its
+    # series is the one sid's linux-image-arm64 had when reproducer/kpatch/7.2 was
+    # written (7.2.13-1): a newer sid kernel needs a port of the series first.
     "sid": Suite(
         name="sid",
-        kernel_series="7.x",
+        kernel_series="7.2",
         flavours={
             "": Flavour("linux-image-arm64", has_kvm=True),
             "16k": Flavour(
@@ -108,6 +110,7 @@ SUITES: dict[str, Suite] = {
                 note="16 KB pages: needs a CPU model with the 16 KB granule",
                 page_kb=16,
             ),
+            **_built_flavours(),
         },
     ),
 }
