@@ -79,6 +79,28 @@ def test_a_missing_repeat_is_missing(table: pl.DataFrame) -> None:
     assert gtrepeat.missing_line(gtrepeat.completions(table)) is None
 
 
+def test_a_switch_before_the_sync_is_not_a_missing_repeat(table: pl.DataFrame) -> None:
+    """7.2 is preemptible: __switch_to's DSB ISH can complete a flush's TLBI before the
+    flush's own sync. Such a completion without its repeat is `switched`, stated as not
+    known, and no contradiction; the same DSB in any other function stays `missing`."""
+    repeats = table.filter(gtrepeat.is_repeat()).sort("ts")
+    gone = repeats.row(len(repeats) // 2, named=True)
+    rest = table.filter(~((pl.col("ts_host") == gone["ts_host"]) & (pl.col("cpu") == gone["cpu"])))
+    lost = gtrepeat.completions(rest).filter(pl.col("outcome") == "missing").row(0, named=True)
+    at = (pl.col("cpu") == lost["cpu"]) & (pl.col("ts") == lost["ts"])
+    switched = rest.with_columns(
+        symbol=pl.when(at & (pl.col("operation") == "DSB ISH"))
+        .then(pl.lit("__switch_to"))
+        .otherwise(pl.col("symbol"))
+    )
+    done = gtrepeat.completions(switched)
+    assert done.filter(pl.col("outcome") == "switched").height == 1
+    assert done.filter(pl.col("outcome") == "missing").is_empty()
+    assert gtrepeat.missing_line(done) is None
+    line = gtrepeat.completion_line(done, repeats.height - 1)
+    assert line is not None and "1 completed first by a context switch's DSB ISH" in line
+
+
 def test_a_missing_repeat_is_a_contradiction_in_the_summarys_lead(table: pl.DataFrame) -> None:
     """summarise puts a missing repeat among its findings (the report's lead: the
     workaround did not run there), not only in the REPEAT line (review 15b B9)."""
